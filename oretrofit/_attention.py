@@ -1,0 +1,241 @@
+"""OAttention, the support-coupled attention operator (paper eqs. 5–7, A.1 eq. 23).
+
+    out_i = p_i · Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij}),   s_ij = scale · q_i·k_j
+
+``p_i`` is the receiver presence, ``p_j`` the source presence, ``m_ij`` the visibility relation
+and ``ε`` the denominator stabiliser that totalises empty support.
+
+Two paths, one meaning:
+
+* :func:`o_attention_reference` materialises the ``(Nq, Nk)`` scores and can return weights.
+* :func:`o_attention_fused` never builds an ``(Nq, Nk)`` tensor. It calls
+  ``scaled_dot_product_attention`` on augmented inputs:
+  ``q' = [q, 1]``, ``k'_j = [k_j, log p_j / scale]`` so that ``scale·q'·k'_j = s_ij + log p_j``
+  (no float mask is needed, so PyTorch keeps its flash/efficient kernels); null and masked
+  sources go into a boolean mask; ε is one extra *sink* key with score exactly ``log ε`` and
+  value 0. SDPA then returns ``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})`` and the result is
+  multiplied by ``p_i``. Empty support puts all mass on the sink: the output is an exact 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._presence import check_positive, compute_dtype
+
+__all__ = ["o_attention", "o_attention_reference", "o_attention_fused"]
+
+
+@dataclass(frozen=True)
+class _Shapes:
+    batch: int
+    heads: int
+    kv_heads: int
+    n_q: int
+    n_k: int
+    scale: float
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                  mask: Tensor | None, eps: float, scale: float | None) -> _Shapes:
+    """Validate shapes and dtypes; every error names the argument and the fix."""
+    check_positive("eps", eps)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not torch.is_tensor(t) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, N, d); got "
+                             f"{tuple(t.shape) if torch.is_tensor(t) else type(t).__name__}")
+    b, h, n_q, d = q.shape
+    bk, hkv, n_k, dk = k.shape
+    if bk != b or v.shape[0] != b:
+        raise ValueError(f"q, k and v must share the batch size; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if dk != d:
+        raise ValueError(f"k must have the same head size as q (d={d}); got k {tuple(k.shape)}")
+    if v.shape[1] != hkv or v.shape[2] != n_k:
+        raise ValueError(f"v must be (B, Hkv, Nk, dv) like k {tuple(k.shape)}; got v {tuple(v.shape)}")
+    if hkv == 0 or h % hkv != 0:
+        raise ValueError(f"the query heads H={h} must be a multiple of the key/value heads Hkv={hkv} "
+                         "(grouped-query attention); repeat k/v heads or change the head counts")
+    for name, p, n in (("p_q", p_q, n_q), ("p_k", p_k, n_k)):
+        if not torch.is_tensor(p):
+            raise ValueError(f"{name} must be a tensor of presences, got {type(p).__name__}")
+        ok = (p.dim() == 2 and tuple(p.shape) == (b, n)) or (
+            p.dim() == 3 and p.shape[0] == b and p.shape[2] == n
+            and (p.shape[1] == h or (name == "p_k" and p.shape[1] == hkv)))
+        if not ok:
+            heads = f"{h}" if name == "p_q" else f"{h} or {hkv}"
+            raise ValueError(f"{name} must be (B, N) = ({b}, {n}) shared across heads, or (B, H, N) "
+                             f"per head with H = {heads}; got {tuple(p.shape)}")
+        if p.is_floating_point() is False:
+            raise ValueError(f"{name} must be a floating tensor of presences in [0, 1]")
+    if mask is not None:
+        if not torch.is_tensor(mask) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+            raise ValueError("mask must be a bool tensor (True = visible) or a float additive mask "
+                             "(-inf = excluded)")
+        if mask.dim() > 4:
+            raise ValueError(f"mask must broadcast to (B, H, Nq, Nk) = {(b, h, n_q, n_k)}; "
+                             f"got {tuple(mask.shape)}")
+        try:
+            full = torch.broadcast_shapes(mask.shape, (b, h, n_q, n_k))
+        except RuntimeError:
+            full = None
+        if full != (b, h, n_q, n_k):
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "
+                             f"(B, H, Nq, Nk) = {(b, h, n_q, n_k)}; use e.g. (B, 1, 1, Nk) for key "
+                             "padding or (Nq, Nk) for a relation shared by all batches and heads")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    return _Shapes(b, h, hkv, n_q, n_k, float(scale))
+
+
+def _per_query_head(p: Tensor, heads: int) -> Tensor:
+    """(B, N) -> (B, 1, N); (B, Hkv, N) -> (B, H, N) following the KV-head repeat; (B, H, N) kept."""
+    if p.dim() == 2:
+        return p[:, None, :]
+    if p.shape[1] != heads:
+        return p.repeat_interleave(heads // p.shape[1], dim=1)
+    return p
+
+
+def _split_mask(mask: Tensor | None, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+    """A mask as (visible bool, finite additive bias or None).
+
+    A float mask holding only 0 and -inf is a pure relation and becomes boolean, so the fused
+    path keeps PyTorch's fast kernels; any other finite values are kept as an additive bias.
+    """
+    if mask is None:
+        return None, None
+    if mask.dtype == torch.bool:
+        return mask, None
+    visible = mask != float("-inf")
+    finite = torch.where(visible, mask, torch.zeros((), dtype=mask.dtype, device=mask.device))
+    if not bool(finite.any()):
+        return visible, None
+    return visible, finite.to(dtype)
+
+
+def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                          mask: Tensor | None = None, eps: float = 1e-6,
+                          scale: float | None = None, need_weights: bool = False
+                          ) -> tuple[Tensor, Tensor | None]:
+    """Materialised OAttention; see :func:`o_attention` for the arguments.
+
+    The row maximum M_i over effective support is subtracted for stability and ε is carried
+    as ε·e^{-M_i}, so w_ij = p_j e^{s_ij - M_i} / (ε e^{-M_i} + Σ_t p_t e^{s_it - M_i}) equals
+    eq. 6 exactly in real arithmetic.
+    """
+    shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
+    out_dtype, ct = q.dtype, compute_dtype(q.dtype)
+    group = shp.heads // shp.kv_heads
+    kk = k.to(ct).repeat_interleave(group, dim=1) if group > 1 else k.to(ct)
+    vv = v.to(ct).repeat_interleave(group, dim=1) if group > 1 else v.to(ct)
+    scores = torch.matmul(q.to(ct), kk.transpose(-1, -2)) * shp.scale          # (B, H, Nq, Nk)
+    visible, bias = _split_mask(mask, ct)
+    if bias is not None:
+        scores = scores + bias
+    pk = _per_query_head(p_k.to(ct), shp.heads)[:, :, None, :]                # (B, H|1, 1, Nk)
+    support = pk != 0
+    if visible is not None:
+        support = support & visible
+    neg_inf = torch.full((), float("-inf"), dtype=ct, device=q.device)
+    masked = torch.where(support, scores, neg_inf)
+    row_max = masked.amax(dim=-1, keepdim=True) if shp.n_k > 0 else masked.new_zeros(
+        masked.shape[:-1] + (1,))
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)).detach()
+    u = torch.where(support, pk * torch.exp(masked - row_max), torch.zeros((), dtype=ct,
+                                                                          device=q.device))
+    denom = torch.exp(math.log(eps) - row_max) + u.sum(dim=-1, keepdim=True)
+    weights = u / denom                                                       # (B, H, Nq, Nk)
+    pq = _per_query_head(p_q.to(ct), shp.heads)[..., None]                    # (B, H|1, Nq, 1)
+    out = pq * torch.matmul(weights, vv)                                      # (B, H, Nq, dv)
+    return out.to(out_dtype), (weights.to(out_dtype) if need_weights else None)
+
+
+def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                      mask: Tensor | None = None, eps: float = 1e-6,
+                      scale: float | None = None) -> Tensor:
+    """OAttention in O(N) memory on ``scaled_dot_product_attention``; see module docstring."""
+    shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
+    out_dtype, ct = q.dtype, compute_dtype(q.dtype)
+    b, h, n_q, n_k, dv = shp.batch, shp.heads, shp.n_q, shp.n_k, v.shape[-1]
+    q, k, v, p_k = q.to(ct), k.to(ct), v.to(ct), p_k.to(ct)
+    if p_k.dim() == 3 and p_k.shape[1] != shp.kv_heads:
+        # Per-query-head source presence under GQA: the key column differs per query head.
+        group = h // shp.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    hk = k.shape[1]
+    pk = p_k if p_k.dim() == 3 else p_k[:, None, :].expand(b, hk, n_k)        # (B, Hk, Nk)
+    live = pk != 0
+    # Double where: log of a null presence is never evaluated, so its gradient stays finite.
+    log_pk = torch.where(live, torch.log(torch.where(live, pk, torch.ones_like(pk))),
+                         torch.zeros_like(pk))
+    d = q.shape[-1]
+    width = max(d, dv) + 1
+    if q.device.type == "cuda":
+        width = -(-width // 8) * 8          # flash/efficient kernels want head sizes in multiples of 8
+    # Augmented keys: [k, log p_j / scale, 0…], then the sink [0…, log ε / scale, 0…].
+    k_aug = k.new_zeros(b, hk, n_k + 1, width)
+    k_aug[:, :, :n_k, :d] = k
+    k_aug[:, :, :n_k, d] = log_pk / shp.scale
+    k_aug[:, :, n_k, d] = math.log(eps) / shp.scale
+    q_aug = q.new_zeros(b, h, n_q, width)
+    q_aug[..., :d] = q
+    q_aug[..., d] = 1.0
+    v_aug = v.new_zeros(b, hk, n_k + 1, width)                               # sink value is 0
+    v_aug[:, :, :n_k, :dv] = v
+    if hk != h:
+        k_aug = k_aug.repeat_interleave(h // hk, dim=1)
+        v_aug = v_aug.repeat_interleave(h // hk, dim=1)
+
+    visible, bias = _split_mask(mask, ct)
+    support = live[:, :, None, :] if p_k.dim() == 3 else live[:, :1, None, :]   # (B, Hk|1, 1, Nk)
+    if support.shape[1] != 1 and support.shape[1] != h:
+        support = support.repeat_interleave(h // support.shape[1], dim=1)
+    if visible is not None:
+        while visible.dim() < 4:
+            visible = visible[None]
+        support = support & visible                                          # compact broadcast shape
+    sink = torch.ones(support.shape[:-1] + (1,), dtype=torch.bool, device=q.device)
+    attn_mask: Tensor = torch.cat([support, sink], dim=-1)                   # (…, Nk + 1)
+    if bias is not None:
+        while bias.dim() < 4:
+            bias = bias[None]
+        bias = bias.expand(*bias.shape[:-1], n_k)
+        bias = torch.cat([bias, bias.new_zeros(bias.shape[:-1] + (1,))], dim=-1)
+        neg_inf = torch.full((), float("-inf"), dtype=ct, device=q.device)
+        attn_mask = torch.where(attn_mask, bias, neg_inf)
+    agg = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, attn_mask=attn_mask,
+                                         scale=shp.scale)[..., :dv]           # (B, H, Nq, dv)
+    pq = _per_query_head(p_q.to(ct), h)[..., None]
+    return (pq * agg).to(out_dtype)
+
+
+def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                mask: Tensor | None = None, eps: float = 1e-6, scale: float | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    """OAttention: ``out_i = p_i Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij})``.
+
+    Args:
+        q: queries ``(B, H, Nq, d)``.
+        k, v: keys ``(B, Hkv, Nk, d)`` and values ``(B, Hkv, Nk, dv)``; GQA when Hkv divides H.
+        p_q: receiver presences, ``(B, Nq)`` shared across heads (hidden-carrier boundary) or
+            ``(B, H, Nq)`` per head (Q/K/V boundary, A.1).
+        p_k: source presences, ``(B, Nk)`` or per head ``(B, H, Nk)`` / ``(B, Hkv, Nk)``.
+        mask: bool (True = visible) or additive float (-inf = excluded), broadcastable to
+            ``(B, H, Nq, Nk)``. Keep it compact (e.g. ``(B, 1, 1, Nk)``), not ``.expand()``ed.
+        eps: ε > 0, totalises empty support.
+        scale: score scale, default ``1/sqrt(d)``.
+        need_weights: also return ``w_ij`` ``(B, H, Nq, Nk)``; selects the reference path.
+
+    Returns:
+        ``(out (B, H, Nq, dv), weights or None)`` in the dtype of ``q``. Half-precision inputs are
+        computed in fp32. Empty or fully masked support gives exact zeros (output and weights).
+    """
+    if need_weights:
+        return o_attention_reference(q, k, v, p_q, p_k, mask, eps, scale, need_weights=True)
+    return o_attention_fused(q, k, v, p_q, p_k, mask, eps, scale), None

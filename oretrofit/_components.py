@@ -1,0 +1,117 @@
+"""Token-local O-components and presence-weighted standardisation (paper eqs. 15–21).
+
+Every component reads p = ρτ(h) from the state entering it and is exactly zero-absorbing:
+a zero carrier emits zero even when the wrapped module has biases or an affine transform.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ._presence import check_positive, compute_dtype, presence
+
+__all__ = ["OFFN", "ONorm", "OInject", "OStandardize", "o_gate", "o_moments", "o_standardize"]
+
+
+def o_gate(p: Tensor, y: Tensor) -> Tensor:
+    """Gated branch G_O[F] = p_i · y_i (eq. 11): p ``(...)`` times y ``(..., d)``, in y's dtype."""
+    return p.to(y.dtype).unsqueeze(-1) * y
+
+
+class OFFN(nn.Module):
+    """Residual lift of a feed-forward branch, eq. 15: ``h + ρτ(h) · FFN(h)``.
+
+    ``ffn`` may contain biases and its own pre-norm: the branch still emits 0 at a null token.
+    """
+
+    def __init__(self, ffn: nn.Module, tau: float = 1e-6) -> None:
+        super().__init__()
+        self.ffn, self.tau = ffn, check_positive("tau", tau)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return h + o_gate(presence(h, self.tau), self.ffn(h))
+
+
+class ONorm(nn.Module):
+    """Gated token-local normalisation, eq. 16: ``ρτ(h) · Norm(h)`` (LayerNorm, RMSNorm, …)."""
+
+    def __init__(self, norm: nn.Module, tau: float = 1e-6) -> None:
+        super().__init__()
+        self.norm, self.tau = norm, check_positive("tau", tau)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return o_gate(presence(h, self.tau), self.norm(h))
+
+
+class OInject(nn.Module):
+    """Gated additive metadata, eq. 17: ``h + ρτ(h) · e`` (position, schema or label encodings).
+
+    Only the injected branch is gated; the carrier is kept.
+    """
+
+    def __init__(self, tau: float = 1e-6) -> None:
+        super().__init__()
+        self.tau = check_positive("tau", tau)
+
+    def forward(self, h: Tensor, e: Tensor) -> Tensor:
+        return h + o_gate(presence(h, self.tau), e.expand_as(h))
+
+
+def o_moments(h: Tensor, p: Tensor, dim: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+    """Presence-weighted support S = Σ_i p_i, mean μ_O (eq. 18) and variance v_O (eq. 19).
+
+    Args:
+        h: states ``(..., N, ..., d)`` with the token axis ``dim``; p: presences shaped like
+           ``h`` without its last axis.
+    Returns:
+        ``(S, μ_O, v_O)`` reduced over ``dim`` (kept as size 1), in fp32/fp64. S = 0 gives μ = v = 0
+        (a safe positive divisor followed by explicit zero selection, eq. 21).
+    """
+    ct = compute_dtype(h.dtype)
+    hc, w = h.to(ct), p.to(ct).unsqueeze(-1)
+    support = w.sum(dim=dim, keepdim=True)                                 # S, (…, 1, …, 1)
+    active = support > 0
+    safe = torch.where(active, support, torch.ones_like(support))
+    mean = torch.where(active, (w * hc).sum(dim=dim, keepdim=True) / safe, torch.zeros_like(safe))
+    var = torch.where(active, (w * (hc - mean).square()).sum(dim=dim, keepdim=True) / safe,
+                      torch.zeros_like(safe))
+    return support, mean, var
+
+
+def o_standardize(h: Tensor, tau: float, eps_var: float = 1e-6, dim: int = 1,
+                  weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+    """OStandardize, eq. 20: ``z_i = p_i [γ ⊙ (h_i − μ_O)/sqrt(v_O + ε_var) + β]``.
+
+    Moments are presence-weighted across the token axis ``dim`` (per feature), so an inserted
+    zero token changes neither S, μ_O nor v_O and receives 0; all-null or empty support gives 0.
+    """
+    check_positive("eps_var", eps_var)
+    if h.dim() < 2:
+        raise ValueError(f"h must have a token axis and a feature axis, got shape {tuple(h.shape)}")
+    dim = dim % h.dim()
+    if dim == h.dim() - 1:
+        raise ValueError("dim is the token axis and must not be the last (feature) axis")
+    p = presence(h, tau)
+    _, mean, var = o_moments(h, p, dim)
+    z = (h.to(mean.dtype) - mean) * torch.rsqrt(var + eps_var)
+    if weight is not None:
+        z = z * weight.to(z.dtype)
+    if bias is not None:
+        z = z + bias.to(z.dtype)
+    return o_gate(p, z).to(h.dtype)
+
+
+class OStandardize(nn.Module):
+    """Module form of :func:`o_standardize` with an optional per-feature affine (γ, β)."""
+
+    def __init__(self, num_features: int, tau: float = 1e-6, eps_var: float = 1e-6, dim: int = 1,
+                 affine: bool = True) -> None:
+        super().__init__()
+        self.tau, self.eps_var = check_positive("tau", tau), check_positive("eps_var", eps_var)
+        self.dim = dim
+        self.weight = nn.Parameter(torch.ones(num_features)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(num_features)) if affine else None
+
+    def forward(self, h: Tensor) -> Tensor:
+        return o_standardize(h, self.tau, self.eps_var, self.dim, self.weight, self.bias)

@@ -1,0 +1,69 @@
+"""Reversible in-place surgery on module instances, invisible to ``state_dict``.
+
+A patched module keeps its parameters, buffers and submodules; only its class is swapped for
+an O-subclass of the original class, and per-site settings live in a plain instance attribute
+(``module._oretrofit``), which ``state_dict`` never sees. Several sites may patch one module
+(e.g. the attention, norm and FFN sites of a block): the class is swapped by the first and
+restored by the last undo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import nn
+
+__all__ = ["SiteConfig", "Undo", "o_subclass", "set_site", "site_config"]
+
+Undo = Callable[[], None]
+_SUBCLASSES: dict[tuple[type, type], type] = {}
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    """What one patched site computes with: presence scale τ and attention stabiliser ε."""
+
+    tau: float
+    eps: float = 1e-6
+
+
+def o_subclass(original: type, mixin: type) -> type:
+    """``class O<Original>(mixin, original)``, created once and cached, so ``isinstance`` holds."""
+    key = (original, mixin)
+    if key not in _SUBCLASSES:
+        _SUBCLASSES[key] = type(f"O{original.__name__}", (mixin, original),
+                                {"__module__": mixin.__module__})
+    return _SUBCLASSES[key]
+
+
+def set_site(module: nn.Module, mixin: type, key: str, config: Any) -> Undo:
+    """Enable site ``key`` on ``module`` (swapping its class to ``o_subclass(cls, mixin)``).
+
+    Returns the undo, which removes the key and restores the original class with the last key.
+    """
+    state = module.__dict__.get("_oretrofit")
+    if state is None:
+        original = type(module)
+        state = {"original_class": original, "sites": {}}
+        module.__class__ = o_subclass(original, mixin)
+        module.__dict__["_oretrofit"] = state
+    elif not issubclass(type(module), mixin):
+        raise RuntimeError(f"{type(module).__name__} is already patched by another mixin")
+    if key in state["sites"]:
+        raise RuntimeError(f"site {key!r} is already patched on this module")
+    state["sites"][key] = config
+
+    def undo() -> None:
+        del state["sites"][key]
+        if not state["sites"]:
+            module.__class__ = state["original_class"]
+            del module.__dict__["_oretrofit"]
+
+    return undo
+
+
+def site_config(module: nn.Module, key: str) -> Any:
+    """The config a site stored on ``module``, or None when that site is not patched."""
+    state = module.__dict__.get("_oretrofit")
+    return None if state is None else state["sites"].get(key)

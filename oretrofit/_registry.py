@@ -1,0 +1,258 @@
+"""The patch registry: hosts describe their sites, :func:`retrofit` plans, validates and applies.
+
+A *site* is one named place in a host (``icl.7.attn``, ``fde.0.induce``, ``te.icl``) of one
+kind (attention / norm / ffn / inject). An *arm* selects kinds:
+
+    base   -> nothing           oa -> attention           full-o -> every kind
+
+Every site is planned and validated before the first is applied; if applying any site fails,
+those already applied are undone (never a half-patched model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+
+from torch import nn
+
+from ._patching import SiteConfig, Undo
+from ._presence import check_positive
+
+__all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
+           "register_host", "registered_hosts", "plan_retrofit", "retrofit", "retrofitted",
+           "apply_spec", "SPEC_VERSION"]
+
+KINDS = ("attention", "norm", "ffn", "inject")
+ARMS: dict[str, frozenset[str]] = {
+    "base": frozenset(),
+    "oa": frozenset({"attention"}),
+    "full-o": frozenset(KINDS),
+}
+SPEC_VERSION = 1
+_ACTIVE = "_oretrofit_retrofit"          # attribute on a retrofitted model (not in state_dict)
+
+
+class RetrofitError(ValueError):
+    """A retrofit request that cannot be carried out; the message says how to fix it."""
+
+
+@dataclass
+class Site:
+    """One patchable place in a host.
+
+    ``apply(config)`` patches it and returns the undo. ``receivers(tau)`` optionally reports
+    the presence of learned receivers (inducing vectors, CLS tokens) at that τ.
+    """
+
+    name: str
+    kind: str
+    carrier: str
+    apply: Callable[[SiteConfig], Undo]
+    receivers: Callable[[float], dict[str, float]] | None = None
+
+
+class Host(Protocol):
+    """A host patch set: knows one family of models and lists their sites."""
+
+    name: str
+
+    def matches(self, model: nn.Module) -> bool: ...
+
+    def check(self, model: nn.Module) -> None:
+        """Raise :class:`RetrofitError` when this model/version cannot be patched."""
+
+    def sites(self, model: nn.Module) -> list[Site]: ...
+
+    def version(self) -> dict[str, str]:
+        """Package versions that define the host (recorded in patch specs)."""
+
+
+_HOSTS: list[Host] = []
+
+
+def register_host(host: Host, *, first: bool = False) -> Host:
+    """Add a host patch set; ``first=True`` lets it win over hosts registered earlier."""
+    if any(h.name == host.name for h in _HOSTS):
+        raise RetrofitError(f"a host named {host.name!r} is already registered")
+    _HOSTS.insert(0, host) if first else _HOSTS.append(host)
+    return host
+
+
+def registered_hosts() -> list[Host]:
+    """The registered hosts, in matching order (importing ``oretrofit.patches`` adds built-ins)."""
+    from . import patches  # noqa: F401  (registers the built-in hosts once)
+    return list(_HOSTS)
+
+
+def _find_host(model: nn.Module) -> Host:
+    hosts = registered_hosts()
+    for host in hosts:
+        if host.matches(model):
+            return host
+    names = ", ".join(h.name for h in hosts) or "none"
+    raise RetrofitError(
+        f"no registered host matches {type(model).__name__}. Supported hosts: {names}. "
+        "Register your own with oretrofit.register_host(...) (see README, 'Your own host').")
+
+
+def _matches(pattern: str, name: str) -> bool:
+    if pattern.startswith("re:"):
+        return re.fullmatch(pattern[3:], name) is not None
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+@dataclass
+class PatchPlan:
+    """Every site that will be patched, with its τ, decided before anything is touched."""
+
+    host: str
+    arm: str
+    tau: float
+    eps: float
+    entries: list[tuple[Site, SiteConfig]] = field(default_factory=list)
+    site_tau: dict[str, float] = field(default_factory=dict)
+    targets: list[str] | None = None
+    exclude: list[str] | None = None
+
+
+def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: float = 1e-6,
+                  site_tau: Mapping[str, float] | None = None, targets: Sequence[str] | None = None,
+                  exclude: Sequence[str] | None = None) -> PatchPlan:
+    """Resolve the sites of ``arm`` on ``model`` without changing it (see :func:`retrofit`)."""
+    if arm not in ARMS:
+        raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
+    tau, eps = check_positive("tau", tau), check_positive("eps", eps)
+    site_tau = {str(k): check_positive(f"site_tau[{k!r}]", v) for k, v in (site_tau or {}).items()}
+    if model.__dict__.get(_ACTIVE) is not None:
+        raise RetrofitError("this model is already retrofitted; call .revert() on the first "
+                            "Retrofit (or use a fresh copy) before patching again")
+    host = _find_host(model)
+    host.check(model)
+    plan = PatchPlan(host.name, arm, tau, eps, site_tau=site_tau,
+                     targets=list(targets) if targets else None,
+                     exclude=list(exclude) if exclude else None)
+    if arm == "base":
+        return plan
+    kinds = ARMS[arm]
+    candidates = [s for s in host.sites(model) if s.kind in kinds]
+    chosen = [s for s in candidates
+              if (not targets or any(_matches(t, s.name) for t in targets))
+              and not (exclude and any(_matches(x, s.name) for x in exclude))]
+    if not chosen:
+        raise RetrofitError(
+            f"no site matched for arm {arm!r} on host {host.name!r} (targets={targets}, "
+            f"exclude={exclude}); available sites: "
+            f"{', '.join(s.name for s in candidates[:12])}{' …' if len(candidates) > 12 else ''}")
+    for pattern in site_tau:
+        if not any(_matches(pattern, s.name) for s in chosen):
+            raise RetrofitError(f"site_tau pattern {pattern!r} matches no planned site; "
+                                "use 're:' for a regular expression or a glob like 'icl.*'")
+    for s in chosen:
+        s_tau = next((v for p, v in site_tau.items() if _matches(p, s.name)), tau)
+        plan.entries.append((s, SiteConfig(tau=s_tau, eps=eps)))
+    return plan
+
+
+class Retrofit:
+    """An applied plan: ``report()`` lists the sites, ``revert()`` restores the exact original."""
+
+    def __init__(self, model: nn.Module, plan: PatchPlan, host: Host) -> None:
+        self.model, self.plan, self._host = model, plan, host
+        self._undos: list[Undo] = []
+        self.reverted = False
+
+    def _apply(self) -> None:
+        try:
+            for site, config in self.plan.entries:
+                self._undos.append(site.apply(config))
+        except BaseException:
+            self._undo_all()
+            raise
+        self.model.__dict__[_ACTIVE] = self
+
+    def _undo_all(self) -> None:
+        while self._undos:
+            self._undos.pop()()
+
+    def revert(self) -> nn.Module:
+        """Undo every site (outputs become bit-identical to the unpatched model)."""
+        if self.reverted:
+            raise RetrofitError("this retrofit was already reverted")
+        self._undo_all()
+        self.model.__dict__.pop(_ACTIVE, None)
+        self.reverted = True
+        return self.model
+
+    def report(self) -> list[dict[str, Any]]:
+        """One row per patched site: name, kind, carrier, τ and learned-receiver presences."""
+        return [{"site": s.name, "kind": s.kind, "carrier": s.carrier, "tau": c.tau,
+                 "receivers": s.receivers(c.tau) if s.receivers else {}}
+                for s, c in self.plan.entries]
+
+    def spec(self) -> dict[str, Any]:
+        """Versioned JSON-able patch spec; :func:`apply_spec` re-applies it to a loaded host."""
+        from . import __version__
+        return {"schema_version": SPEC_VERSION, "oretrofit": __version__, "host": self.plan.host,
+                "host_versions": self._host.version(), "arm": self.plan.arm,
+                "tau": self.plan.tau, "eps": self.plan.eps, "site_tau": self.plan.site_tau,
+                "targets": self.plan.targets, "exclude": self.plan.exclude,
+                "sites": [s.name for s, _ in self.plan.entries]}
+
+    def save_spec(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.spec(), indent=2))
+        return path
+
+    def __repr__(self) -> str:
+        state = "reverted" if self.reverted else "active"
+        return (f"Retrofit(host={self.plan.host!r}, arm={self.plan.arm!r}, tau={self.plan.tau:g}, "
+                f"sites={len(self.plan.entries)}, {state})")
+
+
+def retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: float = 1e-6,
+             site_tau: Mapping[str, float] | None = None, targets: Sequence[str] | None = None,
+             exclude: Sequence[str] | None = None) -> Retrofit:
+    """Patch ``model`` in place with the O-components of ``arm`` at presence scale ``tau``.
+
+    Args:
+        arm: ``base`` (nothing), ``oa`` (attention sites) or ``full-o`` (every site).
+        tau: default τ; ``site_tau`` maps site patterns (glob, or ``re:`` regex) to their own τ
+            (first matching pattern wins).
+        eps: ε of every OAttention denominator.
+        targets / exclude: site-name patterns to keep / drop.
+    Parameters, buffers and state_dict keys are untouched; the original checkpoint loads into
+    the patched model with ``strict=True``.
+    """
+    plan = plan_retrofit(model, arm, tau, eps, site_tau, targets, exclude)
+    host = next(h for h in registered_hosts() if h.name == plan.host)
+    result = Retrofit(model, plan, host)
+    result._apply()
+    return result
+
+
+@contextlib.contextmanager
+def retrofitted(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, **kwargs: Any
+                ) -> Iterator[Retrofit]:
+    """``with retrofitted(model, ...) as r:`` patches on entry and reverts on exit."""
+    r = retrofit(model, arm, tau, **kwargs)
+    try:
+        yield r
+    finally:
+        r.revert()
+
+
+def apply_spec(model: nn.Module, spec: Mapping[str, Any] | str | Path) -> Retrofit:
+    """Re-apply a patch spec (a dict, or a path to its JSON) saved by :meth:`Retrofit.spec`."""
+    if not isinstance(spec, Mapping):
+        spec = json.loads(Path(spec).read_text())
+    if spec.get("schema_version") != SPEC_VERSION:
+        raise RetrofitError(f"patch spec schema_version {spec.get('schema_version')!r} is not "
+                            f"supported (this oretrofit reads {SPEC_VERSION}); re-create the spec")
+    return retrofit(model, spec["arm"], spec["tau"], spec["eps"], site_tau=spec.get("site_tau"),
+                    targets=spec.get("targets"), exclude=spec.get("exclude"))

@@ -1,0 +1,1 @@
+"""The ``oretrofit`` command line (typer); each verb lives in its own module."""

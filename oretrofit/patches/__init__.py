@@ -1,0 +1,1 @@
+"""Built-in host patch sets, one module per host; importing this package registers them."""
