@@ -1,0 +1,86 @@
+"""How a result was made: versions, device, git revision, command line; atomic JSON writes.
+
+Every receipt oretrofit writes embeds :func:`environment` so a number can be traced back.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import importlib.metadata as _md
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["environment", "sha256_file", "write_json_atomic", "git_revision"]
+
+_PACKAGES = ("oretrofit", "torch", "numpy", "tabpfn", "transformers", "scikit-learn", "openml")
+
+
+def git_revision() -> str | None:
+    """The checkout's commit (with ``+dirty`` when it has uncommitted changes), or None."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return rev + ("+dirty" if dirty else "")
+
+
+def _version(name: str) -> str | None:
+    try:
+        return _md.version(name)
+    except _md.PackageNotFoundError:
+        return None
+
+
+def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Package versions, Python, platform, device name, threads, git revision, command, time."""
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    return {
+        "packages": {p: v for p in _PACKAGES if (v := _version(p)) is not None},
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "device": str(device),
+        "device_name": name or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "git_revision": git_revision(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Write JSON to a temporary file in the same folder, then rename: never a torn file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh, indent=2, sort_keys=False, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
