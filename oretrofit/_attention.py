@@ -11,10 +11,11 @@ Two paths, one meaning:
 * :func:`o_attention_fused` never builds an ``(Nq, Nk)`` tensor. It calls
   ``scaled_dot_product_attention`` on augmented inputs:
   ``q' = [q, 1]``, ``k'_j = [k_j, log p_j / scale]`` so that ``scale·q'·k'_j = s_ij + log p_j``
-  (no float mask is needed, so PyTorch keeps its flash/efficient kernels); null and masked
-  sources go into a boolean mask; ε is one extra *sink* key with score exactly ``log ε`` and
-  value 0. SDPA then returns ``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})`` and the result is
-  multiplied by ``p_i``. Empty support puts all mass on the sink: the output is an exact 0.
+  (no float mask is needed, so PyTorch keeps its flash/efficient kernels). A null source gets
+  the finite offset ``-1e30`` instead of ``log 0``, so its weight is exactly 0 without any mask;
+  the caller's mask (if any) stays boolean. ε is one extra *sink* key with score exactly
+  ``log ε`` and value 0. SDPA then returns ``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})`` and
+  the result is multiplied by ``p_i``. Empty support puts all mass on the sink: an exact 0.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from torch import Tensor
 from ._presence import check_positive, compute_dtype
 
 __all__ = ["o_attention", "o_attention_reference", "o_attention_fused"]
+
+# Score offset of a null source in the fused path: finite, so 0·k stays 0 in the backward, and
+# far enough below any real score (and log ε) that e^{s + offset − max} is exactly 0 in fp32.
+_NULL_LOGIT = -1e30
 
 
 @dataclass(frozen=True)
@@ -105,16 +110,18 @@ def _per_query_head(p: Tensor, heads: int) -> Tensor:
 def _split_mask(mask: Tensor | None, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
     """A mask as (visible bool, finite additive bias or None).
 
-    A float mask holding only 0 and -inf is a pure relation and becomes boolean, so the fused
-    path keeps PyTorch's fast kernels; any other finite values are kept as an additive bias.
+    A float mask holding only 0 and -inf (and not requiring grad) is a pure relation and
+    becomes boolean, so the fused path keeps PyTorch's fast kernels; any other finite values are
+    kept as an additive bias. Both come back with at least 4 dims (leading size-1 axes).
     """
     if mask is None:
         return None, None
+    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     if mask.dtype == torch.bool:
         return mask, None
     visible = mask != float("-inf")
     finite = torch.where(visible, mask, torch.zeros((), dtype=mask.dtype, device=mask.device))
-    if not bool(finite.any()):
+    if not mask.requires_grad and not bool(finite.any()):
         return visible, None
     return visible, finite.to(dtype)
 
@@ -159,7 +166,12 @@ def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Ten
 def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                       mask: Tensor | None = None, eps: float = 1e-6,
                       scale: float | None = None) -> Tensor:
-    """OAttention in O(N) memory on ``scaled_dot_product_attention``; see module docstring."""
+    """OAttention in O(N) memory on ``scaled_dot_product_attention``; see module docstring.
+
+    No ``(Nq, Nk)`` tensor is built unless the caller's own mask or finite additive bias has that
+    shape; without a caller mask SDPA gets no mask at all. Grouped-query heads are passed to SDPA
+    with ``enable_gqa`` (no k/v copies).
+    """
     shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
     out_dtype, ct = q.dtype, compute_dtype(q.dtype)
     b, h, n_q, n_k, dv = shp.batch, shp.heads, shp.n_q, shp.n_k, v.shape[-1]
@@ -168,51 +180,59 @@ def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
         # Per-query-head source presence under GQA: the key column differs per query head.
         group = h // shp.kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    hk = k.shape[1]
-    pk = p_k if p_k.dim() == 3 else p_k[:, None, :].expand(b, hk, n_k)        # (B, Hk, Nk)
-    live = pk != 0
-    # Double where: log of a null presence is never evaluated, so its gradient stays finite.
-    log_pk = torch.where(live, torch.log(torch.where(live, pk, torch.ones_like(pk))),
-                         torch.zeros_like(pk))
-    d = q.shape[-1]
-    width = max(d, dv) + 1
+    agg = _sdpa_with_sink(q, k, v, p_k, _sdpa_mask(mask, n_k, ct), eps, shp.scale)
+    pq = _per_query_head(p_q.to(ct), h)[..., None]                           # (B, H|1, Nq, 1)
+    return (pq * agg).to(out_dtype)                                          # (B, H, Nq, dv)
+
+
+def _sdpa_with_sink(q: Tensor, k: Tensor, v: Tensor, p_k: Tensor, attn_mask: Tensor | None,
+                    eps: float, scale: float) -> Tensor:
+    """``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})`` ``(B, H, Nq, dv)`` from one SDPA call.
+
+    Augmented keys ``[k, log p_j / scale, 0…]`` and the sink ``[0…, log ε / scale, 0…]`` with
+    value 0; queries ``[q, 1, 0…]``. The augmented copies live only inside this function.
+    """
+    (b, h, n_q, d), (hk, n_k), dv = q.shape, k.shape[1:3], v.shape[-1]
+    width = max(d, dv) + 1                  # one shared head size keeps SDPA off its math kernel
     if q.device.type == "cuda":
         width = -(-width // 8) * 8          # flash/efficient kernels want head sizes in multiples of 8
-    # Augmented keys: [k, log p_j / scale, 0…], then the sink [0…, log ε / scale, 0…].
-    k_aug = k.new_zeros(b, hk, n_k + 1, width)
+    k_aug = k.new_zeros(b, hk, n_k + 1, width)                               # (B, Hk, Nk+1, w)
     k_aug[:, :, :n_k, :d] = k
-    k_aug[:, :, :n_k, d] = log_pk / shp.scale
-    k_aug[:, :, n_k, d] = math.log(eps) / shp.scale
-    q_aug = q.new_zeros(b, h, n_q, width)
-    q_aug[..., :d] = q
-    q_aug[..., d] = 1.0
+    k_aug[:, :, :n_k, d] = _source_logit(p_k, q.dtype) / scale              # (B, Hk|1, Nk)
+    k_aug[:, :, n_k, d] = math.log(eps) / scale
     v_aug = v.new_zeros(b, hk, n_k + 1, width)                               # sink value is 0
     v_aug[:, :, :n_k, :dv] = v
-    if hk != h:
-        k_aug = k_aug.repeat_interleave(h // hk, dim=1)
-        v_aug = v_aug.repeat_interleave(h // hk, dim=1)
+    q_aug = q.new_zeros(b, h, n_q, width)                                    # (B, H, Nq, w)
+    q_aug[..., :d] = q
+    q_aug[..., d] = 1.0
+    return F.scaled_dot_product_attention(q_aug, k_aug, v_aug, attn_mask=attn_mask, scale=scale,
+                                          enable_gqa=hk != h)[..., :dv]
 
+
+def _source_logit(p_k: Tensor, ct: torch.dtype) -> Tensor:
+    """log p_j for live sources; a finite ``_NULL_LOGIT`` (e^{…} = 0 exactly) for null ones.
+
+    (B, N) -> (B, 1, N); (B, Hk, N) kept. Double where: the log of a null presence is never
+    evaluated, so its gradient stays finite (0), and the constant keeps 0·k = 0 in the backward.
+    """
+    pk = p_k if p_k.dim() == 3 else p_k[:, None, :]
+    live = pk != 0
+    log_pk = torch.log(torch.where(live, pk, torch.ones_like(pk)))
+    return torch.where(live, log_pk, torch.full((), _NULL_LOGIT, dtype=ct, device=pk.device))
+
+
+def _sdpa_mask(mask: Tensor | None, n_k: int, ct: torch.dtype) -> Tensor | None:
+    """The caller's mask extended by an always-visible sink column, or None without a mask."""
     visible, bias = _split_mask(mask, ct)
-    support = live[:, :, None, :] if p_k.dim() == 3 else live[:, :1, None, :]   # (B, Hk|1, 1, Nk)
-    if support.shape[1] != 1 and support.shape[1] != h:
-        support = support.repeat_interleave(h // support.shape[1], dim=1)
-    if visible is not None:
-        while visible.dim() < 4:
-            visible = visible[None]
-        support = support & visible                                          # compact broadcast shape
-    sink = torch.ones(support.shape[:-1] + (1,), dtype=torch.bool, device=q.device)
-    attn_mask: Tensor = torch.cat([support, sink], dim=-1)                   # (…, Nk + 1)
-    if bias is not None:
-        while bias.dim() < 4:
-            bias = bias[None]
-        bias = bias.expand(*bias.shape[:-1], n_k)
-        bias = torch.cat([bias, bias.new_zeros(bias.shape[:-1] + (1,))], dim=-1)
-        neg_inf = torch.full((), float("-inf"), dtype=ct, device=q.device)
-        attn_mask = torch.where(attn_mask, bias, neg_inf)
-    agg = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, attn_mask=attn_mask,
-                                         scale=shp.scale)[..., :dv]           # (B, H, Nq, dv)
-    pq = _per_query_head(p_q.to(ct), h)[..., None]
-    return (pq * agg).to(out_dtype)
+    if visible is None:
+        return None
+    sink = torch.ones(visible.shape[:-1] + (1,), dtype=torch.bool, device=visible.device)
+    visible = torch.cat([visible.expand(*visible.shape[:-1], n_k), sink], dim=-1)   # (…, Nk + 1)
+    if bias is None:
+        return visible
+    bias = bias.expand(*bias.shape[:-1], n_k)
+    bias = torch.cat([bias, bias.new_zeros(bias.shape[:-1] + (1,))], dim=-1)
+    return torch.where(visible, bias, torch.full((), float("-inf"), dtype=ct, device=bias.device))
 
 
 def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,

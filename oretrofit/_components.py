@@ -61,6 +61,11 @@ class OInject(nn.Module):
 def o_moments(h: Tensor, p: Tensor, dim: int = 1) -> tuple[Tensor, Tensor, Tensor]:
     """Presence-weighted support S = Σ_i p_i, mean μ_O (eq. 18) and variance v_O (eq. 19).
 
+        μ_O = Σ_i (p_i/S) h_i,    v_O = Σ_i (p_i/S) (h_i − μ_O)²
+
+    The weights p_i/S are formed first, so a single active token has weight exactly 1 and is
+    centred to an exact zero.
+
     Args:
         h: states ``(..., N, ..., d)`` with the token axis ``dim``; p: presences shaped like
            ``h`` without its last axis.
@@ -72,11 +77,11 @@ def o_moments(h: Tensor, p: Tensor, dim: int = 1) -> tuple[Tensor, Tensor, Tenso
     hc, w = h.to(ct), p.to(ct).unsqueeze(-1)
     support = w.sum(dim=dim, keepdim=True)                                 # S, (…, 1, …, 1)
     active = support > 0
-    safe = torch.where(active, support, torch.ones_like(support))
-    mean = torch.where(active, (w * hc).sum(dim=dim, keepdim=True) / safe, torch.zeros_like(safe))
-    var = torch.where(active, (w * (hc - mean).square()).sum(dim=dim, keepdim=True) / safe,
-                      torch.zeros_like(safe))
-    return support, mean, var
+    w = w / torch.where(active, support, torch.ones_like(support))         # p_i / S, 0 when S = 0
+    mean = (w * hc).sum(dim=dim, keepdim=True)
+    var = (w * (hc - mean).square()).sum(dim=dim, keepdim=True)
+    zero = torch.zeros((), dtype=ct, device=h.device)
+    return support, torch.where(active, mean, zero), torch.where(active, var, zero)
 
 
 def o_standardize(h: Tensor, tau: float, eps_var: float = 1e-6, dim: int = 1,

@@ -72,6 +72,10 @@ class Host(Protocol):
     def version(self) -> dict[str, str]:
         """Package versions that define the host (recorded in patch specs)."""
 
+    # Optional: ``supports`` (str) names what the host covers in the "no host matches" error, and
+    # ``uncovered(model) -> list[str]`` names the parts of a matched model it cannot patch; a
+    # non-empty list is refused unless the caller passes ``allow_partial=True``.
+
 
 _HOSTS: list[Host] = []
 
@@ -95,10 +99,13 @@ def _find_host(model: nn.Module) -> Host:
     for host in hosts:
         if host.matches(model):
             return host
-    names = ", ".join(h.name for h in hosts) or "none"
+    names = "; ".join(f"{h.name} ({h.supports})" if getattr(h, "supports", None) else h.name
+                      for h in hosts) or "none"
     raise RetrofitError(
         f"no registered host matches {type(model).__name__}. Supported hosts: {names}. "
-        "Register your own with oretrofit.register_host(...) (see README, 'Your own host').")
+        "Register a site for your own module type with "
+        "oretrofit.patches.torch_nn.register_module_site(...), or a whole host with "
+        "oretrofit.register_host(...) (see README).")
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -119,11 +126,12 @@ class PatchPlan:
     site_tau: dict[str, float] = field(default_factory=dict)
     targets: list[str] | None = None
     exclude: list[str] | None = None
+    uncovered: list[str] = field(default_factory=list)
 
 
 def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: float = 1e-6,
                   site_tau: Mapping[str, float] | None = None, targets: Sequence[str] | None = None,
-                  exclude: Sequence[str] | None = None) -> PatchPlan:
+                  exclude: Sequence[str] | None = None, allow_partial: bool = False) -> PatchPlan:
     """Resolve the sites of ``arm`` on ``model`` without changing it (see :func:`retrofit`)."""
     if arm not in ARMS:
         raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
@@ -134,9 +142,16 @@ def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps:
                             "Retrofit (or use a fresh copy) before patching again")
     host = _find_host(model)
     host.check(model)
+    uncovered = list(host.uncovered(model)) if hasattr(host, "uncovered") else []
+    if uncovered and not allow_partial:
+        raise RetrofitError(
+            f"host {host.name!r} matches only part of this model; it has no site for: "
+            f"{', '.join(uncovered[:8])}{' …' if len(uncovered) > 8 else ''}. Register a site for "
+            "these module types (oretrofit.patches.torch_nn.register_module_site), or pass "
+            "allow_partial=True to patch the rest and record them as uncovered")
     plan = PatchPlan(host.name, arm, tau, eps, site_tau=site_tau,
                      targets=list(targets) if targets else None,
-                     exclude=list(exclude) if exclude else None)
+                     exclude=list(exclude) if exclude else None, uncovered=uncovered)
     if arm == "base":
         return plan
     kinds = ARMS[arm]
@@ -202,7 +217,8 @@ class Retrofit:
                 "host_versions": self._host.version(), "arm": self.plan.arm,
                 "tau": self.plan.tau, "eps": self.plan.eps, "site_tau": self.plan.site_tau,
                 "targets": self.plan.targets, "exclude": self.plan.exclude,
-                "sites": [s.name for s, _ in self.plan.entries]}
+                "sites": [s.name for s, _ in self.plan.entries],
+                "uncovered": self.plan.uncovered}
 
     def save_spec(self, path: str | Path) -> Path:
         path = Path(path)
@@ -217,7 +233,7 @@ class Retrofit:
 
 def retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: float = 1e-6,
              site_tau: Mapping[str, float] | None = None, targets: Sequence[str] | None = None,
-             exclude: Sequence[str] | None = None) -> Retrofit:
+             exclude: Sequence[str] | None = None, allow_partial: bool = False) -> Retrofit:
     """Patch ``model`` in place with the O-components of ``arm`` at presence scale ``tau``.
 
     Args:
@@ -226,10 +242,12 @@ def retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: floa
             (first matching pattern wins).
         eps: ε of every OAttention denominator.
         targets / exclude: site-name patterns to keep / drop.
+        allow_partial: patch a model the host covers only in part (``plan.uncovered`` and the
+            spec list what stays unpatched); without it that is a :class:`RetrofitError`.
     Parameters, buffers and state_dict keys are untouched; the original checkpoint loads into
     the patched model with ``strict=True``.
     """
-    plan = plan_retrofit(model, arm, tau, eps, site_tau, targets, exclude)
+    plan = plan_retrofit(model, arm, tau, eps, site_tau, targets, exclude, allow_partial)
     host = next(h for h in registered_hosts() if h.name == plan.host)
     result = Retrofit(model, plan, host)
     result._apply()
@@ -255,4 +273,5 @@ def apply_spec(model: nn.Module, spec: Mapping[str, Any] | str | Path) -> Retrof
         raise RetrofitError(f"patch spec schema_version {spec.get('schema_version')!r} is not "
                             f"supported (this oretrofit reads {SPEC_VERSION}); re-create the spec")
     return retrofit(model, spec["arm"], spec["tau"], spec["eps"], site_tau=spec.get("site_tau"),
-                    targets=spec.get("targets"), exclude=spec.get("exclude"))
+                    targets=spec.get("targets"), exclude=spec.get("exclude"),
+                    allow_partial=bool(spec.get("uncovered")))

@@ -9,8 +9,16 @@ app = typer.Typer(name="oretrofit", no_args_is_help=True, add_completion=False,
 
 # One line per verb module; each module defines `register(app)`.
 from . import sweep  # noqa: E402
+from . import experiment  # noqa: E402
+from . import pretrain  # noqa: E402
+from . import regress  # noqa: E402
+from . import patch  # noqa: E402
 
 sweep.register(app)
+experiment.register(app)
+pretrain.register(app)
+regress.register(app)
+patch.register(app)
 
 
 def main() -> None:

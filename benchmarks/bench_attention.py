@@ -1,0 +1,211 @@
+"""OAttention speed and memory against plain scaled_dot_product_attention on the same shapes.
+
+    python benchmarks/bench_attention.py [--quick] [--out results/bench_attention.json]
+
+B = 1, H = 4, d ∈ {32, 64}, N = Nq = Nk ∈ {256, 1024, 4096, 8192}; forward and forward+backward.
+For every case the three implementations run in interleaved rounds (so load from other processes
+hits all of them alike) and the table reports the fused and reference times as *ratios* to SDPA
+in the same run (min and median over the rounds).
+
+Peak memory: each (implementation, case) runs once in a fresh subprocess (Linux only). After a
+small warm-up call the process resets its resident-set high-water mark (``/proc/self/clear_refs``),
+allocates the inputs (and, for the backward, the output gradient), runs the call and reads
+``VmHWM − VmRSS_before``: the peak memory of the call *including its inputs*, as
+``torch.cuda.max_memory_allocated`` would count it on a GPU. The table gives it as a ratio to
+SDPA's. It counts every page the process touches (workspaces, autograd buffers), not only torch
+allocations.
+
+Run with OMP_NUM_THREADS=1 for stable numbers. The script prints a Markdown table (stdout) and
+writes a JSON receipt with provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from oretrofit import o_attention_fused, o_attention_reference
+from oretrofit._provenance import environment, write_json_atomic
+
+IMPLS = ("sdpa", "fused", "reference")
+TARGET = {"fwd": 1.10, "fwd+bwd": 1.20, "memory": 1.2}       # fused vs SDPA at N = 4096, d = 64
+
+
+def make_inputs(n: int, d: int, backward: bool, heads: int = 4) -> dict[str, torch.Tensor]:
+    """q, k, v (1, H, N, d), presences (1, N) in (0.1, 1], and the output gradient."""
+    g = torch.Generator().manual_seed(0)
+    t = {name: torch.randn(1, heads, n, d, generator=g) for name in ("q", "k", "v")}
+    t["p_q"] = torch.rand(1, n, generator=g) * 0.9 + 0.1
+    t["p_k"] = torch.rand(1, n, generator=g) * 0.9 + 0.1
+    for x in t.values():
+        x.requires_grad_(backward)
+    if backward:
+        t["grad"] = torch.randn(1, heads, n, d, generator=g)
+    return t
+
+
+def step(impl: str, t: dict[str, torch.Tensor], backward: bool) -> None:
+    """One forward (and backward) of ``impl``; gradients are cleared afterwards."""
+    if impl == "sdpa":
+        out = F.scaled_dot_product_attention(t["q"], t["k"], t["v"])
+    elif impl == "fused":
+        out = o_attention_fused(t["q"], t["k"], t["v"], t["p_q"], t["p_k"])
+    else:
+        out = o_attention_reference(t["q"], t["k"], t["v"], t["p_q"], t["p_k"])[0]
+    if backward:
+        out.backward(t["grad"])
+        for x in t.values():
+            x.grad = None
+
+
+def time_case(n: int, d: int, backward: bool, impls: tuple[str, ...], rounds: int
+              ) -> dict[str, list[float]]:
+    """Seconds per call of each implementation over interleaved rounds after one warm-up."""
+    t = make_inputs(n, d, backward)
+    grad_ctx: Callable[[], object] = torch.enable_grad if backward else torch.no_grad
+    times: dict[str, list[float]] = {impl: [] for impl in impls}
+    with grad_ctx():
+        for impl in impls:
+            step(impl, t, backward)
+        for r in range(rounds):
+            order = impls if r % 2 == 0 else impls[::-1]
+            for impl in order:
+                start = time.perf_counter()
+                step(impl, t, backward)
+                times[impl].append(time.perf_counter() - start)
+    return times
+
+
+def _rss_kib() -> dict[str, int]:
+    """VmRSS and VmHWM (peak since the last reset) of this process, in KiB."""
+    fields = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                name, value = line.split(":")
+                fields[name] = int(value.split()[0])
+    return fields
+
+
+def measure_memory_here(impl: str, n: int, d: int, backward: bool) -> int:
+    """Peak RSS in bytes of one call and its inputs (run in a fresh process; see module docstring)."""
+    small = make_inputs(16, d, backward)              # first-call initialisation, kept off the books
+    with torch.enable_grad() if backward else torch.no_grad():
+        step(impl, small, backward)
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")                                 # reset the high-water mark to the current RSS
+    before = _rss_kib()["VmRSS"]
+    t = make_inputs(n, d, backward)
+    with torch.enable_grad() if backward else torch.no_grad():
+        step(impl, t, backward)
+    return (_rss_kib()["VmHWM"] - before) * 1024
+
+
+def memory_case(impl: str, n: int, d: int, backward: bool) -> int:
+    cmd = [sys.executable, __file__, "--memory-probe", impl, str(n), str(d), str(int(backward))]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def run(ns: list[int], ds: list[int], max_reference_n: int, memory: bool) -> list[dict]:
+    rows = []
+    for d in ds:
+        for n in ns:
+            impls = IMPLS if n <= max_reference_n else IMPLS[:2]
+            for mode in ("fwd", "fwd+bwd"):
+                backward = mode == "fwd+bwd"
+                rounds = 15 if n <= 1024 else (7 if n <= 4096 else 5)
+                if "reference" in impls and n >= 8192:
+                    rounds = 3
+                print(f"d={d} N={n} {mode}: {rounds} rounds of {', '.join(impls)}",
+                      file=sys.stderr, flush=True)
+                times = time_case(n, d, backward, impls, rounds)
+                row = {"d": d, "n": n, "mode": mode, "rounds": rounds,
+                       "seconds": times,
+                       "sdpa_median_ms": 1e3 * statistics.median(times["sdpa"])}
+                for impl in impls[1:]:
+                    row[f"{impl}_min_ratio"] = min(times[impl]) / min(times["sdpa"])
+                    row[f"{impl}_median_ratio"] = (statistics.median(times[impl])
+                                                   / statistics.median(times["sdpa"]))
+                if memory:
+                    peak = {impl: memory_case(impl, n, d, backward) for impl in impls}
+                    row["peak_bytes"] = peak
+                    for impl in impls[1:]:
+                        row[f"{impl}_memory_ratio"] = peak[impl] / max(peak["sdpa"], 1)
+                rows.append(row)
+    return rows
+
+
+def _fmt(row: dict, key: str) -> str:
+    return f"{row[key]:.2f}×" if key in row else "–"
+
+
+def markdown(rows: list[dict], threads: int) -> str:
+    lines = [
+        f"OAttention vs plain SDPA, B=1, H=4, fp32, CPU, {threads} thread(s); time ratios are "
+        "fused/SDPA and reference/SDPA (min and median over interleaved rounds); memory ratios "
+        "are extra peak RSS of one call / SDPA's.",
+        "",
+        "| d | N | pass | SDPA median ms | fused min | fused median | fused mem "
+        "| reference min | reference median | reference mem |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['d']} | {r['n']} | {r['mode']} | {r['sdpa_median_ms']:.1f} "
+            f"| {_fmt(r, 'fused_min_ratio')} | {_fmt(r, 'fused_median_ratio')} "
+            f"| {_fmt(r, 'fused_memory_ratio')} | {_fmt(r, 'reference_min_ratio')} "
+            f"| {_fmt(r, 'reference_median_ratio')} | {_fmt(r, 'reference_memory_ratio')} |")
+    target = [r for r in rows if r["n"] == 4096 and r["d"] == 64]
+    if target:
+        verdicts = []
+        for r in target:
+            ok = r["fused_median_ratio"] <= TARGET[r["mode"]]
+            verdicts.append(f"{r['mode']} {r['fused_median_ratio']:.2f}× "
+                            f"(target ≤ {TARGET[r['mode']]:.2f}×, {'met' if ok else 'missed'})")
+            if "fused_memory_ratio" in r:
+                ok = r["fused_memory_ratio"] <= TARGET["memory"]
+                verdicts.append(f"{r['mode']} memory {r['fused_memory_ratio']:.2f}× "
+                                f"(target ≤ {TARGET['memory']:.1f}×, {'met' if ok else 'missed'})")
+        lines += ["", "Fused at N=4096, d=64: " + "; ".join(verdicts) + "."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="N ∈ {256, 1024}, d = 64 only")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
+    parser.add_argument("--max-reference-n", type=int, default=8192,
+                        help="largest N for the materialised reference (O(N²) memory)")
+    parser.add_argument("--note", default="", help="free text recorded with the run (e.g. load)")
+    parser.add_argument("--out", type=Path, default=Path("results/bench_attention.json"))
+    parser.add_argument("--memory-probe", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_probe:
+        impl, n, d, backward = args.memory_probe
+        print(measure_memory_here(impl, int(n), int(d), bool(int(backward))))
+        return
+    ns, ds = ([256, 1024], [64]) if args.quick else ([256, 1024, 4096, 8192], [32, 64])
+    rows = run(ns, ds, args.max_reference_n, memory=not args.no_memory)
+    table = markdown(rows, torch.get_num_threads())
+    receipt = {"schema_version": 1, "benchmark": "attention", "quick": args.quick,
+               "note": args.note, "environment": environment("cpu"), "rows": rows,
+               "markdown": table}
+    write_json_atomic(args.out, receipt)
+    print(table)
+    if args.note:
+        print(f"\nNote: {args.note}")
+    print(f"receipt: {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""`oretrofit patch`: retrofit a TabPFN v3 checkpoint, print its sites, write a patched artifact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+SCHEMA_VERSION = 1
+
+
+def parse_site_tau(values: list[str] | None) -> dict[str, float]:
+    """``['re:icl\\..*=1e-6', 'te.*=1e-4']`` -> {pattern: τ}; the last '=' separates τ."""
+    out: dict[str, float] = {}
+    for item in values or []:
+        pattern, sep, tau = item.rpartition("=")
+        try:
+            if not sep or not pattern:
+                raise ValueError
+            out[pattern] = float(tau)
+        except ValueError:
+            raise typer.BadParameter(f"{item!r} is not PATTERN=TAU (e.g. 're:icl\\..*=1e-6')",
+                                     param_hint="--site-tau") from None
+    return out
+
+
+def _receivers_text(receivers: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in receivers.items()) or "-"
+
+
+def _print_table(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=f"TabPFN v3 · arm {summary['arm']} · τ={summary['tau']:g} · "
+                        f"{summary['weights']}")
+    for column in ("site", "kind", "τ", "learned receivers: presence"):
+        table.add_column(column)
+    for row in summary["sites"]:
+        table.add_row(row["site"], row["kind"], f"{row['tau']:g}", _receivers_text(row["receivers"]))
+    console = Console()
+    console.print(table)
+    console.print(f"{len(summary['sites'])} site(s); checkpoint {summary['model_path']} "
+                  f"(sha256 {summary['checkpoint_sha256'][:12]}…)"
+                  + (f"; artifact {summary['out']}" if summary["out"] else "")
+                  + ("; dry run, nothing patched" if summary["dry_run"] else ""))
+
+
+def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
+              site_tau: dict[str, float], targets: list[str] | None, exclude: list[str] | None,
+              dry_run: bool, out: Path | None) -> dict[str, Any]:
+    """Plan (dry run) or apply the retrofit and write the artifact; return the JSON summary."""
+    import oretrofit
+    from oretrofit._provenance import environment
+    from oretrofit.tabpfn_v3 import (build_model, checkpoint_sha256, load_checkpoint,
+                                     resolve_model_path, weights_label, write_patched_artifact)
+
+    path = resolve_model_path(model_path)
+    checkpoint = load_checkpoint(path)
+    model, _, _ = build_model(checkpoint)
+    options = dict(site_tau=site_tau, targets=targets, exclude=exclude)
+    sha = checkpoint_sha256(path)
+    spec = None
+    if dry_run:
+        plan = oretrofit.plan_retrofit(model, arm, tau, eps, **options)
+        sites = [{"site": s.name, "kind": s.kind, "carrier": s.carrier, "tau": c.tau,
+                  "receivers": s.receivers(c.tau) if s.receivers else {}}
+                 for s, c in plan.entries]
+    else:
+        result = oretrofit.retrofit(model, arm, tau, eps, **options)
+        sites = result.report()
+        spec = {**result.spec(), "source_checkpoint_sha256": sha,
+                "weights": weights_label(checkpoint)}
+        if out is not None:
+            write_patched_artifact(out, path, spec)
+    return {"schema_version": SCHEMA_VERSION, "command": "patch", "model_path": str(path),
+            "checkpoint_sha256": sha, "weights": weights_label(checkpoint), "arm": arm,
+            "tau": tau, "eps": eps, "site_tau": site_tau, "dry_run": dry_run,
+            "out": None if dry_run or out is None else str(out), "sites": sites, "spec": spec,
+            "environment": environment()}
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``patch`` verb to ``app``."""
+
+    @app.command("patch")
+    def patch(
+        arm: str = typer.Option("full-o", "--arm", help="base, oa or full-o"),
+        tau: float = typer.Option(1e-8, "--tau", help="presence scale τ > 0"),
+        eps: float = typer.Option(1e-6, "--eps", help="OAttention ε > 0"),
+        model_path: str = typer.Option(None, "--model-path", help="TabPFN v3 checkpoint, 'demo' "
+                                       "(trained demo host, random weights when not installed) "
+                                       "or 'random'; default: tabpfn's download cache"),
+        site_tau: list[str] = typer.Option(None, "--site-tau", help="PATTERN=TAU per-site τ "
+                                           "(glob or 're:' regex; repeatable)"),
+        target: list[str] = typer.Option(None, "--target", help="only sites matching (repeatable)"),
+        exclude: list[str] = typer.Option(None, "--exclude", help="drop sites matching (repeatable)"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="plan and print; patch and write "
+                                     "nothing"),
+        json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+        out: Path = typer.Option(None, "--out", help="write the patched artifact (a *v3*.ckpt or "
+                                 ".safetensors carrying its patch spec)"),
+    ) -> None:
+        """Retrofit a TabPFN v3 host with an arm at τ and list every patched site."""
+        from oretrofit._registry import RetrofitError
+        overrides = parse_site_tau(site_tau)
+        try:
+            summary = run_patch(model_path, arm, tau, eps, overrides, target or None,
+                                exclude or None, dry_run, out)
+        except (RetrofitError, ValueError) as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from None
+        if json_out:
+            print(json.dumps(summary, default=str))
+        else:
+            _print_table(summary)

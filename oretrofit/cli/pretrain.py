@@ -1,0 +1,98 @@
+"""`oretrofit pretrain-demo` / `pretrain-eval` / `pretrain-card`: prior-fit, evaluate and document the demo host."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import typer
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_budget(text: str) -> float:
+    """Seconds in a budget such as ``2h``, ``90m``, ``1h30m``, ``300s`` or ``300``."""
+    parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not text.strip() or parts is None or not any(parts.groups()):
+        raise typer.BadParameter(f"budget {text!r} is not a duration; write e.g. 2h, 90m, 1h30m or 300s")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in parts.groups())
+    return hours * _UNITS["h"] + minutes * _UNITS["m"] + seconds
+
+
+def register(app: typer.Typer) -> None:
+    """Add the demo-host verbs to ``app``."""
+
+    @app.command("pretrain-demo")
+    def pretrain_demo(
+        out: Path = typer.Option(..., "--out", help="Run folder: train_state.pt, tabpfn-v3-demo.ckpt, loss.csv"),
+        budget: str = typer.Option("2h", "--budget", help="Wall-clock training budget, e.g. 2h, 90m, 300s"),
+        seed: int = typer.Option(0, "--seed"),
+        resume: bool = typer.Option(False, "--resume", help="Continue from OUT/train_state.pt"),
+        max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many steps (tests, smoke runs)"),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
+    ) -> None:
+        """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior."""
+        from oretrofit.pretrain.train import TrainConfig, train
+
+        cfg = TrainConfig(budget_s=parse_budget(budget), seed=seed, max_steps=max_steps)
+        summary = train(out, cfg, resume=resume)
+        summary["command"] = " ".join(["oretrofit", *sys.argv[1:]])
+        if json_out:
+            print(json.dumps({"schema_version": 1, **summary}, default=str))
+        else:
+            print(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s, final NLL "
+                  f"{summary['final_nll']:.4f}; checkpoint {summary['checkpoint']}")
+
+    @app.command("pretrain-export")
+    def pretrain_export(
+        run: Path = typer.Option(..., "--run", help="A pretrain-demo output folder"),
+        out: Path = typer.Option(..., "--out", help="Checkpoint to write; the name must contain v3"),
+    ) -> None:
+        """Write a run's weights as a standalone tabpfn-format checkpoint (no optimiser state)."""
+        from oretrofit.pretrain.train import export_checkpoint
+
+        print(str(export_checkpoint(run, out)))
+
+    @app.command("pretrain-eval")
+    def pretrain_eval(
+        checkpoint: Path = typer.Option(..., "--checkpoint", help="A tabpfn-format v3 checkpoint"),
+        random_reference: bool = typer.Option(True, "--random-reference/--no-random-reference",
+                                              help="Also score the random-weight host of the same size"),
+        out: Path = typer.Option(..., "--out", help="Evaluation receipt JSON to write"),
+        seeds: int = typer.Option(3, "--seeds", help="Number of 70/30 split seeds"),
+        datasets: str = typer.Option("", "--datasets", help="Comma-separated dataset names (default: all four)"),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
+    ) -> None:
+        """R² of the host vs ridge, kNN-10, random forest and a GP on the same splits."""
+        from oretrofit.pretrain.evaluate import DATASETS, evaluate, markdown_table, random_reference_host
+
+        names = [d for d in datasets.split(",") if d] or list(DATASETS)
+        hosts = {"tabpfn_v3_demo": checkpoint}
+        if random_reference:
+            hosts["tabpfn_v3_random"] = random_reference_host(checkpoint)
+        receipt = evaluate(hosts, names, n_seeds=seeds, receipt_path=out)
+        if json_out:
+            print(json.dumps(receipt, default=str))
+        else:
+            print(markdown_table(receipt))
+
+    @app.command("pretrain-card")
+    def pretrain_card(
+        run: Path = typer.Option(..., "--run", help="Training run folder (train_state.pt, loss.csv)"),
+        evaluation: Path = typer.Option(..., "--evaluation", help="Receipt written by pretrain-eval"),
+        out: Path = typer.Option(..., "--out", help="Model card Markdown path; the PNG goes beside it"),
+        command: str = typer.Option(..., "--command", help="The exact training command, for the card"),
+    ) -> None:
+        """Write the model card (architecture, prior, steps, wall time, loss curve, evaluation)."""
+        from oretrofit.pretrain.card import write_card
+
+        path = write_card(run, evaluation, out, training_command=command)
+        print(str(path))
+
+
+if __name__ == "__main__":
+    _app = typer.Typer(add_completion=False)
+    register(_app)
+    _app()

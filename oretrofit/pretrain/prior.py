@@ -1,0 +1,150 @@
+"""A seeded synthetic regression prior for prior-fitting the demo TabPFN v3 host.
+
+Each task draws correlated latent Gaussians, gives every column its own marginal, and
+builds a target ``f(X)`` as a random mixture of three function families:
+
+* a random MLP          f(x) = W_L σ(... σ(W_1 x_S + b_1) ...)      on a feature subset S,
+* random Fourier feats  f(x) = Σ_j a_j cos(w_j·x + c_j),  w_j ~ N(0, diag(1/ℓ²)),
+                        ℓ_i log-uniform (ARD: a large ℓ_i makes feature i irrelevant),
+* sparse linear + interactions  f(x) = Σ_{i∈S} β_i x_i + Σ_{(i,k)} γ_ik x_i x_k,
+
+then ``y = f/sd(f) + σ ε`` with σ log-uniform. X and y are standardised with the
+train rows' mean and standard deviation, as TabPFN sees them at inference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+from scipy.special import ndtr
+
+__all__ = ["PriorConfig", "TaskBatch", "sample_batch", "sample_task"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PriorConfig:
+    """Ranges of the synthetic tasks. Rows and features are drawn per batch."""
+
+    min_rows: int = 64
+    max_rows: int = 512
+    min_features: int = 1
+    max_features: int = 16
+    min_train_fraction: float = 0.5
+    max_train_fraction: float = 0.9
+    noise_min: float = 0.01      # σ, relative to sd(f), drawn log-uniform
+    noise_max: float = 1.0
+    mlp_max_layers: int = 3
+    mlp_max_width: int = 64
+    fourier_features: int = 96
+    length_scale_min: float = 0.3   # ARD length-scales, log-uniform, in latent sd units
+    length_scale_max: float = 20.0
+    family_weights: tuple[float, float, float] = (0.4, 0.35, 0.25)  # mlp, fourier, linear
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskBatch:
+    """A batch of same-shape tasks in TabPFN's layout: x (R, B, F), y (R, B); first n_train rows train."""
+
+    x: torch.Tensor       # (R, B, F)
+    y: torch.Tensor       # (R, B)
+    n_train: int
+
+
+_ACTIVATIONS = (np.tanh, lambda z: np.maximum(z, 0.0), np.sin, lambda z: z / (1.0 + np.abs(z)),
+                lambda z: np.exp(-z * z))
+
+
+def _marginals(z: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Give each latent Gaussian column a marginal: normal, uniform, skewed, heavy-tailed, discrete, binary."""
+    x = np.empty_like(z)
+    for i in range(z.shape[1]):
+        col = z[:, i]
+        kind = rng.integers(6)
+        if kind == 0:
+            x[:, i] = col
+        elif kind == 1:
+            x[:, i] = ndtr(col)
+        elif kind == 2:
+            x[:, i] = np.exp(rng.uniform(0.3, 1.2) * col)
+        elif kind == 3:
+            x[:, i] = np.sinh(rng.uniform(0.5, 1.5) * col)
+        elif kind == 4:
+            levels = int(rng.integers(3, 11))
+            x[:, i] = np.digitize(col, np.sort(rng.normal(size=levels - 1))).astype(float)
+        else:
+            x[:, i] = (col > rng.normal(scale=0.7)).astype(float)
+    return x
+
+
+def _standardise(a: np.ndarray, n_train: int) -> np.ndarray:
+    """(a − mean_train) / sd_train column-wise, sd floored so constant columns stay finite."""
+    mean = a[:n_train].mean(axis=0)
+    sd = a[:n_train].std(axis=0)
+    return (a - mean) / np.where(sd > 1e-8, sd, 1.0)
+
+
+def _mlp(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndarray:
+    h = x
+    for _ in range(int(rng.integers(1, cfg.mlp_max_layers + 1))):
+        width = int(rng.integers(4, cfg.mlp_max_width + 1))
+        w = rng.normal(size=(h.shape[1], width)) * rng.uniform(0.5, 2.0) / math.sqrt(h.shape[1])
+        h = _ACTIVATIONS[rng.integers(len(_ACTIVATIONS))](h @ w + rng.normal(size=width))
+    return h @ rng.normal(size=h.shape[1])
+
+
+def _fourier(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndarray:
+    scales = np.exp(rng.uniform(math.log(cfg.length_scale_min), math.log(cfg.length_scale_max),
+                                size=x.shape[1]))
+    w = rng.normal(size=(x.shape[1], cfg.fourier_features)) / scales[:, None]
+    phase = rng.uniform(0.0, 2.0 * math.pi, size=cfg.fourier_features)
+    return np.cos(x @ w + phase) @ rng.normal(size=cfg.fourier_features)
+
+
+def _sparse_linear(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    n_features = x.shape[1]
+    f = x @ (rng.normal(size=n_features) * (rng.random(n_features) < rng.uniform(0.3, 1.0)))
+    for _ in range(int(rng.integers(0, 4))):
+        i, k = rng.integers(n_features, size=2)
+        f = f + rng.normal() * x[:, i] * x[:, k]
+    return f
+
+
+def sample_task(rng: np.random.Generator, n_rows: int, n_features: int, n_train: int,
+                cfg: PriorConfig) -> tuple[np.ndarray, np.ndarray]:
+    """One task: X (n_rows, n_features) and y (n_rows,), both standardised on the first n_train rows."""
+    mixing = rng.normal(size=(n_features, n_features)) * rng.uniform(0.0, 1.0)
+    z = rng.normal(size=(n_rows, n_features)) @ (np.eye(n_features) + mixing)
+    z = _standardise(z, n_train)
+    x = _standardise(_marginals(z, rng), n_train)
+    relevant = rng.random(n_features) < rng.uniform(0.5, 1.0)
+    relevant[rng.integers(n_features)] = True
+    xs = x[:, relevant]
+    f = np.zeros(n_rows)
+    families = rng.random(3) < np.asarray(cfg.family_weights)
+    if not families.any():
+        families[rng.choice(3, p=np.asarray(cfg.family_weights) / sum(cfg.family_weights))] = True
+    for family, on in enumerate(families):
+        if not on:
+            continue
+        part = (_mlp(xs, cfg, rng), _fourier(xs, cfg, rng), _sparse_linear(xs, rng))[family]
+        part = _standardise(part[:, None], n_train)[:, 0]
+        f = f + rng.uniform(0.3, 1.0) * part
+    f = _standardise(f[:, None], n_train)[:, 0]
+    noise = math.exp(rng.uniform(math.log(cfg.noise_min), math.log(cfg.noise_max)))
+    y = _standardise((f + noise * rng.normal(size=n_rows))[:, None], n_train)[:, 0]
+    return x, y
+
+
+def sample_batch(rng: np.random.Generator, batch_size: int, cfg: PriorConfig) -> TaskBatch:
+    """``batch_size`` tasks sharing one (rows, features, train split) drawn from ``cfg``'s ranges."""
+    n_rows = int(rng.integers(cfg.min_rows, cfg.max_rows + 1))
+    n_features = int(rng.integers(cfg.min_features, cfg.max_features + 1))
+    n_train = int(round(n_rows * rng.uniform(cfg.min_train_fraction, cfg.max_train_fraction)))
+    n_train = min(max(n_train, 2), n_rows - 1)
+    tasks = [sample_task(rng, n_rows, n_features, n_train, cfg) for _ in range(batch_size)]
+    x = torch.tensor(np.stack([t[0] for t in tasks], axis=1), dtype=torch.float32)  # (R, B, F)
+    y = torch.tensor(np.stack([t[1] for t in tasks], axis=1), dtype=torch.float32)  # (R, B)
+    return TaskBatch(x=x, y=y, n_train=n_train)

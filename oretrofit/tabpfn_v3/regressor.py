@@ -1,0 +1,80 @@
+"""A ``TabPFNRegressor`` whose fit/predict run a separate, retrofitted TabPFN v3 instance.
+
+``TabPFNRegressor.fit`` rebuilds its model from ``model_path``, so a model patched before fit
+would be silently lost. The patched instance is therefore handed in through tabpfn's in-memory
+model spec (``tabpfn.ModelSpecs``) as ``model_path``; it is built fresh from the checkpoint, so
+no model shared through tabpfn's caches (``TABPFN_MODEL_CACHE_SIZE``) is ever patched.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from .._registry import ARMS, Retrofit, RetrofitError, apply_spec, retrofit
+from .checkpoints import build_model, load_checkpoint, resolve_model_path
+
+__all__ = ["make_regressor", "regressor_from_checkpoint", "spec_patch"]
+
+
+def regressor_from_checkpoint(path: str | os.PathLike[str],
+                              patch: Callable[[nn.Module], Retrofit | None], *,
+                              device: str = "cpu", seed: int = 0, n_estimators: int = 1,
+                              fit_mode: str = "fit_preprocessors",
+                              inference_precision: torch.dtype | str = torch.float32,
+                              **tabpfn_kwargs: Any) -> tuple[Any, Retrofit | None]:
+    """Build a fresh model from a validated checkpoint, ``patch`` it, wrap it in a regressor."""
+    from tabpfn import ModelSpecs, TabPFNRegressor
+    model, config, inference_config = build_model(load_checkpoint(path))
+    result = patch(model)
+    if result is not None and fit_mode == "fit_with_cache":
+        from ..patches.tabpfn_v3_blocks import KV_CACHE_REFUSAL
+        result.revert()
+        raise RetrofitError(KV_CACHE_REFUSAL)
+    specs = ModelSpecs(model=model, architecture_config=config, inference_config=inference_config)
+    regressor = TabPFNRegressor(model_path=specs, device=device, n_estimators=n_estimators,
+                                fit_mode=fit_mode, inference_precision=inference_precision,
+                                random_state=seed, **tabpfn_kwargs)
+    return regressor, result
+
+
+def make_regressor(model_path: str | os.PathLike[str] | None, arm: str = "base",
+                   tau: float = 1e-8, *, eps: float = 1e-6,
+                   site_tau: Mapping[str, float] | None = None, device: str = "cpu",
+                   seed: int = 0, n_estimators: int = 1, fit_mode: str = "fit_preprocessors",
+                   inference_precision: torch.dtype | str = torch.float32,
+                   **tabpfn_kwargs: Any) -> tuple[Any, Retrofit | None]:
+    """An unfitted ``TabPFNRegressor`` running the TabPFN v3 host retrofitted with ``arm``.
+
+    Args:
+        model_path: see :func:`resolve_model_path` (``"random"``, ``"demo"``, None or a path).
+        arm: ``base`` (unpatched; the Retrofit returned is None), ``oa`` or ``full-o``.
+        tau, eps, site_tau: presence scale, OAttention ε and per-site τ (see
+            :func:`oretrofit.retrofit`).
+        seed: the regressor's ``random_state``.
+        fit_mode: ``fit_with_cache`` is refused under ``oa``/``full-o`` (the KV cache drops the
+            train rows' presences).
+        inference_precision: pinned (fp32 by default) so arms compare like for like.
+    Returns:
+        ``(regressor, retrofit)``; ``retrofit.model`` is the instance fit/predict use.
+    """
+    if arm not in ARMS:
+        raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
+    path = resolve_model_path(model_path)
+
+    def patch(model: nn.Module) -> Retrofit | None:
+        if arm == "base":
+            return None
+        return retrofit(model, arm, tau, eps, site_tau=site_tau)
+
+    return regressor_from_checkpoint(path, patch, device=device, seed=seed,
+                                     n_estimators=n_estimators, fit_mode=fit_mode,
+                                     inference_precision=inference_precision, **tabpfn_kwargs)
+
+
+def spec_patch(spec: Mapping[str, Any]) -> Callable[[nn.Module], Retrofit | None]:
+    """The patch step that re-applies a saved patch spec (None for the ``base`` arm)."""
+    return lambda model: None if spec.get("arm") == "base" else apply_spec(model, spec)

@@ -1,0 +1,44 @@
+"""The model card is generated from the run state and an evaluation receipt, targets judged from numbers."""
+
+import dataclasses
+import json
+
+from oretrofit.pretrain.card import HOST_NAME, targets_met, write_card
+from oretrofit.pretrain.evaluate import BASELINES, _summary, markdown_table
+from oretrofit.pretrain.train import CHECKPOINT_NAME, train
+
+from .test_train import TINY
+
+R2 = {"sklearn:diabetes": {HOST_NAME: 0.45, "ridge": 0.44, "gp_rbf_white": 0.46},
+      "sklearn:friedman1": {HOST_NAME: 0.80, "random_forest": 0.77}}
+
+
+def _receipt(checkpoint):
+    rows = [{"dataset": d, "seed": s, "model": m, "r2": R2[d].get(m, 0.1) + 0.01 * s}
+            for d in R2 for s in range(2) for m in (HOST_NAME, *BASELINES)]
+    return {"schema_version": 1, "n_seeds": 2, "results": rows, "summary": _summary(rows),
+            "hosts": {HOST_NAME: {"path": str(checkpoint), "sha256": "ab" * 32}}}
+
+
+def test_targets_are_judged_from_the_receipt(tmp_path):
+    checks = {(c["dataset"], c["baseline"]): c["met"] for c in targets_met(_receipt(tmp_path))}
+    assert checks == {("sklearn:diabetes", "ridge"): True,
+                      ("sklearn:diabetes", "gp_rbf_white"): False,
+                      ("sklearn:friedman1", "random_forest"): True}
+
+
+def test_card_holds_architecture_steps_curve_table_and_command(tmp_path):
+    run = tmp_path / "run"
+    train(run, dataclasses.replace(TINY, max_steps=2), progress=False)
+    receipt = _receipt(run / CHECKPOINT_NAME)
+    (tmp_path / "eval.json").write_text(json.dumps(receipt))
+    card = write_card(run, tmp_path / "eval.json", tmp_path / "card.md",
+                      training_command="oretrofit pretrain-demo --budget 1m --out run")
+    text = card.read_text()
+    png = tmp_path / "card-loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "2 steps in" in text and "](card-loss.png)" in text
+    assert "| `embed_dim` | 16 |" in text and "| `max_rows` | 40 |" in text
+    assert markdown_table(receipt) in text
+    assert "oretrofit pretrain-demo --budget 1m --out run" in text
+    assert "sklearn:diabetes: host 0.455 vs gp_rbf_white 0.465 — MISSED" in text

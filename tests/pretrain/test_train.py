@@ -1,0 +1,82 @@
+"""The training loop: bar NLL, a 2-step run whose checkpoint loads in tabpfn, exact resume, budget parsing."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+import typer
+
+from oretrofit.cli.pretrain import parse_budget
+from oretrofit.pretrain.prior import PriorConfig
+from oretrofit.pretrain.train import (CHECKPOINT_NAME, STATE_NAME, HostConfig, TrainConfig, bar_nll,
+                                      export_checkpoint, spline_borders, train)
+
+TINY = TrainConfig(
+    seed=1, batch_size=2, warmup_steps=50, save_every_s=1e9, log_every=1,
+    host=HostConfig(embed_dim=16, nlayers=1, num_buckets=20, dist_embed_num_heads=2,
+                    dist_embed_num_inducing_points=8, feat_agg_num_blocks=1, feat_agg_num_heads=2,
+                    icl_num_heads=2),
+    prior=PriorConfig(min_rows=24, max_rows=40, min_features=1, max_features=3,
+                      mlp_max_width=8, fourier_features=8))
+
+
+def test_bar_nll_matches_hand_formula():
+    borders = torch.tensor([-2.0, -1.0, 0.5, 3.0])
+    logits = torch.tensor([[0.0, 1.0, 2.0], [0.0, 0.0, 0.0]])
+    y = torch.tensor([0.7, -1.5])
+    log_z = math.log(math.exp(0) + math.exp(1) + math.exp(2))
+    expected = ((log_z - 2.0 + math.log(2.5)) + (math.log(3) + math.log(1.0))) / 2
+    assert bar_nll(logits, y, borders).item() == pytest.approx(expected, rel=1e-6)
+    # Outside the support, y is clamped into the edge buckets.
+    assert bar_nll(logits[1:], torch.tensor([50.0]), borders).item() == pytest.approx(
+        math.log(3) + math.log(2.5), rel=1e-6)
+
+
+def test_spline_borders_are_v3s():
+    borders = spline_borders(100)
+    assert borders.shape == (101,) and torch.all(borders[1:] > borders[:-1])
+    assert borders[0].item() == -128 and borders[-1].item() == 128 and borders[50].item() == 0
+
+
+def test_two_steps_write_a_checkpoint_tabpfn_loads_and_resume_is_exact(tmp_path):
+    from tabpfn import TabPFNRegressor
+
+    summary = train(tmp_path / "run", dataclasses.replace(TINY, max_steps=2), progress=False)
+    assert summary["steps"] == 2 and np.isfinite(summary["final_nll"])
+    assert (tmp_path / "run" / CHECKPOINT_NAME).exists() and (tmp_path / "run" / STATE_NAME).exists()
+    resumed = train(tmp_path / "run", TrainConfig(max_steps=3), resume=True, progress=False)
+    straight = train(tmp_path / "straight", dataclasses.replace(TINY, max_steps=3), progress=False)
+    assert resumed["steps"] == straight["steps"] == 3
+    a = torch.load(tmp_path / "run" / STATE_NAME, weights_only=False)
+    b = torch.load(tmp_path / "straight" / STATE_NAME, weights_only=False)
+    assert [r[3] for r in a["loss_log"]] == [r[3] for r in b["loss_log"]]
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+
+    shipped = export_checkpoint(tmp_path / "run", tmp_path / "tabpfn-v3-exported.ckpt")
+    assert torch.load(shipped, weights_only=True)["oretrofit"]["steps"] == 3
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 3))
+    y = X[:, 0] + 0.1 * rng.normal(size=30)
+    model = TabPFNRegressor(model_path=str(shipped), device="cpu", n_estimators=1, random_state=0)
+    pred = model.fit(X[:20], y[:20]).predict(X[20:])
+    assert pred.shape == (10,) and np.isfinite(pred).all()
+
+
+def test_resume_without_state_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="drop --resume"):
+        train(tmp_path, TINY, resume=True, progress=False)
+
+
+@pytest.mark.parametrize("text,seconds", [("2h", 7200), ("90m", 5400), ("1h30m", 5400),
+                                          ("45s", 45), ("300", 300)])
+def test_parse_budget(text, seconds):
+    assert parse_budget(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "2d", "h", "soon"])
+def test_parse_budget_rejects_non_durations(text):
+    with pytest.raises(typer.BadParameter, match="not a duration"):
+        parse_budget(text)

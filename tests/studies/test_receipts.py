@@ -1,0 +1,44 @@
+"""Resumable receipts: finished runs are skipped, an interrupted plan resumes, configs must match."""
+
+import json
+
+import pytest
+
+from oretrofit.studies.receipts import PlannedRun, Receipt, run_plan
+
+
+def _plan(calls, fail_at=None):
+    def work(i):
+        calls.append(i)
+        if i == fail_at:
+            raise KeyboardInterrupt
+        return {"value": i * i}
+    return [PlannedRun(f"run{i}", {"i": i}, lambda i=i: work(i)) for i in range(3)]
+
+
+def test_interrupted_plan_resumes_without_redoing_runs(tmp_path):
+    path, calls = tmp_path / "s.json", []
+    with pytest.raises(KeyboardInterrupt):
+        run_plan(Receipt(path, "s", {}), _plan(calls, fail_at=1), quiet=True)
+    stored = json.loads(path.read_text())
+    assert list(stored["runs"]) == ["run0"] and stored["complete"] is False
+    calls.clear()
+    run_plan(Receipt(path, "s", {}), _plan(calls), quiet=True)
+    assert calls == [1, 2]
+    stored = json.loads(path.read_text())
+    assert stored["complete"] is True and stored["runs"]["run2"]["outcome"] == {"value": 4}
+    assert [s["runs_added"] for s in stored["sessions"]] == [1, 2]
+    assert "packages" in stored["environment"]
+    calls.clear()
+    run_plan(Receipt(path, "s", {}), _plan(calls), quiet=True)
+    assert calls == []
+
+
+def test_changed_configuration_is_an_error_not_a_mix(tmp_path):
+    path = tmp_path / "s.json"
+    run_plan(Receipt(path, "s", {}), _plan([]), quiet=True)
+    changed = [PlannedRun("run0", {"i": 99}, lambda: {})]
+    with pytest.raises(ValueError, match="another configuration"):
+        run_plan(Receipt(path, "s", {}), changed, quiet=True)
+    with pytest.raises(ValueError, match="another --out"):
+        Receipt(path, "other", {})
