@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from oretrofit import HiddenCarrierOAttention, QKVOAttention, presence
-from oretrofit.sweep.direct import direct_o_attention
+from oretrofit.sweep.direct import direct_projected
 
 TAU = 1e-6
 
@@ -15,20 +15,6 @@ TAU = 1e-6
 def heads(x: torch.Tensor, n: int) -> torch.Tensor:
     b, t, _ = x.shape
     return x.view(b, t, n, -1).transpose(1, 2)                     # (B, H, N, hd)
-
-
-def direct_module(module, x: torch.Tensor, context: torch.Tensor, per_head: bool) -> torch.Tensor:
-    """The module's output from its weights and the fp64 formula."""
-    m = {n: w.double() for n, w in module.state_dict().items()}
-    x, context = x.double(), context.double()
-    q = heads(x @ m["q_proj.weight"].T, module.n_heads)
-    k = heads(context @ m["k_proj.weight"].T, module.n_kv_heads)
-    v = heads(context @ m["v_proj.weight"].T, module.n_kv_heads)
-    p_q, p_k = (presence(q, TAU), presence(k, TAU)) if per_head else (presence(x, TAU),
-                                                                      presence(context, TAU))
-    out, _ = direct_o_attention(q, k, v, p_q, p_k, eps=module.eps)
-    b, h, n, hd = out.shape
-    return out.transpose(1, 2).reshape(b, n, h * hd) @ m["out_proj.weight"].T
 
 
 MODULES = {"hidden": HiddenCarrierOAttention, "qkv": QKVOAttention}
@@ -41,11 +27,12 @@ def test_module_matches_direct_formula(kind: str, kv_heads: int, cross: bool) ->
     attn = MODULES[kind](16, 4, kv_heads, tau=TAU, d_context=12 if cross else None)
     x = torch.randn(2, 5, 16)
     context = torch.randn(2, 7, 12) if cross else x
-    want = direct_module(attn, x, context, per_head=kind == "qkv")
+    want, want_w = direct_projected(attn, x, context, TAU)
     for need_weights in (False, True):
         out, w = attn(x, context if cross else None, need_weights=need_weights)
         assert out.shape == (2, 5, 16) and (w is not None) == need_weights
         assert (out.double() - want).abs().max() <= 2e-6
+    assert (w.double() - want_w).abs().max() <= 2e-6
 
 
 @pytest.mark.parametrize("kind", MODULES)

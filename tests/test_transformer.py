@@ -40,7 +40,9 @@ def test_zero_extension_law_through_two_blocks(where: list[int], kv_heads: int) 
 
 
 def test_block_with_key_padding_mask_and_gradients() -> None:
-    block = randomise(OTransformerBlock(8, 2, 16, TAU)).double()
+    # τ = 1: at τ = 1e-6 a central difference of step 1e-6 around a zero carrier sees
+    # ρ·LayerNorm(±δ) ~ δ/τ, so numerical and analytical derivatives at 0 could not agree.
+    block = randomise(OTransformerBlock(8, 2, 16, tau=1.0)).double()
     h = torch.randn(1, 5, 8, dtype=torch.float64)
     h[:, 2] = 0.0
     mask = torch.ones(1, 1, 1, 5, dtype=torch.bool)
@@ -50,7 +52,7 @@ def test_block_with_key_padding_mask_and_gradients() -> None:
     assert torch.equal(out[:, 2], torch.zeros_like(out[:, 2]))
     out.sum().backward()
     assert torch.isfinite(h.grad).all()
-    assert torch.autograd.gradcheck(lambda x: block(x, mask=mask), (h,))
+    assert torch.autograd.gradcheck(lambda x: block(x, mask=mask), (h,), fast_mode=True)
 
 
 def test_block_differs_from_ordinary_components_at_a_null_token() -> None:

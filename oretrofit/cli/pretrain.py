@@ -57,22 +57,25 @@ def register(app: typer.Typer) -> None:
 
     @app.command("pretrain-eval")
     def pretrain_eval(
-        checkpoint: Path = typer.Option(..., "--checkpoint", help="A tabpfn-format v3 checkpoint"),
+        checkpoint: Path = typer.Option(None, "--checkpoint",
+                                        help="A tabpfn-format v3 checkpoint (omit: baselines only)"),
         random_reference: bool = typer.Option(True, "--random-reference/--no-random-reference",
                                               help="Also score the random-weight host of the same size"),
         out: Path = typer.Option(..., "--out", help="Evaluation receipt JSON to write"),
         seeds: int = typer.Option(3, "--seeds", help="Number of 70/30 split seeds"),
         datasets: str = typer.Option("", "--datasets", help="Comma-separated dataset names (default: all four)"),
+        reuse_baselines: Path = typer.Option(None, "--reuse-baselines",
+                                             help="Earlier receipt whose baseline rows to reuse (same data)"),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
     ) -> None:
         """R² of the host vs ridge, kNN-10, random forest and a GP on the same splits."""
         from oretrofit.pretrain.evaluate import DATASETS, evaluate, markdown_table, random_reference_host
 
         names = [d for d in datasets.split(",") if d] or list(DATASETS)
-        hosts = {"tabpfn_v3_demo": checkpoint}
-        if random_reference:
+        hosts = {"tabpfn_v3_demo": checkpoint} if checkpoint is not None else {}
+        if random_reference and checkpoint is not None:
             hosts["tabpfn_v3_random"] = random_reference_host(checkpoint)
-        receipt = evaluate(hosts, names, n_seeds=seeds, receipt_path=out)
+        receipt = evaluate(hosts, names, n_seeds=seeds, receipt_path=out, reuse_baselines=reuse_baselines)
         if json_out:
             print(json.dumps(receipt, default=str))
         else:

@@ -28,10 +28,10 @@ __all__ = ["PriorConfig", "TaskBatch", "sample_batch", "sample_task"]
 class PriorConfig:
     """Ranges of the synthetic tasks. Rows and features are drawn per batch."""
 
-    min_rows: int = 64
-    max_rows: int = 512
+    min_rows: int = 32
+    max_rows: int = 384
     min_features: int = 1
-    max_features: int = 16
+    max_features: int = 14
     min_train_fraction: float = 0.5
     max_train_fraction: float = 0.9
     noise_min: float = 0.01      # σ, relative to sd(f), drawn log-uniform

@@ -39,7 +39,7 @@ LOSS_LOG_NAME = "loss.csv"
 class HostConfig:
     """The small TabPFN v3 configuration the demo host is trained with (fields of TabPFNV3Config)."""
 
-    embed_dim: int = 48
+    embed_dim: int = 32
     nlayers: int = 3
     num_buckets: int = 100
     dist_embed_num_blocks: int = 1
@@ -64,7 +64,7 @@ class TrainConfig:
     batch_size: int = 8
     lr: float = 1e-3
     final_lr_fraction: float = 0.1
-    warmup_steps: int = 200
+    warmup_steps: int = 50
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     save_every_s: float = 120.0

@@ -127,7 +127,7 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
     """Fit and score one cell on ``(X_train, y_train, X_test, y_test)``; runs in a worker."""
     from ..tabpfn_v3 import make_regressor
     X_train, y_train, X_test, y_test = arrays
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     regressor, applied = make_regressor(checkpoint, arm=cell.arm,
                                         **({} if cell.tau is None else {"tau": cell.tau}),
                                         seed=cell.seed, **model.regressor_kwargs())
@@ -141,6 +141,7 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
         "rmse": rmse, "r2": r2, "n_train": int(len(y_train)), "n_test": int(len(y_test)),
         "n_features": int(X_train.shape[1]), "fit_s": predict_start - fit_start,
         "predict_s": end - predict_start, "wall_s": end - start,
+        "cpu_s": time.process_time() - cpu_start,         # all threads of this process
         "sites_patched": len(applied.report()) if applied is not None else 0,
         "inference_precision": str(regressor.get_params().get("inference_precision")),
         "worker": socket.gethostname(), "torch_threads": torch.get_num_threads()}

@@ -23,8 +23,8 @@ __all__ = ["Table", "Rendered", "build_tables", "to_markdown", "to_latex", "rend
 ARM_LABELS = {"base": "Base", "oa": "OA", "full-o": "Full-O"}
 _CELL_COLUMNS = ("dataset", "seed", "arm", "tau", "rmse", "r2", "n_train", "n_test",
                  "n_features", "split_sha256", "dataset_sha256")
-_TIMING_COLUMNS = ("dataset", "seed", "arm", "tau", "fit_s", "predict_s", "wall_s", "worker",
-                   "torch_threads")
+_TIMING_COLUMNS = ("dataset", "seed", "arm", "tau", "fit_s", "predict_s", "wall_s", "cpu_s",
+                   "worker", "torch_threads")
 
 
 @dataclass
@@ -105,6 +105,28 @@ def _grid(summary: Summary, title: str, arms: Sequence[str], tau: float | None,
     return Table(title, header, rows, _notes(summary))
 
 
+def timing_table(cells: Sequence[dict[str, Any]], summary: Summary,
+                 settings: dict[str, Any]) -> Table:
+    """Seconds per cell (means over seeds and τ) by dataset and arm: build+fit+predict (wall),
+    fit, predict, and process CPU time."""
+    rows = []
+    for spec in summary.datasets:
+        for arm in summary.arms:
+            own = [c for c in cells if c["dataset"] == spec and c["arm"] == arm]
+            if own:
+                mean = {k: sum(c.get(k, 0.0) for c in own) / len(own)
+                        for k in ("wall_s", "fit_s", "predict_s", "cpu_s")}
+                rows.append([summary.names[spec], ARM_LABELS[arm], str(len(own)),
+                             f"{own[0]['n_train']}/{own[0]['n_test']}",
+                             *(f"{mean[k]:.2f}" for k in ("wall_s", "fit_s", "predict_s",
+                                                          "cpu_s"))])
+    threads = sorted({c.get("torch_threads") for c in cells}, key=str)
+    note = (f"Host: {settings.get('weights', '?')}; device {settings.get('device_type', '?')}; "
+            f"torch threads {', '.join(map(str, threads))}.")
+    return Table("Seconds per cell", ["Dataset", "Arm", "Cells", "Train/test rows",
+                                      "Wall", "Fit", "Predict", "CPU"], rows, [note])
+
+
 def to_markdown(tables: Iterable[Table]) -> str:
     parts = []
     for t in tables:
@@ -148,8 +170,8 @@ def _csv(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
 def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
            plots: bool = True) -> Rendered:
     """Render one or more run folders (shards are merged) into ``out`` (default
-    ``<first folder>/tables``): tables.md, tables.tex, summary.csv, cells.csv, timings.csv and
-    the ΔRMSE % plots."""
+    ``<first folder>/tables``): tables.md, tables.tex, summary.csv, cells.csv, timings.csv,
+    timings.md and the ΔRMSE % plots."""
     settings, datasets, cells = read_cells(folders)
     summary = summarize(cells, datasets)
     tables = build_tables(summary)
@@ -159,7 +181,8 @@ def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
     texts = {"tables.md": markdown, "tables.tex": to_latex(tables),
              "summary.csv": _csv(map(asdict, summary.rows), Row.__dataclass_fields__),
              "cells.csv": _csv(cells, _CELL_COLUMNS),
-             "timings.csv": _csv(cells, _TIMING_COLUMNS)}
+             "timings.csv": _csv(cells, _TIMING_COLUMNS),
+             "timings.md": to_markdown([timing_table(cells, summary, settings)])}
     files = {}
     for name, text in texts.items():
         (out / name).write_text(text)

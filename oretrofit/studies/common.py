@@ -98,7 +98,8 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, quiet: bool 
     done = sum(i in receipt.runs for i in ids)
     scope, counts = _coverage(study, options, receipt.runs)
     markdown = study.report(receipt.runs, ids) + "\n\n" + scope
-    receipt.save(table_markdown=markdown, coverage=counts, complete=done == len(ids))
+    receipt.save(options=options.as_dict(), planned=ids, table_markdown=markdown, coverage=counts,
+                 complete=done == len(ids))
     table_path = out / f"{stem}.md"
     table_path.write_text(markdown + "\n")
     return StudyResult(receipt.path, table_path, markdown, done == len(ids), done, len(ids),
@@ -107,14 +108,19 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, quiet: bool 
 
 def _coverage(study: Study, options: StudyOptions,
               runs: dict[str, dict]) -> tuple[str, dict[str, list[int]]]:
-    """Which runs of the study's full matrix (default tasks and seeds) are in the receipt, and
-    the wall/CPU time they took."""
+    """Which runs of the study's full matrix (default tasks and seeds) are in the receipt, the
+    wall/CPU time they took, and the CPU the full matrix needs at each task's mean CPU per run."""
     full = StudyOptions(epochs=options.epochs, batch_size=options.batch_size, quick=options.quick)
     counts: dict[str, list[int]] = {}
+    cpu_by_task: dict[str, list[float]] = {}
     for run in study.plan(full.resolved(study.TASKS)):
-        task_count = counts.setdefault(run.run_id.split("/")[0], [0, 0])
-        task_count[0] += run.run_id in runs
+        task = run.run_id.split("/")[0]
+        task_count = counts.setdefault(task, [0, 0])
         task_count[1] += 1
+        if run.run_id in runs:
+            task_count[0] += 1
+            if "cpu_s" in runs[run.run_id]:
+                cpu_by_task.setdefault(task, []).append(runs[run.run_id]["cpu_s"])
     done, total = sum(c[0] for c in counts.values()), sum(c[1] for c in counts.values())
     wall = sum(r["wall_s"] for r in runs.values())
     cpu = sum(r.get("cpu_s", 0.0) for r in runs.values())
@@ -122,6 +128,13 @@ def _coverage(study: Study, options: StudyOptions,
     text = (f"Coverage: {done} of {total} runs of the {'CI' if options.quick else 'full'} matrix "
             f"({per_task}). These runs took {wall:.0f} s wall and {cpu:.0f} s process CPU here "
             "(one thread per process).")
+    measured = [t for t in counts if t in cpu_by_task]
+    if measured:
+        need = sum(mean(cpu_by_task[t]) * counts[t][1] for t in measured)
+        unmeasured = [t for t in counts if t not in cpu_by_task]
+        text += (f" At each task's mean CPU per run, the full matrix needs about {need:.0f} s of "
+                 "one core" + (f" plus the unmeasured {', '.join(unmeasured)}" if unmeasured
+                               else "") + ".")
     return text, counts
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from .._presence import presence
-from .common import StudyOptions, fmt, markdown_table, matrix_plan, quantiles, train_host
+from .common import (StudyOptions, fmt, markdown_table, matrix_plan, mean, quantiles,
+                     train_host)
 from .data import FIVE_TASKS, PAPER_ORDER, TASKS as REGISTRY, load_split
 from .models import ARM_SPECS, FTHost
 from .receipts import PlannedRun
@@ -64,7 +65,8 @@ def null_diagnostics(model: FTHost, x: torch.Tensor, n_zero: int) -> dict:
         "old_presence_quantiles": quantiles(presence(old, tau)),
         "inserted_exact_zero_fraction": float((inserted == 0).double().mean()),
         "inserted_near_zero_fraction": float((inserted.abs() <= NEAR_ZERO).double().mean()),
-        "finite": bool(all(torch.isfinite(s).all() for s in extended) and torch.isfinite(shift).all()),
+        "finite": bool(all(torch.isfinite(s).all() for s in extended)
+                       and torch.isfinite(shift).all()),
     }
 
 
@@ -83,26 +85,26 @@ def plan(options: StudyOptions) -> list[PlannedRun]:
                        lambda arm, **_: {"host": ARM_SPECS[arm].as_dict()}, _execute)
 
 
+def _worst(values: list[float]) -> str:
+    return f"{max(values):.4g}" if values else "–"
+
+
 def report(runs: dict[str, dict], plan_ids: list[str]) -> str:
     """Table 3 layout (maxima over the evaluated k > 0 cells) plus mean test metrics per arm."""
     done = [i for i in plan_ids if i in runs]
     rows = []
     for arm in ARMS:
-        nulls = [runs[i]["outcome"]["null"] for i in done
-                 if i.endswith(f"/{arm}") and runs[i]["outcome"]["null"] is not None]
         fits = [i for i in done if i.endswith(f"/{arm}")]
+        nulls = [runs[i]["outcome"]["null"] for i in fits if runs[i]["outcome"]["null"]]
         components, paper_linf, meaning = PAPER[arm]
-
-        def worst(key: str, values: list = nulls) -> str:
-            return f"{max(n[key] for n in values):.4g}" if values else "–"
-        finite = sum(runs[i]["outcome"]["null"]["finite"] for i in fits
-                     if runs[i]["outcome"]["null"] is not None)
-        rows.append([TITLES[arm], components, worst("max_inserted_state_linf"), paper_linf,
-                     worst("prediction_rms_shift"),
-                     f"{max((layer['cls_shift_linf'] for n in nulls for layer in n['layers']), default=0):.4g}"
-                     if nulls else "–", f"{finite}/{len(nulls)}", str(len(fits)), meaning])
-    header = ["Arm", "Host components", "Max inserted-state L∞", "Paper", "Max prediction RMS shift",
-              "Max CLS shift L∞", "Finite (k>0)", "Fits", "Interpretation"]
+        cls_shift = [layer["cls_shift_linf"] for n in nulls for layer in n["layers"]]
+        rows.append([TITLES[arm], components,
+                     _worst([n["max_inserted_state_linf"] for n in nulls]), paper_linf,
+                     _worst([n["prediction_rms_shift"] for n in nulls]), _worst(cls_shift),
+                     f"{sum(n['finite'] for n in nulls)}/{len(nulls)}", str(len(fits)), meaning])
+    header = ["Arm", "Host components", "Max inserted-state L∞", "Paper",
+              "Max prediction RMS shift", "Max CLS shift L∞", "Finite (k>0)", "Fits",
+              "Interpretation"]
     table = markdown_table(header, rows)
 
     metric_rows = []
@@ -113,7 +115,7 @@ def report(runs: dict[str, dict], plan_ids: list[str]) -> str:
             for arm in ARMS:
                 values = [runs[i]["outcome"]["test"][metric] for i in done
                           if i.startswith(f"{task}/") and i.endswith(f"/k{k}/{arm}")]
-                cells.append(f"{fmt(sum(values) / len(values))} ({len(values)})" if values else "–")
+                cells.append(f"{fmt(mean(values))} ({len(values)})" if values else "–")
             if any(c != "–" for c in cells):
                 metric_rows.append([REGISTRY[task].title, metric.replace("rmse", "RMSE"), str(k),
                                     *cells])

@@ -46,3 +46,30 @@ def direct_o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor
     weights = u / (eps + u.sum(dim=-1, keepdim=True))
     out = _per_head(p_q, heads)[..., None] * torch.einsum("bhij,bhjd->bhid", weights, v)
     return out, weights
+
+
+def _heads(x: Tensor, n: int) -> Tensor:
+    b, t, _ = x.shape
+    return x.reshape(b, t, n, -1).transpose(1, 2)                           # (B, H, N, hd)
+
+
+def direct_projected(module, x: Tensor, context: Tensor, tau: float,
+                     mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """fp64 ``(output (B, Nq, d), weights)`` of a Hidden-carrier or QKV OAttention module.
+
+    Projections from the module's bias-free weights; presence from the hidden carriers
+    (``HiddenCarrierOAttention``) or per head from q and k (``QKVOAttention``).
+    """
+    from .._attention_modules import QKVOAttention
+
+    weight = {name: w.detach().cpu().double() for name, w in module.state_dict().items()}
+    x, context = x.detach().cpu().double(), context.detach().cpu().double()
+    q = _heads(x @ weight["q_proj.weight"].T, module.n_heads)
+    k = _heads(context @ weight["k_proj.weight"].T, module.n_kv_heads)
+    v = _heads(context @ weight["v_proj.weight"].T, module.n_kv_heads)
+    carriers = (q, k) if isinstance(module, QKVOAttention) else (x, context)
+    p_q, p_k = (c.square().sum(-1) / (tau + c.square().sum(-1)) for c in carriers)
+    mask = None if mask is None else mask.detach().cpu()
+    out, weights = direct_o_attention(q, k, v, p_q, p_k, mask, eps=module.eps)
+    b, h, n, hd = out.shape
+    return out.transpose(1, 2).reshape(b, n, h * hd) @ weight["out_proj.weight"].T, weights

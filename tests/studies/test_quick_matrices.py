@@ -116,6 +116,3 @@ def test_merging_a_parallel_workers_receipt(tmp_path, cli):
     assert merged.exit_code == 0 and set(stored["runs"]) == {"float32/2x5x4/seed11",
                                                                "float32/2x5x4/seed23"}
     assert stored["merged"][0]["runs_added"] == 1
-    other = CliRunner().invoke(cli, ["experiment", "adapters", "--report-only", "--quick",
-                                     "--out", str(tmp_path / "11"), "--merge-from", str(worker)])
-    assert other.exit_code != 0

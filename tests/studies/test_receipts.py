@@ -42,3 +42,15 @@ def test_changed_configuration_is_an_error_not_a_mix(tmp_path):
         run_plan(Receipt(path, "s", {}), changed, quiet=True)
     with pytest.raises(ValueError, match="another --out"):
         Receipt(path, "other", {})
+
+
+def test_absorb_checks_study_and_configuration(tmp_path):
+    run_plan(Receipt(tmp_path / "a.json", "s", {}), _plan([]), quiet=True)
+    run_plan(Receipt(tmp_path / "b.json", "t", {}), _plan([]), quiet=True)
+    changed = Receipt(tmp_path / "c.json", "s", {})
+    run_plan(changed, [PlannedRun("run0", {"i": 99}, lambda: {})], quiet=True)
+    receipt = Receipt(tmp_path / "a.json", "s", {}, new_session=False)
+    with pytest.raises(ValueError, match="not 's'"):
+        receipt.absorb(tmp_path / "b.json")
+    with pytest.raises(ValueError, match="differs in configuration"):
+        receipt.absorb(tmp_path / "c.json")

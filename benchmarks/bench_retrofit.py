@@ -1,0 +1,167 @@
+"""TabPFN v3 retrofit cost: predict time, peak memory and patch time of each arm vs base.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_retrofit.py [--quick] [--out results/bench_retrofit.json]
+
+Host: the default-size (58.3M parameters) random-init TabPFN v3 regressor (``--quick``: the
+small host), 512 × 10 train rows and 256 test rows of a fixed synthetic table, n_estimators=1,
+fp32, one thread, ``fit_mode='fit_preprocessors'``, τ = 1e-8.
+
+* Predict time: one regressor per arm, fitted once; the arms' ``predict`` calls run in
+  interleaved rounds (load from other processes hits all of them alike); the table gives the
+  median and its ratio to base's median in the same run.
+* Peak memory: each arm runs once in a fresh subprocess (Linux). After fit the process resets
+  its resident-set high-water mark (``/proc/self/clear_refs``) and reads
+  ``VmHWM − VmRSS_before`` over its first ``predict``; the table gives it as a ratio to base.
+* Patch time: ``oretrofit.retrofit(model, arm, τ)`` on a loaded model (median of 5, reverted
+  in between).
+
+Prints a Markdown table (stdout) and writes a JSON receipt with provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import oretrofit
+from oretrofit._provenance import environment, write_json_atomic
+from oretrofit.tabpfn_v3 import (build_model, checkpoint_sha256, load_checkpoint, make_regressor,
+                                 write_random_checkpoint)
+from oretrofit.tabpfn_v3.checkpoints import cache_dir
+
+ARMS = ("base", "oa", "full-o")
+TARGET = {"oa": 1.10, "full-o": 1.20}        # predict-time ratio to base
+PATCH_TARGET_S = 0.5
+TAU, SEED = 1e-8, 0
+N_TRAIN, N_TEST, N_FEATURES = 512, 256, 10
+
+
+def host(size: str) -> Path:
+    path = cache_dir() / f"tabpfn-v3-random-{size}-seed{SEED}.ckpt"
+    return path if path.exists() else write_random_checkpoint(path, size, SEED)
+
+
+def table_data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(SEED)
+    x = rng.normal(size=(N_TRAIN + N_TEST, N_FEATURES))
+    y = np.sin(x[:, 0]) + x[:, 1] * x[:, 2] + 0.1 * rng.normal(size=len(x))
+    return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:]
+
+
+def fitted(path: Path, arm: str):
+    x_train, y_train, _ = table_data()
+    regressor, _ = make_regressor(path, arm, TAU, seed=SEED, n_estimators=1)
+    return regressor.fit(x_train, y_train)
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def memory_probe(path: Path, arm: str) -> int:
+    """Peak resident bytes added by one predict (run in a fresh process)."""
+    regressor = fitted(path, arm)
+    Path("/proc/self/clear_refs").write_text("5")          # reset VmHWM to the current RSS
+    before = _status_kb("VmRSS")
+    regressor.predict(table_data()[2])
+    return (_status_kb("VmHWM") - before) * 1024
+
+
+def patch_seconds(path: Path, arm: str, repeats: int = 5) -> float:
+    model, _, _ = build_model(load_checkpoint(path))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = oretrofit.retrofit(model, arm, TAU)
+        times.append(time.perf_counter() - start)
+        result.revert()
+    return statistics.median(times)
+
+
+def predict_seconds(path: Path, rounds: int) -> dict[str, list[float]]:
+    regressors = {arm: fitted(path, arm) for arm in ARMS}
+    x_test = table_data()[2]
+    for regressor in regressors.values():
+        regressor.predict(x_test)                               # warm-up
+    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    for _ in range(rounds):
+        for arm, regressor in regressors.items():
+            start = time.perf_counter()
+            regressor.predict(x_test)
+            times[arm].append(time.perf_counter() - start)
+    return times
+
+
+def markdown(rows: list[dict[str, Any]], size: str) -> str:
+    lines = [f"TabPFN v3 {size} host (random weights), {N_TRAIN}×{N_FEATURES} train / {N_TEST} "
+             f"test rows, n_estimators=1, fp32, τ={TAU:g}, 1 thread.",
+             "",
+             "| arm | sites | predict s (median) | time ratio | target | peak MB (predict) "
+             "| memory ratio | patch s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        target = f"≤ {TARGET[r['arm']]:.2f}×" if r["arm"] in TARGET else "-"
+        patch = "-" if r["arm"] == "base" else f"{r['patch_s']:.3f}"
+        lines.append(f"| {r['arm']} | {r['sites']} | {r['predict_s_median']:.3f} | "
+                     f"{r['time_ratio']:.3f}× | {target} | {r['peak_bytes'] / 2**20:.1f} | "
+                     f"{r['memory_ratio']:.3f}× | {patch} |")
+    lines.append(f"\nPatch-time target < {PATCH_TARGET_S} s. Ratios are to base in the same run.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small host, 2 rounds")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("results/bench_retrofit.json"))
+    parser.add_argument("--memory-probe", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.memory_probe:
+        print(memory_probe(Path(args.memory_probe[0]), args.memory_probe[1]))
+        return
+    size = "small" if args.quick else "default"
+    rounds = 2 if args.quick else args.rounds
+    path = host(size)
+    print(f"host {path}", file=sys.stderr)
+    peak = {arm: int(subprocess.run([sys.executable, __file__, "--memory-probe", str(path), arm],
+                                    check=True, capture_output=True, text=True).stdout.split()[-1])
+            for arm in ARMS}
+    print(f"peak memory {peak}", file=sys.stderr)
+    times = predict_seconds(path, rounds)
+    model, _, _ = build_model(load_checkpoint(path))
+    rows = []
+    for arm in ARMS:
+        median = statistics.median(times[arm])
+        sites = 0 if arm == "base" else len(oretrofit.plan_retrofit(model, arm, TAU).entries)
+        rows.append({"arm": arm, "sites": sites, "predict_s": times[arm],
+                     "predict_s_median": median,
+                     "time_ratio": median / statistics.median(times["base"]),
+                     "peak_bytes": peak[arm], "memory_ratio": peak[arm] / peak["base"],
+                     "patch_s": 0.0 if arm == "base" else patch_seconds(path, arm)})
+    table = markdown(rows, size)
+    receipt = {"schema_version": 1, "benchmark": "bench_retrofit", "size": size,
+               "checkpoint": str(path), "checkpoint_sha256": checkpoint_sha256(path),
+               "weights": "random", "tau": TAU, "seed": SEED, "rounds": rounds,
+               "shape": {"train": N_TRAIN, "test": N_TEST, "features": N_FEATURES},
+               "targets": {"time_ratio": TARGET, "patch_s": PATCH_TARGET_S}, "rows": rows,
+               "markdown": table, "environment": environment()}
+    write_json_atomic(args.out, receipt)
+    print(table)
+    print(json.dumps({"receipt": str(args.out)}), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
