@@ -123,9 +123,7 @@ def run(ns: list[int], ds: list[int], max_reference_n: int, memory: bool) -> lis
             impls = IMPLS if n <= max_reference_n else IMPLS[:2]
             for mode in ("fwd", "fwd+bwd"):
                 backward = mode == "fwd+bwd"
-                rounds = 15 if n <= 1024 else (7 if n <= 4096 else 5)
-                if "reference" in impls and n >= 8192:
-                    rounds = 3
+                rounds = 9 if n <= 1024 else (5 if n <= 4096 else 3)
                 print(f"d={d} N={n} {mode}: {rounds} rounds of {', '.join(impls)}",
                       file=sys.stderr, flush=True)
                 times = time_case(n, d, backward, impls, rounds)
@@ -194,7 +192,7 @@ def main() -> None:
         impl, n, d, backward = args.memory_probe
         print(measure_memory_here(impl, int(n), int(d), bool(int(backward))))
         return
-    ns, ds = ([256, 1024], [64]) if args.quick else ([256, 1024, 4096, 8192], [32, 64])
+    ns, ds = ([256, 1024], [64]) if args.quick else ([256, 1024, 4096, 8192], [64, 32])
     rows = run(ns, ds, args.max_reference_n, memory=not args.no_memory)
     table = markdown(rows, torch.get_num_threads())
     receipt = {"schema_version": 1, "benchmark": "attention", "quick": args.quick,

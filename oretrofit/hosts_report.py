@@ -8,6 +8,7 @@ measurement functions. Run: ``python -m oretrofit.hosts_report [--out results]``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import statistics
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._provenance import environment, sha256_file, write_json_atomic
-from ._registry import retrofit, retrofitted
+from ._registry import retrofitted
 from .patches.transformers_common import zero_padded_inputs
 
 __all__ = ["TAU", "SENTENCES", "PROMPTS", "load_minilm", "load_smollm2", "sentence_embeddings",
@@ -196,36 +197,39 @@ def forward_time_ratio(model: nn.Module, inputs: dict[str, Tensor], arm: str, re
     return {"unpatched_s": b, "patched_s": p, "ratio": p / b}
 
 
+def _insertion_and_padding(model: nn.Module, sample: Tensor, sequences: list[list[int]],
+                           side: str, readout: Callable[[nn.Module, dict[str, Tensor]], Tensor]
+                           ) -> dict[str, Any]:
+    """Null insertion (end, middle) and mask-free padding, unpatched and under ``full-o``."""
+    result: dict[str, Any] = {"null_insertion": {}, "padding_max_delta": {}}
+    n = sample.shape[1]
+    for label in ("unpatched", "full-o"):
+        with retrofitted(model, "full-o", TAU) if label == "full-o" else contextlib.nullcontext():
+            result["null_insertion"][label] = {where: null_insertion(model, sample, at)
+                                               for where, at in (("end", n), ("middle", n // 2))}
+            result["padding_max_delta"][label] = max(padding_deltas(model, sequences, side,
+                                                                    readout))
+    return result
+
+
 def _minilm_section(sentences: Sequence[str]) -> dict[str, Any]:
     model, tokenizer = load_minilm()
     ids = [tokenizer(s)["input_ids"] for s in sentences[:8]]
-    sample = torch.tensor([ids[0]])
-    section: dict[str, Any] = {
+    return {
         "checkpoint": str(minilm_path() / "model.safetensors"),
         "sha256": sha256_file(minilm_path() / "model.safetensors"),
         "sentences": len(sentences),
         "min_cosine": {arm: embedding_cosines(model, tokenizer, sentences, arm).min().item()
                        for arm in ("oa", "full-o")},
-        "null_insertion": {"unpatched": {}, "full-o": {}},
-        "padding_max_delta": {},
+        **_insertion_and_padding(model, torch.tensor([ids[0]]), ids, "right", hidden_readout),
     }
-    for label in ("unpatched", "full-o"):
-        r = retrofit(model, "full-o", TAU) if label == "full-o" else None
-        for where, at in (("end", sample.shape[1]), ("middle", sample.shape[1] // 2)):
-            section["null_insertion"][label][where] = null_insertion(model, sample, at)
-        section["padding_max_delta"][label] = max(padding_deltas(model, ids, "right",
-                                                                  hidden_readout))
-        if r is not None:
-            r.revert()
-    return section
 
 
 def _smollm2_section(new_tokens: int) -> dict[str, Any]:
     model, tokenizer = load_smollm2()
     gguf = smollm2_dir() / SMOLLM2_GGUF
     section: dict[str, Any] = {"checkpoint": str(gguf), "sha256": sha256_file(gguf),
-                               "greedy": {}, "null_insertion": {"unpatched": {}, "full-o": {}},
-                               "padding_max_delta": {}}
+                               "greedy": {}}
     reference = [greedy_and_logits(model, tokenizer, p, new_tokens) for p in PROMPTS]
     for arm in ("oa", "full-o"):
         with retrofitted(model, arm, TAU):
@@ -237,15 +241,8 @@ def _smollm2_section(new_tokens: int) -> dict[str, Any]:
             "logits_max_abs": max(a[1].abs().max().item() for a in reference)}
     section["continuations"] = [tokenizer.decode(r[0]) for r in reference]
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
-    sample = torch.tensor([ids[2]])
-    for label in ("unpatched", "full-o"):
-        r = retrofit(model, "full-o", TAU) if label == "full-o" else None
-        for where, at in (("end", sample.shape[1]), ("middle", sample.shape[1] // 2)):
-            section["null_insertion"][label][where] = null_insertion(model, sample, at)
-        section["padding_max_delta"][label] = max(padding_deltas(model, ids, "left",
-                                                                  logits_readout))
-        if r is not None:
-            r.revert()
+    section.update(_insertion_and_padding(model, torch.tensor([ids[2]]), ids, "left",
+                                          logits_readout))
     return section
 
 

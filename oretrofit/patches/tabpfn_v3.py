@@ -28,7 +28,9 @@ the classifier's many-class retrieval decoder.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata as _md
+import re
 import sys
 from typing import Callable
 
@@ -37,6 +39,7 @@ from torch import nn
 from .._patching import SiteConfig, Undo, set_site
 from .._presence import presence
 from .._registry import RetrofitError, Site, register_host
+from .torch_nn import ONormSite, patch_all
 
 __all__ = ["TabPFNV3Host", "SUPPORTED_TABPFN"]
 
@@ -52,35 +55,16 @@ def _tabpfn_version() -> str | None:
 
 
 def _version_supported(version: str) -> bool:
-    from packaging.version import Version
-    v = Version(version)
-    return Version("8.0.1") <= v < Version("9.3")
+    """8.0.1 <= version < 9.3 (release numbers only; pre-release tags are ignored)."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if match is None:
+        return False
+    release = tuple(int(part or 0) for part in match.groups())
+    return (8, 0, 1) <= release < (9, 3, 0)
 
 
 def _patch(module: nn.Module, mixin: type, key: str) -> Callable[[SiteConfig], Undo]:
     return lambda config: set_site(module, mixin, key, config)
-
-
-def _patch_all(*parts: Callable[[SiteConfig], Undo]) -> Callable[[SiteConfig], Undo]:
-    """One site made of several module patches, applied all-or-nothing, undone in reverse."""
-
-    def apply(config: SiteConfig) -> Undo:
-        undos: list[Undo] = []
-        try:
-            for part in parts:
-                undos.append(part(config))
-        except BaseException:
-            for undo in reversed(undos):
-                undo()
-            raise
-
-        def undo_all() -> None:
-            for undo in reversed(undos):
-                undo()
-
-        return undo_all
-
-    return apply
 
 
 def _receivers(name: str, vectors: nn.Parameter) -> Callable[[float], dict[str, float]]:
@@ -117,7 +101,9 @@ class TabPFNV3Host:
         from . import tabpfn_v3_blocks as o
 
         def norm(*modules: nn.Module) -> Callable[[SiteConfig], Undo]:
-            return _patch_all(*(_patch(m, o.ONormSite, "norm") for m in modules))
+            """One ONorm site over several RMSNorm modules (all-or-nothing)."""
+            return lambda config: patch_all(*(functools.partial(set_site, m, ONormSite, "norm",
+                                                                config) for m in modules))
 
         sites = [Site("te.col", "inject", "cell token x_embed(x) of a train row and column",
                       _patch(model, o.OTabPFNV3, "te.col"))]

@@ -13,7 +13,8 @@ RMSNorm ‖h‖² is nearly constant, so presence is read before the norm):
   ``n`` the number of keys; under O it reads the presence mass ``S_b = Σ_j p_bj`` instead, so a
   null source changes neither the weights nor the scale.
 * FFN (``ffn``):        ``h + ρτ(h) · MLP(Norm(h))``   (OFFN, eq. 15)
-* norm (``norm``):      ``ρτ(h) · RMSNorm(h)``          (ONorm, eq. 16)
+* norm (``norm``):      ``ρτ(h) · RMSNorm(h)``          (ONorm, eq. 16; the generic
+  :class:`oretrofit.patches.torch_nn.ONormSite` mixin on each RMSNorm module)
 * target encodings (``te.col`` / ``te.icl``): ``h + ρτ(h) · e(y)``   (OInject, eq. 17)
 """
 
@@ -30,7 +31,7 @@ from .._patching import SiteConfig, site_config
 from .._presence import presence
 from .._registry import RetrofitError
 
-__all__ = ["OCrossAttentionBlock", "OColumnBlock", "OICLBlock", "ONormSite", "OTabPFNV3",
+__all__ = ["OCrossAttentionBlock", "OColumnBlock", "OICLBlock", "OTabPFNV3",
            "KV_CACHE_REFUSAL"]
 
 KV_CACHE_REFUSAL = (
@@ -74,14 +75,6 @@ def _rotate(rope: nn.Module | None, t_BSHD: Tensor) -> Tensor:
     if rope is None:
         return t_BSHD
     return rope.rotate_queries_or_keys(t_BSHD.transpose(1, 2)).transpose(1, 2)
-
-
-class ONormSite:
-    """ONorm on an RMSNorm module: ``ρτ(h) · RMSNorm(h)``."""
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002  (host's argument name)
-        config = site_config(self, "norm")
-        return o_gate(presence(input, config.tau), super().forward(input))
 
 
 class OCrossAttentionBlock:

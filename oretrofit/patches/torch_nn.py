@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from .._attention import o_attention
 from .._components import o_gate
-from .._patching import SiteConfig, Undo, o_subclass, set_site, site_config
+from .._patching import SiteConfig, Undo, set_site, site_config
 from .._presence import presence
 from .._registry import KINDS, RetrofitError, Site, register_host
 

@@ -20,7 +20,6 @@ token-type tables) is gated by its presence. The pooler (dense + tanh of token 0
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Callable
 
 from torch import Tensor, nn
@@ -29,20 +28,13 @@ from .._components import o_gate
 from .._patching import SiteConfig, Undo, set_site
 from .._presence import presence
 from .._registry import Site, register_host
-from .torch_nn import ATTENTION, FFN, NORM, ONormSite, patch_all, uncovered_attention
-from .transformers_common import (attach_o_attention, check_transformers, find_modules,
-                                  gate_branch, gate_output_bias, join, transformers_version)
+from .torch_nn import ATTENTION, FFN, NORM, ONormSite, patch_all
+from .transformers_common import (TransformersHost, attach_o_attention, gate_branch,
+                                  gate_output_bias, join)
 
 __all__ = ["BertHost"]
 
 INJECT = "inject"
-
-
-def _bert_model_class() -> type | None:
-    if "transformers" not in sys.modules:
-        return None                      # a transformers model cannot exist without it
-    from transformers.models.bert.modeling_bert import BertModel
-    return BertModel
 
 
 def _inject(embeddings: nn.Module, config: SiteConfig) -> Undo:
@@ -91,42 +83,22 @@ def _layer_sites(name: str, layer: nn.Module) -> list[Site]:
     ]
 
 
-def _model_sites(name: str, bert: nn.Module) -> list[Site]:
-    emb = join(name, "embeddings")
-    sites = [Site(f"{emb}.inject", INJECT, "word embedding (inputs_embeds)",
-                  functools.partial(_inject, bert.embeddings)),
-             Site(f"{emb}.LayerNorm", NORM, "word + position + token-type embedding",
-                  _norm(bert.embeddings.LayerNorm))]
-    for i, layer in enumerate(bert.encoder.layer):
-        sites += _layer_sites(join(name, f"encoder.layer.{i}"), layer)
-    return sites
-
-
-class BertHost:
+class BertHost(TransformersHost):
     """transformers BERT encoders (see module docstring)."""
 
     name = "transformers.bert"
     supports = "transformers 5.x BertModel and its head models (model_type 'bert')"
+    backbone = ("transformers.models.bert.modeling_bert", "BertModel")
 
-    def matches(self, model: nn.Module) -> bool:
-        cls = _bert_model_class()
-        return cls is not None and bool(find_modules(model, cls))
-
-    def check(self, model: nn.Module) -> None:
-        check_transformers()
-
-    def sites(self, model: nn.Module) -> list[Site]:
-        return [s for name, bert in find_modules(model, _bert_model_class())
-                for s in _model_sites(name, bert)]
-
-    def uncovered(self, model: nn.Module) -> list[str]:
-        covered = [join(name, "embeddings") for name, _ in find_modules(model, _bert_model_class())]
-        covered += [s.name[: -len(".attention")] + ".attention.self" for s in self.sites(model)
-                    if s.kind == ATTENTION]
-        return uncovered_attention(model, covered)
-
-    def version(self) -> dict[str, str]:
-        return {"transformers": transformers_version()}
+    def backbone_sites(self, name: str, bert: nn.Module) -> list[Site]:
+        emb = join(name, "embeddings")
+        sites = [Site(f"{emb}.inject", INJECT, "word embedding (inputs_embeds)",
+                      functools.partial(_inject, bert.embeddings)),
+                 Site(f"{emb}.LayerNorm", NORM, "word + position + token-type embedding",
+                      _norm(bert.embeddings.LayerNorm))]
+        for i, layer in enumerate(bert.encoder.layer):
+            sites += _layer_sites(join(name, f"encoder.layer.{i}"), layer)
+        return sites
 
 
 HOST = register_host(BertHost())

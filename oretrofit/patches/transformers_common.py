@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import functools
+import importlib
+import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -27,11 +29,11 @@ from .._attention import o_attention
 from .._components import o_gate
 from .._patching import SiteConfig, Undo, set_site, site_config
 from .._presence import presence
-from .._registry import RetrofitError
-from .torch_nn import ATTENTION, gated_linear, patch_all
+from .._registry import RetrofitError, Site
+from .torch_nn import ATTENTION, gated_linear, patch_all, uncovered_attention
 
-__all__ = ["IMPLEMENTATION", "CarrierPresence", "attach_o_attention", "gate_branch",
-           "gate_output_bias", "zero_padded_inputs", "transformers_version", "check_transformers"]
+__all__ = ["IMPLEMENTATION", "CarrierPresence", "TransformersHost", "attach_o_attention",
+           "gate_branch", "gate_output_bias", "zero_padded_inputs", "check_transformers"]
 
 IMPLEMENTATION = "oretrofit"
 _STATE = "_oretrofit_attention"          # attribute on a patched attention module
@@ -229,3 +231,39 @@ def find_modules(model: nn.Module, cls: type) -> list[tuple[str, nn.Module]]:
 def join(*parts: str) -> str:
     """Dotted site name from path parts, skipping empty ones."""
     return ".".join(p for p in parts if p)
+
+
+class TransformersHost:
+    """A transformers host: every instance of one backbone class (``BertModel``, ``LlamaModel``)
+    inside a model, wherever it sits (head models, wrappers), contributes its sites."""
+
+    name: str
+    supports: str
+    backbone: tuple[str, str]            # (module, class name), imported only with transformers
+
+    def backbone_sites(self, name: str, backbone: nn.Module) -> list[Site]:
+        raise NotImplementedError
+
+    def _backbones(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        if "transformers" not in sys.modules:
+            return []                    # a transformers model cannot exist without it
+        cls = getattr(importlib.import_module(self.backbone[0]), self.backbone[1])
+        return find_modules(model, cls)
+
+    def matches(self, model: nn.Module) -> bool:
+        return bool(self._backbones(model))
+
+    def check(self, model: nn.Module) -> None:
+        check_transformers()
+
+    def sites(self, model: nn.Module) -> list[Site]:
+        return [s for name, backbone in self._backbones(model)
+                for s in self.backbone_sites(name, backbone)]
+
+    def uncovered(self, model: nn.Module) -> list[str]:
+        """Attention modules no attention site reaches (site names are module paths)."""
+        return uncovered_attention(model, [s.name for s in self.sites(model)
+                                           if s.kind == ATTENTION])
+
+    def version(self) -> dict[str, str]:
+        return {"transformers": transformers_version()}

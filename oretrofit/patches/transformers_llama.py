@@ -19,24 +19,16 @@ The causal relation comes from the registered mask function (materialised, never
 from __future__ import annotations
 
 import functools
-import sys
 
 from torch import nn
 
 from .._patching import SiteConfig, Undo, set_site
 from .._registry import Site, register_host
-from .torch_nn import ATTENTION, FFN, NORM, ONormSite, patch_all, uncovered_attention
-from .transformers_common import (attach_o_attention, check_transformers, find_modules,
-                                  gate_branch, gate_output_bias, join, transformers_version)
+from .torch_nn import ATTENTION, FFN, NORM, ONormSite, patch_all
+from .transformers_common import (TransformersHost, attach_o_attention, gate_branch,
+                                  gate_output_bias, join)
 
 __all__ = ["LlamaHost"]
-
-
-def _llama_model_class() -> type | None:
-    if "transformers" not in sys.modules:
-        return None                      # a transformers model cannot exist without it
-    from transformers.models.llama.modeling_llama import LlamaModel
-    return LlamaModel
 
 
 def _attention(layer: nn.Module, config: SiteConfig) -> Undo:
@@ -49,7 +41,7 @@ def _norm_site(name: str, norm: nn.Module, carrier: str) -> Site:
     return Site(name, NORM, carrier, functools.partial(set_site, norm, ONormSite, NORM))
 
 
-def _model_sites(name: str, llama: nn.Module) -> list[Site]:
+def _llama_sites(name: str, llama: nn.Module) -> list[Site]:
     sites: list[Site] = []
     for i, layer in enumerate(llama.layers):
         prefix = join(name, f"layers.{i}")
@@ -66,29 +58,15 @@ def _model_sites(name: str, llama: nn.Module) -> list[Site]:
     return sites + [_norm_site(join(name, "norm"), llama.norm, "final residual stream")]
 
 
-class LlamaHost:
+class LlamaHost(TransformersHost):
     """transformers Llama decoders (see module docstring)."""
 
     name = "transformers.llama"
     supports = "transformers 5.x LlamaModel / LlamaForCausalLM (model_type 'llama')"
+    backbone = ("transformers.models.llama.modeling_llama", "LlamaModel")
 
-    def matches(self, model: nn.Module) -> bool:
-        cls = _llama_model_class()
-        return cls is not None and bool(find_modules(model, cls))
-
-    def check(self, model: nn.Module) -> None:
-        check_transformers()
-
-    def sites(self, model: nn.Module) -> list[Site]:
-        return [s for name, llama in find_modules(model, _llama_model_class())
-                for s in _model_sites(name, llama)]
-
-    def uncovered(self, model: nn.Module) -> list[str]:
-        return uncovered_attention(model, [s.name for s in self.sites(model)
-                                           if s.kind == ATTENTION])
-
-    def version(self) -> dict[str, str]:
-        return {"transformers": transformers_version()}
+    def backbone_sites(self, name: str, llama: nn.Module) -> list[Site]:
+        return _llama_sites(name, llama)
 
 
 HOST = register_host(LlamaHost())

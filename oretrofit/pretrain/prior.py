@@ -29,7 +29,7 @@ class PriorConfig:
     """Ranges of the synthetic tasks. Rows and features are drawn per batch."""
 
     min_rows: int = 32
-    max_rows: int = 384
+    max_rows: int = 256
     min_features: int = 1
     max_features: int = 14
     min_train_fraction: float = 0.5

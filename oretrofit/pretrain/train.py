@@ -61,7 +61,7 @@ class TrainConfig:
 
     budget_s: float = 7200.0
     seed: int = 0
-    batch_size: int = 8
+    batch_size: int = 4
     lr: float = 1e-3
     final_lr_fraction: float = 0.1
     warmup_steps: int = 50

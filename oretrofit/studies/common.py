@@ -64,6 +64,8 @@ class Study(Protocol):
 
 @dataclass
 class StudyResult:
+    """Where a study's receipt and table went, the table itself and how much of the plan is done."""
+
     receipt_path: Path
     table_path: Path
     markdown: str

@@ -80,3 +80,17 @@ def test_parse_budget(text, seconds):
 def test_parse_budget_rejects_non_durations(text):
     with pytest.raises(typer.BadParameter, match="not a duration"):
         parse_budget(text)
+
+
+def test_cli_errors_name_the_fix(tmp_path):
+    from typer.testing import CliRunner
+
+    from oretrofit.cli.pretrain import register
+
+    app = typer.Typer()
+    register(app)
+    result = CliRunner().invoke(app, ["pretrain-export", "--run", str(tmp_path), "--out",
+                                      str(tmp_path / "tabpfn-v3-x.ckpt")])
+    assert result.exit_code == 2 and "point --run at a pretrain-demo output folder" in result.output
+    result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--budget", "soon"])
+    assert result.exit_code == 2 and "not a duration" in result.output

@@ -64,8 +64,8 @@ def test_reproduce_runs_the_paper_preset_from_an_openml_cache(checkpoint, tmp_pa
     summary = json.loads(result.stdout)
     assert (summary["cells_in_shard"], summary["cells_run"]) == (2, 2)   # 54 cells / 27 shards
     cells = [json.loads(p.read_text()) for p in (tmp_path / "run" / "cells").glob("*.json")]
-    assert {(c["dataset"], c["seed"]) for c in cells} == {("openml:560", 11)}
-    assert {c["tau"] for c in cells} == {None, 1e-8}
+    assert {(c["dataset"], c["seed"], c["arm"]) for c in cells} == {   # cells 0 and 27
+        ("openml:560", 11, "base"), ("openml:507", 11, "base")}
     datasets = list((tmp_path / "run" / "datasets").glob("*.json"))
     assert len(datasets) == 6                                   # every dataset checksummed
 

@@ -1,0 +1,50 @@
+"""``oretrofit sweep operators``: the operator contract sweep (paper Tables 1 and 6, B.5)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+__all__ = ["register"]
+
+sweep_app = typer.Typer(no_args_is_help=True, help="Measure the operators' contracts and write receipts.")
+_err = Console(stderr=True)
+
+
+@sweep_app.command("operators")
+def operators(
+    device: Annotated[str, typer.Option(help="Where to run the operators: cpu or cuda.")] = "cpu",
+    out: Annotated[Path, typer.Option(help="Folder for operators.json and operators.md.")] = Path("results"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the receipt as one JSON object.")] = False,
+    quick: Annotated[bool, typer.Option(help="One seed and one shape per table (a smoke run).")] = False,
+) -> None:
+    """Max errors per property over seeds × shapes × dtypes; writes a JSON receipt and a table."""
+    import torch
+
+    from .._provenance import environment, write_json_atomic
+    from ..sweep import SweepConfig, operators_markdown, run_operator_sweep
+
+    if device not in ("cpu", "cuda"):
+        raise typer.BadParameter(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter("--device cuda was requested but torch sees no CUDA device; "
+                                 "use --device cpu")
+    with _err.status("operator sweep") as status:
+        receipt = run_operator_sweep(SweepConfig(device=device, quick=quick),
+                                     progress=lambda msg: status.update(f"operator sweep: {msg}"))
+    receipt["environment"] = environment(device)
+    table = operators_markdown(receipt)
+    stem = "operators-quick" if quick else "operators"
+    json_path = write_json_atomic(out / f"{stem}.json", receipt)
+    md_path = out / f"{stem}.md"
+    md_path.write_text(table)
+    _err.print(f"wrote {json_path} and {md_path} in {receipt['seconds']:.1f} s")
+    typer.echo(json.dumps(receipt, default=str) if as_json else table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(sweep_app, name="sweep")
