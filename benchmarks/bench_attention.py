@@ -7,13 +7,14 @@ For every case the three implementations run in interleaved rounds (so load from
 hits all of them alike) and the table reports the fused and reference times as *ratios* to SDPA
 in the same run (min and median over the rounds).
 
-Peak memory: each (implementation, case) runs once in a fresh subprocess (Linux only). After a
-small warm-up call the process resets its resident-set high-water mark (``/proc/self/clear_refs``),
-allocates the inputs (and, for the backward, the output gradient), runs the call and reads
-``VmHWM − VmRSS_before``: the peak memory of the call *including its inputs*, as
-``torch.cuda.max_memory_allocated`` would count it on a GPU. The table gives it as a ratio to
-SDPA's. It counts every page the process touches (workspaces, autograd buffers), not only torch
-allocations.
+Peak memory (Linux only): one worker subprocess runs every (implementation, case) once, with
+``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB so that large blocks go back to the OS when freed and
+the resident set tracks live memory. Per call, after a small warm-up call, the worker resets its
+resident-set high-water mark (``/proc/self/clear_refs``), allocates the inputs (and, for the
+backward, the output gradient), runs the call and reads ``VmHWM − VmRSS_before``: the peak memory
+of the call *including its inputs*, as ``torch.cuda.max_memory_allocated`` would count it on a
+GPU. The table gives it as a ratio to SDPA's. It counts every page the process touches
+(workspaces, autograd buffers), not only torch allocations.
 
 Run with OMP_NUM_THREADS=1 for stable numbers. The script prints a Markdown table (stdout) and
 writes a JSON receipt with provenance.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -97,7 +99,7 @@ def _rss_kib() -> dict[str, int]:
 
 
 def measure_memory_here(impl: str, n: int, d: int, backward: bool) -> int:
-    """Peak RSS in bytes of one call and its inputs (run in a fresh process; see module docstring)."""
+    """Peak RSS in bytes of one call and its inputs (in the worker; see module docstring)."""
     small = make_inputs(16, d, backward)              # first-call initialisation, kept off the books
     with torch.enable_grad() if backward else torch.no_grad():
         step(impl, small, backward)
@@ -110,36 +112,50 @@ def measure_memory_here(impl: str, n: int, d: int, backward: bool) -> int:
     return (_rss_kib()["VmHWM"] - before) * 1024
 
 
-def memory_case(impl: str, n: int, d: int, backward: bool) -> int:
-    cmd = [sys.executable, __file__, "--memory-probe", impl, str(n), str(d), str(int(backward))]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return int(done.stdout.strip().splitlines()[-1])
+def memory_cases(cases: list[tuple[str, int, int, bool]]) -> list[int]:
+    """Peak bytes of each (impl, N, d, backward) case, measured in one worker subprocess."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+    cmd = [sys.executable, __file__, "--memory-probes", json.dumps(cases)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run(ns: list[int], ds: list[int], max_reference_n: int, memory: bool) -> list[dict]:
-    rows = []
-    for d in ds:
-        for n in ns:
-            impls = IMPLS if n <= max_reference_n else IMPLS[:2]
-            for mode in ("fwd", "fwd+bwd"):
-                backward = mode == "fwd+bwd"
-                rounds = 9 if n <= 1024 else (5 if n <= 4096 else 3)
-                print(f"d={d} N={n} {mode}: {rounds} rounds of {', '.join(impls)}",
-                      file=sys.stderr, flush=True)
-                times = time_case(n, d, backward, impls, rounds)
-                row = {"d": d, "n": n, "mode": mode, "rounds": rounds,
-                       "seconds": times,
-                       "sdpa_median_ms": 1e3 * statistics.median(times["sdpa"])}
-                for impl in impls[1:]:
-                    row[f"{impl}_min_ratio"] = min(times[impl]) / min(times["sdpa"])
-                    row[f"{impl}_median_ratio"] = (statistics.median(times[impl])
-                                                   / statistics.median(times["sdpa"]))
-                if memory:
-                    peak = {impl: memory_case(impl, n, d, backward) for impl in impls}
-                    row["peak_bytes"] = peak
-                    for impl in impls[1:]:
-                        row[f"{impl}_memory_ratio"] = peak[impl] / max(peak["sdpa"], 1)
-                rows.append(row)
+def measure_row(d: int, n: int, mode: str, impls: tuple[str, ...], memory: bool) -> dict:
+    """Time ratios and peak-memory ratios of one (d, N, pass) row.
+
+    Fused and SDPA run interleaved for all rounds; the materialised reference (≈10× slower) runs
+    interleaved with SDPA for at most 3 rounds, and its ratios use those SDPA times.
+    """
+    backward = mode == "fwd+bwd"
+    rounds = 7 if n <= 1024 else (5 if n <= 4096 else 3)
+    print(f"d={d} N={n} {mode}: {rounds} rounds of {', '.join(impls)}", file=sys.stderr, flush=True)
+    times = {"fused": time_case(n, d, backward, ("sdpa", "fused"), rounds)}
+    if "reference" in impls:
+        times["reference"] = time_case(n, d, backward, ("sdpa", "reference"), min(rounds, 3))
+    row: dict = {"d": d, "n": n, "mode": mode, "rounds": rounds, "seconds": times,
+                 "sdpa_median_ms": 1e3 * statistics.median(times["fused"]["sdpa"])}
+    for impl, t in times.items():
+        row[f"{impl}_min_ratio"] = min(t[impl]) / min(t["sdpa"])
+        row[f"{impl}_median_ratio"] = statistics.median(t[impl]) / statistics.median(t["sdpa"])
+    if memory:
+        peaks = memory_cases([(impl, n, d, backward) for impl in impls])
+        row["peak_bytes"] = dict(zip(impls, peaks))
+        for impl in impls[1:]:
+            row[f"{impl}_memory_ratio"] = row["peak_bytes"][impl] / max(row["peak_bytes"]["sdpa"], 1)
+    return row
+
+
+def run(ns: list[int], ds: list[int], max_reference_n: int, memory: bool,
+        on_row: Callable[[list[dict]], None]) -> list[dict]:
+    """Rows in priority order (the N = 4096, d = 64 target first); ``on_row`` sees each new list."""
+    cells = [(d, n) for d in ds for n in ns]
+    cells.sort(key=lambda c: (c != (64, 4096), c[0] != 64, c[1]))
+    rows: list[dict] = []
+    for d, n in cells:
+        impls = IMPLS if n <= max_reference_n else IMPLS[:2]
+        for mode in ("fwd", "fwd+bwd"):
+            rows.append(measure_row(d, n, mode, impls, memory))
+            on_row(rows)
     return rows
 
 
@@ -186,20 +202,27 @@ def main() -> None:
                         help="largest N for the materialised reference (O(N²) memory)")
     parser.add_argument("--note", default="", help="free text recorded with the run (e.g. load)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_attention.json"))
-    parser.add_argument("--memory-probe", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-probes", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.memory_probe:
-        impl, n, d, backward = args.memory_probe
-        print(measure_memory_here(impl, int(n), int(d), bool(int(backward))))
+    if args.memory_probes:
+        print(json.dumps([measure_memory_here(impl, n, d, backward)
+                          for impl, n, d, backward in json.loads(args.memory_probes)]))
         return
     ns, ds = ([256, 1024], [64]) if args.quick else ([256, 1024, 4096, 8192], [64, 32])
-    rows = run(ns, ds, args.max_reference_n, memory=not args.no_memory)
-    table = markdown(rows, torch.get_num_threads())
-    receipt = {"schema_version": 1, "benchmark": "attention", "quick": args.quick,
-               "note": args.note, "environment": environment("cpu"), "rows": rows,
-               "markdown": table}
-    write_json_atomic(args.out, receipt)
-    print(table)
+    environment_record = environment("cpu")
+
+    def write(rows: list[dict], complete: bool = False) -> str:
+        table = markdown(rows, torch.get_num_threads())
+        write_json_atomic(args.out, {"schema_version": 1, "benchmark": "attention",
+                                     "quick": args.quick, "complete": complete, "note": args.note,
+                                     "environment": environment_record, "rows": rows,
+                                     "markdown": table})
+        args.out.with_suffix(".md").write_text(table + (f"\n\nNote: {args.note}\n" if args.note
+                                                        else "\n"))
+        return table
+
+    rows = run(ns, ds, args.max_reference_n, not args.no_memory, on_row=write)
+    print(write(rows, complete=True))
     if args.note:
         print(f"\nNote: {args.note}")
     print(f"receipt: {args.out}", file=sys.stderr)

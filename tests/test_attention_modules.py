@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from oretrofit import HiddenCarrierOAttention, QKVOAttention, presence
 from oretrofit.sweep.direct import direct_projected
+from oretrofit.sweep.measure import insert_zero_rows
 
 TAU = 1e-6
 
@@ -41,7 +42,7 @@ def test_module_matches_direct_formula(kind: str, kv_heads: int, cross: bool) ->
 def test_self_attention_insertion_of_a_zero_carrier(kind: str, pos: int, kv_heads: int) -> None:
     attn = MODULES[kind](16, 4, kv_heads, tau=TAU)
     x = torch.randn(2, 5, 16)
-    x2 = torch.cat([x[:, :pos], torch.zeros(2, 1, 16), x[:, pos:]], dim=1)
+    x2 = insert_zero_rows(x, [pos])
     old = [i for i in range(6) if i != pos]
     out, w = attn(x, need_weights=True)
     out2, w2 = attn(x2, need_weights=True)
@@ -144,3 +145,16 @@ def test_bad_input_shapes(kind: str) -> None:
         attn(torch.randn(3, 8))
     with pytest.raises(ValueError, match="x and context must be"):
         attn(torch.randn(2, 3, 8), torch.randn(1, 3, 8))
+
+
+def test_readme_example_runs(capsys) -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## The operators", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.strip().splitlines()) <= 12
+    exec(compile(code, "README.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "tensor(0., grad_fn=<MaxBackward1>) tensor(0., grad_fn=<MaxBackward1>)"
+    assert lines[2] == "tensor(0.)"

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from oretrofit import OFFN, OInject, ONorm, OStandardize, o_gate, o_moments, o_standardize, presence
+from oretrofit.sweep.measure import insert_zero_rows
 
 TAU, EPS_VAR = 1e-6, 1e-6
 B5_CASES = [((2, 5, 4), torch.float32), ((1, 7, 8), torch.float32), ((3, 4, 16), torch.float32),
@@ -92,10 +93,6 @@ def test_bad_tau_raises(make) -> None:
 
 # ---- OStandardize: the B.5 protocol ----------------------------------------------------------
 
-def insert_zero(h: torch.Tensor, pos: int) -> torch.Tensor:
-    return torch.cat([h[:, :pos], torch.zeros_like(h[:, :1]), h[:, pos:]], dim=1)
-
-
 @pytest.mark.parametrize("shape, dtype", B5_CASES, ids=lambda c: str(c))
 def test_zero_insertion_keeps_moments_and_outputs(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     h = torch.randn(shape).to(dtype)
@@ -106,7 +103,7 @@ def test_zero_insertion_keeps_moments_and_outputs(shape: tuple[int, ...], dtype:
     moments = o_moments(h, presence(h, TAU))
     out = std(h)
     for pos in (0, n // 2, n):                                # boundaries and interior
-        h2 = insert_zero(h, pos)
+        h2 = insert_zero_rows(h, [pos])
         for old, new in zip(moments, o_moments(h2, presence(h2, TAU))):
             assert (new - old).abs().max() <= TOL[torch.float32] * (1 + old.abs().max())
         out2 = std(h2)

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from oretrofit import OTransformerBlock
+from oretrofit.sweep.measure import insert_zero_rows
 
 TAU = 1e-6
 
@@ -20,19 +21,13 @@ def randomise(block: nn.Module) -> nn.Module:
     return block
 
 
-def insert_zeros(h: torch.Tensor, where: list[int]) -> torch.Tensor:
-    for pos in sorted(where):
-        h = torch.cat([h[:, :pos], torch.zeros_like(h[:, :1]), h[:, pos:]], dim=1)
-    return h
-
-
 @pytest.mark.parametrize("where", [[6], [0], [3], [1, 4, 8]], ids=str)
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_zero_extension_law_through_two_blocks(where: list[int], kv_heads: int) -> None:
     blocks = nn.Sequential(*(randomise(OTransformerBlock(16, 4, 32, TAU, n_kv_heads=kv_heads))
                              for _ in range(2)))
     h = torch.randn(2, 6, 16)
-    out, out2 = blocks(h), blocks(insert_zeros(h, where))
+    out, out2 = blocks(h), blocks(insert_zero_rows(h, where))
     old = [i for i in range(6 + len(where)) if i not in where]
     assert torch.equal(out2[:, where], torch.zeros_like(out2[:, where]))
     assert (out2[:, old] - out).abs().max() <= 1e-5

@@ -83,10 +83,16 @@ class TabPFNV3Host:
     name = "tabpfn-v3"
 
     def matches(self, model: nn.Module) -> bool:
-        arch = sys.modules.get(_ARCH_MODULE)       # a v3 model implies the module is imported
-        return arch is not None and isinstance(model, arch.TabPFNV3)
+        """Any tabpfn architecture, so that the other versions get a clear refusal in check."""
+        return any(c.__module__.startswith("tabpfn.architectures.") for c in type(model).__mro__)
 
     def check(self, model: nn.Module) -> None:
+        arch = sys.modules.get(_ARCH_MODULE)       # a v3 model implies the module is imported
+        if arch is None or not isinstance(model, arch.TabPFNV3):
+            raise RetrofitError(
+                f"{type(model).__module__}.{type(model).__name__} is not supported: oretrofit "
+                "retrofits TabPFN v3 (tabpfn.architectures.tabpfn_v3.TabPFNV3, checkpoints "
+                "named *v3*, not v2.x or v3.5) with tabpfn 8.0.1 to 9.2.x")
         version = _tabpfn_version()
         if version is None or not _version_supported(version):
             raise RetrofitError(
@@ -99,63 +105,77 @@ class TabPFNV3Host:
 
     def sites(self, model: nn.Module) -> list[Site]:
         from . import tabpfn_v3_blocks as o
+        return [Site("te.col", "inject", "cell token x_embed(x) of a train row and column",
+                     _patch(model, o.OTabPFNV3, "te.col")),
+                *_fde_sites(model.feature_distribution_embedder),
+                *_column_sites(model.column_aggregator),
+                Site("te.icl", "inject", "row token (flattened CLS outputs) of a train row",
+                     _patch(model, o.OTabPFNV3, "te.icl")),
+                *_icl_sites(model.icl_blocks),
+                Site("icl.out_norm", "norm", "row token after the last ICL block (output_norm)",
+                     _norms(model.output_norm))]
 
-        def norm(*modules: nn.Module) -> Callable[[SiteConfig], Undo]:
-            """One ONorm site over several RMSNorm modules (all-or-nothing)."""
-            return lambda config: patch_all(*(functools.partial(set_site, m, ONormSite, "norm",
-                                                                config) for m in modules))
 
-        sites = [Site("te.col", "inject", "cell token x_embed(x) of a train row and column",
-                      _patch(model, o.OTabPFNV3, "te.col"))]
-        for i, layer in enumerate(model.feature_distribution_embedder.layers):
-            stages = (
-                ("induce1", layer.cross_attn_block1,
-                 "receivers: inducing vectors; sources: the column's train-row cell tokens",
-                 _receivers("inducing_vectors", layer.inducing_vectors)),
-                ("induce2", layer.cross_attn_block2,
-                 "receivers: every row's cell token; sources: inducing hidden states", None),
-            )
-            for stage, block, carrier, receivers in stages:
-                name = f"fde.{i}.{stage}"
-                sites += [
-                    Site(name, "attention", carrier, _patch(block, o.OCrossAttentionBlock, "attn"),
-                         receivers),
-                    Site(f"{name}.norm", "norm", "pre-norm query, context and MLP inputs",
-                         norm(block.layernorm_q, block.layernorm_kv, block.layernorm2)),
-                    Site(f"{name}.ffn", "ffn", "residual stream before the MLP",
-                         _patch(block, o.OCrossAttentionBlock, "ffn")),
-                ]
-        col = model.column_aggregator
-        cls_receivers = _receivers("cls_tokens", col.cls_tokens)
-        last = len(col.blocks) - 1
-        for k, block in enumerate(col.blocks):
-            prefix = "col.cls" if k == last else f"col.{k}"
-            attn = Site(prefix if k == last else f"{prefix}.attn", "attention",
-                        "receivers: CLS tokens; sources: CLS + column tokens of the row"
-                        if k == last else "CLS + column tokens of one row (self-attention, RoPE)",
-                        _patch(block, o.OColumnBlock, "attn"),
-                        cls_receivers if k in (0, last) else None)
-            sites += [attn,
-                      Site(f"{prefix}.norm", "norm", "pre-norm attention and MLP inputs",
-                           norm(block.layernorm, block.layernorm_mlp)),
-                      Site(f"{prefix}.ffn", "ffn", "residual stream before the MLP",
-                           _patch(block, o.OColumnBlock, "ffn"))]
-        sites += [Site("col.out_norm", "norm", "CLS outputs of the read-out (out_ln)",
-                       norm(col.out_ln)),
-                  Site("te.icl", "inject", "row token (flattened CLS outputs) of a train row",
-                       _patch(model, o.OTabPFNV3, "te.icl"))]
-        for k, block in enumerate(model.icl_blocks):
-            sites += [
-                Site(f"icl.{k}.attn", "attention", "receivers: all rows; sources: train rows",
-                     _patch(block, o.OICLBlock, "attn")),
-                Site(f"icl.{k}.norm", "norm", "pre-norm attention and MLP inputs",
-                     norm(block.layernorm, block.layernorm_mlp)),
-                Site(f"icl.{k}.ffn", "ffn", "residual stream before the MLP",
-                     _patch(block, o.OICLBlock, "ffn")),
-            ]
-        sites.append(Site("icl.out_norm", "norm", "row token after the last ICL block "
-                          "(output_norm)", norm(model.output_norm)))
-        return sites
+def _norms(*modules: nn.Module) -> Callable[[SiteConfig], Undo]:
+    """One ONorm site over several RMSNorm modules (all-or-nothing)."""
+    return lambda config: patch_all(*(functools.partial(set_site, m, ONormSite, "norm", config)
+                                      for m in modules))
+
+
+def _block_sites(prefix: str, block: nn.Module, mixin: type, norms: tuple[nn.Module, ...]
+                 ) -> list[Site]:
+    return [Site(f"{prefix}.norm", "norm", "pre-norm inputs of the block's attention and MLP",
+                 _norms(*norms)),
+            Site(f"{prefix}.ffn", "ffn", "residual stream before the MLP",
+                 _patch(block, mixin, "ffn"))]
+
+
+def _fde_sites(embedder: nn.Module) -> list[Site]:
+    from .tabpfn_v3_blocks import OCrossAttentionBlock
+    sites: list[Site] = []
+    for i, layer in enumerate(embedder.layers):
+        stages = (("induce1", layer.cross_attn_block1,
+                   "receivers: inducing vectors; sources: the column's train-row cell tokens",
+                   _receivers("inducing_vectors", layer.inducing_vectors)),
+                  ("induce2", layer.cross_attn_block2,
+                   "receivers: every row's cell token; sources: inducing hidden states", None))
+        for stage, block, carrier, receivers in stages:
+            name = f"fde.{i}.{stage}"
+            sites += [Site(name, "attention", carrier, _patch(block, OCrossAttentionBlock, "attn"),
+                           receivers),
+                      *_block_sites(name, block, OCrossAttentionBlock,
+                                    (block.layernorm_q, block.layernorm_kv, block.layernorm2))]
+    return sites
+
+
+def _column_sites(aggregator: nn.Module) -> list[Site]:
+    from .tabpfn_v3_blocks import OColumnBlock
+    cls_receivers = _receivers("cls_tokens", aggregator.cls_tokens)
+    last = len(aggregator.blocks) - 1
+    sites: list[Site] = []
+    for k, block in enumerate(aggregator.blocks):
+        if k == last:
+            prefix, name = "col.cls", "col.cls"
+            carrier = "receivers: CLS tokens; sources: CLS + column tokens of the row (read-out)"
+        else:
+            prefix, name = f"col.{k}", f"col.{k}.attn"
+            carrier = "CLS + column tokens of one row (self-attention, RoPE)"
+        sites += [Site(name, "attention", carrier, _patch(block, OColumnBlock, "attn"),
+                       cls_receivers if k in (0, last) else None),
+                  *_block_sites(prefix, block, OColumnBlock, (block.layernorm, block.layernorm_mlp))]
+    sites.append(Site("col.out_norm", "norm", "CLS outputs of the read-out (out_ln)",
+                      _norms(aggregator.out_ln)))
+    return sites
+
+
+def _icl_sites(blocks: nn.ModuleList) -> list[Site]:
+    from .tabpfn_v3_blocks import OICLBlock
+    sites: list[Site] = []
+    for k, block in enumerate(blocks):
+        sites += [Site(f"icl.{k}.attn", "attention", "receivers: all rows; sources: train rows",
+                       _patch(block, OICLBlock, "attn")),
+                  *_block_sites(f"icl.{k}", block, OICLBlock, (block.layernorm, block.layernorm_mlp))]
+    return sites
 
 
 HOST = register_host(TabPFNV3Host())

@@ -3,10 +3,11 @@
 
 Sites are named by module path:
 
-    <layer>.self_attn        attention  OAttention (eq. 7); presences of the residual stream entering
-                                        the layer, not of its normalised copy
+    <layer>.self_attn        attention  OAttention (eq. 7); presences of the residual stream
+                                        entering the layer, not of its normalised copy
     <layer>.multihead_attn   attention  decoder cross-attention; source presences from ``memory``
-    <layer>.ffn              ffn        OFFN gate ρτ(h)·FFN(·), h = residual stream entering the branch
+    <layer>.ffn              ffn        OFFN gate ρτ(h)·FFN(·), h = residual stream entering
+                                        the branch
     <layer>.norm1/2/3        norm       ONorm ρτ(h)·Norm(h) (eq. 16)
     <mha>                    attention  a MultiheadAttention outside those layers: presences of its
                                         query / key inputs
@@ -47,7 +48,8 @@ Predicate = Callable[[nn.Module], bool]
 
 
 def patch_all(*steps: Callable[[], Undo]) -> Undo:
-    """Run patch steps in order; return one undo (reverse order). A failing step undoes the others."""
+    """Run patch steps in order and return one undo (reverse order); a failing step undoes the
+    steps before it."""
     undos: list[Undo] = []
     try:
         for step in steps:
@@ -90,24 +92,23 @@ def _batch_major(t: Tensor, batch_first: bool, unbatched: bool) -> Tensor:
 
 
 def _visibility(key_padding_mask: Tensor | None, attn_mask: Tensor | None, is_causal: bool,
-                batch: int, heads: int, n_q: int, n_k: int, dtype: torch.dtype) -> Tensor | None:
+                batch: int, heads: int, n_q: int, n_k: int, like: Tensor) -> Tensor | None:
     """torch's masks (bool True / float -inf = excluded) as O's relation: bool True = visible,
-    or an additive float mask when either is float. Shapes stay compact: ``(B, 1, 1, Nk)`` for key
-    padding, ``(Nq, Nk)`` or ``(B, H, Nq, Nk)`` for ``attn_mask``."""
+    or an additive float mask (dtype of ``like``) when either is float. Shapes stay compact:
+    ``(B, 1, 1, Nk)`` for key padding, ``(Nq, Nk)`` or ``(B, H, Nq, Nk)`` for ``attn_mask``."""
     parts = []
     if key_padding_mask is not None:
         parts.append(key_padding_mask[:, None, None, :])
     if attn_mask is None and is_causal:
-        attn_mask = torch.ones(n_q, n_k, dtype=torch.bool, device=key_padding_mask.device
-                               if key_padding_mask is not None else None).triu(1)
+        attn_mask = torch.ones(n_q, n_k, dtype=torch.bool, device=like.device).triu(1)
     if attn_mask is not None:
         parts.append(attn_mask.view(batch, heads, n_q, n_k) if attn_mask.dim() == 3 else attn_mask)
     if not parts:
         return None
     if all(m.dtype == torch.bool for m in parts):
         return ~functools.reduce(torch.logical_or, parts)
-    additive = [m.new_zeros(m.shape, dtype=dtype).masked_fill(m, float("-inf"))
-                if m.dtype == torch.bool else m.to(dtype) for m in parts]
+    additive = [m.new_zeros(m.shape, dtype=like.dtype).masked_fill(m, float("-inf"))
+                if m.dtype == torch.bool else m.to(like.dtype) for m in parts]
     return functools.reduce(torch.add, additive)
 
 
@@ -141,7 +142,7 @@ class OMultiheadAttention:
         p_q, p_k = presence(q_car, config.tau), presence(k_car, config.tau)    # (B, Nq), (B, Nk)
         q, k, v = self._o_project(q_in, k_in, v_in, packed)                     # (B, H, N, hd)
         mask = _visibility(key_padding_mask, attn_mask, is_causal, batch, self.num_heads, n_q,
-                           n_k, q.dtype)
+                           n_k, q)
         out, weights = o_attention(q, k, v, p_q, p_k, mask=mask, eps=config.eps,
                                    need_weights=need_weights)
         out = gated_linear(self.out_proj, out.transpose(1, 2).reshape(batch, n_q, self.embed_dim),
@@ -176,7 +177,8 @@ class _OLayer:
         context = x if memory is None else memory
         kwargs = {}
         if site_config(mha, ATTENTION) is not None:
-            kwargs = {"query_carrier": carrier, "key_carrier": carrier if memory is None else memory}
+            kwargs = {"query_carrier": carrier, "key_carrier": context if memory is not None
+                      else carrier}
         out = mha(x, context, context, attn_mask=mask, key_padding_mask=key_padding_mask,
                   need_weights=False, is_causal=is_causal, **kwargs)[0]
         return dropout(out)
@@ -195,7 +197,8 @@ def _check_dense(x: Tensor) -> None:
 
 
 class OTransformerEncoderLayer(_OLayer):
-    """Mixin for ``nn.TransformerEncoderLayer``: the composite path with O sites (no fused kernel)."""
+    """Mixin for ``nn.TransformerEncoderLayer``: its composite path with O sites, never the fused
+    kernel."""
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None,
                 src_key_padding_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
@@ -205,12 +208,14 @@ class OTransformerEncoderLayer(_OLayer):
             x = x + self._o_attend(self.self_attn, self.dropout1, self.norm1(x), x, mask, kpm,
                                    is_causal)
             return x + self._o_ffn(self.norm2(x), x)
-        x = self.norm1(x + self._o_attend(self.self_attn, self.dropout1, x, x, mask, kpm, is_causal))
+        x = self.norm1(x + self._o_attend(self.self_attn, self.dropout1, x, x, mask, kpm,
+                                          is_causal))
         return self.norm2(x + self._o_ffn(x, x))
 
 
 class OTransformerDecoderLayer(_OLayer):
-    """Mixin for ``nn.TransformerDecoderLayer``: self-attention, cross-attention on ``memory``, FFN."""
+    """Mixin for ``nn.TransformerDecoderLayer``: self-attention, cross-attention on ``memory``
+    and the FFN, each with its O site."""
 
     def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
@@ -275,7 +280,8 @@ def _builder_for(module: nn.Module) -> SiteBuilder | None:
 
 
 def _plain(cls: type) -> Predicate:
-    """Instances of ``cls`` whose class keeps ``cls.forward`` (an override is not ours to replace)."""
+    """Instances of ``cls`` whose class keeps ``cls.forward`` (an override is not ours to
+    replace)."""
     return lambda m: isinstance(m, cls) and type(m).forward is cls.forward
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .data import SEEDS, TASKS as REGISTRY, Split
-from .models import FTHost, HostSpec
+from .models import FTHost, HostSpec, build_host
 from .receipts import PlannedRun, Receipt, run_plan
 from .training import TrainConfig, fit
 
@@ -200,12 +200,12 @@ def matrix_plan(options: StudyOptions, axes: list[tuple[str, str, tuple]],
     return runs
 
 
-def train_host(spec: HostSpec, split: Split, options: StudyOptions,
-               n_zero: int = 0) -> tuple[FTHost, dict]:
-    """Build an FT host under ``torch.manual_seed(split.seed)`` (so arms built from the same spec
-    structure share their initial state) and train it with ``n_zero`` inserted zero tokens."""
-    torch.manual_seed(split.seed)
-    model = FTHost(spec, split.n_features, split.n_outputs)
+def train_host(spec: HostSpec, split: Split, options: StudyOptions, n_zero: int = 0,
+               zero_columns: int = 0) -> tuple[FTHost, dict]:
+    """Build an FT host with :func:`build_host` (arms of one spec structure share their initial
+    state; ``zero_columns`` matches it to the k = 0 host) and train it with ``n_zero`` inserted
+    zero tokens."""
+    model = build_host(spec, split.n_features, split.n_outputs, split.seed, zero_columns)
     init = state_digest(model)
     training = fit(model, split, options.train(), forward=lambda x: model(x, n_zero=n_zero))
     return model, {"initial_state_sha256": init, "sizes": split.sizes(), "training": training}

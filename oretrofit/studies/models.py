@@ -22,7 +22,7 @@ from .._components import OInject, ONorm
 from .._transformer import OTransformerBlock
 
 __all__ = ["SoftmaxAttention", "FeatureTokenizer", "Residual", "BlockSpec", "ScalarAdapter",
-           "FTHost", "HostSpec", "ARM_SPECS"]
+           "FTHost", "HostSpec", "ARM_SPECS", "build_host"]
 
 
 class SoftmaxAttention(HiddenCarrierOAttention):
@@ -200,6 +200,26 @@ class FTHost(nn.Module):
 
     def forward(self, x: Tensor, n_zero: int = 0) -> Tensor:
         return self.readout(self.states(x, n_zero)[-1])
+
+
+def build_host(spec: HostSpec, n_features: int, n_outputs: int, seed: int,
+               zero_columns: int = 0) -> FTHost:
+    """An FTHost built under ``torch.manual_seed(seed)``.
+
+    With ``zero_columns`` = k > 0 (the last k input columns are exact zeros), every parameter is
+    copied from the host built for the ``n_features - k`` real columns, into the leading slice of
+    its counterpart; only the k extra tokenizer rows keep their own draws. Every k then starts
+    from the same state for all it shares with k = 0 (Table 10's matched initial states).
+    """
+    torch.manual_seed(seed)
+    host = FTHost(spec, n_features, n_outputs)
+    if zero_columns:
+        torch.manual_seed(seed)
+        real = FTHost(spec, n_features - zero_columns, n_outputs).state_dict()
+        with torch.no_grad():
+            for name, tensor in host.state_dict().items():
+                tensor[tuple(slice(0, n) for n in real[name].shape)].copy_(real[name])
+    return host
 
 
 class ScalarAdapter(nn.Module):

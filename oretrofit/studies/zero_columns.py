@@ -3,7 +3,8 @@
 k ∈ {0, 1, 2, 4} exact-zero columns are appended after train-fitted preprocessing to the train,
 validation and test sets. The two-block host has a bias-free feature tokenizer (so a zero column is
 an exact zero token), affine-free LayerNorm, bias-free FFN and a learned CLS read-out. Standard and
-hidden-carrier OAttention arms start from the same initial state for each task, seed and k.
+hidden-carrier OAttention arms start from the same initial state for each task, seed and k, and
+every k > 0 host starts from the k = 0 host's parameters (plus its own rows for the zero columns).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def host_spec(arm: str) -> HostSpec:
 def _execute(options: StudyOptions, task: str, seed: int, zero_columns: int, arm: str) -> dict:
     k = zero_columns
     split = load_split(task, seed, zero_columns=k)
-    model, outcome = train_host(host_spec(arm), split, options)
+    model, outcome = train_host(host_spec(arm), split, options, zero_columns=k)
     outcome["test"] = metrics(split, predict(model, split.x_test), split.y_test)
     with torch.no_grad():
         final = model.states(split.x_test)[-1]                                # (B, F + k + 1, d)
@@ -50,7 +51,15 @@ def _execute(options: StudyOptions, task: str, seed: int, zero_columns: int, arm
 
 def plan(options: StudyOptions) -> list[PlannedRun]:
     return matrix_plan(options, [("zero_columns", "k", ZERO_COLUMNS), ("arm", "", ARMS)],
-                       lambda arm, **_: {"host": host_spec(arm).as_dict()}, _execute)
+                       _config, _execute)
+
+
+def _config(arm: str, zero_columns: int, **_: object) -> dict:
+    config: dict = {"host": host_spec(arm).as_dict()}
+    if zero_columns:
+        config["initial_state"] = ("parameters shared with the k = 0 host copied from it; the k "
+                                   "extra tokenizer rows drawn afresh")
+    return config
 
 
 def report(runs: dict[str, dict], plan_ids: list[str]) -> str:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from .._attention_modules import HiddenCarrierOAttention, QKVOAttention
 from .direct import direct_projected
+from .measure import insert_zero_rows, linf
 
 __all__ = ["AttentionShape", "attention_case", "interface_case", "MODULES"]
 
@@ -40,24 +41,12 @@ class AttentionShape:
                 f"d{self.head_dim}")
 
 
-def _linf(a: Tensor, b: Tensor | None = None) -> float:
-    diff = a.double().cpu() if b is None else a.double().cpu() - b.double().cpu()
-    return float(diff.abs().max()) if diff.numel() else 0.0
-
-
 def _both_paths(module: nn.Module, x: Tensor, context: Tensor | None = None,
                 mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(fused output, reference output, reference weights)."""
     fused, _ = module(x, context, mask=mask)
     ref, weights = module(x, context, mask=mask, need_weights=True)
     return fused, ref, weights
-
-
-def _insert_zero_rows(h: Tensor, positions: list[int]) -> Tensor:
-    """Insert exact-zero tokens so that they end up at ``positions`` of the result."""
-    for pos in sorted(positions):
-        h = torch.cat([h[:, :pos], torch.zeros_like(h[:, :1]), h[:, pos:]], dim=1)
-    return h
 
 
 def _insertion_positions(n: int) -> list[list[int]]:
@@ -100,18 +89,18 @@ def attention_case(kind: str, shape: AttentionShape, seed: int, tau: float, eps:
     # Canonical equation against the direct fp64 evaluation (cross-attention).
     fused, ref, weights = _both_paths(module, x, context)
     want, want_w = direct_projected(module, x, context, tau)
-    m["equation_output"] = max(_linf(fused, want), _linf(ref, want))
-    m["equation_weight"] = _linf(weights, want_w)
+    m["equation_output"] = max(linf(fused, want), linf(ref, want))
+    m["equation_weight"] = linf(weights, want_w)
     values += [fused, ref, weights]
 
     # Null-source insertion into the context (end, start, interior, several).
     old_out = old_w = inserted_w = 0.0
     for where in _insertion_positions(shape.n_k):
-        f2, r2, w2 = _both_paths(module, x, _insert_zero_rows(context, where))
+        f2, r2, w2 = _both_paths(module, x, insert_zero_rows(context, where))
         kept = [j for j in range(w2.shape[-1]) if j not in where]
-        old_out = max(old_out, _linf(f2, fused), _linf(r2, ref))
-        old_w = max(old_w, _linf(w2[..., kept], weights))
-        inserted_w = max(inserted_w, _linf(w2[..., where]))
+        old_out = max(old_out, linf(f2, fused), linf(r2, ref))
+        old_w = max(old_w, linf(w2[..., kept], weights))
+        inserted_w = max(inserted_w, linf(w2[..., where]))
         values += [f2, r2, w2]
     m.update(insertion_old_output=old_out, insertion_old_weight=old_w,
              inserted_source_weight=inserted_w)
@@ -120,31 +109,31 @@ def attention_case(kind: str, shape: AttentionShape, seed: int, tau: float, eps:
     f_self, r_self, w_self = _both_paths(module, x)
     old_out = inserted_out = 0.0
     for where in _insertion_positions(shape.n_q):
-        f2, r2, w2 = _both_paths(module, _insert_zero_rows(x, where))
+        f2, r2, w2 = _both_paths(module, insert_zero_rows(x, where))
         kept = [i for i in range(f2.shape[1]) if i not in where]
-        old_out = max(old_out, _linf(f2[:, kept], f_self), _linf(r2[:, kept], r_self))
-        inserted_out = max(inserted_out, _linf(f2[:, where]), _linf(r2[:, where]),
-                           _linf(w2[..., where]))
+        old_out = max(old_out, linf(f2[:, kept], f_self), linf(r2[:, kept], r_self))
+        inserted_out = max(inserted_out, linf(f2[:, where]), linf(r2[:, where]),
+                           linf(w2[..., where]))
         values += [f2, r2, w2]
     m.update(self_insertion_old_output=old_out, inserted_receiver_output=inserted_out)
 
     # Null receiver, empty support (Nk = 0 and an all-null context), fully masked rows.
     x_null = x.clone()
     x_null[:, 0] = 0.0
-    m["null_query_output"] = max(_linf(o[:, 0]) for o in _both_paths(module, x_null, context)[:2])
+    m["null_query_output"] = max(linf(o[:, 0]) for o in _both_paths(module, x_null, context)[:2])
     empty = [_both_paths(module, x, context[:, :0]), _both_paths(module, x, torch.zeros_like(context))]
-    m["empty_support"] = max(_linf(t) for case in empty for t in case)
+    m["empty_support"] = max(linf(t) for case in empty for t in case)
     mask = torch.ones(shape.n_q, shape.n_k, dtype=torch.bool, device=device)
     mask[0] = False
     additive = torch.zeros(mask.shape, device=device).masked_fill(~mask, float("-inf"))
     masked = [_both_paths(module, x, context, mask=mk) for mk in (mask, additive)]
-    m["fully_masked"] = max(_linf(t[:, 0] if t.dim() == 3 else t[:, :, 0])
+    m["fully_masked"] = max(linf(t[:, 0] if t.dim() == 3 else t[:, :, 0])
                             for case in masked for t in case)
     values += [t for case in empty + masked for t in case]
 
     # Active path against softmax attention, and the near-origin receiver slope.
     softmax = _softmax_reference(module, x, context)
-    m["active_relative"] = _linf(fused, softmax) / _linf(softmax)
+    m["active_relative"] = linf(fused, softmax) / linf(softmax)
     m["near_origin_slope"] = _log_log_slope(module, context)
     m["finite"] = all(bool(torch.isfinite(t).all()) for t in values)
     return m
@@ -156,8 +145,8 @@ def interface_case(kind: str, dtype: torch.dtype, kv_heads: int, seed: int, tau:
     outputs finite and in the input dtype, gradients finite (half precision: outputs only)."""
     torch.manual_seed(seed)
     module = MODULES[kind](32, 4, kv_heads, tau=tau, eps=eps).to(device=device, dtype=dtype)
-    x = _insert_zero_rows(torch.randn(2, 6, 32, device=device), [2]).to(dtype)
-    context = _insert_zero_rows(torch.randn(2, 9, 32, device=device), [0, 9]).to(dtype)
+    x = insert_zero_rows(torch.randn(2, 6, 32, device=device), [2]).to(dtype)
+    context = insert_zero_rows(torch.randn(2, 9, 32, device=device), [0, 9]).to(dtype)
     mask = torch.rand(7, 11, device=device) > 0.3
     additive = torch.zeros(mask.shape, device=device).masked_fill(~mask, float("-inf"))
     x.requires_grad_(dtype == torch.float32)

@@ -179,7 +179,8 @@ def _run(cfg: SweepConfig, progress: Callable[[str], None]) -> dict[str, Any]:
     config_record["hidden_shapes"] = [s.label() for s in cfg.hidden_shapes]
     config_record["qkv_shapes"] = [s.label() for s in cfg.qkv_shapes]
     return {"schema_version": SCHEMA_VERSION, "sweep": "operators", "config": config_record,
-            "seconds": round(time.perf_counter() - start, 2), **tables}
+            "threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - start, 2),
+            **tables}
 
 
 def _worst_per_case(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -144,6 +144,10 @@ def test_errors_name_the_fix(fresh_model, monkeypatch):
     with pytest.raises(RetrofitError, match=r"supported: tabpfn >=8\.0\.1,<9\.3"):
         oretrofit.retrofit(model, "oa")
     assert "_oretrofit" not in model.icl_blocks[0].__dict__       # nothing half-patched
+    other = type("TabPFNV3p5", (torch.nn.Module,),
+                 {"__module__": "tabpfn.architectures.tabpfn_v3_5"})
+    with pytest.raises(RetrofitError, match=r"is not supported: .*TabPFN v3 .*8\.0\.1 to 9\.2"):
+        oretrofit.retrofit(other(), "oa")
 
 
 def test_kv_cache_is_refused_under_o(fresh_model):

@@ -5,7 +5,7 @@ import torch
 
 from oretrofit.studies import insertion, zero_columns
 from oretrofit.studies.common import state_digest
-from oretrofit.studies.models import ARM_SPECS, FTHost, ScalarAdapter, SoftmaxAttention
+from oretrofit.studies.models import ARM_SPECS, FTHost, ScalarAdapter, SoftmaxAttention, build_host
 
 MATCHED = ("standard", "oa_only", "otransformer")
 
@@ -81,3 +81,20 @@ def test_ft_hosts_keep_zero_tokens_exact_only_with_oattention(module):
 def test_host_rejects_too_many_zero_tokens():
     with pytest.raises(ValueError, match="max_inserted"):
         _host(ARM_SPECS["otransformer"])(torch.randn(2, 5), n_zero=5)
+
+
+@torch.no_grad()
+def test_zero_column_hosts_start_from_the_k0_state():
+    x = torch.randn(16, 5)
+    x_ext = torch.cat([x, torch.zeros(16, 2)], dim=1)
+    for arm in zero_columns.ARMS:
+        spec = zero_columns.host_spec(arm)
+        base = build_host(spec, 5, 3, seed=11)
+        ext = build_host(spec, 7, 3, seed=11, zero_columns=2)
+        assert torch.equal(ext.tokenizer.weight[:5], base.tokenizer.weight)
+        assert torch.equal(ext.blocks[1].attn.q_proj.weight, base.blocks[1].attn.q_proj.weight)
+        shift = (ext(x_ext) - base(x)).abs().max()
+        if arm == "oattention":        # the zero columns are inert: same function as k = 0
+            assert shift < 1e-5
+        else:
+            assert shift > 1e-3

@@ -51,6 +51,10 @@ def test_insertion_and_zero_columns_keep_oattention_tokens_exact(tmp_path):
         assert runs[f"iris/seed11/k{k}/softmax"]["outcome"]["zero_column_state_linf"] > 0.1
         assert (runs[f"iris/seed11/k{k}/oattention"]["outcome"]["initial_state_sha256"]
                 == runs[f"iris/seed11/k{k}/softmax"]["outcome"]["initial_state_sha256"])
+        # Inert zero columns and a k = 0-matched start: the OA arm learns the k = 0 model.
+        assert (runs[f"iris/seed11/k{k}/oattention"]["outcome"]["test"]["cross_entropy"]
+                == pytest.approx(runs["iris/seed11/k0/oattention"]["outcome"]["test"]
+                                 ["cross_entropy"], abs=1e-4))
 
 
 def test_adapters_and_ostandardize_reports(tmp_path):
