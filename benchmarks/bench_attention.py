@@ -167,7 +167,7 @@ def markdown(rows: list[dict], threads: int) -> str:
     lines = [
         f"OAttention vs plain SDPA, B=1, H=4, fp32, CPU, {threads} thread(s); time ratios are "
         "fused/SDPA and reference/SDPA (min and median over interleaved rounds); memory ratios "
-        "are extra peak RSS of one call / SDPA's.",
+        "are the peak RSS of one call including its inputs / SDPA's.",
         "",
         "| d | N | pass | SDPA median ms | fused min | fused median | fused mem "
         "| reference min | reference median | reference mem |",

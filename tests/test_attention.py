@@ -218,7 +218,8 @@ def test_gradcheck_fp64_through_presence_with_zero_carriers(path: str, layout: s
             p_q, p_k = p_q.view(1, h, 3), p_k.view(1, h, 4)
         return PATHS[path](q, k, v, p_q, p_k, mask=mask, eps=1e-3)
 
-    assert torch.autograd.gradcheck(f, (q, k, v, hq, hk))
+    # Full Jacobian for MHA; a random-projection check (fast_mode) for the other layouts.
+    assert torch.autograd.gradcheck(f, (q, k, v, hq, hk), fast_mode=layout != "mha")
     f(q, k, v, hq, hk).sum().backward()
     assert torch.equal(hq.grad[:, 1], torch.zeros_like(hq.grad[:, 1]))
 

@@ -38,7 +38,8 @@ def _print_table(summary: dict[str, Any]) -> None:
     for column in ("site", "kind", "τ", "learned receivers: presence"):
         table.add_column(column)
     for row in summary["sites"]:
-        table.add_row(row["site"], row["kind"], f"{row['tau']:g}", _receivers_text(row["receivers"]))
+        table.add_row(row["site"], row["kind"], f"{row['tau']:g}",
+                      _receivers_text(row["receivers"]))
     console = Console()
     console.print(table)
     console.print(f"{len(summary['sites'])} site(s); checkpoint {summary['model_path']} "
@@ -95,7 +96,8 @@ def register(app: typer.Typer) -> None:
         site_tau: list[str] = typer.Option(None, "--site-tau", help="PATTERN=TAU per-site τ "
                                            "(glob or 're:' regex; repeatable)"),
         target: list[str] = typer.Option(None, "--target", help="only sites matching (repeatable)"),
-        exclude: list[str] = typer.Option(None, "--exclude", help="drop sites matching (repeatable)"),
+        exclude: list[str] = typer.Option(None, "--exclude",
+                                          help="drop sites matching (repeatable)"),
         dry_run: bool = typer.Option(False, "--dry-run", help="plan and print; patch and write "
                                      "nothing"),
         json_out: bool = typer.Option(False, "--json", help="print one JSON object"),

@@ -162,7 +162,8 @@ def _column_sites(aggregator: nn.Module) -> list[Site]:
             carrier = "CLS + column tokens of one row (self-attention, RoPE)"
         sites += [Site(name, "attention", carrier, _patch(block, OColumnBlock, "attn"),
                        cls_receivers if k in (0, last) else None),
-                  *_block_sites(prefix, block, OColumnBlock, (block.layernorm, block.layernorm_mlp))]
+                  *_block_sites(prefix, block, OColumnBlock,
+                                (block.layernorm, block.layernorm_mlp))]
     sites.append(Site("col.out_norm", "norm", "CLS outputs of the read-out (out_ln)",
                       _norms(aggregator.out_ln)))
     return sites
@@ -174,7 +175,8 @@ def _icl_sites(blocks: nn.ModuleList) -> list[Site]:
     for k, block in enumerate(blocks):
         sites += [Site(f"icl.{k}.attn", "attention", "receivers: all rows; sources: train rows",
                        _patch(block, OICLBlock, "attn")),
-                  *_block_sites(f"icl.{k}", block, OICLBlock, (block.layernorm, block.layernorm_mlp))]
+                  *_block_sites(f"icl.{k}", block, OICLBlock,
+                                (block.layernorm, block.layernorm_mlp))]
     return sites
 
 

@@ -158,8 +158,8 @@ class OICLBlock:
     """``ICLTransformerBlock``: every row attends to the train rows (receivers: all rows,
     sources: rows ``< single_eval_pos``), softmax scaling on the presence mass."""
 
-    def forward(self, x_BRE: Tensor, single_eval_pos: int, save_peak_memory_factor: int | None = None,
-                *, cached_kv: object | None = None, return_kv: bool = False
+    def forward(self, x_BRE: Tensor, single_eval_pos: int,
+                save_peak_memory_factor: int | None = None, *, cached_kv: object | None = None, return_kv: bool = False
                 ) -> tuple[Tensor, object | None]:
         attn_cfg, ffn_cfg = site_config(self, "attn"), site_config(self, "ffn")
         kv_entry = None

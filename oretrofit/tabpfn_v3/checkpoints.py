@@ -233,7 +233,7 @@ def build_model(checkpoint: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
 
 
 def weights_label(checkpoint: dict[str, Any]) -> str:
-    """Human label of a checkpoint's weights: 'random weights (…)', 'demo (…)' or 'pretrained'."""
+    """Label of a checkpoint's weights: 'random weights (…)', its own label, or 'pretrained'."""
     meta = checkpoint.get("oretrofit") or {}
     if meta.get("weights") == "random":
         return f"random weights (size {meta.get('size')}, seed {meta.get('seed')})"

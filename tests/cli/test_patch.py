@@ -1,4 +1,4 @@
-"""`oretrofit patch`: site table, JSON, and the round trip patch → artifact → load → predict."""
+"""`oretrofit patch`: site table, JSON, round trip patch → artifact → load → predict."""
 
 from __future__ import annotations
 

@@ -129,7 +129,8 @@ def test_icl_block_with_fewer_test_kv_heads(small_ckpt):
     from tabpfn.architectures import tabpfn_v3 as v3
 
     from oretrofit.tabpfn_v3 import load_checkpoint
-    config, _ = v3.parse_config({**load_checkpoint(small_ckpt)["config"], "icl_num_kv_heads_test": 1})
+    config, _ = v3.parse_config({**load_checkpoint(small_ckpt)["config"],
+                                 "icl_num_kv_heads_test": 1})
     model = v3.get_architecture(config).double().eval()
     oretrofit.retrofit(model, "oa", TAU)
     block = model.icl_blocks[0]
