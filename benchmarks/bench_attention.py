@@ -1,13 +1,16 @@
 """OAttention speed and memory against plain scaled_dot_product_attention on the same shapes.
 
-    python benchmarks/bench_attention.py [--quick] [--out results/bench_attention.json]
+    OMP_NUM_THREADS=1 python benchmarks/bench_attention.py [--quick] [--resume] [--max-reference-n N]
 
-B = 1, H = 4, d ∈ {32, 64}, N = Nq = Nk ∈ {256, 1024, 4096, 8192}; forward and forward+backward.
-For every case the three implementations run in interleaved rounds (so load from other processes
-hits all of them alike) and the table reports the fused and reference times as *ratios* to SDPA
-in the same run (min and median over the rounds).
+B = 1, H = 4, d ∈ {32, 64}, N = Nq = Nk ∈ {256, 1024, 4096, 8192}; forward and forward+backward;
+fp32 inputs, presences in (0.1, 1], no mask. Each implementation runs interleaved with SDPA on
+the same inputs (fused: 7/5/3 rounds for N ≤ 1024 / 4096 / 8192; the materialised reference: at
+most 3), so load from other processes hits both alike, and the table reports the fused and
+reference times as *ratios* to SDPA (min and median over the rounds). Rows are measured in
+priority order (N = 4096, d = 64 first) and the receipt is rewritten after each row; ``--resume``
+continues an interrupted run.
 
-Peak memory (Linux only): one worker subprocess runs every (implementation, case) once, with
+Peak memory (Linux only): per row, one worker subprocess runs each implementation once, with
 ``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB so that large blocks go back to the OS when freed and
 the resident set tracks live memory. Per call, after a small warm-up call, the worker resets its
 resident-set high-water mark (``/proc/self/clear_refs``), allocates the inputs (and, for the
@@ -17,7 +20,8 @@ GPU. The table gives it as a ratio to SDPA's. It counts every page the process t
 (workspaces, autograd buffers), not only torch allocations.
 
 Run with OMP_NUM_THREADS=1 for stable numbers. The script prints a Markdown table (stdout) and
-writes a JSON receipt with provenance.
+writes it with a JSON receipt with provenance (``--out``, default results/bench_attention.json,
+and the same name with .md).
 """
 
 from __future__ import annotations
@@ -146,16 +150,21 @@ def measure_row(d: int, n: int, mode: str, impls: tuple[str, ...], memory: bool)
 
 
 def run(ns: list[int], ds: list[int], max_reference_n: int, memory: bool,
-        on_row: Callable[[list[dict]], None]) -> list[dict]:
-    """Rows in priority order (the N = 4096, d = 64 target first); ``on_row`` sees each new list."""
+        on_row: Callable[[list[dict]], None], done: list[dict]) -> list[dict]:
+    """Rows in priority order (the N = 4096, d = 64 target first); ``on_row`` sees each new list.
+
+    Rows in ``done`` (from an interrupted run's receipt) are kept and not measured again.
+    """
     cells = [(d, n) for d in ds for n in ns]
     cells.sort(key=lambda c: (c != (64, 4096), c[0] != 64, c[1]))
-    rows: list[dict] = []
+    rows = list(done)
+    finished = {(r["d"], r["n"], r["mode"]) for r in done}
     for d, n in cells:
         impls = IMPLS if n <= max_reference_n else IMPLS[:2]
         for mode in ("fwd", "fwd+bwd"):
-            rows.append(measure_row(d, n, mode, impls, memory))
-            on_row(rows)
+            if (d, n, mode) not in finished:
+                rows.append(measure_row(d, n, mode, impls, memory))
+                on_row(rows)
     return rows
 
 
@@ -173,7 +182,7 @@ def markdown(rows: list[dict], threads: int) -> str:
         "| reference min | reference median | reference mem |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r in sorted(rows, key=lambda r: (-r["d"], r["n"], r["mode"])):
         lines.append(
             f"| {r['d']} | {r['n']} | {r['mode']} | {r['sdpa_median_ms']:.1f} "
             f"| {_fmt(r, 'fused_min_ratio')} | {_fmt(r, 'fused_median_ratio')} "
@@ -202,6 +211,10 @@ def main() -> None:
                         help="largest N for the materialised reference (O(N²) memory)")
     parser.add_argument("--note", default="", help="free text recorded with the run (e.g. load)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_attention.json"))
+    parser.add_argument("--render", action="store_true",
+                        help="only re-render the Markdown table from the receipt in --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows already in --out (an interrupted run) and add the rest")
     parser.add_argument("--memory-probes", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_probes:
@@ -212,7 +225,7 @@ def main() -> None:
     environment_record = environment("cpu")
 
     def write(rows: list[dict], complete: bool = False) -> str:
-        table = markdown(rows, torch.get_num_threads())
+        table = markdown(rows, environment_record["torch_threads"])
         write_json_atomic(args.out, {"schema_version": 1, "benchmark": "attention",
                                      "quick": args.quick, "complete": complete, "note": args.note,
                                      "environment": environment_record, "rows": rows,
@@ -221,7 +234,13 @@ def main() -> None:
                                                         else "\n"))
         return table
 
-    rows = run(ns, ds, args.max_reference_n, not args.no_memory, on_row=write)
+    if args.render:
+        receipt = json.loads(args.out.read_text())
+        environment_record, args.note = receipt["environment"], receipt["note"]
+        print(write(receipt["rows"], complete=receipt["complete"]))
+        return
+    done = json.loads(args.out.read_text())["rows"] if args.resume and args.out.exists() else []
+    rows = run(ns, ds, args.max_reference_n, not args.no_memory, on_row=write, done=done)
     print(write(rows, complete=True))
     if args.note:
         print(f"\nNote: {args.note}")

@@ -12,7 +12,8 @@ fp32, one thread, ``fit_mode='fit_preprocessors'``, τ = 1e-8.
   median and its ratio to base's median in the same run.
 * Peak memory: each arm runs once in a fresh subprocess (Linux). After fit the process resets
   its resident-set high-water mark (``/proc/self/clear_refs``) and reads
-  ``VmHWM − VmRSS_before`` over its first ``predict``; the table gives it as a ratio to base.
+  ``VmHWM − VmRSS_before`` over its first ``predict`` (glibc's mmap threshold is fixed at
+  128 KiB, so large tensors are mapped and unmapped); the table gives it as a ratio to base.
 * Patch time: ``oretrofit.retrofit(model, arm, τ)`` on a loaded model (median of 5, reverted
   in between).
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -145,8 +147,12 @@ def main() -> None:
     rounds = 2 if args.quick else args.rounds
     path = host(size)
     print(f"host {path}", file=sys.stderr)
+    # A fixed mmap threshold makes glibc map every tensor >= 128 KiB afresh and unmap it on
+    # free, so the high-water mark measures live memory, not the allocator's history.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
     peak = {arm: int(subprocess.run([sys.executable, __file__, "--memory-probe", str(path), arm],
-                                    check=True, capture_output=True, text=True).stdout.split()[-1])
+                                    check=True, capture_output=True, text=True,
+                                    env=env).stdout.split()[-1])
             for arm in ARMS}
     print(f"peak memory {peak}", file=sys.stderr)
     times = predict_seconds(path, rounds)

@@ -141,7 +141,8 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:
     * ``"demo"``: the trained demo checkpoint shipped in ``oretrofit/data`` when present,
       otherwise the random host (with a warning on stderr).
     * ``None``: tabpfn's download cache (``tabpfn.model_loading.get_cache_dir()``).
-    * a path: must exist, be named ``*v3*.ckpt``/``*.safetensors`` and load weights-only.
+    * a path: must exist, be named ``*v3*.ckpt``/``*.safetensors`` and load weights-only; a
+      bare file name not found in the working directory is looked up in tabpfn's cache.
     """
     if model_path is None:
         from tabpfn.model_loading import get_cache_dir
@@ -165,6 +166,9 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:
             return _random_host()
     else:
         path = Path(model_path).expanduser()
+        if path.parent == Path() and not path.exists():       # a bare name: tabpfn's cache, as
+            from tabpfn.model_loading import get_cache_dir     # tabpfn itself resolves it
+            path = Path(get_cache_dir()) / path
     if not path.exists():
         raise RetrofitError(f"checkpoint {path} does not exist; pass a TabPFN v3 .ckpt or "
                             ".safetensors file, 'demo' or 'random'")

@@ -57,6 +57,8 @@ def test_no_downloaded_checkpoint_says_how_to_get_one(monkeypatch, tmp_path, sma
         resolve_model_path(None)
     shutil.copy(small_ckpt, tmp_path / checkpoints.DEFAULT_CHECKPOINT_NAME)
     assert resolve_model_path(None) == tmp_path / checkpoints.DEFAULT_CHECKPOINT_NAME
+    assert resolve_model_path(checkpoints.DEFAULT_CHECKPOINT_NAME) == \
+        tmp_path / checkpoints.DEFAULT_CHECKPOINT_NAME
 
 
 def test_bad_paths_get_clear_errors(tmp_path, small_ckpt):
