@@ -33,8 +33,10 @@ class SoftmaxAttention(HiddenCarrierOAttention):
     def forward(self, x: Tensor, context: Tensor | None = None, *, p_x: Tensor | None = None,
                 p_context: Tensor | None = None, mask: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        q, k, v = self._project(x, x if context is None else context)      # (B, H, N, hd)
-        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask)), None
+        q, k, v = self._project(x, x if context is None else context)      # (B, H|Hkv, N, hd)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             enable_gqa=self.n_kv_heads != self.n_heads)
+        return self._merge(out), None
 
     @classmethod
     def sharing(cls, attn: HiddenCarrierOAttention) -> "SoftmaxAttention":

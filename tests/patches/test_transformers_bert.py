@@ -11,10 +11,9 @@ import torch  # noqa: E402
 from transformers import AttentionInterface, BertConfig, BertModel  # noqa: E402
 
 from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
-from oretrofit.hosts_report import (SENTENCES, embedding_cosines, hidden_readout,  # noqa: E402
-                                    load_minilm, null_insertion, padding_deltas)
+from oretrofit.hosts_report import (EPS, SENTENCES, TAU, embedding_cosines,  # noqa: E402
+                                    hidden_readout, load_minilm, null_insertion, padding_deltas)
 
-TAU = 1e-8
 
 
 def _tiny_bert(**overrides: object) -> BertModel:
@@ -113,7 +112,7 @@ def test_minilm_null_insertion_exact_under_full_o(minilm: tuple) -> None:
     ids = tokenizer(SENTENCES[8], return_tensors="pt")["input_ids"]
     n = ids.shape[1]
     unpatched = [null_insertion(model, ids, at) for at in (n, n // 2)]
-    with retrofitted(model, "full-o", TAU):
+    with retrofitted(model, "full-o", TAU, eps=EPS):
         patched = [null_insertion(model, ids, at) for at in (n, n // 2)]
     for result in patched:
         assert result["inserted_max_abs"] == 0
@@ -124,6 +123,6 @@ def test_minilm_null_insertion_exact_under_full_o(minilm: tuple) -> None:
 def test_minilm_mask_free_padding(minilm: tuple) -> None:
     model, tokenizer = minilm
     ids = [tokenizer(s)["input_ids"] for s in SENTENCES[:6]]
-    with retrofitted(model, "full-o", TAU):
+    with retrofitted(model, "full-o", TAU, eps=EPS):
         assert max(padding_deltas(model, ids, "right", hidden_readout)) < 1e-4
     assert max(padding_deltas(model, ids, "right", hidden_readout)) > 1e-2

@@ -11,10 +11,9 @@ import torch  # noqa: E402
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
-from oretrofit.hosts_report import (PROMPTS, greedy_and_logits, load_smollm2,  # noqa: E402
-                                    logits_readout, null_insertion, padding_deltas)
+from oretrofit.hosts_report import (EPS, PROMPTS, TAU, greedy_and_logits,  # noqa: E402
+                                    load_smollm2, logits_readout, null_insertion, padding_deltas)
 
-TAU = 1e-8
 
 
 def _tiny_llama(**overrides: object) -> LlamaForCausalLM:
@@ -98,7 +97,7 @@ def test_smollm2_greedy_and_logits_unchanged(smollm2: tuple) -> None:
     assert model.config.num_attention_heads == 9 and model.config.num_key_value_heads == 3
     tokens, logits = greedy_and_logits(model, tokenizer, PROMPTS[0], 8)
     for arm in ("oa", "full-o"):
-        with retrofitted(model, arm, TAU):
+        with retrofitted(model, arm, TAU, eps=EPS):
             patched_tokens, patched_logits = greedy_and_logits(model, tokenizer, PROMPTS[0], 8)
         assert patched_tokens == tokens
         torch.testing.assert_close(patched_logits, logits, atol=1e-3, rtol=1e-4)
@@ -110,7 +109,7 @@ def test_smollm2_null_insertion_and_padding(smollm2: tuple) -> None:
     n = ids.shape[1]
     unpatched_middle = null_insertion(model, ids, n // 2)
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
-    with retrofitted(model, "full-o", TAU):
+    with retrofitted(model, "full-o", TAU, eps=EPS):
         for at in (n, n // 2):
             result = null_insertion(model, ids, at)
             assert result["inserted_max_abs"] == 0
