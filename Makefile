@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q tests
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q tests
 
 demo: $(STAMP)
 	$(VENV)/bin/oretrofit patch --arm full-o --tau 1e-8 --model-path demo
