@@ -100,11 +100,13 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Model card Markdown path; the PNG goes beside it"),
         command: str = typer.Option(..., "--command", help="The exact training command, for the card"),
         eval_command: str = typer.Option(None, "--eval-command", help="The exact evaluation command, for the card"),
+        note: list[str] = typer.Option([], "--note", help="A sentence for the card's training section (repeatable)"),
     ) -> None:
         """Write the model card (architecture, prior, steps, wall time, loss curve, evaluation)."""
         from oretrofit.pretrain.card import write_card
 
-        path = write_card(run, evaluation, out, training_command=command, evaluation_command=eval_command)
+        path = write_card(run, evaluation, out, training_command=command, evaluation_command=eval_command,
+                          notes=note)
         print(str(path))
 
 

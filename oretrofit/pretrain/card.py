@@ -1,21 +1,20 @@
 """The demo host's model card: architecture, prior, training run, loss curve, evaluation, commands.
 
-Everything in the card is read from the run's ``train_state.pt`` / ``loss.csv`` and the
+Everything in the card is read from the run's ``train_state.pt`` and the
 evaluation receipt written by :func:`oretrofit.pretrain.evaluate.evaluate`; nothing is typed in.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._provenance import sha256_file
 from . import prior as prior_module
 from .evaluate import markdown_table
-from .train import CHECKPOINT_NAME, LOSS_LOG_NAME, STATE_NAME
+from .train import CHECKPOINT_NAME, STATE_NAME
 
 __all__ = ["TARGETS", "plot_loss", "targets_met", "write_card"]
 
@@ -67,10 +66,8 @@ def _table(rows: dict[str, Any]) -> str:
 
 
 def write_card(run: Path, evaluation: Path, out: Path, training_command: str,
-               evaluation_command: str | None = None) -> Path:
+               evaluation_command: str | None = None, notes: list[str] | None = None) -> Path:
     """Write the Markdown card at ``out`` and its loss-curve PNG beside it; return the card's path."""
-    import json
-
     run, out = Path(run), Path(out)
     state = torch.load(run / STATE_NAME, map_location="cpu", weights_only=False)
     receipt = json.loads(Path(evaluation).read_text())
@@ -82,6 +79,7 @@ def write_card(run: Path, evaluation: Path, out: Path, training_command: str,
     check_lines = [f"- {c['dataset']}: host {c['host_r2']:.3f} vs {c['baseline']} "
                    f"{c['baseline_r2']:.3f} — {'met' if c['met'] else 'MISSED'}" for c in checks]
     train_cfg = {k: v for k, v in cfg.items() if k not in ("host", "prior")}
+    note_text = "".join(f"\nNote: {n}\n" for n in notes or [])
     text = f"""# tabpfn-v3-demo: a small TabPFN v3 regressor prior-fitted by oretrofit
 
 These are **not** Prior Labs' TabPFN v3 weights. This checkpoint is tabpfn's own v3
@@ -118,12 +116,12 @@ AdamW, linear warm-up then cosine in the fraction of the wall-clock budget spent
 {_table(train_cfg)}
 
 ![loss curve]({png.name})
-
+{note_text}
 ## Evaluation
 
 {markdown_table(receipt)}
 
-`{HOST_NAME}` is this checkpoint{', `tabpfn_v3_random` the random-weight host of the same size' if 'tabpfn_v3_random' in receipt['hosts'] else ''};
+`{HOST_NAME}` is this checkpoint{', `tabpfn_v3_random` the same configuration with the initial (untrained) weights of the run' if 'tabpfn_v3_random' in receipt['hosts'] else ''};
 baselines as in `oretrofit.pretrain.evaluate`. Receipt: `{Path(evaluation).name}`.
 
 Targets of issue 7 for a ≤ 2 h CPU budget (host ≥ baseline, mean R²):
