@@ -79,6 +79,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
         with os.fdopen(fd, "w") as fh:
             json.dump(obj, fh, indent=2, sort_keys=False, default=str)
             fh.write("\n")
+        os.chmod(tmp, 0o644)                # mkstemp creates 0600; receipts are for sharing
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -101,16 +101,16 @@ def build_host(host: HostConfig, seed: int) -> torch.nn.Module:
 def save_tabpfn_checkpoint(model: torch.nn.Module, host: HostConfig, path: Path,
                            meta: dict[str, Any]) -> Path:
     """Write ``model`` in tabpfn's checkpoint format; ``meta`` becomes the ``oretrofit`` entry."""
-    from ..tabpfn_v3.checkpoints import _default_inference_config, _save_atomic
+    from ..tabpfn_v3.checkpoints import default_inference_config, save_atomic
 
     checkpoint = {
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "config": dataclasses.asdict(host.tabpfn_config()),
         "architecture_name": "tabpfn_v3",
-        "inference_config": _default_inference_config(),
+        "inference_config": default_inference_config(),
         "oretrofit": meta,
     }
-    return _save_atomic(checkpoint, Path(path))
+    return save_atomic(checkpoint, Path(path))
 
 
 def demo_meta(step: int, elapsed_s: float, seed: int) -> dict[str, Any]:

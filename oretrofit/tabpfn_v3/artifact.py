@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .._registry import SPEC_VERSION, Retrofit, RetrofitError
-from .checkpoints import _check_name, _save_atomic, load_checkpoint
+from .checkpoints import _check_name, load_checkpoint, save_atomic
 from .regressor import regressor_from_checkpoint, spec_patch
 
 __all__ = ["ARTIFACT_KEY", "write_patched_artifact", "read_patch_spec", "load_patched_regressor"]
@@ -36,7 +36,7 @@ def write_patched_artifact(out: str | os.PathLike[str], source: str | os.PathLik
                             f"{SPEC_VERSION}; create it with Retrofit.spec()")
     checkpoint = dict(load_checkpoint(source))
     checkpoint[ARTIFACT_KEY] = json.dumps(dict(spec), sort_keys=True)
-    return _save_atomic(checkpoint, out)
+    return save_atomic(checkpoint, out)
 
 
 def read_patch_spec(path: str | os.PathLike[str]) -> dict[str, Any]:

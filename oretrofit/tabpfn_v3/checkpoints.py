@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import os
 import sys
@@ -24,8 +25,8 @@ from .._provenance import sha256_file
 from .._registry import RetrofitError
 
 __all__ = ["SIZES", "write_random_checkpoint", "resolve_model_path", "checkpoint_sha256",
-           "load_checkpoint", "build_model", "weights_label", "cache_dir", "DEMO_CHECKPOINT",
-           "DEFAULT_CHECKPOINT_NAME"]
+           "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic",
+           "default_inference_config", "DEMO_CHECKPOINT", "DEFAULT_CHECKPOINT_NAME"]
 
 # "default" is the vendor's v3 architecture (58.3M parameters with 5000 buckets); "small" a
 # ~1.6M-parameter version of it for tests, the random host and the demo.
@@ -58,17 +59,25 @@ def checkpoint_sha256(path: str | os.PathLike[str]) -> str:
     return sha256_file(path)
 
 
-def _save_atomic(checkpoint: dict[str, Any], path: Path) -> Path:
-    """``torch.save`` (or safetensors by suffix) to a temporary file, then rename."""
+def save_atomic(checkpoint: dict[str, Any], path: Path) -> Path:
+    """Write ``checkpoint`` to ``path`` via a temporary file and a rename, byte-reproducibly.
+
+    ``.ckpt``: ``torch.save`` into memory first, because a zip written straight to a file takes
+    the file's name as its archive name and the random temporary name would change the bytes
+    (and the sha256) of identical weights. ``.safetensors``: tabpfn's ``save_as_safetensors``.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
     try:
         if path.suffix == ".safetensors":
+            os.close(fd)
             from tabpfn.checkpoint import save_as_safetensors
             save_as_safetensors(checkpoint, tmp)
         else:
-            torch.save(checkpoint, tmp)
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(buffer.getbuffer())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -76,7 +85,8 @@ def _save_atomic(checkpoint: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _default_inference_config() -> dict[str, Any]:
+def default_inference_config() -> dict[str, Any]:
+    """tabpfn's v2.5 regression inference config as a dict (what v3 checkpoints carry)."""
     from tabpfn.constants import ModelVersion
     from tabpfn.inference_config import InferenceConfig
     return asdict(InferenceConfig.get_default("regression", ModelVersion.V2_5))
@@ -108,10 +118,10 @@ def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", s
         "state_dict": model.state_dict(),
         "config": asdict(config),
         "architecture_name": "tabpfn_v3",
-        "inference_config": _default_inference_config(),
+        "inference_config": default_inference_config(),
         "oretrofit": {"weights": "random", "size": size, "seed": int(seed)},
     }
-    return _save_atomic(checkpoint, path)
+    return save_atomic(checkpoint, path)
 
 
 def _check_name(path: Path) -> None:

@@ -62,9 +62,9 @@ def test_adapters_and_ostandardize_reports(tmp_path):
     assert set(runs) == {"iris/seed11/softmax", "iris/seed11/oattention"}
     assert "| Iris | accuracy |" in (tmp_path / "adapters-quick.md").read_text()
     sweep = _runs(tmp_path, "ostandardize")["float32/2x5x4/seed11"]["outcome"]
-    assert sweep["max_inserted_output_linf"] == 0.0 and sweep["all_null_output_linf"] == 0.0
-    assert sweep["singleton_output_linf"] == 0.0 and sweep["singleton_offn_output_linf"] == 0.0
-    assert sweep["max_old_output_linf"] < 1e-5 and sweep["gradients_finite"]
+    assert sweep["inserted_output"] == 0.0 and sweep["all_null"] == 0.0 and sweep["zero_length"] == 0.0
+    assert sweep["singleton_centred"] == 0.0 and sweep["singleton_next_offn"] == 0.0
+    assert sweep["old_output"] < 1e-5 and sweep["gradients_finite"]
 
 
 @pytest.fixture()

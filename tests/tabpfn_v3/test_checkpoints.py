@@ -84,3 +84,12 @@ def test_bad_paths_get_clear_errors(tmp_path, small_ckpt):
 
 def test_checkpoint_sha256(small_ckpt):
     assert checkpoint_sha256(small_ckpt) == hashlib.sha256(small_ckpt.read_bytes()).hexdigest()
+
+
+def test_same_weights_give_identical_bytes(small_ckpt, tmp_path):
+    checkpoint = dict(load_checkpoint(small_ckpt))
+    first = checkpoints.save_atomic(checkpoint, tmp_path / "tabpfn-v3-first.ckpt")
+    second = checkpoints.save_atomic(checkpoint, tmp_path / "tabpfn-v3-second.ckpt")
+    assert first.read_bytes() == second.read_bytes()
+    assert checkpoint_sha256(first) == checkpoint_sha256(small_ckpt)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
