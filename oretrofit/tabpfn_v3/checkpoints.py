@@ -78,6 +78,7 @@ def save_atomic(checkpoint: dict[str, Any], path: Path) -> Path:
             torch.save(checkpoint, buffer)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(buffer.getbuffer())
+        os.chmod(tmp, 0o644)                # mkstemp creates 0600; checkpoints are shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
