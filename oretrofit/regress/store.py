@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -97,7 +98,9 @@ class RunFolder:
 
     def record_invocation(self, record: Mapping[str, Any]) -> Path:
         stamp = record.get("environment", {}).get("created_utc", "").replace(":", "")
-        name = f"{stamp}-{socket.gethostname()}-{os.getpid()}.json"
+        # Two commands of one process can start within the same second: a random suffix keeps
+        # every invocation's receipt instead of letting the second overwrite the first.
+        name = f"{stamp}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
         return write_json_atomic(self.path / "invocations" / name,
                                  {"schema_version": SCHEMA_VERSION, **record})
 
