@@ -85,10 +85,6 @@ def random_reference_host(checkpoint: Path) -> Path:
     return dest
 
 
-def _r2(y: np.ndarray, pred: np.ndarray) -> float:
-    return float(1.0 - np.sum((y - pred) ** 2) / np.sum((y - y.mean()) ** 2))
-
-
 def _impute(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Baselines need finite features: fill NaN with the train column mean."""
     mean = np.nan_to_num(np.nanmean(train, axis=0))
@@ -121,6 +117,7 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
     from sklearn.model_selection import train_test_split
 
     from ..regress.data import load_dataset
+    from ..regress.protocol import rmse_r2
 
     loaded = {spec: load_dataset(spec) for spec in datasets}
     data_receipts = {spec: data.receipt() for spec, data in loaded.items()}
@@ -142,7 +139,7 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", ConvergenceWarning)
                     pred = make().fit(fit_X, y_tr).predict(pred_X)
-                rows.append({"dataset": spec, "seed": seed, "model": name, "r2": _r2(y_te, pred),
+                rows.append({"dataset": spec, "seed": seed, "model": name, "r2": rmse_r2(y_te, pred)[1],
                              "seconds": time.perf_counter() - start})
                 log(f"{spec} seed {seed} {name}: R² {rows[-1]['r2']:.3f}")
     receipt = {"schema_version": 1, "kind": "oretrofit.pretrain.evaluation",

@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
+from .._provenance import sha256_file
 from .reference import PAPER_DATASETS
 
 __all__ = ["Dataset", "DatasetUnavailable", "OFFLINE_STANDINS", "canonical_spec", "spec_slug",
@@ -212,7 +213,7 @@ def _load_openml(did: int, cache_dir: str | os.PathLike[str] | None, network: bo
         _write_back(work, source, did)
         data_file = work / f"dataset_{did}.pq"
         data_file = data_file if data_file.is_file() else work / "dataset.arff"
-        file_sha = hashlib.sha256(data_file.read_bytes()).hexdigest()
+        file_sha = sha256_file(data_file)
     target = ds.default_target_attribute
     if not target or "," in target:
         raise DatasetUnavailable(f"OpenML dataset {did} has no single default target "
@@ -297,7 +298,7 @@ def _load_file(rest: str) -> Dataset:
         raise DatasetUnavailable(f"data file {path}: use a .csv or .parquet file")
     return _from_frame(f"file:{rest}", path.stem, frame, target,
                        {"kind": "file", "path": str(path),
-                        "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+                        "file_sha256": sha256_file(path)})
 
 
 _LOADERS: dict[str, Callable[[str], Dataset]] = {

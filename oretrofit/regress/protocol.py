@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SplitProtocol", "Split", "PAPER_PROTOCOL"]
+__all__ = ["SplitProtocol", "Split", "PAPER_PROTOCOL", "rmse_r2"]
 
 PROTOCOL_NAME = "permute-quarter-cap-v1"
 
@@ -75,3 +75,13 @@ class SplitProtocol:
 
 
 PAPER_PROTOCOL = SplitProtocol()
+
+
+def rmse_r2(y_true: np.ndarray, y_pred: np.ndarray) -> tuple[float, float]:
+    """Test-split RMSE = sqrt(mean((ŷ − y)²)) and R² = 1 − Σ(ŷ − y)² / Σ(y − ȳ)² (NaN when y is
+    constant), in the units of ``y``."""
+    y_true = np.asarray(y_true, dtype=np.float64).reshape(-1)
+    residual = np.asarray(y_pred, dtype=np.float64).reshape(-1) - y_true
+    ss_tot = float(np.sum((y_true - y_true.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(residual ** 2)) / ss_tot if ss_tot > 0 else float("nan")
+    return float(np.sqrt(np.mean(residual ** 2))), r2

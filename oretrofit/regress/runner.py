@@ -30,7 +30,7 @@ import torch
 from .._provenance import environment
 from .._registry import ARMS
 from .data import Dataset, canonical_spec, load_datasets
-from .protocol import PAPER_PROTOCOL, SplitProtocol
+from .protocol import PAPER_PROTOCOL, SplitProtocol, rmse_r2
 from .store import Cell, RunFolder
 
 __all__ = ["Matrix", "ModelSettings", "RunResult", "run_matrix", "run_cell", "parse_shard",
@@ -115,13 +115,6 @@ def shard_cells(cells: Sequence[Cell], index: int, count: int) -> list[Cell]:
     return list(cells[index - 1::count])
 
 
-def _metrics(y_true: np.ndarray, y_pred: np.ndarray) -> tuple[float, float]:
-    residual = np.asarray(y_pred, dtype=np.float64).reshape(-1) - y_true
-    ss_tot = float(np.sum((y_true - y_true.mean()) ** 2))
-    r2 = 1.0 - float(np.sum(residual ** 2)) / ss_tot if ss_tot > 0 else float("nan")
-    return float(np.sqrt(np.mean(residual ** 2))), r2
-
-
 def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
              model: ModelSettings) -> tuple[Cell, dict[str, Any]]:
     """Fit and score one cell on ``(X_train, y_train, X_test, y_test)``; runs in a worker."""
@@ -136,7 +129,7 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
     predict_start = time.perf_counter()
     prediction = regressor.predict(X_test)
     end = time.perf_counter()
-    rmse, r2 = _metrics(y_test, prediction)
+    rmse, r2 = rmse_r2(y_test, prediction)
     return cell, {
         "rmse": rmse, "r2": r2, "n_train": int(len(y_train)), "n_test": int(len(y_test)),
         "n_features": int(X_train.shape[1]), "fit_s": predict_start - fit_start,

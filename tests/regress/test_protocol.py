@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from oretrofit.regress.protocol import PAPER_PROTOCOL, SplitProtocol
+from oretrofit.regress.protocol import PAPER_PROTOCOL, SplitProtocol, rmse_r2
 
 
 @pytest.mark.parametrize("n, n_train, n_test", [(252, 189, 63), (1030, 512, 256),
@@ -36,3 +36,12 @@ def test_describe_and_validation():
         SplitProtocol(max_test=0)
     with pytest.raises(ValueError, match="at least 2 rows"):
         PAPER_PROTOCOL.split(1, 0)
+
+
+def test_rmse_r2_against_hand_worked_values():
+    y = np.array([1.0, 2.0, 3.0, 4.0])
+    rmse, r2 = rmse_r2(y, np.array([1.0, 2.0, 3.0, 5.0]))   # one residual of 1; Σ(y−ȳ)² = 5
+    assert rmse == 0.5 and r2 == 1.0 - 1.0 / 5.0
+    assert rmse_r2(y, y) == (0.0, 1.0)
+    rmse, r2 = rmse_r2(np.ones(3), np.zeros(3))               # constant target: R² undefined
+    assert rmse == 1.0 and np.isnan(r2)
