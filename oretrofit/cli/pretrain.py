@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -19,6 +21,22 @@ def parse_budget(text: str) -> float:
         raise typer.BadParameter(f"budget {text!r} is not a duration; write e.g. 2h, 90m, 1h30m or 300s")
     hours, minutes, seconds = (float(g) if g else 0.0 for g in parts.groups())
     return hours * _UNITS["h"] + minutes * _UNITS["m"] + seconds
+
+
+def parse_prior_overrides(items: list[str]) -> Any:
+    """A PriorConfig with ``KEY=VALUE`` overrides, each value cast to the field's default type."""
+    from oretrofit.pretrain.prior import PriorConfig
+
+    defaults = PriorConfig()
+    changes: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not hasattr(defaults, key):
+            raise ValueError(f"--prior {item!r} is not KEY=VALUE with KEY one of "
+                             f"{', '.join(f.name for f in dataclasses.fields(PriorConfig))}")
+        kind = type(getattr(defaults, key))
+        changes[key] = (tuple(float(v) for v in value.split(",")) if kind is tuple else kind(value))
+    return dataclasses.replace(defaults, **changes)
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -37,14 +55,21 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed"),
         resume: bool = typer.Option(False, "--resume", help="Continue from OUT/train_state.pt"),
         max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many steps (tests, smoke runs)"),
+        init_from: Path = typer.Option(None, "--init-from",
+                                       help="Start a new stage from this run folder's weights (fresh optimiser)"),
+        lr: float = typer.Option(None, "--lr", help="Peak learning rate (default: TrainConfig's)"),
+        batch_size: int = typer.Option(None, "--batch-size", help="Tasks per step (default: TrainConfig's)"),
+        prior: list[str] = typer.Option([], "--prior", help="Prior override KEY=VALUE, e.g. max_rows=512 (repeatable)"),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
     ) -> None:
         """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior."""
         from oretrofit.pretrain.train import TrainConfig, train
 
-        cfg = TrainConfig(budget_s=parse_budget(budget), seed=seed, max_steps=max_steps)
+        overrides = {k: v for k, v in (("lr", lr), ("batch_size", batch_size)) if v is not None}
         try:
-            summary = train(out, cfg, resume=resume)
+            cfg = TrainConfig(budget_s=parse_budget(budget), seed=seed, max_steps=max_steps,
+                              prior=parse_prior_overrides(prior), **overrides)
+            summary = train(out, cfg, resume=resume, init_from=init_from)
         except ValueError as exc:
             raise _fail(exc) from exc
         summary["command"] = " ".join(["oretrofit", *sys.argv[1:]])

@@ -14,7 +14,7 @@ import torch
 
 from . import prior as prior_module
 from .evaluate import markdown_table
-from .train import CHECKPOINT_NAME, STATE_NAME
+from .train import CHECKPOINT_NAME, STATE_NAME, stage_totals
 
 __all__ = ["TARGETS", "plot_loss", "targets_met", "write_card"]
 
@@ -25,25 +25,44 @@ TARGETS = (("sklearn:diabetes", ("ridge", "gp_rbf_white")),
 HOST_NAME = "tabpfn_v3_demo"
 
 
-def plot_loss(loss_log: list[tuple], path: Path) -> Path:
-    """PNG of the logged training NLL against step (logged means over ``log_every`` steps)."""
+def plot_loss(stage_logs: list[list[tuple]], path: Path) -> Path:
+    """PNG of the logged training NLL against the global step, one line per stage (logged means)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [row[0] for row in loss_log]
-    nll = [row[3] for row in loss_log]
     fig, ax = plt.subplots(figsize=(6.0, 3.5), dpi=100)
-    ax.plot(steps, nll, lw=0.8)
+    offset = 0
+    for number, log in enumerate(stage_logs, start=1):
+        ax.plot([offset + row[0] for row in log], [row[3] for row in log], lw=0.8, label=f"stage {number}")
+        if offset:
+            ax.axvline(offset, color="grey", ls="--", lw=0.6)
+        offset += log[-1][0] if log else 0
     ax.set_xlabel("step")
     ax.set_ylabel("bar-distribution NLL (test rows)")
     ax.set_title("demo TabPFN v3 host: prior-fitting loss")
+    if len(stage_logs) > 1:
+        ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _stage_table(stages: list[dict[str, Any]]) -> str:
+    """One row per stage: steps, wall time, batch, peak lr, prior fields changed from stage 1, final NLL."""
+    first_prior = stages[0]["train_config"]["prior"]
+    rows = ["| stage | steps | wall min | batch | peak lr | prior changed from stage 1 | final logged NLL |",
+            "|---|---|---|---|---|---|---|"]
+    for number, stage in enumerate(stages, start=1):
+        cfg = stage["train_config"]
+        changed = ", ".join(f"`{k}` {first_prior[k]} → {v}" for k, v in cfg["prior"].items()
+                            if v != first_prior[k]) or "–"
+        rows.append(f"| {number} | {stage['steps']} | {stage['elapsed_s'] / 60:.1f} | {cfg['batch_size']} | "
+                    f"{cfg['lr']:g} | {changed} | {stage['loss_log'][-1][3]:.4f} |")
+    return "\n".join(rows)
 
 
 def targets_met(receipt: dict[str, Any], host: str = HOST_NAME) -> list[dict[str, Any]]:
@@ -72,7 +91,11 @@ def write_card(run: Path, evaluation: Path, out: Path, training_command: str,
     state = torch.load(run / STATE_NAME, map_location="cpu", weights_only=False)
     receipt = json.loads(Path(evaluation).read_text())
     cfg = state["train_config"]
-    png = plot_loss([tuple(r) for r in state["loss_log"]], out.with_name(out.stem + "-loss.png"))
+    current = {"steps": state["step"], "elapsed_s": state["elapsed_s"], "train_config": cfg,
+               "loss_log": state["loss_log"]}
+    stages = [*state.get("stages", []), current]
+    total_steps, total_s = stage_totals(state)
+    png = plot_loss([[tuple(r) for r in s["loss_log"]] for s in stages], out.with_name(out.stem + "-loss.png"))
     n_params = sum(v.numel() for k, v in state["model"].items() if k != "regression_borders")
     host = receipt["hosts"][HOST_NAME]
     checks = targets_met(receipt)
@@ -90,9 +113,8 @@ architecture (`architecture_name: tabpfn_v3`, loads through
 
 - checkpoint: `{Path(host['path']).name}`, sha256 `{host['sha256']}`
 - parameters: {n_params:,}
-- training: {state['step']} steps in {state['elapsed_s'] / 60:.1f} min wall-clock (budget
-  {cfg['budget_s'] / 60:.0f} min), batch {cfg['batch_size']} tasks per step, final logged NLL
-  {state['loss_log'][-1][3]:.4f}
+- training: {total_steps} steps in {total_s / 60:.1f} min wall-clock over {len(stages)} stage(s),
+  final logged NLL {state['loss_log'][-1][3]:.4f}
 
 ## Architecture (TabPFNV3Config fields oretrofit sets; the rest are tabpfn's defaults)
 
@@ -106,12 +128,19 @@ default (8 estimators, quantile + squashing-scaler preprocessing, y power transf
 
 {prior_module.__doc__.strip()}
 
+Fields of the last stage (earlier stages' differences are in the stage table below):
+
 {_table(cfg['prior'])}
 
 ## Training
 
 Loss: bar-distribution NLL of the test rows' standardised targets (`oretrofit.pretrain.train.bar_nll`);
-AdamW, linear warm-up then cosine in the fraction of the wall-clock budget spent.
+AdamW, linear warm-up then cosine in the fraction of the wall-clock budget spent. A later stage
+starts from the previous stage's weights with a fresh optimiser and its own schedule.
+
+{_stage_table(stages)}
+
+Last stage's training configuration:
 
 {_table(train_cfg)}
 

@@ -11,6 +11,11 @@ fraction of the wall-clock budget spent, so a run ends annealed whenever its bud
 Every ``save_every_s`` seconds the loop writes ``train_state.pt`` (weights, optimiser, step,
 elapsed time, sampler state, loss log) and the tabpfn-format checkpoint; ``resume=True``
 continues from ``train_state.pt`` exactly where it stopped.
+
+A run can also start as a new *stage* of an earlier run (``init_from``): same architecture,
+the earlier weights, a fresh optimiser and schedule, and its own prior and learning rate. The
+new state keeps every earlier stage's configuration and loss log, so the checkpoint's step
+count and wall time are the totals over all stages.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch
 from .prior import PriorConfig, sample_batch
 
 __all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "demo_meta", "export_checkpoint",
-           "save_tabpfn_checkpoint", "spline_borders", "train"]
+           "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_totals", "train"]
 
 CHECKPOINT_NAME = "tabpfn-v3-demo.ckpt"
 STATE_NAME = "train_state.pt"
@@ -119,17 +124,28 @@ def demo_meta(step: int, elapsed_s: float, seed: int) -> dict[str, Any]:
             "steps": step, "elapsed_s": round(elapsed_s, 1), "seed": seed}
 
 
-def export_checkpoint(run: Path, dest: Path) -> Path:
-    """Write the weights in ``run/train_state.pt`` as a standalone tabpfn checkpoint at ``dest`` (no optimiser)."""
+def stage_totals(state: dict[str, Any]) -> tuple[int, float]:
+    """(steps, wall seconds) of a run state summed over its earlier stages and itself."""
+    stages = state.get("stages", [])
+    return (state["step"] + sum(s["steps"] for s in stages),
+            state["elapsed_s"] + sum(s["elapsed_s"] for s in stages))
+
+
+def load_state(run: Path, flag: str) -> dict[str, Any]:
+    """``run/train_state.pt``, or a ValueError naming ``flag`` when the folder holds none."""
     state_path = Path(run) / STATE_NAME
     if not state_path.exists():
-        raise ValueError(f"{state_path} does not exist; point --run at a pretrain-demo output folder")
-    state = torch.load(state_path, map_location="cpu", weights_only=False)
+        raise ValueError(f"{state_path} does not exist; point {flag} at a pretrain-demo output folder")
+    return torch.load(state_path, map_location="cpu", weights_only=False)
+
+
+def export_checkpoint(run: Path, dest: Path) -> Path:
+    """Write the weights in ``run/train_state.pt`` as a standalone tabpfn checkpoint at ``dest`` (no optimiser)."""
+    state = load_state(run, "--run")
     cfg = _config_from_dict(dict(state["train_config"]))
     model = build_host(cfg.host, cfg.seed)
     model.load_state_dict(state["model"])
-    return save_tabpfn_checkpoint(model, cfg.host, Path(dest),
-                                  demo_meta(state["step"], state["elapsed_s"], cfg.seed))
+    return save_tabpfn_checkpoint(model, cfg.host, Path(dest), demo_meta(*stage_totals(state), cfg.seed))
 
 
 def _lr(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
@@ -142,15 +158,17 @@ def _lr(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
 
 
 def _save_state(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: TrainConfig,
-                step: int, elapsed_s: float, rng: np.random.Generator, log: list[tuple]) -> None:
+                step: int, elapsed_s: float, rng: np.random.Generator, log: list[tuple],
+                stages: list[dict[str, Any]]) -> None:
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
              "elapsed_s": elapsed_s, "rng": rng.bit_generator.state,
              "torch_rng": torch.get_rng_state(), "loss_log": log,
-             "train_config": dataclasses.asdict(cfg)}
+             "train_config": dataclasses.asdict(cfg), "stages": stages}
     tmp = out / (STATE_NAME + ".tmp")
     torch.save(state, tmp)
     tmp.replace(out / STATE_NAME)
-    save_tabpfn_checkpoint(model, cfg.host, out / CHECKPOINT_NAME, demo_meta(step, elapsed_s, cfg.seed))
+    save_tabpfn_checkpoint(model, cfg.host, out / CHECKPOINT_NAME,
+                           demo_meta(*stage_totals(state), cfg.seed))
     with open(out / LOSS_LOG_NAME, "w") as fh:
         fh.write("step,elapsed_s,lr,loss\n")
         fh.writelines(f"{s},{t:.1f},{lr:.3e},{loss:.5f}\n" for s, t, lr, loss in log)
@@ -162,23 +180,45 @@ def _config_from_dict(raw: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**raw, host=HostConfig(**host), prior=PriorConfig(**prior))
 
 
-def train(out: Path, cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict[str, Any]:
+def _earlier_stages(init_from: Path, cfg: TrainConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The stage records and final weights of the run at ``init_from``, checked against ``cfg.host``."""
+    prev = load_state(init_from, "--init-from")
+    prev_cfg = _config_from_dict(dict(prev["train_config"]))
+    if prev_cfg.host != cfg.host:
+        raise ValueError(f"--init-from {init_from} was trained with {prev_cfg.host}, this run asks for "
+                         f"{cfg.host}; a new stage keeps the architecture")
+    record = {"run": str(init_from), "steps": prev["step"], "elapsed_s": prev["elapsed_s"],
+              "train_config": prev["train_config"], "loss_log": prev["loss_log"]}
+    return [*prev.get("stages", []), record], prev["model"]
+
+
+def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path | None = None,
+          progress: bool = True) -> dict[str, Any]:
     """Prior-fit the host until ``cfg.budget_s`` of wall-clock (or ``max_steps``) is spent; return a summary.
 
     With ``resume``, ``cfg`` is replaced by the configuration stored in ``out/train_state.pt``
-    except for ``budget_s`` and ``max_steps``, which may be extended.
+    except for ``budget_s`` and ``max_steps``, which may be extended. With ``init_from`` (a run
+    folder), training starts from that run's weights as a new stage with ``cfg``'s prior,
+    learning rate and budget and a fresh optimiser.
     """
     out = Path(out)
+    if resume and init_from is not None:
+        raise ValueError("--resume continues this run and --init-from starts a new stage; give one of them")
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / STATE_NAME
     state = None
+    stages: list[dict[str, Any]] = []
     if resume:
         if not state_path.exists():
             raise ValueError(f"--resume given but {state_path} does not exist; drop --resume to start fresh")
         state = torch.load(state_path, map_location="cpu", weights_only=False)
         stored = _config_from_dict(dict(state["train_config"]))
         cfg = dataclasses.replace(stored, budget_s=cfg.budget_s, max_steps=cfg.max_steps)
+        stages = state.get("stages", [])
     model = build_host(cfg.host, cfg.seed)
+    if init_from is not None:
+        stages, weights = _earlier_stages(Path(init_from), cfg)
+        model.load_state_dict(weights)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     rng = np.random.default_rng(cfg.seed)
     step, elapsed0, log = 0, 0.0, []
@@ -216,9 +256,11 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, progress: bool =
                 print(f"step {step}  {elapsed:7.0f}s/{cfg.budget_s:.0f}s  lr {lr:.2e}  "
                       f"nll {log[-1][3]:.4f}", file=sys.stderr, flush=True)
         if time.monotonic() - last_save >= cfg.save_every_s:
-            _save_state(out, model, opt, cfg, step, elapsed0 + time.monotonic() - start, rng, log)
+            _save_state(out, model, opt, cfg, step, elapsed0 + time.monotonic() - start, rng, log, stages)
             last_save = time.monotonic()
     elapsed = elapsed0 + time.monotonic() - start
-    _save_state(out, model, opt, cfg, step, elapsed, rng, log)
+    if window:  # the steps since the last log line, so the final NLL is always logged
+        log.append((step, elapsed, lr, float(np.mean(window))))
+    _save_state(out, model, opt, cfg, step, elapsed, rng, log, stages)
     return {"steps": step, "elapsed_s": elapsed, "final_nll": log[-1][3] if log else None,
             "checkpoint": str(out / CHECKPOINT_NAME), "train_config": dataclasses.asdict(cfg)}

@@ -37,8 +37,21 @@ def test_card_holds_architecture_steps_curve_table_and_command(tmp_path):
     text = card.read_text()
     png = tmp_path / "card-loss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "2 steps in" in text and "](card-loss.png)" in text
+    assert "2 steps in" in text and "over 1 stage(s)" in text and "](card-loss.png)" in text
     assert "| `embed_dim` | 16 |" in text and "| `max_rows` | 40 |" in text
     assert markdown_table(receipt) in text
     assert "oretrofit pretrain-demo --budget 1m --out run" in text
     assert "sklearn:diabetes: host 0.455 vs gp_rbf_white 0.465 — MISSED" in text
+
+
+def test_card_of_a_second_stage_reports_totals_and_each_stage(tmp_path):
+    train(tmp_path / "one", dataclasses.replace(TINY, max_steps=2), progress=False)
+    wider = dataclasses.replace(TINY.prior, noise_max=3.0)
+    train(tmp_path / "two", dataclasses.replace(TINY, max_steps=1, lr=5e-4, prior=wider),
+          init_from=tmp_path / "one", progress=False)
+    (tmp_path / "eval.json").write_text(json.dumps(_receipt(tmp_path / "two" / CHECKPOINT_NAME)))
+    text = write_card(tmp_path / "two", tmp_path / "eval.json", tmp_path / "card.md",
+                      training_command="two stages").read_text()
+    assert "3 steps in" in text and "over 2 stage(s)" in text
+    assert "| 1 | 2 |" in text and "| 2 | 1 |" in text and "`noise_max` 1.0 → 3.0" in text
+    assert "| `noise_max` | 3.0 |" in text

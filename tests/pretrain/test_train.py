@@ -8,7 +8,7 @@ import pytest
 import torch
 import typer
 
-from oretrofit.cli.pretrain import parse_budget
+from oretrofit.cli.pretrain import parse_budget, parse_prior_overrides
 from oretrofit.pretrain.prior import PriorConfig
 from oretrofit.pretrain.train import (CHECKPOINT_NAME, STATE_NAME, HostConfig, TrainConfig, bar_nll,
                                       export_checkpoint, spline_borders, train)
@@ -63,6 +63,52 @@ def test_two_steps_write_a_checkpoint_tabpfn_loads_and_resume_is_exact(tmp_path)
     model = TabPFNRegressor(model_path=str(shipped), device="cpu", n_estimators=1, random_state=0)
     pred = model.fit(X[:20], y[:20]).predict(X[20:])
     assert pred.shape == (10,) and np.isfinite(pred).all()
+
+
+def test_a_new_stage_starts_from_the_earlier_weights_and_counts_its_steps(tmp_path):
+    train(tmp_path / "one", dataclasses.replace(TINY, max_steps=2), progress=False)
+    first = torch.load(tmp_path / "one" / STATE_NAME, weights_only=False)
+    wider = dataclasses.replace(TINY.prior, max_rows=60, noise_max=3.0)
+    second_cfg = dataclasses.replace(TINY, max_steps=1, lr=5e-4, seed=2, prior=wider)
+    # Zero steps: the new stage's weights are exactly the earlier stage's.
+    train(tmp_path / "zero", dataclasses.replace(second_cfg, max_steps=0), init_from=tmp_path / "one",
+          progress=False)
+    zero = torch.load(tmp_path / "zero" / STATE_NAME, weights_only=False)
+    for key, value in first["model"].items():
+        assert torch.equal(value, zero["model"][key]), key
+    train(tmp_path / "two", second_cfg, init_from=tmp_path / "one", progress=False)
+    two = torch.load(tmp_path / "two" / STATE_NAME, weights_only=False)
+    assert [s["steps"] for s in two["stages"]] == [2] and two["step"] == 1
+    assert two["stages"][0]["loss_log"] == first["loss_log"]
+    assert two["train_config"]["prior"]["max_rows"] == 60 and two["train_config"]["lr"] == 5e-4
+    meta = torch.load(tmp_path / "two" / CHECKPOINT_NAME, weights_only=True)["oretrofit"]
+    assert meta["steps"] == 3
+    assert meta["elapsed_s"] == pytest.approx(first["elapsed_s"] + two["elapsed_s"], abs=0.1)
+    # Resuming the new stage keeps its stage history.
+    train(tmp_path / "two", dataclasses.replace(second_cfg, max_steps=2), resume=True, progress=False)
+    resumed = torch.load(tmp_path / "two" / STATE_NAME, weights_only=False)
+    assert resumed["step"] == 2 and [s["steps"] for s in resumed["stages"]] == [2]
+
+
+def test_a_new_stage_keeps_the_architecture(tmp_path):
+    train(tmp_path / "one", dataclasses.replace(TINY, max_steps=1), progress=False)
+    other = dataclasses.replace(TINY, host=dataclasses.replace(TINY.host, embed_dim=8))
+    with pytest.raises(ValueError, match="a new stage keeps the architecture"):
+        train(tmp_path / "two", other, init_from=tmp_path / "one", progress=False)
+    with pytest.raises(ValueError, match="point --init-from at a pretrain-demo output folder"):
+        train(tmp_path / "three", TINY, init_from=tmp_path / "missing", progress=False)
+    with pytest.raises(ValueError, match="give one of them"):
+        train(tmp_path / "one", TINY, resume=True, init_from=tmp_path / "one", progress=False)
+
+
+def test_prior_overrides_are_typed_and_unknown_keys_are_refused():
+    cfg = parse_prior_overrides(["max_rows=512", "noise_max=3", "family_weights=0.3,0.3,0.4"])
+    assert cfg.max_rows == 512 and isinstance(cfg.max_rows, int) and cfg.noise_max == 3.0
+    assert cfg.family_weights == (0.3, 0.3, 0.4) and cfg.min_rows == PriorConfig().min_rows
+    with pytest.raises(ValueError, match="KEY one of min_rows"):
+        parse_prior_overrides(["max_row=512"])
+    with pytest.raises(ValueError, match="not KEY=VALUE"):
+        parse_prior_overrides(["max_rows"])
 
 
 def test_resume_without_state_is_a_clear_error(tmp_path):
