@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from .reading import reading
 from .store import read_cells
 from .summary import MEAN_ROW, Row, Summary, summarize
 
@@ -178,6 +179,9 @@ def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
     out = Path(out) if out is not None else Path(folders[0]) / "tables"
     out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(tables)
+    lines = reading(summary)
+    if lines:
+        markdown += "\n".join(["", "### Reading (generated from the rows above)", "", *lines, ""])
     texts = {"tables.md": markdown, "tables.tex": to_latex(tables),
              "summary.csv": _csv(map(asdict, summary.rows), Row.__dataclass_fields__),
              "cells.csv": _csv(cells, _CELL_COLUMNS),

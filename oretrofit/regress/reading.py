@@ -1,0 +1,43 @@
+"""A generated reading of a summary: per τ, the range of each O arm's ΔRMSE % beside the paper's.
+
+The sentences only restate numbers of the summary (no judgement typed in), so a README can quote
+them next to the tables: for each τ and O arm, the smallest and largest per-dataset mean
+ΔRMSE % against base, the same range over the datasets where the paper reports a value, and on
+how many datasets Full-O changes RMSE more than OA (the paper's τ-stress direction).
+"""
+
+from __future__ import annotations
+
+from .summary import Row, Summary
+
+__all__ = ["reading"]
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values):+.3g}% to {max(values):+.3g}%"
+
+
+def _arm_phrase(rows: list[Row], label: str) -> str:
+    text = f"{label} ΔRMSE {_span([r.d_rmse_pct for r in rows])}"
+    paper = [r.paper_d_rmse_pct for r in rows if r.paper_d_rmse_pct is not None]
+    if paper:
+        text += f" (paper: {_span(paper)} on the {len(paper)} dataset(s) it reports)"
+    return text
+
+
+def reading(summary: Summary) -> list[str]:
+    """Markdown bullet lines, one per τ at which both O arms and base ran."""
+    lines = []
+    for tau in summary.taus:
+        per_arm = {arm: [r for spec in summary.datasets
+                         if (r := summary.row(spec, arm, tau)) and r.d_rmse_pct is not None]
+                   for arm in ("oa", "full-o")}
+        if not all(per_arm.values()):
+            continue
+        oa = {r.dataset: r.d_rmse_pct for r in per_arm["oa"]}
+        shared = [r for r in per_arm["full-o"] if r.dataset in oa]
+        worse = sum(abs(r.d_rmse_pct) > abs(oa[r.dataset]) for r in shared)
+        lines.append(f"* τ = {tau:g}: {_arm_phrase(per_arm['oa'], 'OA')}; "
+                     f"{_arm_phrase(per_arm['full-o'], 'Full-O')}. Full-O changes RMSE more than "
+                     f"OA on {worse} of {len(shared)} datasets.")
+    return lines
