@@ -187,6 +187,9 @@ def register(app: typer.Typer) -> None:
     @app.command("reproduce")
     def reproduce(
         table: str = typer.Argument(..., help="table2 (τ = 1e-8) or table7 (τ = 1)"),
+        datasets: str = typer.Option("", "--datasets", help=(
+            "Comma-separated dataset specs instead of the paper's six OpenML ids (e.g. the "
+            "offline set 560,44959,sklearn:diabetes,sklearn:friedman1 with --offline-standins)")),
         model_path: Optional[str] = MODEL_PATH, device: str = DEVICE,
         out: Path = typer.Option(Path("results/reproduce"), "--out", help="Run folder; table2 "
                                  "and table7 in one folder share the base cells"),
@@ -200,7 +203,8 @@ def register(app: typer.Typer) -> None:
         options = RunOptions(model_path, device, out, openml_cache, offline_standins, shard,
                              backend, scheduler, n_jobs, max_train, max_test, plots, json_out)
         try:
-            _execute(preset_matrix(table), options)
+            _execute(preset_matrix(table, tuple(s for s in datasets.split(",") if s.strip())),
+                     options)
         except ValueError as exc:
             raise _fail(exc) from exc
 

@@ -11,9 +11,10 @@ __all__ = ["PRESETS", "preset_matrix"]
 PRESETS: dict[str, float] = {"table2": 1e-8, "table7": 1.0}
 
 
-def preset_matrix(name: str) -> Matrix:
-    """Six OpenML datasets × seeds 11, 23, 37 × base / OA / Full-O at the table's τ."""
+def preset_matrix(name: str, datasets: tuple[str, ...] = ()) -> Matrix:
+    """The paper's six OpenML datasets (or ``datasets``) × seeds 11, 23, 37 × base / OA / Full-O
+    at the table's τ."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
-    return Matrix(tuple(f"openml:{i}" for i in PAPER_DATASETS), PAPER_SEEDS, PAPER_ARMS,
+    return Matrix(datasets or tuple(f"openml:{i}" for i in PAPER_DATASETS), PAPER_SEEDS, PAPER_ARMS,
                   (PRESETS[name],))

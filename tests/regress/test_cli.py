@@ -94,6 +94,19 @@ def test_reproduce_names_missing_datasets_and_records_standins(checkpoint, tmp_p
     assert invocation["standins"]["openml:560"] == "faraway:fat"
 
 
+def test_reproduce_over_a_chosen_dataset_list_keeps_the_preset_grid(checkpoint, tmp_path):
+    result = _invoke("reproduce", "table7", "--datasets", "560,sklearn:diabetes", "--offline-standins",
+                     "--model-path", checkpoint, "--out", tmp_path / "run", "--shard", "1/9",
+                     "--json", "--no-plots", *CAPS)
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["cells_in_shard"], summary["cells_run"]) == (2, 2)   # 2 × 3 seeds × 3 arms / 9
+    invocation = json.loads(next((tmp_path / "run" / "invocations").glob("*.json")).read_text())
+    assert invocation["matrix"] == {"datasets": ["openml:560", "sklearn:diabetes"],
+                                    "seeds": [11, 23, 37], "arms": ["base", "oa", "full-o"],
+                                    "taus": [1.0]}
+
+
 def test_bad_options_fail_with_a_message(checkpoint, tmp_path):
     result = _invoke("regress", "--datasets", "sklearn:diabetes", "--arms", "base,xx",
                      "--model-path", checkpoint, "--out", tmp_path / "run")
