@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from oretrofit import o_attention_fused, o_attention_reference
+from oretrofit._markdown import pipe_table
 from oretrofit._provenance import environment, write_json_atomic
 
 IMPLS = ("sdpa", "fused", "reference")
@@ -178,16 +179,13 @@ def markdown(rows: list[dict], threads: int) -> str:
         "fused/SDPA and reference/SDPA (min and median over interleaved rounds); memory ratios "
         "are the peak RSS of one call including its inputs / SDPA's.",
         "",
-        "| d | N | pass | SDPA median ms | fused min | fused median | fused mem "
-        "| reference min | reference median | reference mem |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        pipe_table(["d", "N", "pass", "SDPA median ms", "fused min", "fused median", "fused mem",
+                    "reference min", "reference median", "reference mem"],
+                   [[r["d"], r["n"], r["mode"], f"{r['sdpa_median_ms']:.1f}",
+                     *(_fmt(r, f"{impl}_{stat}_ratio") for impl in ("fused", "reference")
+                       for stat in ("min", "median", "memory"))]
+                    for r in sorted(rows, key=lambda r: (-r["d"], r["n"], r["mode"]))]),
     ]
-    for r in sorted(rows, key=lambda r: (-r["d"], r["n"], r["mode"])):
-        lines.append(
-            f"| {r['d']} | {r['n']} | {r['mode']} | {r['sdpa_median_ms']:.1f} "
-            f"| {_fmt(r, 'fused_min_ratio')} | {_fmt(r, 'fused_median_ratio')} "
-            f"| {_fmt(r, 'fused_memory_ratio')} | {_fmt(r, 'reference_min_ratio')} "
-            f"| {_fmt(r, 'reference_median_ratio')} | {_fmt(r, 'reference_memory_ratio')} |")
     target = [r for r in rows if r["n"] == 4096 and r["d"] == 64]
     if target:
         verdicts = []

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 import oretrofit
+from oretrofit._markdown import pipe_table
 from oretrofit._provenance import environment, write_json_atomic
 from oretrofit.tabpfn_v3 import (build_model, checkpoint_sha256, load_checkpoint, make_regressor,
                                  write_random_checkpoint)
@@ -110,17 +111,16 @@ def predict_seconds(path: Path, rounds: int) -> dict[str, list[float]]:
 def markdown(rows: list[dict[str, Any]], size: str) -> str:
     lines = [f"TabPFN v3 {size} host (random weights), {N_TRAIN}×{N_FEATURES} train / {N_TEST} "
              f"test rows, n_estimators=1, fp32, τ={TAU:g}, 1 thread.",
-             "",
-             "| arm | sites | predict s (median) | time ratio (median) | time ratio (min) "
-             "| target | peak MB (predict) | memory ratio | patch s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             ""]
+    header = ["arm", "sites", "predict s (median)", "time ratio (median)", "time ratio (min)",
+              "target", "peak MB (predict)", "memory ratio", "patch s"]
     base_min = min(rows[0]["predict_s"])
-    for r in rows:
-        target = f"≤ {TARGET[r['arm']]:.2f}×" if r["arm"] in TARGET else "-"
-        patch = "-" if r["arm"] == "base" else f"{r['patch_s']:.3f}"
-        lines.append(f"| {r['arm']} | {r['sites']} | {r['predict_s_median']:.3f} | "
-                     f"{r['time_ratio']:.3f}× | {min(r['predict_s']) / base_min:.3f}× | {target} | "
-                     f"{r['peak_bytes'] / 2**20:.1f} | {r['memory_ratio']:.3f}× | {patch} |")
+    table = [[r["arm"], r["sites"], f"{r['predict_s_median']:.3f}", f"{r['time_ratio']:.3f}×",
+              f"{min(r['predict_s']) / base_min:.3f}×",
+              f"≤ {TARGET[r['arm']]:.2f}×" if r["arm"] in TARGET else "-",
+              f"{r['peak_bytes'] / 2**20:.1f}", f"{r['memory_ratio']:.3f}×",
+              "-" if r["arm"] == "base" else f"{r['patch_s']:.3f}"] for r in rows]
+    lines.append(pipe_table(header, table, align=["left"] + ["right"] * (len(header) - 1)))
     lines.append(f"\nPatch-time target < {PATCH_TARGET_S} s. Ratios are to base in the same run "
                  f"({len(rows[0]['predict_s'])} interleaved rounds).")
     return "\n".join(lines)

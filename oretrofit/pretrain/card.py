@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._markdown import pipe_table
 from . import prior as prior_module
 from .evaluate import markdown_table
 from .train import CHECKPOINT_NAME, STATE_NAME, stage_totals
@@ -54,15 +55,15 @@ def plot_loss(stage_logs: list[list[tuple]], path: Path) -> Path:
 def _stage_table(stages: list[dict[str, Any]]) -> str:
     """One row per stage: steps, wall time, batch, peak lr, prior fields changed from stage 1, final NLL."""
     first_prior = stages[0]["train_config"]["prior"]
-    rows = ["| stage | steps | wall min | batch | peak lr | prior changed from stage 1 | final logged NLL |",
-            "|---|---|---|---|---|---|---|"]
+    rows = []
     for number, stage in enumerate(stages, start=1):
         cfg = stage["train_config"]
         changed = ", ".join(f"`{k}` {first_prior[k]} → {v}" for k, v in cfg["prior"].items()
                             if v != first_prior[k]) or "–"
-        rows.append(f"| {number} | {stage['steps']} | {stage['elapsed_s'] / 60:.1f} | {cfg['batch_size']} | "
-                    f"{cfg['lr']:g} | {changed} | {stage['loss_log'][-1][3]:.4f} |")
-    return "\n".join(rows)
+        rows.append([number, stage["steps"], f"{stage['elapsed_s'] / 60:.1f}", cfg["batch_size"],
+                     f"{cfg['lr']:g}", changed, f"{stage['loss_log'][-1][3]:.4f}"])
+    return pipe_table(["stage", "steps", "wall min", "batch", "peak lr", "prior changed from stage 1",
+                       "final logged NLL"], rows)
 
 
 def targets_met(receipt: dict[str, Any], host: str = HOST_NAME) -> list[dict[str, Any]]:
@@ -80,8 +81,7 @@ def targets_met(receipt: dict[str, Any], host: str = HOST_NAME) -> list[dict[str
 
 
 def _table(rows: dict[str, Any]) -> str:
-    return "\n".join(["| field | value |", "|---|---|",
-                      *(f"| `{k}` | {v} |" for k, v in rows.items())])
+    return pipe_table(["field", "value"], ([f"`{k}`", v] for k, v in rows.items()))
 
 
 def write_card(run: Path, evaluation: Path, out: Path, training_command: str,

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._markdown import pipe_table
 from .._provenance import environment, sha256_file, write_json_atomic
 
 __all__ = ["DATASETS", "BASELINES", "evaluate", "markdown_table", "random_reference_host"]
@@ -172,9 +173,7 @@ def markdown_table(receipt: dict[str, Any]) -> str:
     """Mean R² (± sd over split seeds) per dataset and model, generated from a receipt."""
     summary = receipt["summary"]
     models = list(next(iter(summary.values())))
-    lines = ["| dataset | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
-    for dataset, by_model in summary.items():
-        cells = [f"{by_model[m]['mean']:.3f} ± {by_model[m]['sd']:.3f}" for m in models]
-        lines.append(f"| {dataset} | " + " | ".join(cells) + " |")
-    lines.append(f"\nR² on 70/30 splits, mean ± sd over {receipt['n_seeds']} split seeds.")
-    return "\n".join(lines)
+    rows = [[dataset, *(f"{by_model[m]['mean']:.3f} ± {by_model[m]['sd']:.3f}" for m in models)]
+            for dataset, by_model in summary.items()]
+    return (pipe_table(["dataset", *models], rows)
+            + f"\n\nR² on 70/30 splits, mean ± sd over {receipt['n_seeds']} split seeds.")

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from .._markdown import pipe_table
 from .reading import reading
 from .store import read_cells
 from .summary import MEAN_ROW, Row, Summary, summarize
@@ -131,10 +132,8 @@ def timing_table(cells: Sequence[dict[str, Any]], summary: Summary,
 def to_markdown(tables: Iterable[Table]) -> str:
     parts = []
     for t in tables:
-        lines = [f"### {t.title}", "", "| " + " | ".join(t.header) + " |",
-                 "|" + "|".join("---" for _ in t.header) + "|",
-                 *("| " + " | ".join(r) + " |" for r in t.rows), ""]
-        parts.append("\n".join(lines + [*t.notes, ""]))
+        parts.append("\n".join([f"### {t.title}", "", pipe_table(t.header, t.rows), "",
+                                 *t.notes, ""]))
     return "\n".join(parts)
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from .._markdown import pipe_table
 from .._presence import presence
-from .common import (StudyOptions, fmt, markdown_table, matrix_plan, mean, quantiles,
-                     state_digest)
+from .common import StudyOptions, fmt, matrix_plan, mean, quantiles, state_digest
 from .data import TASKS as REGISTRY, load_split
 from .models import ScalarAdapter
 from .receipts import PlannedRun
@@ -69,4 +69,4 @@ def report(runs: dict[str, dict], plan_ids: list[str]) -> str:
     header = ["Task", "Metric", "Standard", "Hidden-carrier OA", "Δ", "Paper standard",
               "Paper OA", "Paper Δ", "Seeds"]
     return ("Table 8 (CPU rerun): minimal scalar-feature adapter, test means over seeds. "
-            "Δ = hidden-carrier OAttention − standard softmax.\n\n" + markdown_table(header, rows))
+            "Δ = hidden-carrier OAttention − standard softmax.\n\n" + pipe_table(header, rows))

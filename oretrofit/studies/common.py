@@ -1,4 +1,4 @@
-"""What every study shares: its options, the run driver, and Markdown/number formatting."""
+"""What every study shares: its options, the run driver, and number formatting."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .receipts import PlannedRun, Receipt, run_plan
 from .training import TrainConfig, fit
 
 __all__ = ["StudyOptions", "StudyResult", "Study", "run_study", "matrix_plan", "train_host",
-           "markdown_table", "state_digest", "quantiles", "mean", "fmt", "QUANTILES"]
+           "state_digest", "quantiles", "mean", "fmt", "QUANTILES"]
 
 QUANTILES = (0.0, 0.01, 0.5, 0.99, 1.0)
 
@@ -172,12 +172,6 @@ def fmt(value: float | None, spec: str = ".4f") -> str:
     if spec.endswith("f") and text.lstrip("+-").startswith("0.") and "e" not in text:
         text = text.replace("0.", ".", 1)
     return text
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def matrix_plan(options: StudyOptions, axes: list[tuple[str, str, tuple]],

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .common import StudyOptions, markdown_table, matrix_plan, mean, train_host
+from .._markdown import pipe_table
+from .common import StudyOptions, matrix_plan, mean, train_host
 from .data import FIVE_TASKS, load_split
 from .models import BlockSpec, HostSpec
 from .receipts import PlannedRun
@@ -83,4 +84,4 @@ def report(runs: dict[str, dict], plan_ids: list[str]) -> str:
             "shift is the RMS over test predictions (model outputs: logits, or the standardised "
             "regression output), averaged over pairs; state is the maximum absolute inserted "
             "coordinate after the final block (min–max over pairs).\n\n"
-            + markdown_table(header, rows))
+            + pipe_table(header, rows))

@@ -12,7 +12,8 @@ branch emits zero). This module only plans the cases per seed and lays out the t
 from __future__ import annotations
 
 from ..sweep.standardize_checks import B5_CASES, standardize_case
-from .common import StudyOptions, markdown_table
+from .._markdown import pipe_table
+from .common import StudyOptions
 from .receipts import PlannedRun
 
 NAME = "ostandardize"
@@ -56,4 +57,4 @@ def report(runs: dict[str, dict], plan_ids: list[str]) -> str:
               "Singleton → OFFN", "Seeds"]
     return ("B.5 OStandardize sweep (τ = 1e-6, ε_var = 1e-6, token axis 1): worst case over "
             "seeds and insertion positions (first, interior, last). The paper reports this sweep "
-            "as a receipt without a table.\n\n" + markdown_table(header, rows))
+            "as a receipt without a table.\n\n" + pipe_table(header, rows))

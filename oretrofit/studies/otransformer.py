@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from .._markdown import pipe_table
 from .._presence import presence
-from .common import (StudyOptions, fmt, markdown_table, matrix_plan, mean, quantiles,
-                     train_host)
+from .common import StudyOptions, fmt, matrix_plan, mean, quantiles, train_host
 from .data import FIVE_TASKS, PAPER_ORDER, TASKS as REGISTRY, load_split
 from .models import ARM_SPECS, FTHost
 from .receipts import PlannedRun
@@ -105,7 +105,7 @@ def report(runs: dict[str, dict], plan_ids: list[str]) -> str:
     header = ["Arm", "Host components", "Max inserted-state L∞", "Paper",
               "Max prediction RMS shift", "Max CLS shift L∞", "Finite (k>0)", "Fits",
               "Interpretation"]
-    table = markdown_table(header, rows)
+    table = pipe_table(header, rows)
 
     metric_rows = []
     for task in PAPER_ORDER:
@@ -119,7 +119,7 @@ def report(runs: dict[str, dict], plan_ids: list[str]) -> str:
             if any(c != "–" for c in cells):
                 metric_rows.append([REGISTRY[task].title, metric.replace("rmse", "RMSE"), str(k),
                                     *cells])
-    metric_table = markdown_table(["Task", "Metric", "k", *(TITLES[a] for a in ARMS)], metric_rows)
+    metric_table = pipe_table(["Task", "Metric", "k", *(TITLES[a] for a in ARMS)], metric_rows)
     return ("Table 3 (CPU rerun): scoped OTransformer study. Maxima are over the evaluated "
             "task–seed–zero-count cells with k > 0; shifts compare each trained model on the test "
             "sequence with and without its k zero tokens.\n\n" + table

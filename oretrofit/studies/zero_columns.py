@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .common import StudyOptions, fmt, markdown_table, matrix_plan, mean, train_host
+from .._markdown import pipe_table
+from .common import StudyOptions, fmt, matrix_plan, mean, train_host
 from .data import FIVE_TASKS, PAPER_ORDER, TASKS as REGISTRY, load_split
 from .models import BlockSpec, HostSpec
 from .receipts import PlannedRun
@@ -87,5 +88,5 @@ def report(runs: dict[str, dict], plan_ids: list[str]) -> str:
     note = "; ".join(f"{arm} max {max(v):.4g}" if v else f"{arm} –" for arm, v in states.items())
     return ("Table 10 (CPU rerun): mean test metric over seeds with k exact-zero columns, "
             "standard/hidden-carrier OAttention. For Diabetes, lower RMSE is better.\n\n"
-            + markdown_table(header, rows)
+            + pipe_table(header, rows)
             + f"\n\nZero-column token state L∞ after the final block (k > 0): {note}.")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._markdown import pipe_table
+
 __all__ = ["operators_markdown"]
 
 
-def _property_table(rows: list[dict[str, str]], paper_device: str) -> list[str]:
-    lines = [f"| Property | Paper ({paper_device}) | Measured (this run) |", "|---|---|---|"]
-    lines += [f"| {r['property']} | {r['paper']} | {r['measured']} |" for r in rows]
-    return lines
+def _property_table(rows: list[dict[str, str]], paper_device: str) -> str:
+    return pipe_table(["Property", f"Paper ({paper_device})", "Measured (this run)"],
+                      [[r["property"], r["paper"], r["measured"]] for r in rows])
 
 
 def operators_markdown(receipt: dict[str, Any]) -> str:
@@ -26,21 +27,21 @@ def operators_markdown(receipt: dict[str, Any]) -> str:
         "",
         f"**Table 1 — hidden-carrier OAttention** (shapes: {'; '.join(cfg['hidden_shapes'])})",
         "",
-        *_property_table(receipt["table1"]["rows"], "NVIDIA GB10 GPU"),
+        _property_table(receipt["table1"]["rows"], "NVIDIA GB10 GPU"),
         "",
         f"**Table 6 — Q/K/V-boundary variation** (shapes: {'; '.join(cfg['qkv_shapes'])})",
         "",
-        *_property_table(receipt["table6"]["rows"], "15 seed–shape cases"),
+        _property_table(receipt["table6"]["rows"], "15 seed–shape cases"),
         "",
         f"**B.5 — OStandardize** (τ = {cfg['tau']:g}, ε_var = {cfg['eps_var']:g}, token axis 1; "
         "one zero token inserted at both boundaries and the interior; the paper reports these "
         "as invariant/exact/finite without numbers)",
         "",
-        "| Case | Old S, μ, v L∞ | Old-output L∞ | Permutation L∞ | Inserted, all-null, "
-        "zero-length, singleton max abs | Finite (outputs, gradients) |",
-        "|---|---|---|---|---|---|",
+        pipe_table(["Case", "Old S, μ, v L∞", "Old-output L∞", "Permutation L∞",
+                    "Inserted, all-null, zero-length, singleton max abs",
+                    "Finite (outputs, gradients)"],
+                   [[r["case"], f"{r['old_moments']:.3g}", f"{r['old_output']:.3g}",
+                     f"{r['permutation']:.3g}", f"{r['exact_zeros']:g}",
+                     "yes" if r["finite"] else "NO"] for r in receipt["b5"]["rows"]]),
     ]
-    lines += [f"| {r['case']} | {r['old_moments']:.3g} | {r['old_output']:.3g} | "
-              f"{r['permutation']:.3g} | {r['exact_zeros']:g} | {'yes' if r['finite'] else 'NO'} |"
-              for r in receipt["b5"]["rows"]]
     return "\n".join(lines) + "\n"
