@@ -7,11 +7,32 @@ token contributes to anything shared between tokens.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
 
-__all__ = ["presence", "compute_dtype", "check_positive"]
+__all__ = ["presence", "observe_presence", "compute_dtype", "check_positive"]
+
+# Observers called with every presence tensor computed while they are active (see observe_presence).
+_OBSERVERS: ContextVar[tuple[Callable[[Tensor], None], ...]] = ContextVar("presence_observers",
+                                                                          default=())
+
+
+@contextmanager
+def observe_presence(observer: Callable[[Tensor], None]) -> Iterator[None]:
+    """Call ``observer(p)`` with every presence tensor (detached) computed inside the block.
+
+    This is how a run measures how strongly τ gates a host's tokens (e.g. a
+    :class:`~oretrofit.PresenceProfile`); observers nest and are local to the thread/context.
+    """
+    token = _OBSERVERS.set(_OBSERVERS.get() + (observer,))
+    try:
+        yield
+    finally:
+        _OBSERVERS.reset(token)
 
 
 def check_positive(name: str, value: float) -> float:
@@ -48,4 +69,7 @@ def presence(h: Tensor, tau: float) -> Tensor:
     if not torch.is_tensor(h) or h.dim() < 1:
         raise ValueError("h must be a tensor of carriers with the feature axis last, shape (..., d)")
     sq = h.to(compute_dtype(h.dtype)).square().sum(dim=-1)
-    return sq / (tau + sq)
+    p = sq / (tau + sq)
+    for observer in _OBSERVERS.get():
+        observer(p.detach())
+    return p

@@ -3,7 +3,9 @@
 The sentences only restate numbers of the summary (no judgement typed in), so a README can quote
 them next to the tables: for each τ and O arm, the smallest and largest per-dataset mean
 ΔRMSE % against base, the same range over the datasets where the paper reports a value, and on
-how many datasets Full-O changes RMSE more than OA (the paper's τ-stress direction).
+how many datasets Full-O changes RMSE more than OA (the paper's τ-stress direction). Where the
+cells recorded presence profiles, it adds the range of the per-dataset median presence and of the
+fraction of presences below ½ at each arm's sites (how strongly τ gates the host's tokens).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ def _arm_phrase(rows: list[Row], label: str) -> str:
     paper = [r.paper_d_rmse_pct for r in rows if r.paper_d_rmse_pct is not None]
     if paper:
         text += f" (paper: {_span(paper)} on the {len(paper)} dataset(s) it reports)"
+    medians = [r.presence_p50 for r in rows if r.presence_p50 is not None]
+    if medians:
+        below = [r.presence_below_half for r in rows if r.presence_below_half is not None]
+        text += (f", median presence at its sites {min(medians):.3g} to {max(medians):.3g} "
+                 f"({min(below):.1%} to {max(below):.1%} of presences below ½)")
     return text
 
 

@@ -27,6 +27,8 @@ import joblib
 import numpy as np
 import torch
 
+from .._presence import observe_presence
+from .._presence_profile import PresenceProfile
 from .._provenance import environment
 from .._registry import ARMS
 from .data import Dataset, canonical_spec, load_datasets
@@ -124,11 +126,13 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
     regressor, applied = make_regressor(checkpoint, arm=cell.arm,
                                         **({} if cell.tau is None else {"tau": cell.tau}),
                                         seed=cell.seed, **model.regressor_kwargs())
-    fit_start = time.perf_counter()
-    regressor.fit(X_train, y_train)
-    predict_start = time.perf_counter()
-    prediction = regressor.predict(X_test)
-    end = time.perf_counter()
+    profile = PresenceProfile()              # every presence the O sites compute in fit + predict
+    with observe_presence(profile):
+        fit_start = time.perf_counter()
+        regressor.fit(X_train, y_train)
+        predict_start = time.perf_counter()
+        prediction = regressor.predict(X_test)
+        end = time.perf_counter()
     rmse, r2 = rmse_r2(y_test, prediction)
     return cell, {
         "rmse": rmse, "r2": r2, "n_train": int(len(y_train)), "n_test": int(len(y_test)),
@@ -136,6 +140,7 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
         "predict_s": end - predict_start, "wall_s": end - start,
         "cpu_s": time.process_time() - cpu_start,         # all threads of this process
         "sites_patched": len(applied.report()) if applied is not None else 0,
+        "presence": profile.summary(),
         "inference_precision": str(regressor.get_params().get("inference_precision")),
         "worker": socket.gethostname(), "torch_threads": torch.get_num_threads()}
 

@@ -45,6 +45,8 @@ class Row:
     paper_d_rmse_pct: float | None = None
     paper_d_r2: float | None = None
     standin_for: str | None = None
+    presence_p50: float | None = None       # mean over seeds of each cell's median observed presence
+    presence_below_half: float | None = None  # mean over seeds of the fraction of presences < ½
 
 
 @dataclass
@@ -62,6 +64,13 @@ class Summary:
 
 def _mean(values: Sequence[float]) -> float | None:
     return float(np.mean(values)) if values else None
+
+
+def _presence_means(cells: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Mean over cells of the median presence and the fraction below ½ (cells that observed any)."""
+    seen = [c["presence"] for c in cells if (c.get("presence") or {}).get("count")]
+    return {"presence_p50": _mean([p["quantiles"]["0.5"] for p in seen]),
+            "presence_below_half": _mean([p["below_half"] for p in seen])}
 
 
 def summarize(cells: Sequence[Mapping[str, Any]],
@@ -85,7 +94,7 @@ def summarize(cells: Sequence[Mapping[str, Any]],
                     continue
                 row = Row(tau, spec, names[spec], arm, len(own),
                           rmse=_mean([c["rmse"] for c in own]), r2=_mean([c["r2"] for c in own]),
-                          standin_for=standin)
+                          standin_for=standin, **_presence_means(own))
                 pairs = [(c, by_key[(spec, c["seed"], "base", None)]) for c in own
                          if arm != "base" and (spec, c["seed"], "base", None) in by_key]
                 if pairs:

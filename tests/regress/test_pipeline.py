@@ -76,6 +76,14 @@ def test_every_cell_is_stored_with_its_receipts(env):
         assert (c["n_train"], c["n_test"], c["n_features"]) == (48, 24, 10)
         assert c["rmse"] > 0 and c["predict_s"] > 0 and c["inference_precision"]
         assert (c["sites_patched"] > 0) == (c["arm"] != "base")
+        # Every presence the O sites compute is profiled; base computes none.
+        assert (c["presence"]["count"] > 0) == (c["arm"] != "base")
+        if c["tau"] == 1e-8:
+            assert c["presence"]["quantiles"]["0.5"] >= 0.999
+    mean_p = {(c["seed"], c["arm"], c["tau"]): c["presence"]["mean"] for c in cells if c["tau"]}
+    for (seed, arm, tau), value in mean_p.items():
+        if tau == 1.0:
+            assert value < mean_p[(seed, arm, 1e-8)]
     assert len({c["split_sha256"] for c in cells}) == 2                # one split per seed
     settings = json.loads((out / "run.json").read_text())["settings"]
     assert settings["checkpoint_sha256"] == checkpoint_sha256(env["checkpoint"])

@@ -1,0 +1,51 @@
+"""Presence observation: every presence computed inside the block reaches the observer; the
+profile's histogram gives counts, mean, the fraction below ½ and quantiles to 1/BINS."""
+
+import pytest
+import torch
+
+from oretrofit import HiddenCarrierOAttention, PresenceProfile, observe_presence, presence
+
+
+def test_observers_see_every_presence_inside_the_block_only():
+    seen: list[torch.Tensor] = []
+    h = torch.tensor([[0.0, 0.0], [1.0, 0.0], [3.0, 4.0]])
+    presence(h, 1.0)                                   # outside: not observed
+    with observe_presence(seen.append):
+        with observe_presence(seen.append):           # nested observers both see it
+            p = presence(h, 1.0)
+        presence(h, 2.0)
+    assert len(seen) == 3 and torch.equal(seen[0], p) and torch.equal(seen[1], p)
+    assert torch.equal(seen[2], presence(h, 2.0)) and not seen[0].requires_grad
+    assert torch.allclose(p, torch.tensor([0.0, 0.5, 25 / 26]))
+
+
+def test_profile_counts_mean_below_half_and_quantiles():
+    profile = PresenceProfile()
+    values = torch.linspace(0.0005, 0.9995, 1000)       # one value in each bin
+    profile(values[:400])
+    profile(values[400:].reshape(20, 30))
+    profile(torch.tensor([float("nan")]))
+    summary = profile.summary()
+    assert summary["count"] == 1000 and summary["nonfinite"] == 1
+    assert summary["mean"] == pytest.approx(values.double().mean().item(), abs=1e-12)
+    assert summary["below_half"] == pytest.approx(0.5, abs=1e-12)
+    assert summary["quantiles"]["0.5"] == pytest.approx(0.5, abs=1e-9)
+    assert summary["quantiles"]["0.1"] == pytest.approx(0.1, abs=1e-9)
+    assert summary["quantiles"]["0.99"] == pytest.approx(0.99, abs=1e-9)
+
+
+def test_profile_of_a_module_run_and_an_empty_profile():
+    torch.manual_seed(0)
+    attention = HiddenCarrierOAttention(8, 2, tau=1.0)
+    h = torch.randn(2, 5, 8) * 0.1
+    profile = PresenceProfile()
+    with observe_presence(profile):
+        attention(h)
+    expected = presence(h, 1.0)
+    assert profile.count >= expected.numel()
+    assert profile.summary()["quantiles"]["0.99"] <= expected.max().item() + 1e-3
+    empty = PresenceProfile().summary()
+    assert empty["count"] == 0 and empty["quantiles"]["0.5"] is None
+    with pytest.raises(ValueError, match="observe_presence"):
+        PresenceProfile().quantile(0.5)
