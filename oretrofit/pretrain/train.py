@@ -118,10 +118,15 @@ def save_tabpfn_checkpoint(model: torch.nn.Module, host: HostConfig, path: Path,
     return save_atomic(checkpoint, Path(path))
 
 
-def demo_meta(step: int, elapsed_s: float, seed: int) -> dict[str, Any]:
-    """The checkpoint's ``oretrofit`` entry: what its weights are, for receipts and warnings."""
-    return {"weights": f"demo (prior-fitted, {step} steps, {elapsed_s / 60:.0f} min CPU, seed {seed})",
-            "steps": step, "elapsed_s": round(elapsed_s, 1), "seed": seed}
+def demo_meta(state: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's ``oretrofit`` entry for a run state: total steps and wall time over all
+    stages, and ``seed``, the seed of the initial weights (the first stage's)."""
+    steps, elapsed_s = stage_totals(state)
+    stages = state.get("stages", [])
+    seed = (stages[0] if stages else state)["train_config"]["seed"]
+    return {"weights": f"demo (prior-fitted, {steps} steps in {len(stages) + 1} stage(s), "
+                       f"{elapsed_s / 60:.0f} min CPU, initial seed {seed})",
+            "steps": steps, "elapsed_s": round(elapsed_s, 1), "seed": seed, "stages": len(stages) + 1}
 
 
 def stage_totals(state: dict[str, Any]) -> tuple[int, float]:
@@ -145,7 +150,7 @@ def export_checkpoint(run: Path, dest: Path) -> Path:
     cfg = _config_from_dict(dict(state["train_config"]))
     model = build_host(cfg.host, cfg.seed)
     model.load_state_dict(state["model"])
-    return save_tabpfn_checkpoint(model, cfg.host, Path(dest), demo_meta(*stage_totals(state), cfg.seed))
+    return save_tabpfn_checkpoint(model, cfg.host, Path(dest), demo_meta(state))
 
 
 def _lr(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
@@ -168,7 +173,7 @@ def _save_state(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, c
     torch.save(state, tmp)
     tmp.replace(out / STATE_NAME)
     save_tabpfn_checkpoint(model, cfg.host, out / CHECKPOINT_NAME,
-                           demo_meta(*stage_totals(state), cfg.seed))
+                           demo_meta(state))
     with open(out / LOSS_LOG_NAME, "w") as fh:
         fh.write("step,elapsed_s,lr,loss\n")
         fh.writelines(f"{s},{t:.1f},{lr:.3e},{loss:.5f}\n" for s, t, lr, loss in log)

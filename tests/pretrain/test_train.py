@@ -82,7 +82,7 @@ def test_a_new_stage_starts_from_the_earlier_weights_and_counts_its_steps(tmp_pa
     assert two["stages"][0]["loss_log"] == first["loss_log"]
     assert two["train_config"]["prior"]["max_rows"] == 60 and two["train_config"]["lr"] == 5e-4
     meta = torch.load(tmp_path / "two" / CHECKPOINT_NAME, weights_only=True)["oretrofit"]
-    assert meta["steps"] == 3
+    assert (meta["steps"], meta["stages"], meta["seed"]) == (3, 2, TINY.seed)   # seed of the initial weights
     assert meta["elapsed_s"] == pytest.approx(first["elapsed_s"] + two["elapsed_s"], abs=0.1)
     # Resuming the new stage keeps its stage history.
     train(tmp_path / "two", dataclasses.replace(second_cfg, max_steps=2), resume=True, progress=False)
