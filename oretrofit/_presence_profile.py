@@ -8,17 +8,22 @@ Use with :func:`oretrofit.observe_presence`::
     profile.summary()   # {"count", "nonfinite", "mean", "below_half", "quantiles": {"0.5": …}}
 
 Memory stays constant (``BINS`` bins on [0, 1]); quantiles are bin upper edges, so they are
-exact to 1/BINS.
+exact to 1/BINS. :func:`presence_by_module` keeps one profile per module of a model, so a
+run can say *where* τ gates tokens.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["PresenceProfile"]
+from ._presence import observe_presence
+
+__all__ = ["PresenceProfile", "presence_by_module"]
 
 QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 
@@ -57,3 +62,26 @@ class PresenceProfile:
         return {"count": self.count, "nonfinite": self.nonfinite, "mean": self.total / self.count,
                 "below_half": self.counts[: self.BINS // 2].sum().item() / self.count,
                 "quantiles": {str(q): self.quantile(q) for q in QUANTILES}}
+
+
+@contextmanager
+def presence_by_module(model: nn.Module) -> Iterator[dict[str, PresenceProfile]]:
+    """Profiles of the presences computed inside the block, keyed by the qualified name of the
+    innermost module of ``model`` whose forward was running ("" for the model itself, or for
+    presences computed outside any of its forwards). Hooks are removed when the block ends."""
+    running: list[str] = []
+    profiles: dict[str, PresenceProfile] = defaultdict(PresenceProfile)
+
+    def leave(_module: nn.Module, _args: Any, _output: Any) -> None:   # None: output unchanged
+        running.pop()
+
+    handles = []
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(lambda _m, _a, name=name: running.append(name)))
+        handles.append(module.register_forward_hook(leave))
+    try:
+        with observe_presence(lambda p: profiles[running[-1] if running else ""](p)):
+            yield profiles
+    finally:
+        for handle in handles:
+            handle.remove()

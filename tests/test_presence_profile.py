@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from oretrofit import HiddenCarrierOAttention, PresenceProfile, observe_presence, presence
+from oretrofit._presence_profile import presence_by_module
 
 
 def test_observers_see_every_presence_inside_the_block_only():
@@ -49,3 +50,30 @@ def test_profile_of_a_module_run_and_an_empty_profile():
     assert empty["count"] == 0 and empty["quantiles"]["0.5"] is None
     with pytest.raises(ValueError, match="observe_presence"):
         PresenceProfile().quantile(0.5)
+
+
+def test_presences_are_attributed_to_the_innermost_running_module():
+    class Stack(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.second = HiddenCarrierOAttention(8, 2, tau=1.0), HiddenCarrierOAttention(8, 2, tau=1.0)
+            self.mix = torch.nn.Linear(8, 8, bias=False)
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return self.second(self.mix(self.first(h)[0]))[0]
+
+    torch.manual_seed(0)
+    model = Stack()
+    h = torch.randn(1, 4, 8)
+    h[0, 1] = 0.0                                        # one null token
+    with presence_by_module(model) as profiles:
+        model(h)
+        presence(h, 1.0)                                 # outside every forward: the root key ""
+    assert set(profiles) == {"first", "second", ""}
+    first = presence(h, 1.0)
+    assert profiles["first"].count == profiles["second"].count == first.numel()
+    assert profiles["first"].summary()["below_half"] >= 0.25   # the null token's presence is 0
+    assert profiles["second"].summary()["quantiles"]["0.01"] <= 0.001  # it stays null through O
+    assert profiles[""].count == first.numel()
+    # Hooks are gone after the block.
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())

@@ -5,10 +5,13 @@ them next to the tables: for each τ and O arm, the smallest and largest per-dat
 ΔRMSE % against base, the same range over the datasets where the paper reports a value, and on
 how many datasets Full-O changes RMSE more than OA (the paper's τ-stress direction). Where the
 cells recorded presence profiles, it adds the range of the per-dataset median presence and of the
-fraction of presences below ½ at each arm's sites (how strongly τ gates the host's tokens).
+fraction of presences below ½ at each arm's sites (how strongly τ gates the host's tokens), and
+the module whose presences most often fall below ½.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from .summary import Row, Summary
 
@@ -29,6 +32,12 @@ def _arm_phrase(rows: list[Row], label: str) -> str:
         below = [r.presence_below_half for r in rows if r.presence_below_half is not None]
         text += (f", median presence at its sites {min(medians):.3g} to {max(medians):.3g} "
                  f"({min(below):.1%} to {max(below):.1%} of presences below ½)")
+    gated = Counter(r.most_gated_module for r in rows if r.most_gated_module is not None)
+    if gated:
+        module, count = gated.most_common(1)[0]
+        worst = max(r.most_gated_below_half for r in rows if r.most_gated_module == module)
+        text += (f"; most gated module `{module or 'model'}` on {count} of {len(rows)} datasets "
+                 f"(up to {worst:.1%} of its presences below ½)")
     return text
 
 

@@ -18,7 +18,7 @@ import math
 import socket
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .._presence import observe_presence
-from .._presence_profile import PresenceProfile
+from .._presence_profile import PresenceProfile, presence_by_module
 from .._provenance import environment
 from .._registry import ARMS
 from .data import Dataset, canonical_spec, load_datasets
@@ -127,7 +127,8 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
                                         **({} if cell.tau is None else {"tau": cell.tau}),
                                         seed=cell.seed, **model.regressor_kwargs())
     profile = PresenceProfile()              # every presence the O sites compute in fit + predict
-    with observe_presence(profile):
+    where = presence_by_module(applied.model) if applied is not None else nullcontext({})
+    with observe_presence(profile), where as by_module:
         fit_start = time.perf_counter()
         regressor.fit(X_train, y_train)
         predict_start = time.perf_counter()
@@ -141,6 +142,7 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
         "cpu_s": time.process_time() - cpu_start,         # all threads of this process
         "sites_patched": len(applied.report()) if applied is not None else 0,
         "presence": profile.summary(),
+        "presence_by_module": {name: p.summary() for name, p in sorted(by_module.items())},
         "inference_precision": str(regressor.get_params().get("inference_precision")),
         "worker": socket.gethostname(), "torch_threads": torch.get_num_threads()}
 

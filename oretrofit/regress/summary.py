@@ -47,6 +47,8 @@ class Row:
     standin_for: str | None = None
     presence_p50: float | None = None       # mean over seeds of each cell's median observed presence
     presence_below_half: float | None = None  # mean over seeds of the fraction of presences < ½
+    most_gated_module: str | None = None      # the module with the largest such mean fraction
+    most_gated_below_half: float | None = None
 
 
 @dataclass
@@ -67,10 +69,19 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def _presence_means(cells: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
-    """Mean over cells of the median presence and the fraction below ½ (cells that observed any)."""
+    """Mean over cells of the median presence and the fraction below ½ (cells that observed any),
+    and the module whose presences fall below ½ most often (mean fraction over cells)."""
     seen = [c["presence"] for c in cells if (c.get("presence") or {}).get("count")]
+    per_module: dict[str, list[float]] = defaultdict(list)
+    for cell in cells:
+        for name, profile in (cell.get("presence_by_module") or {}).items():
+            if profile["count"]:
+                per_module[name].append(profile["below_half"])
+    fractions = {name: float(np.mean(values)) for name, values in per_module.items()}
+    most = max(fractions, key=fractions.__getitem__) if any(fractions.values()) else None
     return {"presence_p50": _mean([p["quantiles"]["0.5"] for p in seen]),
-            "presence_below_half": _mean([p["below_half"] for p in seen])}
+            "presence_below_half": _mean([p["below_half"] for p in seen]),
+            "most_gated_module": most, "most_gated_below_half": fractions.get(most)}
 
 
 def summarize(cells: Sequence[Mapping[str, Any]],

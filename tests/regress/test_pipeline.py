@@ -78,6 +78,8 @@ def test_every_cell_is_stored_with_its_receipts(env):
         assert (c["sites_patched"] > 0) == (c["arm"] != "base")
         # Every presence the O sites compute is profiled; base computes none.
         assert (c["presence"]["count"] > 0) == (c["arm"] != "base")
+        # ... and attributed to the modules that computed them, every one of them.
+        assert sum(p["count"] for p in c["presence_by_module"].values()) == c["presence"]["count"]
         if c["tau"] == 1e-8:
             assert c["presence"]["quantiles"]["0.5"] >= 0.999
     mean_p = {(c["seed"], c["arm"], c["tau"]): c["presence"]["mean"] for c in cells if c["tau"]}
