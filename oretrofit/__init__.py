@@ -9,15 +9,16 @@ from ._attention import o_attention, o_attention_fused, o_attention_reference
 from ._attention_modules import HiddenCarrierOAttention, QKVOAttention
 from ._components import OFFN, OInject, ONorm, OStandardize, o_gate, o_moments, o_standardize
 from ._presence import observe_presence, presence
-from ._presence_profile import PresenceProfile
+from ._presence_profile import PresenceProfile, presence_by_module
 from ._transformer import OTransformerBlock
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "presence", "observe_presence", "PresenceProfile", "o_attention", "o_attention_fused", "o_attention_reference", "o_gate",
-    "o_moments", "o_standardize", "HiddenCarrierOAttention", "QKVOAttention", "OFFN", "ONorm",
-    "OInject", "OStandardize", "OTransformerBlock",
+    "presence", "observe_presence", "PresenceProfile", "presence_by_module", "o_attention",
+    "o_attention_fused", "o_attention_reference", "o_gate", "o_moments", "o_standardize",
+    "HiddenCarrierOAttention", "QKVOAttention", "OFFN", "ONorm", "OInject", "OStandardize",
+    "OTransformerBlock",
 ]
 
 from ._patching import SiteConfig

@@ -4,8 +4,8 @@ profile's histogram gives counts, mean, the fraction below ½ and quantiles to 1
 import pytest
 import torch
 
-from oretrofit import HiddenCarrierOAttention, PresenceProfile, observe_presence, presence
-from oretrofit._presence_profile import presence_by_module
+from oretrofit import (HiddenCarrierOAttention, PresenceProfile, observe_presence, presence,
+                       presence_by_module)
 
 
 def test_observers_see_every_presence_inside_the_block_only():
