@@ -207,7 +207,8 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
     parser.add_argument("--max-reference-n", type=int, default=8192,
                         help="largest N for the materialised reference (O(N²) memory)")
-    parser.add_argument("--note", default="", help="free text recorded with the run (e.g. load)")
+    parser.add_argument("--note", default="", help="free text recorded with the run (e.g. load); "
+                        "with --render, replaces the receipt's")
     parser.add_argument("--out", type=Path, default=Path("results/bench_attention.json"))
     parser.add_argument("--render", action="store_true",
                         help="only re-render the Markdown table from the receipt in --out")
@@ -234,7 +235,8 @@ def main() -> None:
 
     if args.render:
         receipt = json.loads(args.out.read_text())
-        environment_record, args.note = receipt["environment"], receipt["note"]
+        environment_record = receipt["environment"]
+        args.note = args.note or receipt["note"]          # --note with --render adds one afterwards
         print(write(receipt["rows"], complete=receipt["complete"]))
         return
     done = json.loads(args.out.read_text())["rows"] if args.resume and args.out.exists() else []
