@@ -47,6 +47,14 @@ class PresenceProfile:
         self.count += finite.numel()
         self.total += finite.sum().item()
 
+    def merge(self, other: PresenceProfile) -> PresenceProfile:
+        """Add ``other``'s observations to this profile (histograms add exactly); returns self."""
+        self.counts += other.counts
+        self.count += other.count
+        self.nonfinite += other.nonfinite
+        self.total += other.total
+        return self
+
     def quantile(self, q: float) -> float:
         """Smallest bin upper edge below which at least a fraction ``q`` of the presences lie."""
         if not self.count:

@@ -77,3 +77,12 @@ def test_presences_are_attributed_to_the_innermost_running_module():
     assert profiles[""].count == first.numel()
     # Hooks are gone after the block.
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+def test_merged_profiles_equal_one_profile_of_everything():
+    a, b, whole = PresenceProfile(), PresenceProfile(), PresenceProfile()
+    first, second = torch.rand(50), torch.cat([torch.rand(30), torch.tensor([float("inf")])])
+    a(first), b(second), whole(first), whole(second)
+    merged = PresenceProfile().merge(a).merge(b)
+    assert merged.summary() == whole.summary()
+    assert torch.equal(merged.counts, whole.counts) and merged.nonfinite == 1

@@ -130,8 +130,11 @@ def register(app: typer.Typer) -> None:
         """Write the model card (architecture, prior, steps, wall time, loss curve, evaluation)."""
         from oretrofit.pretrain.card import write_card
 
-        path = write_card(run, evaluation, out, training_command=command, evaluation_command=eval_command,
-                          notes=note)
+        try:
+            path = write_card(run, evaluation, out, training_command=command,
+                              evaluation_command=eval_command, notes=note)
+        except ValueError as exc:
+            raise _fail(exc) from exc
         print(str(path))
 
 

@@ -10,12 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .._markdown import pipe_table
 from . import prior as prior_module
 from .evaluate import markdown_table
-from .train import CHECKPOINT_NAME, STATE_NAME, stage_totals
+from .train import CHECKPOINT_NAME, load_state, stage_record, stage_totals
 
 __all__ = ["TARGETS", "plot_loss", "targets_met", "write_card"]
 
@@ -88,12 +86,10 @@ def write_card(run: Path, evaluation: Path, out: Path, training_command: str,
                evaluation_command: str | None = None, notes: list[str] | None = None) -> Path:
     """Write the Markdown card at ``out`` and its loss-curve PNG beside it; return the card's path."""
     run, out = Path(run), Path(out)
-    state = torch.load(run / STATE_NAME, map_location="cpu", weights_only=False)
+    state = load_state(run, "point --run at a pretrain-demo output folder")
     receipt = json.loads(Path(evaluation).read_text())
     cfg = state["train_config"]
-    current = {"steps": state["step"], "elapsed_s": state["elapsed_s"], "train_config": cfg,
-               "loss_log": state["loss_log"]}
-    stages = [*state.get("stages", []), current]
+    stages = [*state.get("stages", []), stage_record(state)]
     total_steps, total_s = stage_totals(state)
     png = plot_loss([[tuple(r) for r in s["loss_log"]] for s in stages], out.with_name(out.stem + "-loss.png"))
     n_params = sum(v.numel() for k, v in state["model"].items() if k != "regression_borders")

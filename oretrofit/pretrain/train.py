@@ -33,7 +33,8 @@ import torch
 from .prior import PriorConfig, sample_batch
 
 __all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "demo_meta", "export_checkpoint",
-           "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_totals", "train"]
+           "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals",
+           "train"]
 
 CHECKPOINT_NAME = "tabpfn-v3-demo.ckpt"
 STATE_NAME = "train_state.pt"
@@ -136,17 +137,23 @@ def stage_totals(state: dict[str, Any]) -> tuple[int, float]:
             state["elapsed_s"] + sum(s["elapsed_s"] for s in stages))
 
 
-def load_state(run: Path, flag: str) -> dict[str, Any]:
-    """``run/train_state.pt``, or a ValueError naming ``flag`` when the folder holds none."""
+def load_state(run: Path, fix: str) -> dict[str, Any]:
+    """``run/train_state.pt``, or a ValueError ending in ``fix`` when the folder holds none."""
     state_path = Path(run) / STATE_NAME
     if not state_path.exists():
-        raise ValueError(f"{state_path} does not exist; point {flag} at a pretrain-demo output folder")
+        raise ValueError(f"{state_path} does not exist; {fix}")
     return torch.load(state_path, map_location="cpu", weights_only=False)
+
+
+def stage_record(state: dict[str, Any]) -> dict[str, Any]:
+    """What a run state contributes to the stage history: steps, wall time, configuration, loss log."""
+    return {"steps": state["step"], "elapsed_s": state["elapsed_s"],
+            "train_config": state["train_config"], "loss_log": state["loss_log"]}
 
 
 def export_checkpoint(run: Path, dest: Path) -> Path:
     """Write the weights in ``run/train_state.pt`` as a standalone tabpfn checkpoint at ``dest`` (no optimiser)."""
-    state = load_state(run, "--run")
+    state = load_state(run, "point --run at a pretrain-demo output folder")
     cfg = _config_from_dict(dict(state["train_config"]))
     model = build_host(cfg.host, cfg.seed)
     model.load_state_dict(state["model"])
@@ -172,8 +179,7 @@ def _save_state(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, c
     tmp = out / (STATE_NAME + ".tmp")
     torch.save(state, tmp)
     tmp.replace(out / STATE_NAME)
-    save_tabpfn_checkpoint(model, cfg.host, out / CHECKPOINT_NAME,
-                           demo_meta(state))
+    save_tabpfn_checkpoint(model, cfg.host, out / CHECKPOINT_NAME, demo_meta(state))
     with open(out / LOSS_LOG_NAME, "w") as fh:
         fh.write("step,elapsed_s,lr,loss\n")
         fh.writelines(f"{s},{t:.1f},{lr:.3e},{loss:.5f}\n" for s, t, lr, loss in log)
@@ -187,14 +193,12 @@ def _config_from_dict(raw: dict[str, Any]) -> TrainConfig:
 
 def _earlier_stages(init_from: Path, cfg: TrainConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The stage records and final weights of the run at ``init_from``, checked against ``cfg.host``."""
-    prev = load_state(init_from, "--init-from")
+    prev = load_state(init_from, "point --init-from at a pretrain-demo output folder")
     prev_cfg = _config_from_dict(dict(prev["train_config"]))
     if prev_cfg.host != cfg.host:
         raise ValueError(f"--init-from {init_from} was trained with {prev_cfg.host}, this run asks for "
                          f"{cfg.host}; a new stage keeps the architecture")
-    record = {"run": str(init_from), "steps": prev["step"], "elapsed_s": prev["elapsed_s"],
-              "train_config": prev["train_config"], "loss_log": prev["loss_log"]}
-    return [*prev.get("stages", []), record], prev["model"]
+    return [*prev.get("stages", []), {"run": str(init_from), **stage_record(prev)}], prev["model"]
 
 
 def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path | None = None,
@@ -210,13 +214,10 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
     if resume and init_from is not None:
         raise ValueError("--resume continues this run and --init-from starts a new stage; give one of them")
     out.mkdir(parents=True, exist_ok=True)
-    state_path = out / STATE_NAME
     state = None
     stages: list[dict[str, Any]] = []
     if resume:
-        if not state_path.exists():
-            raise ValueError(f"--resume given but {state_path} does not exist; drop --resume to start fresh")
-        state = torch.load(state_path, map_location="cpu", weights_only=False)
+        state = load_state(out, "drop --resume to start fresh")
         stored = _config_from_dict(dict(state["train_config"]))
         cfg = dataclasses.replace(stored, budget_s=cfg.budget_s, max_steps=cfg.max_steps)
         stages = state.get("stages", [])

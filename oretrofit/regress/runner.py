@@ -14,6 +14,7 @@ on a Dask cluster; the driver writes each result as it arrives (see :mod:`.store
 
 from __future__ import annotations
 
+import functools
 import math
 import socket
 import sys
@@ -27,7 +28,6 @@ import joblib
 import numpy as np
 import torch
 
-from .._presence import observe_presence
 from .._presence_profile import PresenceProfile, presence_by_module
 from .._provenance import environment
 from .._registry import ARMS
@@ -126,9 +126,9 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
     regressor, applied = make_regressor(checkpoint, arm=cell.arm,
                                         **({} if cell.tau is None else {"tau": cell.tau}),
                                         seed=cell.seed, **model.regressor_kwargs())
-    profile = PresenceProfile()              # every presence the O sites compute in fit + predict
+    # Every presence the O sites compute in fit + predict, per module (base computes none).
     where = presence_by_module(applied.model) if applied is not None else nullcontext({})
-    with observe_presence(profile), where as by_module:
+    with where as by_module:
         fit_start = time.perf_counter()
         regressor.fit(X_train, y_train)
         predict_start = time.perf_counter()
@@ -141,7 +141,8 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
         "predict_s": end - predict_start, "wall_s": end - start,
         "cpu_s": time.process_time() - cpu_start,         # all threads of this process
         "sites_patched": len(applied.report()) if applied is not None else 0,
-        "presence": profile.summary(),
+        "presence": functools.reduce(PresenceProfile.merge, by_module.values(),
+                                     PresenceProfile()).summary(),
         "presence_by_module": {name: p.summary() for name, p in sorted(by_module.items())},
         "inference_precision": str(regressor.get_params().get("inference_precision")),
         "worker": socket.gethostname(), "torch_threads": torch.get_num_threads()}

@@ -138,5 +138,9 @@ def test_cli_errors_name_the_fix(tmp_path):
     result = CliRunner().invoke(app, ["pretrain-export", "--run", str(tmp_path), "--out",
                                       str(tmp_path / "tabpfn-v3-x.ckpt")])
     assert result.exit_code == 2 and "point --run at a pretrain-demo output folder" in result.output
+    result = CliRunner().invoke(app, ["pretrain-card", "--run", str(tmp_path), "--evaluation",
+                                      str(tmp_path / "eval.json"), "--out", str(tmp_path / "card.md"),
+                                      "--command", "x"])
+    assert result.exit_code == 2 and "point --run at a pretrain-demo output folder" in result.output
     result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--budget", "soon"])
     assert result.exit_code == 2 and "not a duration" in result.output

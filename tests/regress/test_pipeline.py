@@ -155,3 +155,33 @@ def _other_folder(env: dict, checkpoint: Path, tmp_path: Path) -> Path:
     run_matrix(Matrix(("openml:42",), (11,), ("base",)), ModelSettings(str(checkpoint)), out,
                protocol=PROTOCOL, openml_cache=env["cache"])
     return out
+
+
+
+def test_a_cells_presence_profile_is_every_presence_its_fit_and_predict_computed(env, monkeypatch):
+    import contextlib
+
+    import numpy as np
+
+    from oretrofit import PresenceProfile, observe_presence
+    from oretrofit.regress import runner
+    from oretrofit.regress.store import Cell
+
+    independent = PresenceProfile()
+    by_module = runner.presence_by_module
+
+    @contextlib.contextmanager
+    def also_observed(model):                            # an independent observer, same block
+        with by_module(model) as profiles, observe_presence(independent):
+            yield profiles
+
+    monkeypatch.setattr(runner, "presence_by_module", also_observed)
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 4)), rng.normal(size=40)
+    _, result = runner.run_cell(Cell("sklearn:diabetes", 11, "full-o", 1.0),
+                                (X[:30], y[:30], X[30:], y[30:]), str(env["checkpoint"]), env["model"])
+    want, got = independent.summary(), result["presence"]
+    assert independent.count > 0
+    # Histogram-derived fields are exact; the mean sums in another order (per module first).
+    assert {k: v for k, v in got.items() if k != "mean"} == {k: v for k, v in want.items() if k != "mean"}
+    assert got["mean"] == pytest.approx(want["mean"], rel=1e-12)
