@@ -23,20 +23,31 @@ def parse_budget(text: str) -> float:
     return hours * _UNITS["h"] + minutes * _UNITS["m"] + seconds
 
 
-def parse_prior_overrides(items: list[str]) -> Any:
-    """A PriorConfig with ``KEY=VALUE`` overrides, each value cast to the field's default type."""
-    from oretrofit.pretrain.prior import PriorConfig
-
-    defaults = PriorConfig()
+def parse_overrides(items: list[str], defaults: Any, flag: str) -> Any:
+    """``defaults`` (a frozen dataclass) with ``KEY=VALUE`` overrides, each value cast to the field's type."""
     changes: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not hasattr(defaults, key):
-            raise ValueError(f"--prior {item!r} is not KEY=VALUE with KEY one of "
-                             f"{', '.join(f.name for f in dataclasses.fields(PriorConfig))}")
+            raise ValueError(f"{flag} {item!r} is not KEY=VALUE with KEY one of "
+                             f"{', '.join(f.name for f in dataclasses.fields(defaults))}")
         kind = type(getattr(defaults, key))
         changes[key] = (tuple(float(v) for v in value.split(",")) if kind is tuple else kind(value))
     return dataclasses.replace(defaults, **changes)
+
+
+def parse_prior_overrides(items: list[str]) -> Any:
+    """A PriorConfig with ``--prior KEY=VALUE`` overrides."""
+    from oretrofit.pretrain.prior import PriorConfig
+
+    return parse_overrides(items, PriorConfig(), "--prior")
+
+
+def parse_host_overrides(items: list[str]) -> Any:
+    """A HostConfig (the v3 architecture's size) with ``--host KEY=VALUE`` overrides."""
+    from oretrofit.pretrain.train import HostConfig
+
+    return parse_overrides(items, HostConfig(), "--host")
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -60,6 +71,8 @@ def register(app: typer.Typer) -> None:
         lr: float = typer.Option(None, "--lr", help="Peak learning rate (default: TrainConfig's)"),
         batch_size: int = typer.Option(None, "--batch-size", help="Tasks per step (default: TrainConfig's)"),
         prior: list[str] = typer.Option([], "--prior", help="Prior override KEY=VALUE, e.g. max_rows=512 (repeatable)"),
+        host: list[str] = typer.Option([], "--host",
+                                       help="Architecture override KEY=VALUE, e.g. embed_dim=64 (repeatable)"),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
     ) -> None:
         """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior."""
@@ -68,7 +81,7 @@ def register(app: typer.Typer) -> None:
         overrides = {k: v for k, v in (("lr", lr), ("batch_size", batch_size)) if v is not None}
         try:
             cfg = TrainConfig(budget_s=parse_budget(budget), seed=seed, max_steps=max_steps,
-                              prior=parse_prior_overrides(prior), **overrides)
+                              prior=parse_prior_overrides(prior), host=parse_host_overrides(host), **overrides)
             summary = train(out, cfg, resume=resume, init_from=init_from)
         except ValueError as exc:
             raise _fail(exc) from exc

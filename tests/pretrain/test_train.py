@@ -8,7 +8,7 @@ import pytest
 import torch
 import typer
 
-from oretrofit.cli.pretrain import parse_budget, parse_prior_overrides
+from oretrofit.cli.pretrain import parse_budget, parse_host_overrides, parse_prior_overrides
 from oretrofit.pretrain.prior import PriorConfig
 from oretrofit.pretrain.train import (CHECKPOINT_NAME, STATE_NAME, HostConfig, TrainConfig, bar_nll,
                                       export_checkpoint, spline_borders, train)
@@ -111,6 +111,15 @@ def test_prior_overrides_are_typed_and_unknown_keys_are_refused():
         parse_prior_overrides(["max_rows"])
 
 
+def test_host_overrides_set_the_architecture_and_unknown_keys_are_refused():
+    host = parse_host_overrides(["embed_dim=64", "nlayers=2"])
+    assert host.embed_dim == 64 and isinstance(host.embed_dim, int) and host.nlayers == 2
+    assert host.num_buckets == HostConfig().num_buckets
+    assert host.tabpfn_config().embed_dim == 64
+    with pytest.raises(ValueError, match="--host 'emsize=64' is not KEY=VALUE with KEY one of embed_dim"):
+        parse_host_overrides(["emsize=64"])
+
+
 def test_resume_without_state_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="drop --resume"):
         train(tmp_path, TINY, resume=True, progress=False)
@@ -144,3 +153,22 @@ def test_cli_errors_name_the_fix(tmp_path):
     assert result.exit_code == 2 and "point --run at a pretrain-demo output folder" in result.output
     result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--budget", "soon"])
     assert result.exit_code == 2 and "not a duration" in result.output
+    result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--host", "emsize=8"])
+    assert result.exit_code == 2 and "--host 'emsize=8' is not KEY=VALUE" in result.output
+
+
+def test_cli_host_option_sets_the_trained_architecture(tmp_path):
+    from typer.testing import CliRunner
+
+    from oretrofit.cli.pretrain import register
+
+    app = typer.Typer()
+    register(app)
+    host_args = [a for k, v in dataclasses.asdict(TINY.host).items() for a in ("--host", f"{k}={v}")]
+    prior_args = [a for k in ("max_rows", "max_features") for a in ("--prior", f"{k}={getattr(TINY.prior, k)}")]
+    result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--max-steps", "1",
+                                      *host_args, *prior_args])
+    assert result.exit_code == 0, result.output
+    checkpoint = torch.load(tmp_path / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
+    assert checkpoint["config"]["embed_dim"] == TINY.host.embed_dim == 16
+    assert checkpoint["config"]["nlayers"] == TINY.host.nlayers
