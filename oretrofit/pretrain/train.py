@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .prior import PriorConfig, sample_batch
+from .prior import PriorConfig, TaskBatch, sample_batch
 
 __all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "demo_meta", "export_checkpoint",
            "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals",
-           "train"]
+           "train", "training_step"]
 
 CHECKPOINT_NAME = "tabpfn-v3-demo.ckpt"
 STATE_NAME = "train_state.pt"
@@ -201,6 +201,18 @@ def _earlier_stages(init_from: Path, cfg: TrainConfig) -> tuple[list[dict[str, A
     return [*prev.get("stages", []), {"run": str(init_from), **stage_record(prev)}], prev["model"]
 
 
+def training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: TaskBatch,
+                  borders: torch.Tensor, grad_clip: float) -> float:
+    """One optimiser step on a prior batch: bar NLL of the test rows given the train rows; returns the loss."""
+    logits = model(batch.x, batch.y[: batch.n_train])                            # (R_test, B, K)
+    loss = bar_nll(logits, batch.y[batch.n_train:], borders)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    return loss.item()
+
+
 def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path | None = None,
           progress: bool = True) -> dict[str, Any]:
     """Prior-fit the host until ``cfg.budget_s`` of wall-clock (or ``max_steps``) is spent; return a summary.
@@ -246,15 +258,9 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
         lr = _lr(cfg, step, elapsed)
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = sample_batch(rng, cfg.batch_size, cfg.prior)
-        logits = model(batch.x, batch.y[: batch.n_train])                        # (R_test, B, K)
-        loss = bar_nll(logits, batch.y[batch.n_train:], borders)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
+        window.append(training_step(model, opt, sample_batch(rng, cfg.batch_size, cfg.prior),
+                                    borders, cfg.grad_clip))
         step += 1
-        window.append(loss.item())
         if step % cfg.log_every == 0:
             log.append((step, elapsed, lr, float(np.mean(window))))
             window.clear()

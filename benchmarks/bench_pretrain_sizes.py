@@ -1,0 +1,73 @@
+"""Demo-host training throughput by architecture size: the measurement behind the shipped size.
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_pretrain_sizes.py [--steps 10] [--warmup 2]
+                                                               [--out results/bench_pretrain_sizes.json]
+
+For each candidate (``embed_dim``, tasks per step) the v3 demo architecture is built from the
+same ``HostConfig`` as ``oretrofit pretrain-demo`` (other fields at their defaults), and
+``oretrofit.pretrain.train.training_step`` runs on batches of the prior the shipped host was
+trained on (``max_rows=512``, ``noise_max=3``), seeded alike for every candidate. After
+``--warmup`` untimed steps, ``--steps`` timed steps give steps/s and prior tasks/s; the table
+gives both and tasks/s as a ratio to the first candidate (the earlier 0.5M-parameter host),
+measured in the same run. Prints a Markdown table and writes a JSON receipt with provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from oretrofit._markdown import pipe_table
+from oretrofit._provenance import environment, write_json_atomic
+from oretrofit.pretrain.prior import PriorConfig, sample_batch
+from oretrofit.pretrain.train import HostConfig, TrainConfig, build_host, spline_borders, training_step
+
+CANDIDATES = ((32, 4), (48, 8), (64, 8))          # (embed_dim, tasks per step)
+PRIOR = PriorConfig(max_rows=512, noise_max=3.0)
+SEED = 0
+
+
+def throughput(embed_dim: int, batch_size: int, steps: int, warmup: int) -> dict[str, float]:
+    """Parameters, steps/s and tasks/s of ``training_step`` for one size."""
+    cfg = TrainConfig(batch_size=batch_size, host=HostConfig(embed_dim=embed_dim), prior=PRIOR)
+    model = build_host(cfg.host, SEED)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    borders, rng = spline_borders(cfg.host.num_buckets), np.random.default_rng(SEED)
+    batches = [sample_batch(rng, batch_size, PRIOR) for _ in range(warmup + steps)]
+    for batch in batches[:warmup]:
+        training_step(model, opt, batch, borders, cfg.grad_clip)
+    start = time.perf_counter()
+    for batch in batches[warmup:]:
+        training_step(model, opt, batch, borders, cfg.grad_clip)
+    seconds = (time.perf_counter() - start) / steps
+    return {"embed_dim": embed_dim, "batch_size": batch_size,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "steps_per_s": 1.0 / seconds, "tasks_per_s": batch_size / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("results/bench_pretrain_sizes.json"))
+    args = parser.parse_args()
+    rows = [throughput(e, b, args.steps, args.warmup) for e, b in CANDIDATES]
+    base = rows[0]["tasks_per_s"]
+    table = pipe_table(
+        ["embed_dim", "tasks/step", "parameters", "steps/s", "tasks/s", "tasks/s vs first"],
+        [[r["embed_dim"], r["batch_size"], f"{r['parameters']:,}", f"{r['steps_per_s']:.2f}",
+          f"{r['tasks_per_s']:.1f}", f"{r['tasks_per_s'] / base:.2f}×"] for r in rows])
+    print(table)
+    write_json_atomic(args.out, {"schema_version": 1, "kind": "oretrofit.bench.pretrain_sizes",
+                                 "prior": dataclasses.asdict(PRIOR), "seed": SEED,
+                                 "steps": args.steps, "warmup": args.warmup, "rows": rows,
+                                 "markdown": table, "environment": environment()})
+
+
+if __name__ == "__main__":
+    main()
