@@ -32,7 +32,11 @@ def parse_overrides(items: list[str], defaults: Any, flag: str) -> Any:
             raise ValueError(f"{flag} {item!r} is not KEY=VALUE with KEY one of "
                              f"{', '.join(f.name for f in dataclasses.fields(defaults))}")
         kind = type(getattr(defaults, key))
-        changes[key] = (tuple(float(v) for v in value.split(",")) if kind is tuple else kind(value))
+        try:
+            changes[key] = (tuple(float(v) for v in value.split(",")) if kind is tuple else kind(value))
+        except ValueError:
+            raise ValueError(f"{flag} {item!r}: {key} takes {kind.__name__} values "
+                             f"(default {getattr(defaults, key)!r})") from None
     return dataclasses.replace(defaults, **changes)
 
 

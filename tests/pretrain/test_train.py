@@ -118,6 +118,10 @@ def test_host_overrides_set_the_architecture_and_unknown_keys_are_refused():
     assert host.tabpfn_config().embed_dim == 64
     with pytest.raises(ValueError, match="--host 'emsize=64' is not KEY=VALUE with KEY one of embed_dim"):
         parse_host_overrides(["emsize=64"])
+    with pytest.raises(ValueError, match=r"--host 'embed_dim=wide': embed_dim takes int values \(default 32\)"):
+        parse_host_overrides(["embed_dim=wide"])
+    with pytest.raises(ValueError, match="--prior 'noise_max=lots': noise_max takes float values"):
+        parse_prior_overrides(["noise_max=lots"])
 
 
 def test_resume_without_state_is_a_clear_error(tmp_path):
