@@ -1,15 +1,16 @@
-"""Demo-host training throughput by architecture size: the measurement behind the shipped size.
+"""Demo-host training throughput by architecture size: the measurement behind the sizes tried.
 
     OMP_NUM_THREADS=2 python benchmarks/bench_pretrain_sizes.py [--steps 10] [--warmup 2]
                                                                [--out results/bench_pretrain_sizes.json]
 
 For each candidate (``embed_dim``, tasks per step) the v3 demo architecture is built from the
 same ``HostConfig`` as ``oretrofit pretrain-demo`` (other fields at their defaults), and
-``oretrofit.pretrain.train.training_step`` runs on batches of the prior the shipped host was
-trained on (``max_rows=512``, ``noise_max=3``), seeded alike for every candidate. After
-``--warmup`` untimed steps, ``--steps`` timed steps give steps/s and prior tasks/s; the table
-gives both and tasks/s as a ratio to the first candidate (the earlier 0.5M-parameter host),
-measured in the same run. Prints a Markdown table and writes a JSON receipt with provenance.
+``oretrofit.pretrain.train.training_step`` runs with ``build_optimizer``'s optimiser on batches
+of the prior the shipped host's last stage used (``max_rows=512``, ``noise_max=3``), seeded
+alike for every candidate. After ``--warmup`` untimed steps, ``--steps`` timed steps give
+steps/s and prior tasks/s; the table gives both and tasks/s as a ratio to the first candidate
+(the shipped 0.5M-parameter host's size), measured in the same run. Prints a Markdown table
+and writes a JSON receipt with provenance.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from oretrofit._markdown import pipe_table
 from oretrofit._provenance import environment, write_json_atomic
 from oretrofit.pretrain.prior import PriorConfig, sample_batch
-from oretrofit.pretrain.train import HostConfig, TrainConfig, build_host, spline_borders, training_step
+from oretrofit.pretrain.train import (HostConfig, TrainConfig, build_host, build_optimizer, spline_borders,
+                                      training_step)
 
 CANDIDATES = ((32, 4), (48, 8), (64, 8))          # (embed_dim, tasks per step)
 PRIOR = PriorConfig(max_rows=512, noise_max=3.0)
@@ -36,7 +37,7 @@ def throughput(embed_dim: int, batch_size: int, steps: int, warmup: int) -> dict
     """Parameters, steps/s and tasks/s of ``training_step`` for one size."""
     cfg = TrainConfig(batch_size=batch_size, host=HostConfig(embed_dim=embed_dim), prior=PRIOR)
     model = build_host(cfg.host, SEED)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = build_optimizer(model, cfg)
     borders, rng = spline_borders(cfg.host.num_buckets), np.random.default_rng(SEED)
     batches = [sample_batch(rng, batch_size, PRIOR) for _ in range(warmup + steps)]
     for batch in batches[:warmup]:

@@ -32,8 +32,8 @@ import torch
 
 from .prior import PriorConfig, TaskBatch, sample_batch
 
-__all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "demo_meta", "export_checkpoint",
-           "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals",
+__all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "build_optimizer", "demo_meta",
+           "export_checkpoint", "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals",
            "train", "training_step"]
 
 CHECKPOINT_NAME = "tabpfn-v3-demo.ckpt"
@@ -201,6 +201,11 @@ def _earlier_stages(init_from: Path, cfg: TrainConfig) -> tuple[list[dict[str, A
     return [*prev.get("stages", []), {"run": str(init_from), **stage_record(prev)}], prev["model"]
 
 
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The run's optimiser: AdamW at ``cfg.lr`` (the loop sets each step's rate) and ``cfg.weight_decay``."""
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
 def training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: TaskBatch,
                   borders: torch.Tensor, grad_clip: float) -> float:
     """One optimiser step on a prior batch: bar NLL of the test rows given the train rows; returns the loss."""
@@ -237,7 +242,7 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
     if init_from is not None:
         stages, weights = _earlier_stages(Path(init_from), cfg)
         model.load_state_dict(weights)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = build_optimizer(model, cfg)
     rng = np.random.default_rng(cfg.seed)
     step, elapsed0, log = 0, 0.0, []
     if state is not None:

@@ -77,7 +77,7 @@ def _presence_means(cells: Sequence[Mapping[str, Any]]) -> dict[str, float | Non
         for name, profile in (cell.get("presence_by_module") or {}).items():
             if profile["count"]:
                 per_module[name].append(profile["below_half"])
-    fractions = {name: float(np.mean(values)) for name, values in per_module.items()}
+    fractions = {name: _mean(values) for name, values in per_module.items()}
     most = max(fractions, key=fractions.__getitem__) if any(fractions.values()) else None
     return {"presence_p50": _mean([p["quantiles"]["0.5"] for p in seen]),
             "presence_below_half": _mean([p["below_half"] for p in seen]),
