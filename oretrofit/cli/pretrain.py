@@ -120,6 +120,8 @@ def register(app: typer.Typer) -> None:
         datasets: str = typer.Option("", "--datasets", help="Comma-separated dataset names (default: all four)"),
         reuse_baselines: Path = typer.Option(None, "--reuse-baselines",
                                              help="Earlier receipt whose baseline rows to reuse (same data)"),
+        max_train_rows: int = typer.Option(None, "--max-train-rows",
+                                            help="Keep only each split's first N train rows (learning curves)"),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
     ) -> None:
         """R² of the host vs ridge, kNN-10, random forest and a GP on the same splits."""
@@ -129,7 +131,11 @@ def register(app: typer.Typer) -> None:
         hosts = {"tabpfn_v3_demo": checkpoint} if checkpoint is not None else {}
         if random_reference and checkpoint is not None:
             hosts["tabpfn_v3_random"] = random_reference_host(checkpoint)
-        receipt = evaluate(hosts, names, n_seeds=seeds, receipt_path=out, reuse_baselines=reuse_baselines)
+        try:
+            receipt = evaluate(hosts, names, n_seeds=seeds, receipt_path=out, reuse_baselines=reuse_baselines,
+                               max_train_rows=max_train_rows)
+        except ValueError as exc:
+            raise _fail(exc) from exc
         if json_out:
             print(json.dumps(receipt, default=str))
         else:

@@ -1,7 +1,8 @@
 """Held-out R² of a TabPFN v3 checkpoint against classical regressors on the same 70/30 splits.
 
 For each dataset and split seed s, ``train_test_split(test_size=0.3, random_state=s)`` makes
-one split; every model is fitted on its train rows and scored by
+one split (with ``max_train_rows``, only the split's first that many train rows are kept, for
+a learning curve); every model is fitted on its train rows and scored by
 
     R² = 1 − Σ (y − ŷ)² / Σ (y − ȳ_test)²
 
@@ -92,12 +93,14 @@ def _impute(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return np.where(np.isnan(train), mean, train), np.where(np.isnan(test), mean, test)
 
 
-def _reusable_baselines(previous: Path | None, data_receipts: dict[str, Any]) -> dict[tuple, dict]:
-    """Baseline rows of an earlier receipt, keyed (dataset, seed, model), for datasets whose checksum matches."""
+def _reusable_baselines(previous: Path | None, data_receipts: dict[str, Any],
+                        max_train_rows: int | None) -> dict[tuple, dict]:
+    """Baseline rows of an earlier receipt, keyed (dataset, seed, model), for datasets whose checksum
+    matches, when that receipt used the same split and train-row cap."""
     if previous is None:
         return {}
     old = json.loads(Path(previous).read_text())
-    if old.get("test_fraction") != TEST_FRACTION:
+    if old.get("test_fraction") != TEST_FRACTION or old.get("max_train_rows") != max_train_rows:
         return {}
     same = {spec for spec, info in old["datasets"].items()
             if spec in data_receipts and info["sha256"] == data_receipts[spec]["sha256"]}
@@ -107,13 +110,17 @@ def _reusable_baselines(previous: Path | None, data_receipts: dict[str, Any]) ->
 
 def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
              receipt_path: Path | None = None, reuse_baselines: Path | None = None,
+             max_train_rows: int | None = None,
              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> dict[str, Any]:
     """R² per (dataset, seed, model) for every host checkpoint and baseline; write the receipt if asked.
 
     Baselines do not depend on the host: with ``reuse_baselines`` (an earlier receipt) their
     rows are copied for every dataset whose checksum matches instead of being refitted, and
-    the receipt names the source receipt and its sha256.
+    the receipt names the source receipt and its sha256. ``max_train_rows`` caps every
+    split's train rows (its first rows; the test rows are unchanged).
     """
+    if max_train_rows is not None and max_train_rows < 2:
+        raise ValueError(f"max_train_rows must be at least 2, got {max_train_rows}")
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.model_selection import train_test_split
 
@@ -122,12 +129,13 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
 
     loaded = {spec: load_dataset(spec) for spec in datasets}
     data_receipts = {spec: data.receipt() for spec, data in loaded.items()}
-    reused = _reusable_baselines(reuse_baselines, data_receipts)
+    reused = _reusable_baselines(reuse_baselines, data_receipts, max_train_rows)
     rows = []
     for spec, data in loaded.items():
         for seed in range(n_seeds):
             X_tr, X_te, y_tr, y_te = train_test_split(data.X, data.y, test_size=TEST_FRACTION,
                                                       random_state=seed)
+            X_tr, y_tr = X_tr[:max_train_rows], y_tr[:max_train_rows]          # None keeps all
             models = {name: (lambda p=path: _host(p, seed)) for name, path in hosts.items()}
             models.update({name: (lambda n=name: _baseline(n, seed, data.X.shape[1]))
                            for name in BASELINES})
@@ -144,7 +152,7 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
                              "seconds": time.perf_counter() - start})
                 log(f"{spec} seed {seed} {name}: R² {rows[-1]['r2']:.3f}")
     receipt = {"schema_version": 1, "kind": "oretrofit.pretrain.evaluation",
-               "test_fraction": TEST_FRACTION, "n_seeds": n_seeds,
+               "test_fraction": TEST_FRACTION, "max_train_rows": max_train_rows, "n_seeds": n_seeds,
                "hosts": {name: {"path": str(path), "sha256": sha256_file(path)}
                          for name, path in hosts.items()},
                "baselines": list(BASELINES),
@@ -175,5 +183,7 @@ def markdown_table(receipt: dict[str, Any]) -> str:
     models = list(next(iter(summary.values())))
     rows = [[dataset, *(f"{by_model[m]['mean']:.3f} ± {by_model[m]['sd']:.3f}" for m in models)]
             for dataset, by_model in summary.items()]
+    cap = receipt.get("max_train_rows")
     return (pipe_table(["dataset", *models], rows)
-            + f"\n\nR² on 70/30 splits, mean ± sd over {receipt['n_seeds']} split seeds.")
+            + f"\n\nR² on 70/30 splits{f' (train rows capped at {cap})' if cap else ''}, "
+            f"mean ± sd over {receipt['n_seeds']} split seeds.")

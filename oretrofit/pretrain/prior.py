@@ -1,15 +1,25 @@
 """A seeded synthetic regression prior for prior-fitting the demo TabPFN v3 host.
 
 Each task draws correlated latent Gaussians, gives every column its own marginal, and
-builds a target ``f(X)`` as a random mixture of three function families:
+builds a target ``f(X)`` as a random mixture of three (or four) function families:
 
 * a random MLP          f(x) = W_L σ(... σ(W_1 x_S + b_1) ...)      on a feature subset S,
 * random Fourier feats  f(x) = Σ_j a_j cos(w_j·x + c_j),  w_j ~ N(0, diag(1/ℓ²)),
                         ℓ_i log-uniform (ARD: a large ℓ_i makes feature i irrelevant),
 * sparse linear + interactions  f(x) = Σ_{i∈S} β_i x_i + Σ_{(i,k)} γ_ik x_i x_k,
+* (optional 4th weight) random oblivious trees  f(x) = Σ_t c_t[Σ_l 2^l·1(x_{k_tl} > θ_tl)],
+                        axis-aligned steps and interactions, thresholds at data points,
 
 then ``y = f/sd(f) + σ ε`` with σ log-uniform. X and y are standardised with the
 train rows' mean and standard deviation, as TabPFN sees them at inference.
+
+Two options model how real columns relate to their causes; both are off by default, giving
+the distribution the shipped demo host was trained on:
+
+* ``zero_inflated``: the chance a column is censored, x = max(0, z − θ) (a mass at zero and a
+  skewed tail, like an optional ingredient's amount);
+* ``latent_inputs``: the chance that f reads a column's latent Gaussian z_i rather than the
+  observed x_i, so the target depends on, e.g., the log of a log-normal column.
 """
 
 from __future__ import annotations
@@ -41,7 +51,19 @@ class PriorConfig:
     fourier_features: int = 96
     length_scale_min: float = 0.3   # ARD length-scales, log-uniform, in latent sd units
     length_scale_max: float = 20.0
-    family_weights: tuple[float, float, float] = (0.4, 0.35, 0.25)  # mlp, fourier, linear
+    family_weights: tuple[float, ...] = (0.4, 0.35, 0.25)  # mlp, fourier, linear[, trees]
+    tree_max_count: int = 8
+    tree_max_depth: int = 4
+    zero_inflated: float = 0.0     # chance a column is censored at a random threshold
+    latent_inputs: float = 0.0     # chance f reads a column's latent z instead of its observed x
+
+    def __post_init__(self) -> None:
+        if len(self.family_weights) not in (3, 4) or min(self.family_weights) < 0 or not any(self.family_weights):
+            raise ValueError(f"family_weights {self.family_weights} must be 3 or 4 non-negative weights "
+                             "(mlp, fourier, linear[, trees]), not all zero")
+        for name in ("zero_inflated", "latent_inputs"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} is a probability in [0, 1], got {getattr(self, name)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +79,15 @@ _ACTIVATIONS = (np.tanh, lambda z: np.maximum(z, 0.0), np.sin, lambda z: z / (1.
                 lambda z: np.exp(-z * z))
 
 
-def _marginals(z: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Give each latent Gaussian column a marginal: normal, uniform, skewed, heavy-tailed, discrete, binary."""
+def _marginals(z: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndarray:
+    """Give each latent Gaussian column a marginal: normal, uniform, skewed, heavy-tailed, discrete,
+    binary, or (with chance ``cfg.zero_inflated``) censored at zero."""
     x = np.empty_like(z)
     for i in range(z.shape[1]):
         col = z[:, i]
+        if cfg.zero_inflated and rng.random() < cfg.zero_inflated:
+            x[:, i] = np.maximum(0.0, col - rng.normal(scale=0.7))
+            continue
         kind = rng.integers(6)
         if kind == 0:
             x[:, i] = col
@@ -103,12 +129,24 @@ def _fourier(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.nd
     return np.cos(x @ w + phase) @ rng.normal(size=cfg.fourier_features)
 
 
-def _sparse_linear(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def _sparse_linear(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndarray:
+    del cfg  # the families share one signature
     n_features = x.shape[1]
     f = x @ (rng.normal(size=n_features) * (rng.random(n_features) < rng.uniform(0.3, 1.0)))
     for _ in range(int(rng.integers(0, 4))):
         i, k = rng.integers(n_features, size=2)
         f = f + rng.normal() * x[:, i] * x[:, k]
+    return f
+
+
+def _trees(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndarray:
+    f = np.zeros(x.shape[0])
+    for _ in range(int(rng.integers(1, cfg.tree_max_count + 1))):
+        depth = int(rng.integers(1, cfg.tree_max_depth + 1))
+        split = rng.integers(x.shape[1], size=depth)                             # (depth,) feature per level
+        threshold = x[rng.integers(x.shape[0], size=depth), split]               # a data value per level
+        leaf = (x[:, split] > threshold) @ (2 ** np.arange(depth))               # (n_rows,) leaf index
+        f = f + rng.normal(size=2 ** depth)[leaf]
     return f
 
 
@@ -118,18 +156,22 @@ def sample_task(rng: np.random.Generator, n_rows: int, n_features: int, n_train:
     mixing = rng.normal(size=(n_features, n_features)) * rng.uniform(0.0, 1.0)
     z = rng.normal(size=(n_rows, n_features)) @ (np.eye(n_features) + mixing)
     z = _standardise(z, n_train)
-    x = _standardise(_marginals(z, rng), n_train)
+    x = _standardise(_marginals(z, cfg, rng), n_train)
+    inputs = x
+    if cfg.latent_inputs:
+        inputs = np.where(rng.random(n_features) < cfg.latent_inputs, z, x)
     relevant = rng.random(n_features) < rng.uniform(0.5, 1.0)
     relevant[rng.integers(n_features)] = True
-    xs = x[:, relevant]
+    xs = inputs[:, relevant]
     f = np.zeros(n_rows)
-    families = rng.random(3) < np.asarray(cfg.family_weights)
+    weights = np.asarray(cfg.family_weights)
+    families = rng.random(len(weights)) < weights
     if not families.any():
-        families[rng.choice(3, p=np.asarray(cfg.family_weights) / sum(cfg.family_weights))] = True
+        families[rng.choice(len(weights), p=weights / weights.sum())] = True
     for family, on in enumerate(families):
         if not on:
             continue
-        part = (_mlp(xs, cfg, rng), _fourier(xs, cfg, rng), _sparse_linear(xs, rng))[family]
+        part = (_mlp, _fourier, _sparse_linear, _trees)[family](xs, cfg, rng)
         part = _standardise(part[:, None], n_train)[:, 0]
         f = f + rng.uniform(0.3, 1.0) * part
     f = _standardise(f[:, None], n_train)[:, 0]

@@ -49,3 +49,40 @@ def test_noise_level_bounds_signal_fraction():
         x2, y2 = sample_task(np.random.default_rng(7), 400, 3, 300, quiet)
         corr = np.corrcoef(y1, y2)[0, 1]
         assert np.array_equal(x1, x2) and lo <= abs(corr) <= hi
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_zero_inflated_columns_have_a_mass_at_their_minimum(seed):
+    x, _ = sample_task(np.random.default_rng(seed), 300, 4, 200, dataclasses.replace(CFG, zero_inflated=1.0))
+    for column in x.T:  # max(0, z − θ), standardised: every censored row sits at the column's minimum
+        assert np.sum(np.isclose(column, column.min(), rtol=0, atol=1e-9)) >= 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_latent_inputs_change_the_target_not_the_columns(seed):
+    skewed = dataclasses.replace(CFG, family_weights=(0.0, 0.0, 1.0))
+    x_obs, y_obs = sample_task(np.random.default_rng(seed), 100, 3, 70, skewed)
+    x_lat, y_lat = sample_task(np.random.default_rng(seed), 100, 3, 70,
+                               dataclasses.replace(skewed, latent_inputs=1.0))
+    assert np.array_equal(x_obs, x_lat) and not np.allclose(y_obs, y_lat)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_family_is_piecewise_constant(seed):
+    # One tree of depth ≤ 2 and no noise to speak of: at most 4 target values.
+    trees = dataclasses.replace(CFG, family_weights=(0.0, 0.0, 0.0, 1.0), tree_max_count=1,
+                                tree_max_depth=2, noise_min=1e-9, noise_max=1e-9)
+    _, y = sample_task(np.random.default_rng(seed), 200, 3, 150, trees)
+    assert 1 <= len(np.unique(np.round(y, 6))) <= 4
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"family_weights": (0.5, 0.5)}, "3 or 4 non-negative weights"),
+    ({"family_weights": (0.0, 0.0, 0.0)}, "not all zero"),
+    ({"family_weights": (1.0, -0.1, 0.2)}, "non-negative"),
+    ({"zero_inflated": 1.5}, "zero_inflated is a probability"),
+    ({"latent_inputs": -0.1}, "latent_inputs is a probability"),
+])
+def test_invalid_prior_options_are_refused(change, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(CFG, **change)
