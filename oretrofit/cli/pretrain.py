@@ -160,6 +160,27 @@ def register(app: typer.Typer) -> None:
             raise _fail(exc) from exc
         print(str(path))
 
+    @app.command("pretrain-compare")
+    def pretrain_compare(
+        receipt: list[str] = typer.Option(..., "--receipt",
+                                          help="LABEL=PATH of a pretrain-eval receipt with a host (repeatable)"),
+    ) -> None:
+        """Host R² per dataset, its mean and the issue's targets met, one row per evaluated run."""
+        from oretrofit.pretrain.card import compare_runs
+
+        try:
+            receipts = {}
+            for item in receipt:
+                label, sep, path = item.partition("=")
+                if not sep or not label:
+                    raise ValueError(f"--receipt {item!r} is not LABEL=PATH")
+                if not Path(path).is_file():
+                    raise ValueError(f"--receipt {item!r}: {path} does not exist; give a pretrain-eval receipt")
+                receipts[label] = json.loads(Path(path).read_text())
+            print(compare_runs(receipts))
+        except ValueError as exc:
+            raise _fail(exc) from exc
+
 
 if __name__ == "__main__":
     _app = typer.Typer(add_completion=False)

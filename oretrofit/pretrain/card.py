@@ -15,7 +15,7 @@ from . import prior as prior_module
 from .evaluate import markdown_table
 from .train import CHECKPOINT_NAME, load_state, stage_record, stage_totals
 
-__all__ = ["TARGETS", "plot_loss", "targets_met", "write_card"]
+__all__ = ["TARGETS", "compare_runs", "plot_loss", "targets_met", "write_card"]
 
 # The issue's targets for a <= 2 h CPU budget: (dataset, the baselines the host must match or beat).
 TARGETS = (("sklearn:diabetes", ("ridge", "gp_rbf_white")),
@@ -76,6 +76,36 @@ def targets_met(receipt: dict[str, Any], host: str = HOST_NAME) -> list[dict[str
             checks.append({"dataset": dataset, "baseline": baseline, "host_r2": ours,
                            "baseline_r2": theirs, "met": ours >= theirs})
     return checks
+
+
+def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
+    """One row per labelled receipt: the host's mean R² per dataset, their mean, targets met.
+
+    The receipts must score the same data on the same splits (dataset checksums, test
+    fraction, train-row cap and split seeds), or the rows would not be comparable.
+    """
+    if not receipts:
+        raise ValueError("give at least one LABEL=RECEIPT to compare")
+    first = next(iter(receipts.values()))
+    split = ("test_fraction", "max_train_rows", "n_seeds")
+
+    def data(r: dict[str, Any]) -> tuple:
+        return (*(r.get(k) for k in split), {d: info["sha256"] for d, info in r["datasets"].items()})
+
+    for label, receipt in receipts.items():
+        if HOST_NAME not in receipt["hosts"]:
+            raise ValueError(f"receipt {label!r} scores no {HOST_NAME}; it holds baselines only")
+        if data(receipt) != data(first):
+            raise ValueError(f"receipt {label!r} scores other data or splits than the first; compare "
+                             f"receipts of the same pretrain-eval datasets, --seeds and --max-train-rows")
+    datasets = list(first["summary"])
+    rows = []
+    for label, receipt in receipts.items():
+        r2 = [receipt["summary"][d][HOST_NAME]["mean"] for d in datasets]
+        checks = targets_met(receipt)
+        rows.append([label, f"`{receipt['hosts'][HOST_NAME]['sha256'][:12]}`", *(f"{v:.3f}" for v in r2),
+                     f"{sum(r2) / len(r2):.3f}", f"{sum(c['met'] for c in checks)}/{len(checks)}"])
+    return pipe_table(["run", "checkpoint", *datasets, "mean", "targets met"], rows)
 
 
 def _table(rows: dict[str, Any]) -> str:

@@ -3,7 +3,10 @@
 import dataclasses
 import json
 
-from oretrofit.pretrain.card import HOST_NAME, targets_met, write_card
+import pytest
+import typer
+
+from oretrofit.pretrain.card import HOST_NAME, compare_runs, targets_met, write_card
 from oretrofit.pretrain.evaluate import BASELINES, _summary, markdown_table
 from oretrofit.pretrain.train import CHECKPOINT_NAME, train
 
@@ -55,3 +58,55 @@ def test_card_of_a_second_stage_reports_totals_and_each_stage(tmp_path):
     assert "3 steps in" in text and "over 2 stage(s)" in text
     assert "| 1 | 2 |" in text and "| 2 | 1 |" in text and "`noise_max` 1.0 → 3.0" in text
     assert "| `noise_max` | 3.0 |" in text
+
+
+def _run_receipt(host_r2, sha="ab", cap=None):
+    receipt = _receipt("host.ckpt")
+    for row in receipt["results"]:
+        if row["model"] == HOST_NAME:
+            row["r2"] = host_r2[row["dataset"]] + 0.01 * row["seed"]
+    receipt["summary"] = _summary(receipt["results"])
+    receipt["hosts"][HOST_NAME]["sha256"] = sha * 32
+    receipt.update(test_fraction=0.3, max_train_rows=cap,
+                   datasets={d: {"sha256": d[:4] * 16} for d in R2})
+    return receipt
+
+
+def test_runs_are_compared_by_host_r2_and_targets_met():
+    a = _run_receipt({"sklearn:diabetes": 0.50, "sklearn:friedman1": 0.70}, sha="aa")
+    b = _run_receipt({"sklearn:diabetes": 0.40, "sklearn:friedman1": 0.80}, sha="bb")
+    lines = compare_runs({"a": a, "b": b}).splitlines()
+    assert lines[0] == "| run | checkpoint | sklearn:diabetes | sklearn:friedman1 | mean | targets met |"
+    # seeds 0 and 1 add 0 and 0.01: means 0.505/0.705 and 0.405/0.805; baselines ridge 0.445, gp 0.465, rf 0.775
+    assert lines[2] == "| a | `aaaaaaaaaaaa` | 0.505 | 0.705 | 0.605 | 2/3 |"
+    assert lines[3] == "| b | `bbbbbbbbbbbb` | 0.405 | 0.805 | 0.605 | 1/3 |"
+
+
+def test_runs_scored_on_other_data_or_without_a_host_are_refused():
+    a = _run_receipt({"sklearn:diabetes": 0.5, "sklearn:friedman1": 0.7})
+    capped = _run_receipt({"sklearn:diabetes": 0.5, "sklearn:friedman1": 0.7}, cap=100)
+    with pytest.raises(ValueError, match="other data or splits"):
+        compare_runs({"a": a, "capped": capped})
+    baselines_only = json.loads(json.dumps(a))
+    del baselines_only["hosts"][HOST_NAME]
+    with pytest.raises(ValueError, match="scores no tabpfn_v3_demo"):
+        compare_runs({"a": a, "baselines": baselines_only})
+    with pytest.raises(ValueError, match="at least one"):
+        compare_runs({})
+
+
+def test_compare_cli_reads_labelled_receipts_and_names_a_missing_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from oretrofit.cli.pretrain import register
+
+    app = typer.Typer()
+    register(app)
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(_run_receipt({"sklearn:diabetes": 0.5, "sklearn:friedman1": 0.7})))
+    ok = CliRunner().invoke(app, ["pretrain-compare", "--receipt", f"first={path}"])
+    assert ok.exit_code == 0 and "| first |" in ok.output
+    missing = CliRunner().invoke(app, ["pretrain-compare", "--receipt", f"gone={tmp_path / 'no.json'}"])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    bad = CliRunner().invoke(app, ["pretrain-compare", "--receipt", str(path)])
+    assert bad.exit_code == 2 and "is not LABEL=PATH" in bad.output
