@@ -54,6 +54,12 @@ def parse_host_overrides(items: list[str]) -> Any:
     return parse_overrides(items, HostConfig(), "--host")
 
 
+def _presets() -> list[str]:
+    from oretrofit.pretrain.inference import PRESETS
+
+    return list(PRESETS)
+
+
 def _fail(exc: Exception) -> typer.Exit:
     """Print ``exc`` as one error line on stderr; exit status 2."""
     print(f"error: {exc}", file=sys.stderr)
@@ -100,12 +106,14 @@ def register(app: typer.Typer) -> None:
     def pretrain_export(
         run: Path = typer.Option(..., "--run", help="A pretrain-demo output folder"),
         out: Path = typer.Option(..., "--out", help="Checkpoint to write; the name must contain v3"),
+        inference: str = typer.Option("v2.5", "--inference",
+                                      help="Inference preset the checkpoint carries (see pretrain-eval --help)"),
     ) -> None:
         """Write a run's weights as a standalone tabpfn-format checkpoint (no optimiser state)."""
         from oretrofit.pretrain.train import export_checkpoint
 
         try:
-            print(str(export_checkpoint(run, out)))
+            print(str(export_checkpoint(run, out, inference)))
         except ValueError as exc:
             raise _fail(exc) from exc
 
@@ -117,7 +125,12 @@ def register(app: typer.Typer) -> None:
                                               help="Also score the random-weight host of the same size"),
         out: Path = typer.Option(..., "--out", help="Evaluation receipt JSON to write"),
         seeds: int = typer.Option(3, "--seeds", help="Number of 70/30 split seeds"),
-        datasets: str = typer.Option("", "--datasets", help="Comma-separated dataset names (default: all four)"),
+        datasets: str = typer.Option("evaluation", "--datasets",
+                                     help="A suite (evaluation: the issue's four; validation: the tables "
+                                          "choices are made on) or comma-separated dataset specs"),
+        inference: str = typer.Option(None, "--inference",
+                                      help="Run the hosts with this inference preset instead of the "
+                                           "checkpoint's own: " + ", ".join(_presets())),
         reuse_baselines: Path = typer.Option(None, "--reuse-baselines",
                                              help="Earlier receipt whose baseline rows to reuse (same data)"),
         max_train_rows: int = typer.Option(None, "--max-train-rows",
@@ -125,15 +138,15 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
     ) -> None:
         """R² of the host vs ridge, kNN-10, random forest and a GP on the same splits."""
-        from oretrofit.pretrain.evaluate import DATASETS, evaluate, markdown_table, random_reference_host
+        from oretrofit.pretrain.evaluate import SUITES, evaluate, markdown_table, random_reference_host
 
-        names = [d for d in datasets.split(",") if d] or list(DATASETS)
+        names = list(SUITES.get(datasets, [d for d in datasets.split(",") if d]))
         hosts = {"tabpfn_v3_demo": checkpoint} if checkpoint is not None else {}
         if random_reference and checkpoint is not None:
             hosts["tabpfn_v3_random"] = random_reference_host(checkpoint)
         try:
             receipt = evaluate(hosts, names, n_seeds=seeds, receipt_path=out, reuse_baselines=reuse_baselines,
-                               max_train_rows=max_train_rows)
+                               max_train_rows=max_train_rows, inference=inference)
         except ValueError as exc:
             raise _fail(exc) from exc
         if json_out:

@@ -13,6 +13,7 @@ from typing import Any
 from .._markdown import pipe_table
 from . import prior as prior_module
 from .evaluate import markdown_table, split_key
+from .inference import DEFAULT_PRESET, PRESETS
 from .train import CHECKPOINT_NAME, load_state, stage_record, stage_totals
 
 __all__ = ["TARGETS", "compare_runs", "plot_loss", "targets_met", "write_card"]
@@ -79,7 +80,8 @@ def targets_met(receipt: dict[str, Any], host: str = HOST_NAME) -> list[dict[str
 
 
 def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
-    """One row per labelled receipt: the host's mean R² per dataset, their mean, targets met.
+    """One row per labelled receipt: the host's checkpoint and inference preset, its mean R² per
+    dataset, their mean, and the targets met (none are defined on the validation datasets).
 
     The receipts must score the same data on the same splits (dataset checksums, test
     fraction, train-row cap and split seeds), or the rows would not be comparable.
@@ -102,9 +104,18 @@ def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
     for label, receipt in receipts.items():
         r2 = [receipt["summary"][d][HOST_NAME]["mean"] for d in datasets]
         checks = targets_met(receipt)
-        rows.append([label, f"`{receipt['hosts'][HOST_NAME]['sha256'][:12]}`", *(f"{v:.3f}" for v in r2),
+        host = receipt["hosts"][HOST_NAME]
+        rows.append([label, f"`{host['sha256'][:12]}`", f"`{host.get('inference', DEFAULT_PRESET)}`",
+                     *(f"{v:.3f}" for v in r2),
                      f"{sum(r2) / len(r2):.3f}", f"{sum(c['met'] for c in checks)}/{len(checks)}"])
-    return pipe_table(["run", "checkpoint", *datasets, "mean", "targets met"], rows)
+    return pipe_table(["run", "checkpoint", "inference", *datasets, "mean", "targets met"], rows)
+
+
+def _inference_line(host: dict[str, Any]) -> str:
+    """The inference preset the evaluated host ran with (receipts before presets existed ran v2.5)."""
+    name = host.get("inference", DEFAULT_PRESET)
+    what = PRESETS[name][0] if name in PRESETS else "a config that matches no oretrofit preset"
+    return f"Inference config (preset `{name}`, 8 estimators): {what}."
 
 
 def _table(rows: dict[str, Any]) -> str:
@@ -146,8 +157,7 @@ architecture (`architecture_name: tabpfn_v3`, loads through
 {_table(cfg['host'])}
 
 Bucket borders: v3's spline borders (`_spline_based_regression_borders({cfg['host']['num_buckets']})`),
-stored as the model's `regression_borders` buffer. Inference config: tabpfn's v2.5 regression
-default (8 estimators, quantile + squashing-scaler preprocessing, y power transform on half).
+stored as the model's `regression_borders` buffer. {_inference_line(host)}
 
 ## Prior
 

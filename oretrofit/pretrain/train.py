@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .inference import DEFAULT_PRESET, inference_config
 from .prior import PriorConfig, TaskBatch, sample_batch
 
 __all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "build_optimizer", "demo_meta",
@@ -105,15 +106,16 @@ def build_host(host: HostConfig, seed: int) -> torch.nn.Module:
 
 
 def save_tabpfn_checkpoint(model: torch.nn.Module, host: HostConfig, path: Path,
-                           meta: dict[str, Any]) -> Path:
-    """Write ``model`` in tabpfn's checkpoint format; ``meta`` becomes the ``oretrofit`` entry."""
-    from ..tabpfn_v3.checkpoints import default_inference_config, save_atomic
+                           meta: dict[str, Any], inference: str = DEFAULT_PRESET) -> Path:
+    """Write ``model`` in tabpfn's checkpoint format with the ``inference`` preset's config;
+    ``meta`` becomes the ``oretrofit`` entry."""
+    from ..tabpfn_v3.checkpoints import save_atomic
 
     checkpoint = {
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "config": dataclasses.asdict(host.tabpfn_config()),
         "architecture_name": "tabpfn_v3",
-        "inference_config": default_inference_config(),
+        "inference_config": inference_config(inference),
         "oretrofit": meta,
     }
     return save_atomic(checkpoint, Path(path))
@@ -151,13 +153,15 @@ def stage_record(state: dict[str, Any]) -> dict[str, Any]:
             "train_config": state["train_config"], "loss_log": state["loss_log"]}
 
 
-def export_checkpoint(run: Path, dest: Path) -> Path:
-    """Write the weights in ``run/train_state.pt`` as a standalone tabpfn checkpoint at ``dest`` (no optimiser)."""
+def export_checkpoint(run: Path, dest: Path, inference: str = DEFAULT_PRESET) -> Path:
+    """Write the weights in ``run/train_state.pt`` as a standalone tabpfn checkpoint at ``dest``
+    (no optimiser), carrying the ``inference`` preset's config."""
     state = load_state(run, "point --run at a pretrain-demo output folder")
     cfg = _config_from_dict(dict(state["train_config"]))
     model = build_host(cfg.host, cfg.seed)
     model.load_state_dict(state["model"])
-    return save_tabpfn_checkpoint(model, cfg.host, Path(dest), demo_meta(state))
+    return save_tabpfn_checkpoint(model, cfg.host, Path(dest), {**demo_meta(state), "inference": inference},
+                                  inference)
 
 
 def _lr(cfg: TrainConfig, step: int, elapsed_s: float) -> float:

