@@ -81,7 +81,7 @@ def targets_met(receipt: dict[str, Any], host: str = HOST_NAME) -> list[dict[str
 
 def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
     """One row per labelled receipt: the host's checkpoint and inference preset, its mean R² per
-    dataset, their mean, and the targets met (none are defined on the validation datasets).
+    dataset, their mean, and the targets met (– where the datasets have none, as the validation suite).
 
     The receipts must score the same data on the same splits (dataset checksums, test
     fraction, train-row cap and split seeds), or the rows would not be comparable.
@@ -107,7 +107,7 @@ def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
         host = receipt["hosts"][HOST_NAME]
         rows.append([label, f"`{host['sha256'][:12]}`", f"`{host.get('inference', DEFAULT_PRESET)}`",
                      *(f"{v:.3f}" for v in r2),
-                     f"{sum(r2) / len(r2):.3f}", f"{sum(c['met'] for c in checks)}/{len(checks)}"])
+                     f"{sum(r2) / len(r2):.3f}", f"{sum(c['met'] for c in checks)}/{len(checks)}" if checks else "–"])
     return pipe_table(["run", "checkpoint", "inference", *datasets, "mean", "targets met"], rows)
 
 

@@ -82,6 +82,8 @@ def test_runs_are_compared_by_host_r2_and_targets_met():
     # seeds 0 and 1 add 0 and 0.01: means 0.505/0.705 and 0.405/0.805; baselines ridge 0.445, gp 0.465, rf 0.775
     assert lines[2] == "| a | `aaaaaaaaaaaa` | `v2.5` | 0.505 | 0.705 | 0.605 | 2/3 |"
     assert lines[3] == "| b | `bbbbbbbbbbbb` | `plain` | 0.405 | 0.805 | 0.605 | 1/3 |"
+    no_targets = json.loads(json.dumps(a).replace("friedman1", "friedman2").replace("diabetes", "friedman3"))
+    assert compare_runs({"v": no_targets}).splitlines()[2].endswith("| 0.605 | – |")
 
 
 def test_runs_scored_on_other_data_or_without_a_host_are_refused():
