@@ -92,7 +92,8 @@ def host_inference(checkpoint: Path, inference: str | None) -> str:
 
 
 def random_reference_host(checkpoint: Path) -> Path:
-    """The untrained start of ``checkpoint``'s run: same config, the run seed's initial weights.
+    """The untrained start of ``checkpoint``'s run: same config and inference config, the run
+    seed's initial weights.
 
     Written (once) to oretrofit's cache folder and returned, so evaluations can show what
     prior-fitting added over random weights of the same size.
@@ -108,7 +109,7 @@ def random_reference_host(checkpoint: Path) -> Path:
     if not dest.exists():
         save_tabpfn_checkpoint(build_host(host, seed), host, dest,
                                {"weights": f"random (initial weights of the demo run, seed {seed})",
-                                "seed": seed})
+                                "seed": seed}, trained["inference_config"])
     return dest
 
 

@@ -106,16 +106,16 @@ def build_host(host: HostConfig, seed: int) -> torch.nn.Module:
 
 
 def save_tabpfn_checkpoint(model: torch.nn.Module, host: HostConfig, path: Path,
-                           meta: dict[str, Any], inference: str = DEFAULT_PRESET) -> Path:
-    """Write ``model`` in tabpfn's checkpoint format with the ``inference`` preset's config;
-    ``meta`` becomes the ``oretrofit`` entry."""
+                           meta: dict[str, Any], inference: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` in tabpfn's checkpoint format with the ``inference`` config (a stored
+    inference_config dict; default: the default preset's); ``meta`` becomes the ``oretrofit`` entry."""
     from ..tabpfn_v3.checkpoints import save_atomic
 
     checkpoint = {
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "config": dataclasses.asdict(host.tabpfn_config()),
         "architecture_name": "tabpfn_v3",
-        "inference_config": inference_config(inference),
+        "inference_config": inference if inference is not None else inference_config(DEFAULT_PRESET),
         "oretrofit": meta,
     }
     return save_atomic(checkpoint, Path(path))
@@ -161,7 +161,7 @@ def export_checkpoint(run: Path, dest: Path, inference: str = DEFAULT_PRESET) ->
     model = build_host(cfg.host, cfg.seed)
     model.load_state_dict(state["model"])
     return save_tabpfn_checkpoint(model, cfg.host, Path(dest), {**demo_meta(state), "inference": inference},
-                                  inference)
+                                  inference_config(inference))
 
 
 def _lr(cfg: TrainConfig, step: int, elapsed_s: float) -> float:

@@ -103,3 +103,19 @@ def test_export_writes_the_chosen_preset_and_the_cli_names_the_suites(tmp_path):
     assert result.exit_code == 2 and "choose from v2.5" in result.output
     assert not (tmp_path / "tabpfn-v3-x.ckpt").exists()
     assert set(SUITES["validation"]).isdisjoint(SUITES["evaluation"])
+
+
+def test_the_random_reference_runs_with_the_trained_checkpoints_preset(tmp_path, monkeypatch):
+    import dataclasses
+
+    from oretrofit.pretrain.evaluate import random_reference_host
+    from oretrofit.pretrain.train import export_checkpoint, train
+
+    from .test_train import TINY
+
+    monkeypatch.setenv("ORETROFIT_CACHE_DIR", str(tmp_path / "cache"))
+    train(tmp_path / "run", dataclasses.replace(TINY, max_steps=1), progress=False)
+    trained = export_checkpoint(tmp_path / "run", tmp_path / "tabpfn-v3-plain.ckpt", "plain-no-ypower")
+    reference = random_reference_host(trained)
+    assert reference.parent == tmp_path / "cache"
+    assert host_inference(reference, None) == host_inference(trained, None) == "plain-no-ypower"
