@@ -11,6 +11,8 @@ from typing import Any
 
 import typer
 
+from oretrofit.pretrain.inference import DEFAULT_PRESET, PRESETS
+
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -52,12 +54,6 @@ def parse_host_overrides(items: list[str]) -> Any:
     from oretrofit.pretrain.train import HostConfig
 
     return parse_overrides(items, HostConfig(), "--host")
-
-
-def _presets() -> list[str]:
-    from oretrofit.pretrain.inference import PRESETS
-
-    return list(PRESETS)
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -106,7 +102,7 @@ def register(app: typer.Typer) -> None:
     def pretrain_export(
         run: Path = typer.Option(..., "--run", help="A pretrain-demo output folder"),
         out: Path = typer.Option(..., "--out", help="Checkpoint to write; the name must contain v3"),
-        inference: str = typer.Option("v2.5", "--inference",
+        inference: str = typer.Option(DEFAULT_PRESET, "--inference",
                                       help="Inference preset the checkpoint carries (see pretrain-eval --help)"),
     ) -> None:
         """Write a run's weights as a standalone tabpfn-format checkpoint (no optimiser state)."""
@@ -130,7 +126,7 @@ def register(app: typer.Typer) -> None:
                                           "choices are made on) or comma-separated dataset specs"),
         inference: str = typer.Option(None, "--inference",
                                       help="Run the hosts with this inference preset instead of the "
-                                           "checkpoint's own: " + ", ".join(_presets())),
+                                           "checkpoint's own: " + ", ".join(PRESETS)),
         reuse_baselines: Path = typer.Option(None, "--reuse-baselines",
                                              help="Earlier receipt whose baseline rows to reuse (same data)"),
         max_train_rows: int = typer.Option(None, "--max-train-rows",

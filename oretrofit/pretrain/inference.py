@@ -9,7 +9,8 @@ range from tabpfn's defaults to configurations that show the host only what its 
 showed it, so the choice between them can be measured (on the validation datasets, never on
 the evaluation datasets the issue's targets are judged on).
 
-Every preset keeps tabpfn's v2.5 regression default for all fields it does not name.
+Every preset but ``v2`` (tabpfn's v2 default, whole) keeps tabpfn's v2.5 regression default for
+all fields it does not name.
 """
 
 from __future__ import annotations
@@ -22,18 +23,17 @@ __all__ = ["DEFAULT_PRESET", "PRESETS", "inference_config", "inference_overrides
 DEFAULT_PRESET = "v2.5"
 
 
-def _v2_5() -> Any:
-    from tabpfn.constants import ModelVersion
-    from tabpfn.inference_config import InferenceConfig
+def _tabpfn_default(version: str) -> Callable[[], Any]:
+    """A builder of tabpfn's regression default InferenceConfig for model version ``version`` (V2, V2_5)."""
+    def build() -> Any:
+        from tabpfn.constants import ModelVersion
+        from tabpfn.inference_config import InferenceConfig
 
-    return InferenceConfig.get_default("regression", ModelVersion.V2_5)
+        return InferenceConfig.get_default("regression", getattr(ModelVersion, version))
+    return build
 
 
-def _v2() -> Any:
-    from tabpfn.constants import ModelVersion
-    from tabpfn.inference_config import InferenceConfig
-
-    return InferenceConfig.get_default("regression", ModelVersion.V2)
+_v2_5 = _tabpfn_default("V2_5")
 
 
 def _members(*names: str) -> list[Any]:
@@ -58,7 +58,7 @@ _FEATURE_PRESETS: dict[str, tuple[str, Callable[[], Any]]] = {
              "a squashing-scaler member; fingerprint column", _v2_5),
     "v2.5-no-fingerprint": ("the v2.5 default without the fingerprint column", _without_fingerprint()),
     "v2": ("tabpfn's v2 regression default: a quantile member with the originals and SVD features "
-           "appended and a safe-power member; fingerprint column", _v2),
+           "appended and a safe-power member with one-hot categories; fingerprint column", _tabpfn_default("V2")),
     "plain-quantile": ("standardised columns and a coarse-quantile member, each column in place; "
                        "no fingerprint", _without_fingerprint(
                            PREPROCESS_TRANSFORMS=lambda: _members("none", "quantile_uni_coarse"))),
