@@ -1,0 +1,35 @@
+"""The shipped demo host: its checkpoint, evaluation receipt and model card describe the same weights."""
+
+import json
+from pathlib import Path
+
+import torch
+
+import oretrofit
+from oretrofit._provenance import sha256_file
+from oretrofit.pretrain.card import HOST_NAME
+from oretrofit.pretrain.evaluate import DATASETS
+from oretrofit.pretrain.inference import preset_of
+from oretrofit.tabpfn_v3.checkpoints import build_model
+
+DATA = Path(oretrofit.__file__).parent / "data"
+CHECKPOINT = DATA / "tabpfn-v3-demo.ckpt"
+
+
+def test_receipt_and_card_are_of_the_shipped_checkpoint():
+    sha = sha256_file(CHECKPOINT)
+    receipt = json.loads((DATA / "tabpfn-v3-demo-eval.json").read_text())
+    host = receipt["hosts"][HOST_NAME]
+    assert host["sha256"] == sha
+    assert list(receipt["summary"]) == list(DATASETS)
+    checkpoint = torch.load(CHECKPOINT, map_location="cpu", weights_only=False)
+    assert host.get("inference", "v2.5") == preset_of(checkpoint["inference_config"])
+    card = (DATA / "tabpfn-v3-demo.md").read_text()
+    assert f"sha256 `{sha}`" in card
+    assert f"preset `{preset_of(checkpoint['inference_config'])}`" in card
+
+
+def test_the_shipped_checkpoint_loads_strictly():
+    model, config, inference = build_model(torch.load(CHECKPOINT, map_location="cpu", weights_only=False))
+    assert config.embed_dim == 32 and not model.training
+    assert inference.PREPROCESS_TRANSFORMS
