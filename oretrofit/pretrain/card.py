@@ -13,7 +13,7 @@ from typing import Any
 from .._markdown import pipe_table
 from . import prior as prior_module
 from .evaluate import markdown_table, split_key
-from .inference import DEFAULT_PRESET, PRESETS
+from .inference import PRESETS, recorded_preset
 from .train import CHECKPOINT_NAME, load_state, stage_record, stage_totals
 
 __all__ = ["TARGETS", "compare_runs", "plot_loss", "targets_met", "write_card"]
@@ -105,15 +105,15 @@ def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
         r2 = [receipt["summary"][d][HOST_NAME]["mean"] for d in datasets]
         checks = targets_met(receipt)
         host = receipt["hosts"][HOST_NAME]
-        rows.append([label, f"`{host['sha256'][:12]}`", f"`{host.get('inference', DEFAULT_PRESET)}`",
+        rows.append([label, f"`{host['sha256'][:12]}`", f"`{recorded_preset(host)}`",
                      *(f"{v:.3f}" for v in r2),
                      f"{sum(r2) / len(r2):.3f}", f"{sum(c['met'] for c in checks)}/{len(checks)}" if checks else "–"])
     return pipe_table(["run", "checkpoint", "inference", *datasets, "mean", "targets met"], rows)
 
 
 def _inference_line(host: dict[str, Any]) -> str:
-    """The inference preset the evaluated host ran with (receipts before presets existed ran v2.5)."""
-    name = host.get("inference", DEFAULT_PRESET)
+    """The inference preset the evaluated host ran with."""
+    name = recorded_preset(host)
     what = PRESETS[name][0] if name in PRESETS else "a config that matches no oretrofit preset"
     return f"Inference config (preset `{name}`, 8 estimators): {what}."
 

@@ -83,10 +83,10 @@ def host_inference(checkpoint: Path, inference: str | None) -> str:
     """The inference preset a host runs with: ``inference`` if given, else the one its checkpoint
     stores (``custom`` when the stored config matches no preset)."""
     from ..tabpfn_v3.checkpoints import load_checkpoint
-    from .inference import inference_config, preset_of
+    from .inference import check_preset, preset_of
 
     if inference is not None:
-        inference_config(inference)                       # refuses an unknown name
+        check_preset(inference)
         return inference
     return preset_of(load_checkpoint(checkpoint).get("inference_config") or {}) or "custom"
 

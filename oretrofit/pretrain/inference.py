@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-__all__ = ["DEFAULT_PRESET", "PRESETS", "inference_config", "inference_overrides", "preset_of"]
+__all__ = ["DEFAULT_PRESET", "PRESETS", "check_preset", "inference_config", "inference_overrides", "preset_of",
+           "recorded_preset"]
 
 DEFAULT_PRESET = "v2.5"
 
@@ -76,23 +77,30 @@ PRESETS: dict[str, tuple[str, Callable[[], Any]]] = {
 }
 
 
-def _check(name: str) -> None:
+def check_preset(name: str) -> None:
+    """Refuse a name that is not a preset, listing the presets."""
     if name not in PRESETS:
         raise ValueError(f"unknown inference preset {name!r}; choose from {', '.join(PRESETS)}")
 
 
 def inference_config(name: str = DEFAULT_PRESET) -> dict[str, Any]:
     """The preset's full InferenceConfig as the dict a tabpfn checkpoint stores."""
-    _check(name)
+    check_preset(name)
     return dataclasses.asdict(PRESETS[name][1]())
 
 
 def inference_overrides(name: str) -> dict[str, Any]:
     """The preset as ``TabPFNRegressor(inference_config=...)`` overrides: every field, so nothing
     of the checkpoint's own config survives."""
-    _check(name)
+    check_preset(name)
     config = PRESETS[name][1]()
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def recorded_preset(host: dict[str, Any]) -> str:
+    """The preset an evaluation receipt's host entry ran with; receipts written before presets
+    existed record none, and their hosts ran the checkpoints' v2.5 default."""
+    return host.get("inference", DEFAULT_PRESET)
 
 
 def preset_of(stored: dict[str, Any]) -> str | None:

@@ -251,16 +251,16 @@ def _load_sklearn(name: str) -> Dataset:
         bunch = skd.load_diabetes(as_frame=True, scaled=False)
         return _from_frame("sklearn:diabetes", "diabetes", bunch.frame, "target",
                            {"kind": "sklearn", "loader": "load_diabetes(scaled=False)"})
-    generators = {"friedman1": (skd.make_friedman1, "n_samples=1000, n_features=10, noise=1.0, random_state=0",
-                                {"n_features": 10, "noise": 1.0}),
-                  "friedman2": (skd.make_friedman2, "n_samples=1000, random_state=0", {}),
-                  "friedman3": (skd.make_friedman3, "n_samples=1000, random_state=0", {})}
+    generators = {"friedman1": {"n_samples": 1000, "n_features": 10, "noise": 1.0, "random_state": 0},
+                  "friedman2": {"n_samples": 1000, "random_state": 0},
+                  "friedman3": {"n_samples": 1000, "random_state": 0}}
     if name not in generators:
         raise DatasetUnavailable(f"unknown scikit-learn dataset sklearn:{name}; use sklearn:diabetes or "
                                  f"{', '.join(f'sklearn:{g}' for g in generators)}")
-    make, call, kwargs = generators[name]
-    X, y = make(n_samples=1000, random_state=0, **kwargs)
+    kwargs = generators[name]
+    X, y = getattr(skd, f"make_{name}")(**kwargs)
     frame = pd.DataFrame(X, columns=[f"x{i}" for i in range(X.shape[1])]).assign(y=y)
+    call = ", ".join(f"{k}={v}" for k, v in kwargs.items())
     return _from_frame(f"sklearn:{name}", name, frame, "y",
                        {"kind": "sklearn", "loader": f"make_{name}({call})"})
 

@@ -9,7 +9,7 @@ import oretrofit
 from oretrofit._provenance import sha256_file
 from oretrofit.pretrain.card import HOST_NAME
 from oretrofit.pretrain.evaluate import DATASETS
-from oretrofit.pretrain.inference import preset_of
+from oretrofit.pretrain.inference import preset_of, recorded_preset
 from oretrofit.tabpfn_v3.checkpoints import build_model
 
 DATA = Path(oretrofit.__file__).parent / "data"
@@ -23,7 +23,7 @@ def test_receipt_and_card_are_of_the_shipped_checkpoint():
     assert host["sha256"] == sha
     assert list(receipt["summary"]) == list(DATASETS)
     checkpoint = torch.load(CHECKPOINT, map_location="cpu", weights_only=False)
-    assert host.get("inference", "v2.5") == preset_of(checkpoint["inference_config"])
+    assert recorded_preset(host) == preset_of(checkpoint["inference_config"])
     card = (DATA / "tabpfn-v3-demo.md").read_text()
     assert f"sha256 `{sha}`" in card
     assert f"preset `{preset_of(checkpoint['inference_config'])}`" in card
