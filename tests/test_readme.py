@@ -1,0 +1,105 @@
+"""The README's result tables are the committed receipts' own output.
+
+Every number the README reports comes out of a runner: some tables are a report file quoted
+verbatim, some are printed by `oretrofit pretrain-compare` from receipts named in the command
+shown just above them, some are `pretrain-eval`'s table of one receipt. Each is regenerated here
+from what is committed, so a receipt rerun without its README block (or a number edited by
+hand) fails the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from oretrofit.pretrain.card import compare_runs
+from oretrofit.pretrain.evaluate import markdown_table
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+QUOTED_REPORTS = ["results/studies/otransformer.md", "results/studies/adapters.md",
+                  "results/studies/insertion.md", "results/studies/zero_columns.md",
+                  "results/studies/ostandardize.md", "results/hosts.md",
+                  "results/bench_attention.md", "results/bench_hosts.md"]
+
+EVALUATION_RECEIPTS = ["oretrofit/data/tabpfn-v3-demo-eval.json",
+                       "results/demo-host/validation/baselines-validation.json",
+                       "results/demo-host/learning-curve/concrete-200.json",
+                       "results/demo-host/learning-curve/concrete-400.json"]
+
+
+def _fenced_blocks_with_tables(text: str) -> list[tuple[str, str]]:
+    """(code, table) for every fenced block followed (after blank lines) by a pipe table; both dedented."""
+    lines = text.splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        if lines[i].strip() != "```":
+            i += 1
+            continue
+        end = next(k for k in range(i + 1, len(lines)) if lines[k].strip() == "```")
+        code = "\n".join(line.strip() for line in lines[i + 1:end])
+        k = end + 1
+        while k < len(lines) and not lines[k].strip():
+            k += 1
+        table = []
+        while k < len(lines) and lines[k].strip().startswith("|"):
+            table.append(lines[k].strip())
+            k += 1
+        if table:
+            found.append((code, "\n".join(table)))
+        i = end + 1
+    return found
+
+
+def _compare_blocks() -> list[tuple[str, str]]:
+    return [(code, table) for code, table in _fenced_blocks_with_tables(README)
+            if code.startswith("oretrofit pretrain-compare")]
+
+
+def test_the_readme_shows_its_comparisons() -> None:
+    # the demo-host section compares presets, runs on the validation suite, runs on the
+    # evaluation datasets and snapshots; losing one would silently drop it from the checks
+    assert len(_compare_blocks()) >= 4
+
+
+@pytest.mark.parametrize("code,table", _compare_blocks(), ids=[f"comparison{n}" for n in range(len(_compare_blocks()))])
+def test_each_comparison_is_what_pretrain_compare_prints_from_its_receipts(code: str, table: str) -> None:
+    argv = shlex.split(code.replace("\\\n", " "))
+    receipts = {}
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--receipt":
+            label, path = value.split("=", 1)
+            receipts[label] = json.loads((ROOT / path).read_text())
+    assert receipts, code
+    assert table == compare_runs(receipts).strip()
+
+
+@pytest.mark.parametrize("path", QUOTED_REPORTS)
+def test_the_readme_quotes_each_generated_report_verbatim(path: str) -> None:
+    assert (ROOT / path).read_text().strip() in README
+
+
+def test_the_demo_host_matrices_are_the_runners_tables() -> None:
+    # quoted one heading level deeper, under the README's own section heading
+    tables = (ROOT / "results/demo-host/regress/tables/tables.md").read_text()
+    assert tables.replace("### ", "#### ").strip() in README
+
+
+@pytest.mark.parametrize("path", EVALUATION_RECEIPTS)
+def test_each_evaluation_table_is_its_receipts(path: str) -> None:
+    assert markdown_table(json.loads((ROOT / path).read_text())).strip() in README
+
+
+def test_the_shipped_hosts_stages_and_targets_are_the_cards() -> None:
+    card = (ROOT / "oretrofit/data/tabpfn-v3-demo.md").read_text().splitlines()
+    start = next(n for n, line in enumerate(card) if line.startswith("| stage |"))
+    end = next(n for n in range(start, len(card)) if not card[n].startswith("|"))
+    stages = card[start:end]
+    targets = [line for line in card if line.startswith("- ") and line.endswith(("— met", "— MISSED"))]
+    assert targets
+    assert "\n".join(stages) in README
+    assert "\n".join(targets) in README
