@@ -1,9 +1,10 @@
-"""The README's result tables are the committed receipts' own output.
+"""The result tables of the README (and of the demo-host run history it links) are the
+committed receipts' own output.
 
-Every number the README reports comes out of a runner: some tables are a report file quoted
+Every number these documents report comes out of a runner: some tables are a report file quoted
 verbatim, some are printed by `oretrofit pretrain-compare` from receipts named in the command
 shown just above them, some are `pretrain-eval`'s table of one receipt. Each is regenerated here
-from what is committed, so a receipt rerun without its README block (or a number edited by
+from what is committed, so a receipt rerun without its document block (or a number edited by
 hand) fails the suite.
 """
 
@@ -20,6 +21,8 @@ from oretrofit.pretrain.evaluate import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+ATTEMPTS = (ROOT / "results/demo-host/attempts.md").read_text()
+DOCUMENTS = README + "\n" + ATTEMPTS
 
 QUOTED_REPORTS = ["results/studies/otransformer.md", "results/studies/adapters.md",
                   "results/studies/insertion.md", "results/studies/zero_columns.md",
@@ -55,18 +58,20 @@ def _fenced_blocks_with_tables(text: str) -> list[tuple[str, str]]:
     return found
 
 
-def _compare_blocks() -> list[tuple[str, str]]:
-    return [(code, table) for code, table in _fenced_blocks_with_tables(README)
+def _compare_blocks(text: str) -> list[tuple[str, str]]:
+    return [(code, table) for code, table in _fenced_blocks_with_tables(text)
             if code.startswith("oretrofit pretrain-compare")]
 
 
-def test_the_readme_shows_its_comparisons() -> None:
-    # the demo-host section compares presets, runs on the validation suite, runs on the
-    # evaluation datasets and snapshots; losing one would silently drop it from the checks
-    assert len(_compare_blocks()) >= 4
+def test_the_documents_show_their_comparisons() -> None:
+    # the README compares presets, runs on the validation suite and runs on the evaluation
+    # datasets, the run history snapshots; losing one would silently drop it from the checks
+    assert len(_compare_blocks(README)) >= 3
+    assert len(_compare_blocks(ATTEMPTS)) >= 1
 
 
-@pytest.mark.parametrize("code,table", _compare_blocks(), ids=[f"comparison{n}" for n in range(len(_compare_blocks()))])
+@pytest.mark.parametrize("code,table", _compare_blocks(DOCUMENTS),
+                         ids=[f"comparison{n}" for n in range(len(_compare_blocks(DOCUMENTS)))])
 def test_each_comparison_is_what_pretrain_compare_prints_from_its_receipts(code: str, table: str) -> None:
     argv = shlex.split(code.replace("\\\n", " "))
     receipts = {}
@@ -91,7 +96,7 @@ def test_the_demo_host_matrices_are_the_runners_tables() -> None:
 
 @pytest.mark.parametrize("path", EVALUATION_RECEIPTS)
 def test_each_evaluation_table_is_its_receipts(path: str) -> None:
-    assert markdown_table(json.loads((ROOT / path).read_text())).strip() in README
+    assert markdown_table(json.loads((ROOT / path).read_text())).strip() in DOCUMENTS
 
 
 def test_the_shipped_hosts_stages_and_targets_are_the_cards() -> None:
