@@ -40,7 +40,7 @@ def _fenced_blocks_with_tables(text: str) -> list[tuple[str, str]]:
     lines = text.splitlines()
     found, i = [], 0
     while i < len(lines):
-        if lines[i].strip() != "```":
+        if not lines[i].strip().startswith("```"):  # an opening fence may name a language
             i += 1
             continue
         end = next(k for k in range(i + 1, len(lines)) if lines[k].strip() == "```")
