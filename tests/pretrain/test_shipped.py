@@ -3,14 +3,12 @@
 import json
 from pathlib import Path
 
-import torch
-
 import oretrofit
 from oretrofit._provenance import sha256_file
 from oretrofit.pretrain.card import HOST_NAME
 from oretrofit.pretrain.evaluate import DATASETS
 from oretrofit.pretrain.inference import preset_of, recorded_preset
-from oretrofit.tabpfn_v3.checkpoints import build_model
+from oretrofit.tabpfn_v3.checkpoints import build_model, load_checkpoint
 
 DATA = Path(oretrofit.__file__).parent / "data"
 CHECKPOINT = DATA / "tabpfn-v3-demo.ckpt"
@@ -22,7 +20,7 @@ def test_receipt_and_card_are_of_the_shipped_checkpoint():
     host = receipt["hosts"][HOST_NAME]
     assert host["sha256"] == sha
     assert list(receipt["summary"]) == list(DATASETS)
-    checkpoint = torch.load(CHECKPOINT, map_location="cpu", weights_only=False)
+    checkpoint = load_checkpoint(CHECKPOINT)   # weights-only, as `--model-path demo` reads it
     assert recorded_preset(host) == preset_of(checkpoint["inference_config"])
     card = (DATA / "tabpfn-v3-demo.md").read_text()
     assert f"sha256 `{sha}`" in card
@@ -30,6 +28,6 @@ def test_receipt_and_card_are_of_the_shipped_checkpoint():
 
 
 def test_the_shipped_checkpoint_loads_strictly():
-    model, config, inference = build_model(torch.load(CHECKPOINT, map_location="cpu", weights_only=False))
+    model, config, inference = build_model(load_checkpoint(CHECKPOINT))
     assert config.embed_dim == 32 and not model.training
     assert inference.PREPROCESS_TRANSFORMS
