@@ -33,13 +33,14 @@ PRIOR = PriorConfig(max_rows=512, noise_max=3.0)
 SEED = 0
 
 
-def throughput(embed_dim: int, batch_size: int, steps: int, warmup: int) -> dict[str, float]:
-    """Parameters, steps/s and tasks/s of ``training_step`` for one size."""
-    cfg = TrainConfig(batch_size=batch_size, host=HostConfig(embed_dim=embed_dim), prior=PRIOR)
+def throughput(embed_dim: int, batch_size: int, steps: int, warmup: int,
+               prior: PriorConfig = PRIOR) -> dict[str, float]:
+    """Parameters, steps/s and tasks/s of ``training_step`` for one size on batches of ``prior``."""
+    cfg = TrainConfig(batch_size=batch_size, host=HostConfig(embed_dim=embed_dim), prior=prior)
     model = build_host(cfg.host, SEED)
     opt = build_optimizer(model, cfg)
     borders, rng = spline_borders(cfg.host.num_buckets), np.random.default_rng(SEED)
-    batches = [sample_batch(rng, batch_size, PRIOR) for _ in range(warmup + steps)]
+    batches = [sample_batch(rng, batch_size, prior) for _ in range(warmup + steps)]
     for batch in batches[:warmup]:
         training_step(model, opt, batch, borders, cfg.grad_clip)
     start = time.perf_counter()

@@ -3,9 +3,9 @@ committed receipts' own output.
 
 Every number these documents report comes out of a runner: some tables are a report file quoted
 verbatim, some are printed by `oretrofit pretrain-compare` from receipts named in the command
-shown just above them, some are `pretrain-eval`'s table of one receipt. Each is regenerated here
-from what is committed, so a receipt rerun without its document block (or a number edited by
-hand) fails the suite.
+shown just above them, some are `pretrain-eval`'s table of one receipt, some are a benchmark's
+table kept in its receipt. Each is regenerated here from what is committed, so a receipt rerun
+without its document block (or a number edited by hand) fails the suite.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ EVALUATION_RECEIPTS = ["oretrofit/data/tabpfn-v3-demo-eval.json",
                        "results/demo-host/validation/baselines-validation.json",
                        "results/demo-host/learning-curve/concrete-200.json",
                        "results/demo-host/learning-curve/concrete-400.json"]
+
+# benchmark scripts that print a table and keep it in their receipt's "markdown" field
+BENCHMARK_RECEIPTS = ["results/bench_pretrain_sizes.json", "results/bench_pretrain_threads.json"]
 
 
 def _fenced_blocks_with_tables(text: str) -> list[tuple[str, str]]:
@@ -112,3 +115,10 @@ def test_the_shipped_hosts_stages_and_targets_are_the_cards() -> None:
     assert targets
     assert "\n".join(stages) in README
     assert "\n".join(targets) in README
+
+
+@pytest.mark.parametrize("path", BENCHMARK_RECEIPTS)
+def test_each_benchmark_table_is_its_receipts(path: str) -> None:
+    # the tables may sit indented inside a list item, so lines are compared stripped
+    dedented = "\n".join(line.strip() for line in DOCUMENTS.splitlines())
+    assert json.loads((ROOT / path).read_text())["markdown"].strip() in dedented

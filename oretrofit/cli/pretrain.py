@@ -126,7 +126,8 @@ def register(app: typer.Typer) -> None:
                                           "choices are made on) or comma-separated dataset specs"),
         inference: str = typer.Option(None, "--inference",
                                       help="Run the hosts with this inference preset instead of the "
-                                           "checkpoint's own: " + ", ".join(PRESETS)),
+                                           "checkpoint's own: " + ", ".join(PRESETS)
+                                           + "; add -xN for N ensemble members (v2-no-ypower-x16)"),
         reuse_baselines: Path = typer.Option(None, "--reuse-baselines",
                                              help="Earlier receipt whose baseline rows to reuse (same data)"),
         max_train_rows: int = typer.Option(None, "--max-train-rows",

@@ -13,7 +13,7 @@ from typing import Any
 from .._markdown import pipe_table
 from . import prior as prior_module
 from .evaluate import markdown_table, split_key
-from .inference import PRESETS, recorded_preset
+from .inference import describe, recorded_preset
 from .train import CHECKPOINT_NAME, load_state, stage_record, stage_totals
 
 __all__ = ["TARGETS", "compare_runs", "plot_loss", "targets_met", "write_card"]
@@ -114,8 +114,11 @@ def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
 def _inference_line(host: dict[str, Any]) -> str:
     """The inference preset the evaluated host ran with."""
     name = recorded_preset(host)
-    what = PRESETS[name][0] if name in PRESETS else "a config that matches no oretrofit preset"
-    return f"Inference config (preset `{name}`, 8 estimators): {what}."
+    try:
+        what, members = describe(name)
+    except ValueError:                          # "custom": a stored config no preset matches
+        return f"Inference config (preset `{name}`): a config that matches no oretrofit preset."
+    return f"Inference config (preset `{name}`, {members} estimators): {what}."
 
 
 def _table(rows: dict[str, Any]) -> str:

@@ -10,16 +10,19 @@ showed it, so the choice between them can be measured (on the validation dataset
 the evaluation datasets the issue's targets are judged on).
 
 Every preset but ``v2`` (tabpfn's v2 default, whole) keeps tabpfn's v2.5 regression default for
-all fields it does not name.
+all fields it does not name. Any preset name may end in ``-xN`` to fix the ensemble size at N
+members (``N_ESTIMATORS``; without it tabpfn's "auto", 8 for these tables): ``v2-no-ypower-x16``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 from typing import Any, Callable
 
-__all__ = ["DEFAULT_PRESET", "PRESETS", "check_preset", "inference_config", "inference_overrides", "preset_of",
-           "recorded_preset"]
+__all__ = ["DEFAULT_PRESET", "PRESETS", "check_preset", "describe", "inference_config", "inference_overrides",
+           "preset_of", "recorded_preset"]
 
 DEFAULT_PRESET = "v2.5"
 
@@ -77,23 +80,53 @@ PRESETS: dict[str, tuple[str, Callable[[], Any]]] = {
 }
 
 
+_MEMBERS = re.compile(r"(?P<base>.+)-x(?P<members>[1-9][0-9]*)")
+
+
+def _parse(name: str) -> tuple[str, int | None]:
+    """(preset, ensemble members or None) of a name; refuse a name that is neither, listing the presets."""
+    match = _MEMBERS.fullmatch(name)
+    base, members = (match["base"], int(match["members"])) if match else (name, None)
+    if base not in PRESETS:
+        raise ValueError(f"unknown inference preset {name!r}; choose from {', '.join(PRESETS)} "
+                         f"(each optionally with -xN for N ensemble members)")
+    return base, members
+
+
+def _build(name: str) -> Any:
+    base, members = _parse(name)
+    config = PRESETS[base][1]()
+    return config if members is None else dataclasses.replace(config, N_ESTIMATORS=members)
+
+
 def check_preset(name: str) -> None:
-    """Refuse a name that is not a preset, listing the presets."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown inference preset {name!r}; choose from {', '.join(PRESETS)}")
+    """Refuse a name that is not a preset (optionally with ``-xN``), listing the presets."""
+    _parse(name)
+
+
+def describe(name: str) -> tuple[str, int]:
+    """(what the preset does, in words; its ensemble members: N of ``-xN``, else tabpfn's default count)."""
+    from tabpfn.preprocessing.ensemble import DEFAULT_N_ESTIMATORS
+
+    base, members = _parse(name)
+    return PRESETS[base][0], members or DEFAULT_N_ESTIMATORS
+
+
+@functools.lru_cache(maxsize=None)
+def _stored(name: str) -> dict[str, Any]:
+    """The preset's stored config, built once (preset_of compares every preset); never mutated."""
+    return dataclasses.asdict(_build(name))
 
 
 def inference_config(name: str = DEFAULT_PRESET) -> dict[str, Any]:
     """The preset's full InferenceConfig as the dict a tabpfn checkpoint stores."""
-    check_preset(name)
-    return dataclasses.asdict(PRESETS[name][1]())
+    return dataclasses.asdict(_build(name))
 
 
 def inference_overrides(name: str) -> dict[str, Any]:
     """The preset as ``TabPFNRegressor(inference_config=...)`` overrides: every field, so nothing
     of the checkpoint's own config survives."""
-    check_preset(name)
-    config = PRESETS[name][1]()
+    config = _build(name)
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
 
 
@@ -104,5 +137,12 @@ def recorded_preset(host: dict[str, Any]) -> str:
 
 
 def preset_of(stored: dict[str, Any]) -> str | None:
-    """The preset whose config equals a checkpoint's stored ``inference_config``, else None."""
-    return next((name for name in PRESETS if inference_config(name) == stored), None)
+    """The preset name (with ``-xN`` when it fixes the ensemble size) whose config equals a
+    checkpoint's stored ``inference_config``, else None."""
+    members = stored.get("N_ESTIMATORS", "auto")
+    if not (members == "auto" or (isinstance(members, int) and members > 0)):
+        return None
+    # match the ensemble size apart: the presets themselves all leave it at "auto"
+    unsized = {**stored, "N_ESTIMATORS": "auto"}
+    base = next((name for name in PRESETS if _stored(name) == unsized), None)
+    return base if base is None or members == "auto" else f"{base}-x{members}"

@@ -114,3 +114,17 @@ def test_compare_cli_reads_labelled_receipts_and_names_a_missing_file(tmp_path):
     assert missing.exit_code == 2 and "does not exist" in missing.output
     bad = CliRunner().invoke(app, ["pretrain-compare", "--receipt", str(path)])
     assert bad.exit_code == 2 and "is not LABEL=PATH" in bad.output
+
+
+@pytest.mark.parametrize("preset,line", [
+    ("plain-x16", "Inference config (preset `plain-x16`, 16 estimators): standardised columns only"),
+    ("custom", "Inference config (preset `custom`): a config that matches no oretrofit preset."),
+])
+def test_card_names_the_presets_ensemble_size(tmp_path, preset, line):
+    run = tmp_path / "run"
+    train(run, dataclasses.replace(TINY, max_steps=1), progress=False)
+    receipt = _receipt(run / CHECKPOINT_NAME)
+    receipt["hosts"][HOST_NAME]["inference"] = preset
+    (tmp_path / "eval.json").write_text(json.dumps(receipt))
+    text = write_card(run, tmp_path / "eval.json", tmp_path / "card.md", training_command="x").read_text()
+    assert line in text

@@ -119,3 +119,33 @@ def test_the_random_reference_runs_with_the_trained_checkpoints_preset(tmp_path,
     reference = random_reference_host(trained)
     assert reference.parent == tmp_path / "cache"
     assert host_inference(reference, None) == host_inference(trained, None) == "plain-no-ypower"
+
+
+def test_a_preset_name_can_fix_the_ensemble_size():
+    sized, base = inference_config("v2-no-ypower-x16"), inference_config("v2-no-ypower")
+    assert base["N_ESTIMATORS"] == "auto" and sized["N_ESTIMATORS"] == 16
+    assert {k for k in sized if sized[k] != base[k]} == {"N_ESTIMATORS"}
+    assert preset_of(sized) == "v2-no-ypower-x16" and preset_of(base) == "v2-no-ypower"
+    assert preset_of({**sized, "N_ESTIMATORS": 0}) is None
+    for name in ("v2-no-ypower-x0", "v2-no-ypower-x", "fancy-x16", "v2-no-ypower-x16-x2"):
+        with pytest.raises(ValueError, match="unknown inference preset .*-xN for N ensemble members"):
+            inference_overrides(name)
+
+
+def test_a_checkpoints_ensemble_size_is_tabpfns_default_and_an_explicit_count_wins(tmp_path):
+    from tabpfn import TabPFNRegressor
+
+    from oretrofit.tabpfn_v3 import make_regressor
+
+    path = write_random_checkpoint(tmp_path / "tabpfn-v3-host.ckpt", "small", seed=0)
+    checkpoint = torch.load(path, weights_only=False)
+    checkpoint["inference_config"] = inference_config("plain-no-ypower-x3")
+    torch.save(checkpoint, path)
+    assert host_inference(path, None) == "plain-no-ypower-x3"
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 2)), rng.normal(size=40)
+    carried = TabPFNRegressor(model_path=str(path), device="cpu", random_state=0).fit(X[:30], y[:30])
+    explicit, _ = make_regressor(path, "base", n_estimators=1)            # oretrofit's runners pass a count
+    explicit.fit(X[:30], y[:30])
+    assert carried.n_estimators_ == 3 and explicit.n_estimators_ == 1
+    assert np.isfinite(carried.predict(X[30:])).all() and np.isfinite(explicit.predict(X[30:])).all()

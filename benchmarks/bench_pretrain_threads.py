@@ -1,0 +1,94 @@
+"""Demo-host training throughput by how two CPU cores are used: the measurement behind "one thread per run".
+
+    python benchmarks/bench_pretrain_threads.py [--steps 80] [--warmup 3]
+                                                [--out results/bench_pretrain_threads.json]
+
+The shipped host's size (``embed_dim`` 32) runs ``training_step`` (through
+``bench_pretrain_sizes.throughput``) on the curriculum's shortest and longest tasks
+(``max_rows`` 128 and 512, ``noise_max`` 3) in four set-ups, each in fresh worker processes
+whose timed steps start together:
+
+* one process, one thread, 4 tasks a step (the shipped recipe; the baseline),
+* one process on two threads (torch's intra-op parallelism), 4 tasks a step,
+* two processes on one thread each, 4 tasks a step each (two runs side by side, as twins trained),
+* two processes on one thread each, 2 tasks a step each: the compute of one data-parallel
+  run of 4 tasks a step, without the gradient exchange (oretrofit has no data-parallel
+  training; this measures what it could buy).
+
+Total prior tasks/s and the slowest process's steps/s (which would pace a data-parallel run)
+are given as ratios to the baseline at the same ``max_rows``, measured in the same run. Prints
+a Markdown table and writes a JSON receipt with provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+from pathlib import Path
+from typing import Any
+
+from bench_pretrain_sizes import throughput
+
+from oretrofit._markdown import pipe_table
+from oretrofit._provenance import environment, write_json_atomic
+from oretrofit.pretrain.prior import PriorConfig
+
+EMBED_DIM = 32                                     # the shipped host's size
+MAX_ROWS = (128, 512)                              # the curriculum's first and last stage
+SETUPS = ((1, 1, 4), (1, 2, 4), (2, 1, 4), (2, 1, 2))   # (processes, threads each, tasks a step each)
+NOISE_MAX = 3.0
+
+
+def _worker(max_rows: int, threads: int, tasks: int, steps: int, warmup: int,
+            start: mp.Barrier, out: mp.Queue) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    start.wait()                                    # the processes of one set-up run together
+    out.put(throughput(EMBED_DIM, tasks, steps, warmup, PriorConfig(max_rows=max_rows, noise_max=NOISE_MAX)))
+
+
+def measure(max_rows: int, processes: int, threads: int, tasks: int, steps: int, warmup: int) -> dict[str, Any]:
+    """Steps/s of each of ``processes`` concurrent workers (``threads`` threads, ``tasks`` tasks a step each)
+    and their total tasks/s."""
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Barrier(processes), ctx.Queue()
+    workers = [ctx.Process(target=_worker, args=(max_rows, threads, tasks, steps, warmup, start, out))
+               for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    results = [out.get() for _ in workers]
+    for worker in workers:
+        worker.join()
+        if worker.exitcode != 0:
+            raise RuntimeError(f"a benchmark worker exited with {worker.exitcode}")
+    return {"max_rows": max_rows, "processes": processes, "threads": threads, "tasks_per_step": tasks,
+            "steps_per_s": [r["steps_per_s"] for r in results],
+            "tasks_per_s": sum(r["tasks_per_s"] for r in results)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("results/bench_pretrain_threads.json"))
+    args = parser.parse_args()
+    rows = [measure(m, *setup, args.steps, args.warmup) for m in MAX_ROWS for setup in SETUPS]
+    base = {r["max_rows"]: r for r in rows if (r["processes"], r["threads"], r["tasks_per_step"]) == SETUPS[0]}
+    table = pipe_table(
+        ["max_rows", "processes", "threads each", "tasks/step each", "steps/s each", "tasks/s in all",
+         "tasks/s vs first", "slowest steps/s vs first"],
+        [[r["max_rows"], r["processes"], r["threads"], r["tasks_per_step"],
+          ", ".join(f"{s:.2f}" for s in r["steps_per_s"]), f"{r['tasks_per_s']:.1f}",
+          f"{r['tasks_per_s'] / base[r['max_rows']]['tasks_per_s']:.2f}×",
+          f"{min(r['steps_per_s']) / base[r['max_rows']]['steps_per_s'][0]:.2f}×"] for r in rows])
+    print(table)
+    write_json_atomic(args.out, {"schema_version": 1, "kind": "oretrofit.bench.pretrain_threads",
+                                 "embed_dim": EMBED_DIM,
+                                 "prior": {"max_rows": list(MAX_ROWS), "noise_max": NOISE_MAX},
+                                 "steps": args.steps, "warmup": args.warmup, "rows": rows,
+                                 "markdown": table, "environment": environment()})
+
+
+if __name__ == "__main__":
+    main()
