@@ -15,7 +15,8 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, fields
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -210,7 +211,22 @@ def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
     if checkpoint["architecture_name"] != "tabpfn_v3":
         raise RetrofitError(f"checkpoint {path} holds architecture "
                             f"{checkpoint['architecture_name']!r}; only 'tabpfn_v3' is supported")
+    _check_inference_fields(path, checkpoint["inference_config"])
     return checkpoint
+
+
+def _check_inference_fields(path: Path, stored: dict[str, Any]) -> None:
+    """Refuse an inference config written by a newer tabpfn, whose fields this one cannot take.
+
+    tabpfn builds ``InferenceConfig(**stored)``; a field it lacks (the demo host's config has
+    tabpfn 9's ``N_ESTIMATORS``, for one) would otherwise fail later as a bare TypeError.
+    """
+    from tabpfn.inference_config import InferenceConfig
+    unknown = sorted(set(stored) - {f.name for f in fields(InferenceConfig)})
+    if unknown:
+        raise RetrofitError(f"checkpoint {path} has inference-config fields that tabpfn "
+                            f"{version('tabpfn')} does not know ({', '.join(unknown)}); it was "
+                            "written by a newer tabpfn: pip install -U 'tabpfn>=9,<9.3'")
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

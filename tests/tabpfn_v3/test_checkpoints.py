@@ -80,6 +80,13 @@ def test_bad_paths_get_clear_errors(tmp_path, small_ckpt):
     torch.save({"state_dict": {}}, tmp_path / "tabpfn-v3-partial.ckpt")
     with pytest.raises(RetrofitError, match="lacks one of"):
         resolve_model_path(tmp_path / "tabpfn-v3-partial.ckpt")
+    # a config written by a newer tabpfn (a field this one lacks) is refused before tabpfn
+    # would fail on it with a bare TypeError
+    newer = dict(torch.load(small_ckpt, weights_only=True))
+    newer["inference_config"] = {**newer["inference_config"], "A_FUTURE_FIELD": 1}
+    torch.save(newer, tmp_path / "tabpfn-v3-newer.ckpt")
+    with pytest.raises(RetrofitError, match=r"does not know \(A_FUTURE_FIELD\).*pip install -U 'tabpfn"):
+        resolve_model_path(tmp_path / "tabpfn-v3-newer.ckpt")
 
 
 def test_checkpoint_sha256(small_ckpt):
