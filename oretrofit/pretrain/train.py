@@ -69,7 +69,9 @@ class TrainConfig:
     budget_s: float = 7200.0
     seed: int = 0
     batch_size: int = 4
-    lr: float = 1e-3
+    # peak rate of a first stage: 7e-4 trained the shipped host (v9b); 1e-3 sits near the rate
+    # where training fails (2e-3 learned nothing; results/demo-host/attempts.md)
+    lr: float = 7e-4
     final_lr_fraction: float = 0.1
     warmup_steps: int = 50
     weight_decay: float = 0.01
