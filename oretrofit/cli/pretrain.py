@@ -113,6 +113,19 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise _fail(exc) from exc
 
+    @app.command("pretrain-average")
+    def pretrain_average(
+        checkpoints: list[Path] = typer.Argument(..., help="Exported checkpoints of runs that share starting weights"),
+        out: Path = typer.Option(..., "--out", help="Checkpoint to write; a .ckpt whose name contains v3"),
+    ) -> None:
+        """Write the uniform parameter average of checkpoints (same architecture and preset)."""
+        from oretrofit.pretrain.average import average_checkpoints
+
+        try:
+            print(str(average_checkpoints(checkpoints, out)))
+        except ValueError as exc:
+            raise _fail(exc) from exc
+
     @app.command("pretrain-eval")
     def pretrain_eval(
         checkpoint: Path = typer.Option(None, "--checkpoint",
