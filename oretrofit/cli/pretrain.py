@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
     @app.command("pretrain-average")
     def pretrain_average(
         checkpoints: list[Path] = typer.Argument(..., help="Exported checkpoints of runs that share starting weights"),
-        out: Path = typer.Option(..., "--out", help="Checkpoint to write; a .ckpt whose name contains v3"),
+        out: Path = typer.Option(..., "--out", help="Checkpoint to write (.ckpt or .safetensors); the name must contain v3"),
     ) -> None:
         """Write the uniform parameter average of checkpoints (same architecture and preset)."""
         from oretrofit.pretrain.average import average_checkpoints

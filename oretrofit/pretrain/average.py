@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from .._provenance import sha256_file
-from ..tabpfn_v3.checkpoints import load_checkpoint, save_atomic
+from ..tabpfn_v3.checkpoints import _check_name, checkpoint_sha256, load_checkpoint, save_atomic
 
 __all__ = ["average_checkpoints"]
 
@@ -42,9 +41,7 @@ def average_checkpoints(paths: list[Path], dest: Path) -> Path:
     sha256 and own entry, and the steps and wall time summed over the inputs.
     """
     paths, dest = [Path(p) for p in paths], Path(dest)
-    if dest.suffix != ".ckpt" or "v3" not in dest.name:
-        raise ValueError(f"{dest.name}: write a .ckpt whose name contains 'v3' (tabpfn reads the "
-                         "model version from the file name), e.g. tabpfn-v3-average.ckpt")
+    _check_name(dest)                   # the name tabpfn needs; the same check as for patched artifacts
     if len(paths) < 2:
         raise ValueError("give at least two checkpoints to average")
     checkpoints = [load_checkpoint(p) for p in paths]
@@ -67,7 +64,7 @@ def average_checkpoints(paths: list[Path], dest: Path) -> Path:
     elapsed_s = sum(float(m.get("elapsed_s", 0.0)) for m in metas)
     meta = {"weights": f"demo (uniform average of {len(paths)} checkpoints, {steps} steps in all)",
             "steps": steps, "elapsed_s": round(elapsed_s, 1),
-            "averaged_from": [{"path": str(p), "sha256": sha256_file(p), "oretrofit": m}
+            "averaged_from": [{"path": str(p), "sha256": checkpoint_sha256(p), "oretrofit": m}
                               for p, m in zip(paths, metas)]}
     for key in ("inference", "seed"):
         if key in metas[0]:

@@ -45,6 +45,8 @@ def test_average_of_copies_is_the_checkpoint_itself(tmp_path):
     out = average_checkpoints([a, a, a], tmp_path / "avg-v3.ckpt")
     sa, avg = load_checkpoint(a)["state_dict"], load_checkpoint(out)["state_dict"]
     assert all(torch.equal(avg[k], sa[k]) for k in sa)
+    safetensors = load_checkpoint(average_checkpoints([a, a], tmp_path / "avg-v3.safetensors"))
+    assert all(torch.equal(safetensors["state_dict"][k], sa[k]) for k in sa)
 
 
 def test_mismatched_inputs_are_refused(tmp_path):
@@ -58,7 +60,7 @@ def test_mismatched_inputs_are_refused(tmp_path):
         average_checkpoints([a, other_preset], tmp_path / "avg-v3.ckpt")
     with pytest.raises(ValueError, match="at least two"):
         average_checkpoints([a], tmp_path / "avg-v3.ckpt")
-    with pytest.raises(ValueError, match="contains 'v3'"):
+    with pytest.raises(ValueError, match="must contain 'v3'"):
         average_checkpoints([a, a], tmp_path / "average.ckpt")
     assert not (tmp_path / "avg-v3.ckpt").exists() and not (tmp_path / "average.ckpt").exists()
 
