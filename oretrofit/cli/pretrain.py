@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
     @app.command("pretrain-export")
     def pretrain_export(
         run: Path = typer.Option(..., "--run", help="A pretrain-demo output folder"),
-        out: Path = typer.Option(..., "--out", help="Checkpoint to write; the name must contain v3"),
+        out: Path = typer.Option(..., "--out", help="Checkpoint to write (.ckpt or .safetensors); the name must contain v3"),
         inference: str = typer.Option(DEFAULT_PRESET, "--inference",
                                       help="Inference preset the checkpoint carries (see pretrain-eval --help)"),
     ) -> None:

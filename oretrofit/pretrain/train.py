@@ -110,8 +110,11 @@ def build_host(host: HostConfig, seed: int) -> torch.nn.Module:
 def save_tabpfn_checkpoint(model: torch.nn.Module, host: HostConfig, path: Path,
                            meta: dict[str, Any], inference: dict[str, Any] | None = None) -> Path:
     """Write ``model`` in tabpfn's checkpoint format with the ``inference`` config (a stored
-    inference_config dict; default: the default preset's); ``meta`` becomes the ``oretrofit`` entry."""
-    from ..tabpfn_v3.checkpoints import save_atomic
+    inference_config dict; default: the default preset's); ``meta`` becomes the ``oretrofit`` entry.
+    The name is checked first, as for every checkpoint oretrofit writes (tabpfn reads 'v3' from it)."""
+    from ..tabpfn_v3.checkpoints import _check_name, save_atomic
+
+    _check_name(Path(path))
 
     checkpoint = {
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},

@@ -55,6 +55,11 @@ def test_two_steps_write_a_checkpoint_tabpfn_loads_and_resume_is_exact(tmp_path)
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
 
+    for bad, message in (("demo.ckpt", "must contain 'v3'"), ("tabpfn-v3.5-demo.ckpt", "v3.5 checkpoint"),
+                         ("tabpfn-v3-demo.pt", ".ckpt or .safetensors")):  # names tabpfn would misread
+        with pytest.raises(ValueError, match=message):
+            export_checkpoint(tmp_path / "run", tmp_path / bad)
+        assert not (tmp_path / bad).exists()
     shipped = export_checkpoint(tmp_path / "run", tmp_path / "tabpfn-v3-exported.ckpt")
     assert torch.load(shipped, weights_only=True)["oretrofit"]["steps"] == 3
     rng = np.random.default_rng(0)
