@@ -54,6 +54,7 @@ class PriorConfig:
     family_weights: tuple[float, ...] = (0.4, 0.35, 0.25)  # mlp, fourier, linear[, trees]
     tree_max_count: int = 8
     tree_max_depth: int = 4
+    linear_max_interactions: int = 3  # pairwise products γ_ik x_i x_k in a linear term: 0..this many
     zero_inflated: float = 0.0     # chance a column is censored at a random threshold
     latent_inputs: float = 0.0     # chance f reads a column's latent z instead of its observed x
 
@@ -61,6 +62,8 @@ class PriorConfig:
         if len(self.family_weights) not in (3, 4) or min(self.family_weights) < 0 or not any(self.family_weights):
             raise ValueError(f"family_weights {self.family_weights} must be 3 or 4 non-negative weights "
                              "(mlp, fourier, linear[, trees]), not all zero")
+        if self.linear_max_interactions < 0:
+            raise ValueError(f"linear_max_interactions is a count >= 0, got {self.linear_max_interactions}")
         for name in ("zero_inflated", "latent_inputs"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} is a probability in [0, 1], got {getattr(self, name)}")
@@ -130,10 +133,9 @@ def _fourier(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.nd
 
 
 def _sparse_linear(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndarray:
-    del cfg  # the families share one signature
     n_features = x.shape[1]
     f = x @ (rng.normal(size=n_features) * (rng.random(n_features) < rng.uniform(0.3, 1.0)))
-    for _ in range(int(rng.integers(0, 4))):
+    for _ in range(int(rng.integers(0, cfg.linear_max_interactions + 1))):
         i, k = rng.integers(n_features, size=2)
         f = f + rng.normal() * x[:, i] * x[:, k]
     return f

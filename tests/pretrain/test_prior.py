@@ -76,12 +76,28 @@ def test_tree_family_is_piecewise_constant(seed):
     assert 1 <= len(np.unique(np.round(y, 6))) <= 4
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_linear_family_without_interactions_is_exactly_linear(seed):
+    # Only the linear family, no products, no noise to speak of: y is affine in the columns it reads.
+    additive = dataclasses.replace(CFG, family_weights=(0.0, 0.0, 1.0), linear_max_interactions=0,
+                                   noise_min=1e-9, noise_max=1e-9)
+    x, y = sample_task(np.random.default_rng(seed), 200, 4, 150, additive)
+    design = np.column_stack([x, np.ones(len(x))])
+    residual = y - design @ np.linalg.lstsq(design, y, rcond=None)[0]
+    assert np.abs(residual).max() < 1e-6
+    products = dataclasses.replace(additive, linear_max_interactions=50)
+    x, y = sample_task(np.random.default_rng(seed), 200, 4, 150, products)
+    design = np.column_stack([x, np.ones(len(x))])
+    assert np.abs(y - design @ np.linalg.lstsq(design, y, rcond=None)[0]).max() > 1e-2
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"family_weights": (0.5, 0.5)}, "3 or 4 non-negative weights"),
     ({"family_weights": (0.0, 0.0, 0.0)}, "not all zero"),
     ({"family_weights": (1.0, -0.1, 0.2)}, "non-negative"),
     ({"zero_inflated": 1.5}, "zero_inflated is a probability"),
     ({"latent_inputs": -0.1}, "latent_inputs is a probability"),
+    ({"linear_max_interactions": -1}, "linear_max_interactions is a count"),
 ])
 def test_invalid_prior_options_are_refused(change, message):
     with pytest.raises(ValueError, match=message):

@@ -99,6 +99,16 @@ def test_friedman1_is_fixed_and_local_files_load(tmp_path):
     assert from_csv.checksum == from_parquet.checksum
 
 
+def test_regression_generator_is_linear_with_noise_as_large_as_the_signal():
+    data = load_dataset("sklearn:regression")
+    assert data.X.shape == (442, 10) and data.checksum == load_dataset("sklearn:regression").checksum
+    design = np.column_stack([data.X, np.ones(len(data.X))])
+    fitted = design @ np.linalg.lstsq(design, data.y, rcond=None)[0]
+    r2 = 1 - np.sum((data.y - fitted) ** 2) / np.sum((data.y - data.y.mean()) ** 2)
+    assert 0.4 < r2 < 0.6  # noise sd 180 ≈ sd of the linear signal: least squares explains about half
+    assert "make_regression(n_samples=442" in data.source["loader"]
+
+
 @pytest.mark.parametrize("spec, message", [
     ("nope:1", "unknown dataset spec"), ("openml:abc", "numeric id"),
     ("file:/x.csv", "needs a target"), ("sklearn:iris", "unknown scikit-learn dataset"),
