@@ -6,6 +6,7 @@ evaluation receipt written by :func:`oretrofit.pretrain.evaluate.evaluate`; noth
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -53,11 +54,14 @@ def plot_loss(stage_logs: list[list[tuple]], path: Path) -> Path:
 
 def _stage_table(stages: list[dict[str, Any]]) -> str:
     """One row per stage: steps, wall time, batch, peak lr, prior fields changed from stage 1, final NLL."""
-    first_prior = stages[0]["train_config"]["prior"]
+    # A stage recorded before a prior field existed ran with that field's default (new fields
+    # default to the earlier behaviour), so missing fields are read as their defaults.
+    defaults = dataclasses.asdict(prior_module.PriorConfig())
+    first_prior = {**defaults, **stages[0]["train_config"]["prior"]}
     rows = []
     for number, stage in enumerate(stages, start=1):
         cfg = stage["train_config"]
-        changed = ", ".join(f"`{k}` {first_prior[k]} → {v}" for k, v in cfg["prior"].items()
+        changed = ", ".join(f"`{k}` {first_prior[k]} → {v}" for k, v in {**defaults, **cfg["prior"]}.items()
                             if v != first_prior[k]) or "–"
         rows.append([number, stage["steps"], f"{stage['elapsed_s'] / 60:.1f}", cfg["batch_size"],
                      f"{cfg['lr']:g}", changed, f"{stage['loss_log'][-1][3]:.4f}"])

@@ -61,6 +61,24 @@ def test_card_of_a_second_stage_reports_totals_and_each_stage(tmp_path):
     assert "| `noise_max` | 3.0 |" in text
 
 
+def test_card_reads_a_prior_field_an_earlier_stage_did_not_record_as_its_default(tmp_path):
+    import torch
+
+    from oretrofit.pretrain.train import STATE_NAME
+
+    train(tmp_path / "one", dataclasses.replace(TINY, max_steps=1), progress=False)
+    state = torch.load(tmp_path / "one" / STATE_NAME, weights_only=False)
+    del state["train_config"]["prior"]["linear_max_interactions"]  # as a run from before the field existed
+    torch.save(state, tmp_path / "one" / STATE_NAME)
+    additive = dataclasses.replace(TINY.prior, linear_max_interactions=0)
+    train(tmp_path / "two", dataclasses.replace(TINY, max_steps=1, prior=additive),
+          init_from=tmp_path / "one", progress=False)
+    (tmp_path / "eval.json").write_text(json.dumps(_receipt(tmp_path / "two" / CHECKPOINT_NAME)))
+    text = write_card(tmp_path / "two", tmp_path / "eval.json", tmp_path / "card.md",
+                      training_command="two stages").read_text()
+    assert "| 1 | 1 |" in text and "`linear_max_interactions` 3 → 0" in text
+
+
 def _run_receipt(host_r2, sha="ab", cap=None):
     receipt = _receipt("host.ckpt")
     for row in receipt["results"]:
