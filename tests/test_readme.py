@@ -32,7 +32,8 @@ QUOTED_REPORTS = ["results/studies/otransformer.md", "results/studies/adapters.m
 EVALUATION_RECEIPTS = ["oretrofit/data/tabpfn-v3-demo-eval.json",
                        "results/demo-host/validation/baselines-validation.json",
                        "results/demo-host/learning-curve/concrete-200.json",
-                       "results/demo-host/learning-curve/concrete-400.json"]
+                       "results/demo-host/learning-curve/concrete-400.json",
+                       "results/demo-host/probe-linear/v9b.json"]
 
 # benchmark scripts that print a table and keep it in their receipt's "markdown" field
 BENCHMARK_RECEIPTS = ["results/bench_pretrain_sizes.json", "results/bench_pretrain_threads.json"]
