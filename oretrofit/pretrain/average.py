@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..tabpfn_v3.checkpoints import _check_name, checkpoint_sha256, load_checkpoint, save_atomic
+from ..tabpfn_v3.checkpoints import check_checkpoint_name, checkpoint_sha256, load_checkpoint, save_atomic
 
 __all__ = ["average_checkpoints"]
 
@@ -41,7 +41,7 @@ def average_checkpoints(paths: list[Path], dest: Path) -> Path:
     sha256 and own entry, and the steps and wall time summed over the inputs.
     """
     paths, dest = [Path(p) for p in paths], Path(dest)
-    _check_name(dest)                   # the name tabpfn needs; the same check as for patched artifacts
+    check_checkpoint_name(dest)                   # the name tabpfn needs; the same check as for patched artifacts
     if len(paths) < 2:
         raise ValueError("give at least two checkpoints to average")
     checkpoints = [load_checkpoint(p) for p in paths]

@@ -6,7 +6,8 @@ builds a target ``f(X)`` as a random mixture of three (or four) function familie
 * a random MLP          f(x) = W_L σ(... σ(W_1 x_S + b_1) ...)      on a feature subset S,
 * random Fourier feats  f(x) = Σ_j a_j cos(w_j·x + c_j),  w_j ~ N(0, diag(1/ℓ²)),
                         ℓ_i log-uniform (ARD: a large ℓ_i makes feature i irrelevant),
-* sparse linear + interactions  f(x) = Σ_{i∈S} β_i x_i + Σ_{(i,k)} γ_ik x_i x_k,
+* sparse linear + interactions  f(x) = Σ_{i∈S} β_i x_i + Σ_{(i,k)} γ_ik x_i x_k  (0 to
+                        ``linear_max_interactions`` random products),
 * (optional 4th weight) random oblivious trees  f(x) = Σ_t c_t[Σ_l 2^l·1(x_{k_tl} > θ_tl)],
                         axis-aligned steps and interactions, thresholds at data points,
 

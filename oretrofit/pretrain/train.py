@@ -112,9 +112,9 @@ def save_tabpfn_checkpoint(model: torch.nn.Module, host: HostConfig, path: Path,
     """Write ``model`` in tabpfn's checkpoint format with the ``inference`` config (a stored
     inference_config dict; default: the default preset's); ``meta`` becomes the ``oretrofit`` entry.
     The name is checked first, as for every checkpoint oretrofit writes (tabpfn reads 'v3' from it)."""
-    from ..tabpfn_v3.checkpoints import _check_name, save_atomic
+    from ..tabpfn_v3.checkpoints import check_checkpoint_name, save_atomic
 
-    _check_name(Path(path))
+    check_checkpoint_name(Path(path))
 
     checkpoint = {
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .._registry import SPEC_VERSION, Retrofit, RetrofitError
-from .checkpoints import _check_name, load_checkpoint, save_atomic
+from .checkpoints import check_checkpoint_name, load_checkpoint, save_atomic
 from .regressor import regressor_from_checkpoint, spec_patch
 
 __all__ = ["ARTIFACT_KEY", "write_patched_artifact", "read_patch_spec", "load_patched_regressor"]
@@ -30,7 +30,7 @@ def write_patched_artifact(out: str | os.PathLike[str], source: str | os.PathLik
     ``out`` must be named like a v3 checkpoint (``*v3*.ckpt`` or ``*v3*.safetensors``).
     """
     out = Path(out)
-    _check_name(out)
+    check_checkpoint_name(out)
     if spec.get("schema_version") != SPEC_VERSION:
         raise RetrofitError(f"patch spec schema_version {spec.get('schema_version')!r} is not "
                             f"{SPEC_VERSION}; create it with Retrofit.spec()")

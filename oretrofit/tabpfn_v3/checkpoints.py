@@ -26,7 +26,7 @@ from .._provenance import sha256_file
 from .._registry import RetrofitError
 
 __all__ = ["SIZES", "write_random_checkpoint", "resolve_model_path", "checkpoint_sha256",
-           "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic",
+           "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic", "check_checkpoint_name",
            "default_inference_config", "DEMO_CHECKPOINT", "DEFAULT_CHECKPOINT_NAME"]
 
 # "default" is the vendor's v3 architecture (58.3M parameters with 5000 buckets); "small" a
@@ -106,7 +106,7 @@ def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", s
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
     path = Path(path)
-    _check_name(path)
+    check_checkpoint_name(path)
     config, _ = v3.parse_config(dict(SIZES[size]))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -126,7 +126,9 @@ def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", s
     return save_atomic(checkpoint, path)
 
 
-def _check_name(path: Path) -> None:
+def check_checkpoint_name(path: Path) -> None:
+    """Refuse a file name tabpfn would misread: it must be .ckpt/.safetensors and contain 'v3' (not 'v3.5'),
+    because tabpfn reads the model version from the name. Every checkpoint oretrofit writes is checked."""
     if path.suffix not in (".ckpt", ".safetensors"):
         raise RetrofitError(f"{path.name}: a TabPFN checkpoint is a .ckpt or .safetensors file")
     if "v3.5" in path.name:
@@ -184,7 +186,7 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:
     if not path.exists():
         raise RetrofitError(f"checkpoint {path} does not exist; pass a TabPFN v3 .ckpt or "
                             ".safetensors file, 'demo' or 'random'")
-    _check_name(path)
+    check_checkpoint_name(path)
     load_checkpoint(path)
     return path
 
