@@ -72,6 +72,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed"),
         resume: bool = typer.Option(False, "--resume", help="Continue from OUT/train_state.pt"),
         max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many steps (tests, smoke runs)"),
+        budget_steps: int = typer.Option(None, "--budget-steps",
+                                         help="Train exactly N steps, the schedule over steps instead of "
+                                              "wall-clock (the same host on any machine); replaces --budget"),
         init_from: Path = typer.Option(None, "--init-from",
                                        help="Start a new stage from this run folder's weights (fresh optimiser)"),
         lr: float = typer.Option(None, "--lr", help="Peak learning rate (default: TrainConfig's)"),
@@ -86,7 +89,7 @@ def register(app: typer.Typer) -> None:
 
         overrides = {k: v for k, v in (("lr", lr), ("batch_size", batch_size)) if v is not None}
         try:
-            cfg = TrainConfig(budget_s=parse_budget(budget), seed=seed, max_steps=max_steps,
+            cfg = TrainConfig(budget_s=parse_budget(budget), seed=seed, max_steps=max_steps, budget_steps=budget_steps,
                               prior=parse_prior_overrides(prior), host=parse_host_overrides(host), **overrides)
             summary = train(out, cfg, resume=resume, init_from=init_from)
         except ValueError as exc:

@@ -7,7 +7,10 @@ of the test targets under v3's spline bucket borders b_0 < … < b_K:
     NLL(y) = −log softmax(logits)_k + log(b_{k+1} − b_k),   k such that b_k ≤ y < b_{k+1}.
 
 The learning rate warms up linearly over ``warmup_steps`` and then follows a cosine in the
-fraction of the wall-clock budget spent, so a run ends annealed whenever its budget ends.
+fraction of the wall-clock budget spent, so a run ends annealed whenever its budget ends. With
+``budget_steps`` the horizon is a step count instead: the run takes exactly that many steps and
+the schedule depends on the step alone, so the same configuration trains the same host on a
+faster or slower machine (a wall-clock budget gives a faster machine more steps).
 Every ``save_every_s`` seconds the loop writes ``train_state.pt`` (weights, optimiser, step,
 elapsed time, sampler state, loss log) and the tabpfn-format checkpoint; ``resume=True``
 continues from ``train_state.pt`` exactly where it stopped.
@@ -79,8 +82,14 @@ class TrainConfig:
     save_every_s: float = 120.0
     log_every: int = 10
     max_steps: int | None = None
+    # the schedule's horizon in steps instead of budget_s (which it then replaces): machine-independent
+    budget_steps: int | None = None
     host: HostConfig = dataclasses.field(default_factory=HostConfig)
     prior: PriorConfig = dataclasses.field(default_factory=PriorConfig)
+
+    def __post_init__(self) -> None:
+        if self.budget_steps is not None and self.budget_steps < 1:
+            raise ValueError(f"budget_steps must be a positive step count, got {self.budget_steps}")
 
 
 def spline_borders(num_buckets: int) -> torch.Tensor:
@@ -170,10 +179,11 @@ def export_checkpoint(run: Path, dest: Path, inference: str = DEFAULT_PRESET) ->
 
 
 def _lr(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
-    """Linear warm-up, then cosine from lr to final_lr_fraction·lr over the budget's elapsed fraction."""
+    """Linear warm-up, then cosine from lr to final_lr_fraction·lr over the budget's elapsed fraction
+    (of ``budget_steps`` when set, else of the wall-clock ``budget_s``)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = min(elapsed_s / cfg.budget_s, 1.0)
+    frac = min(step / cfg.budget_steps if cfg.budget_steps else elapsed_s / cfg.budget_s, 1.0)
     floor = cfg.final_lr_fraction
     return cfg.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
@@ -229,10 +239,11 @@ def training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Tas
 
 def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path | None = None,
           progress: bool = True) -> dict[str, Any]:
-    """Prior-fit the host until ``cfg.budget_s`` of wall-clock (or ``max_steps``) is spent; return a summary.
+    """Prior-fit the host until its budget (``cfg.budget_steps`` steps, else ``cfg.budget_s`` of
+    wall-clock) or ``max_steps`` is spent; return a summary.
 
     With ``resume``, ``cfg`` is replaced by the configuration stored in ``out/train_state.pt``
-    except for ``budget_s`` and ``max_steps``, which may be extended. With ``init_from`` (a run
+    except for ``budget_s``, ``budget_steps`` and ``max_steps``, which may be extended. With ``init_from`` (a run
     folder), training starts from that run's weights as a new stage with ``cfg``'s prior,
     learning rate and budget and a fresh optimiser.
     """
@@ -245,7 +256,8 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
     if resume:
         state = load_state(out, "drop --resume to start fresh")
         stored = _config_from_dict(dict(state["train_config"]))
-        cfg = dataclasses.replace(stored, budget_s=cfg.budget_s, max_steps=cfg.max_steps)
+        cfg = dataclasses.replace(stored, budget_s=cfg.budget_s, budget_steps=cfg.budget_steps,
+                                  max_steps=cfg.max_steps)
         stages = state.get("stages", [])
     model = build_host(cfg.host, cfg.seed)
     if init_from is not None:
@@ -265,9 +277,11 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
     start = time.monotonic()
     last_save = start
     window: list[float] = []
+    budget = f"{cfg.budget_steps} steps" if cfg.budget_steps else f"{cfg.budget_s:.0f}s"
     while True:
         elapsed = elapsed0 + time.monotonic() - start
-        if elapsed >= cfg.budget_s or (cfg.max_steps is not None and step >= cfg.max_steps):
+        spent = step >= cfg.budget_steps if cfg.budget_steps else elapsed >= cfg.budget_s
+        if spent or (cfg.max_steps is not None and step >= cfg.max_steps):
             break
         lr = _lr(cfg, step, elapsed)
         for group in opt.param_groups:
@@ -279,7 +293,7 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
             log.append((step, elapsed, lr, float(np.mean(window))))
             window.clear()
             if progress:
-                print(f"step {step}  {elapsed:7.0f}s/{cfg.budget_s:.0f}s  lr {lr:.2e}  "
+                print(f"step {step}  {elapsed:7.0f}s  budget {budget}  lr {lr:.2e}  "
                       f"nll {log[-1][3]:.4f}", file=sys.stderr, flush=True)
         if time.monotonic() - last_save >= cfg.save_every_s:
             _save_state(out, model, opt, cfg, step, elapsed0 + time.monotonic() - start, rng, log, stages)

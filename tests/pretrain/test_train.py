@@ -168,6 +168,8 @@ def test_cli_errors_name_the_fix(tmp_path):
     assert result.exit_code == 2 and "not a duration" in result.output
     result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--host", "emsize=8"])
     assert result.exit_code == 2 and "--host 'emsize=8' is not KEY=VALUE" in result.output
+    result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--budget-steps", "0"])
+    assert result.exit_code == 2 and "budget_steps must be a positive step count" in result.output
 
 
 def test_cli_host_option_sets_the_trained_architecture(tmp_path):
@@ -185,3 +187,26 @@ def test_cli_host_option_sets_the_trained_architecture(tmp_path):
     checkpoint = torch.load(tmp_path / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
     assert checkpoint["config"]["embed_dim"] == TINY.host.embed_dim == 16
     assert checkpoint["config"]["nlayers"] == TINY.host.nlayers
+
+
+def test_a_step_budget_trains_the_same_host_whatever_the_clock(tmp_path, monkeypatch):
+    # past warm-up the wall-clock schedule depends on elapsed time; a step budget must not
+    cfg = dataclasses.replace(TINY, warmup_steps=1, budget_s=1e-9, budget_steps=4)
+    first = train(tmp_path / "a", cfg, progress=False)
+    import oretrofit.pretrain.train as train_module
+
+    ticks = iter(range(0, 10**6, 1000))  # a clock 1000 s per reading: any time-based horizon is spent
+    monkeypatch.setattr(train_module.time, "monotonic", lambda: float(next(ticks)))
+    second = train(tmp_path / "b", cfg, progress=False)
+    assert first["steps"] == second["steps"] == 4
+    a = torch.load(tmp_path / "a" / STATE_NAME, weights_only=False)
+    b = torch.load(tmp_path / "b" / STATE_NAME, weights_only=False)
+    assert [r[2] for r in a["loss_log"]] == [r[2] for r in b["loss_log"]]  # the same learning rates
+    assert a["loss_log"][-1][2] < a["loss_log"][1][2]  # and they do anneal over the 4 steps
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+
+
+def test_a_step_budget_must_be_positive():
+    with pytest.raises(ValueError, match="positive step count"):
+        dataclasses.replace(TINY, budget_steps=0)
