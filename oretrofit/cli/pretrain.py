@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many steps (tests, smoke runs)"),
         budget_steps: int = typer.Option(None, "--budget-steps",
                                          help="Train exactly N steps, the schedule over steps instead of "
-                                              "wall-clock (the same host on any machine); replaces --budget"),
+                                              "wall-clock (the same steps on any machine); replaces --budget"),
         init_from: Path = typer.Option(None, "--init-from",
                                        help="Start a new stage from this run folder's weights (fresh optimiser)"),
         lr: float = typer.Option(None, "--lr", help="Peak learning rate (default: TrainConfig's)"),

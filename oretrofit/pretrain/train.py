@@ -9,7 +9,7 @@ of the test targets under v3's spline bucket borders b_0 < … < b_K:
 The learning rate warms up linearly over ``warmup_steps`` and then follows a cosine in the
 fraction of the wall-clock budget spent, so a run ends annealed whenever its budget ends. With
 ``budget_steps`` the horizon is a step count instead: the run takes exactly that many steps and
-the schedule depends on the step alone, so the same configuration trains the same host on a
+the schedule depends on the step alone, so the same configuration takes the same steps on a
 faster or slower machine (a wall-clock budget gives a faster machine more steps).
 Every ``save_every_s`` seconds the loop writes ``train_state.pt`` (weights, optimiser, step,
 elapsed time, sampler state, loss log) and the tabpfn-format checkpoint; ``resume=True``
@@ -178,12 +178,19 @@ def export_checkpoint(run: Path, dest: Path, inference: str = DEFAULT_PRESET) ->
                                   inference_config(inference))
 
 
+def _budget_spent(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
+    """Fraction of the run's budget spent: of ``budget_steps`` when set, else of the wall-clock
+    ``budget_s``; the run stops at 1 and the schedule anneals over it."""
+    if cfg.budget_steps:
+        return step / cfg.budget_steps
+    return elapsed_s / cfg.budget_s if cfg.budget_s > 0 else 1.0
+
+
 def _lr(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
-    """Linear warm-up, then cosine from lr to final_lr_fraction·lr over the budget's elapsed fraction
-    (of ``budget_steps`` when set, else of the wall-clock ``budget_s``)."""
+    """Linear warm-up, then cosine from lr to final_lr_fraction·lr over the budget's spent fraction."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = min(step / cfg.budget_steps if cfg.budget_steps else elapsed_s / cfg.budget_s, 1.0)
+    frac = min(_budget_spent(cfg, step, elapsed_s), 1.0)
     floor = cfg.final_lr_fraction
     return cfg.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
@@ -243,9 +250,9 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
     wall-clock) or ``max_steps`` is spent; return a summary.
 
     With ``resume``, ``cfg`` is replaced by the configuration stored in ``out/train_state.pt``
-    except for ``budget_s``, ``budget_steps`` and ``max_steps``, which may be extended. With ``init_from`` (a run
-    folder), training starts from that run's weights as a new stage with ``cfg``'s prior,
-    learning rate and budget and a fresh optimiser.
+    except for ``budget_s``, ``budget_steps`` and ``max_steps``, which may be extended. With
+    ``init_from`` (a run folder), training starts from that run's weights as a new stage with
+    ``cfg``'s prior, learning rate and budget and a fresh optimiser.
     """
     out = Path(out)
     if resume and init_from is not None:
@@ -280,8 +287,8 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
     budget = f"{cfg.budget_steps} steps" if cfg.budget_steps else f"{cfg.budget_s:.0f}s"
     while True:
         elapsed = elapsed0 + time.monotonic() - start
-        spent = step >= cfg.budget_steps if cfg.budget_steps else elapsed >= cfg.budget_s
-        if spent or (cfg.max_steps is not None and step >= cfg.max_steps):
+        at_max_steps = cfg.max_steps is not None and step >= cfg.max_steps
+        if _budget_spent(cfg, step, elapsed) >= 1.0 or at_max_steps:
             break
         lr = _lr(cfg, step, elapsed)
         for group in opt.param_groups:
