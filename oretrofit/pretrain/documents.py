@@ -1,0 +1,90 @@
+"""The comparison tables in the project's Markdown documents, regenerated from their commands.
+
+A comparison is a fenced block holding one ``oretrofit pretrain-compare --receipt "LABEL=PATH" ...``
+command, followed (after blank lines) by the pipe table that command prints. The README and the
+demo host's run history show many; :func:`refresh_comparisons` rewrites each table from the
+receipts its command names, so a rescored receipt reaches every document without a number typed
+by hand, and the README's tests check the same tables with the same parser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Iterable
+
+from .card import compare_runs
+
+__all__ = ["Comparison", "comparisons", "labelled_receipts", "refresh_comparisons"]
+
+COMMAND = "oretrofit pretrain-compare"
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One comparison block: its command and the table shown under it (lines ``start:end``)."""
+
+    command: str  # the fenced lines, each stripped, joined with newlines
+    table: str    # the pipe table's lines, each stripped
+    start: int
+    end: int
+
+    def receipt_items(self) -> list[str]:
+        """The command's ``LABEL=PATH`` arguments, in order."""
+        argv = shlex.split(self.command.replace("\\\n", " "))
+        return [value for flag, value in zip(argv, argv[1:]) if flag == "--receipt"]
+
+
+def comparisons(text: str) -> list[Comparison]:
+    """Every fenced ``oretrofit pretrain-compare`` block in ``text`` that a pipe table follows."""
+    lines = text.splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        if not lines[i].strip().startswith("```"):  # an opening fence may name a language
+            i += 1
+            continue
+        end = next((k for k in range(i + 1, len(lines)) if lines[k].strip() == "```"), None)
+        if end is None:
+            raise ValueError(f"the fence opened on line {i + 1} is never closed")
+        command = "\n".join(line.strip() for line in lines[i + 1:end])
+        start = end + 1
+        while start < len(lines) and not lines[start].strip():
+            start += 1
+        stop = start
+        while stop < len(lines) and lines[stop].strip().startswith("|"):
+            stop += 1
+        if stop > start and command.startswith(COMMAND):
+            found.append(Comparison(command, "\n".join(line.strip() for line in lines[start:stop]), start, stop))
+        i = end + 1
+    return found
+
+
+def labelled_receipts(items: Iterable[str], root: Path = Path(".")) -> dict[str, dict[str, Any]]:
+    """``{LABEL: receipt}`` for ``LABEL=PATH`` items, each PATH read relative to ``root``."""
+    receipts = {}
+    for item in items:
+        label, sep, path = item.partition("=")
+        if not sep or not label:
+            raise ValueError(f"--receipt {item!r} is not LABEL=PATH")
+        if not (Path(root) / path).is_file():
+            raise ValueError(f"--receipt {item!r}: {path} does not exist; give a pretrain-eval receipt")
+        receipts[label] = json.loads((Path(root) / path).read_text())
+    return receipts
+
+
+def refresh_comparisons(text: str, root: Path = Path(".")) -> tuple[str, int]:
+    """``text`` with every comparison table replaced by what its command prints now, and how many
+    tables changed. Receipt paths are read relative to ``root``; each table keeps its indentation."""
+    lines = text.splitlines(keepends=True)
+    changed = 0
+    for block in reversed(comparisons(text)):  # from the end, so earlier line numbers stay valid
+        table = compare_runs(labelled_receipts(block.receipt_items(), root)).strip()
+        if table == block.table:
+            continue
+        first = lines[block.start]
+        indent = first[: len(first) - len(first.lstrip())]
+        lines[block.start:block.end] = [f"{indent}{row}\n" for row in table.splitlines()]
+        changed += 1
+    return "".join(lines), changed

@@ -1,0 +1,91 @@
+"""A document's pretrain-compare tables are found after their commands and rewritten from the receipts."""
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from oretrofit.pretrain.card import compare_runs
+from oretrofit.pretrain.documents import comparisons, labelled_receipts, refresh_comparisons
+
+from .test_card import _run_receipt
+
+DOC = """# Runs
+
+Intro text.
+
+* A list item whose comparison is indented:
+
+  ```
+  oretrofit pretrain-compare --receipt "run a=a.json" \\
+      --receipt "run b=b.json"
+  ```
+
+  | run | stale |
+  |---|---|
+  | run a | 0.000 |
+
+  Text after the table.
+
+```bash
+oretrofit pretrain-eval --checkpoint x.ckpt
+```
+
+| not | a comparison |
+|---|---|
+
+```
+oretrofit pretrain-compare --receipt "only b=b.json"
+```
+"""
+
+
+@pytest.fixture
+def receipts(tmp_path):
+    for name, r2 in (("a", 0.5), ("b", 0.4)):
+        (tmp_path / f"{name}.json").write_text(
+            json.dumps(_run_receipt({"sklearn:diabetes": r2, "sklearn:friedman1": 0.7}, sha=name * 2)))
+    return tmp_path
+
+
+def test_only_compare_commands_followed_by_a_table_are_comparisons():
+    (block,) = comparisons(DOC)
+    assert block.receipt_items() == ["run a=a.json", "run b=b.json"]
+    assert block.table.splitlines()[0] == "| run | stale |"
+
+
+def test_a_stale_table_is_rewritten_in_place_and_nothing_else_moves(receipts):
+    text, changed = refresh_comparisons(DOC, receipts)
+    assert changed == 1
+    table = compare_runs(labelled_receipts(["run a=a.json", "run b=b.json"], receipts))
+    assert "\n".join("  " + row for row in table.strip().splitlines()) in text  # the list item's indent kept
+    assert "| run a | 0.000 |" not in text
+    before, after = DOC.split("  | run | stale |")[0], DOC.split("| run a | 0.000 |\n")[1]
+    assert text.startswith(before) and text.endswith(after)
+    assert refresh_comparisons(text, receipts) == (text, 0)  # a fresh document is left alone
+
+
+def test_a_missing_receipt_or_an_unclosed_fence_is_named(tmp_path):
+    with pytest.raises(ValueError, match="a.json does not exist"):
+        refresh_comparisons(DOC, tmp_path)
+    with pytest.raises(ValueError, match="line 1 is never closed"):
+        comparisons("```\noretrofit pretrain-compare --receipt x=y.json\n")
+
+
+def test_refresh_cli_checks_then_rewrites_the_document(receipts, monkeypatch):
+    from oretrofit.cli.pretrain import register
+
+    app = typer.Typer()
+    register(app)
+    doc = receipts / "doc.md"
+    doc.write_text(DOC)
+    monkeypatch.chdir(receipts)  # receipt paths are relative to where the command runs
+    check = CliRunner().invoke(app, ["pretrain-refresh-docs", "--check", str(doc)])
+    assert check.exit_code == 1 and "1 table(s) stale" in check.output and doc.read_text() == DOC
+    rewrite = CliRunner().invoke(app, ["pretrain-refresh-docs", str(doc)])
+    assert rewrite.exit_code == 0 and doc.read_text() == refresh_comparisons(DOC, receipts)[0]
+    again = CliRunner().invoke(app, ["pretrain-refresh-docs", "--check", str(doc)])
+    assert again.exit_code == 0 and "0 table(s) stale" in again.output
+    gone = CliRunner().invoke(app, ["pretrain-refresh-docs", str(receipts / "none.md")])
+    assert gone.exit_code == 2 and "none.md" in gone.output
