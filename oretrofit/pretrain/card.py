@@ -15,7 +15,7 @@ from .._markdown import pipe_table
 from . import prior as prior_module
 from .evaluate import markdown_table, split_key
 from .inference import describe, recorded_preset
-from .train import CHECKPOINT_NAME, load_state, stage_record, stage_totals
+from .train import CHECKPOINT_NAME, config_from_state, load_state, stage_record, stage_totals
 
 __all__ = ["TARGETS", "compare_runs", "plot_loss", "targets_met", "write_card"]
 
@@ -54,15 +54,12 @@ def plot_loss(stage_logs: list[list[tuple]], path: Path) -> Path:
 
 def _stage_table(stages: list[dict[str, Any]]) -> str:
     """One row per stage: steps, wall time, batch, peak lr, prior fields changed from stage 1, final NLL."""
-    # A stage recorded before a prior field existed ran with that field's default (new fields
-    # default to the earlier behaviour), so missing fields are read as their defaults.
-    defaults = dataclasses.asdict(prior_module.PriorConfig())
-    first_prior = {**defaults, **stages[0]["train_config"]["prior"]}
+    priors = [dataclasses.asdict(config_from_state(stage["train_config"]).prior) for stage in stages]
     rows = []
-    for number, stage in enumerate(stages, start=1):
+    for number, (stage, prior) in enumerate(zip(stages, priors), start=1):
         cfg = stage["train_config"]
-        changed = ", ".join(f"`{k}` {first_prior[k]} → {v}" for k, v in {**defaults, **cfg["prior"]}.items()
-                            if v != first_prior[k]) or "–"
+        changed = ", ".join(f"`{k}` {priors[0][k]} → {v}" for k, v in prior.items()
+                            if v != priors[0][k]) or "–"
         rows.append([number, stage["steps"], f"{stage['elapsed_s'] / 60:.1f}", cfg["batch_size"],
                      f"{cfg['lr']:g}", changed, f"{stage['loss_log'][-1][3]:.4f}"])
     return pipe_table(["stage", "steps", "wall min", "batch", "peak lr", "prior changed from stage 1",
@@ -177,8 +174,9 @@ Fields of the last stage (earlier stages' differences are in the stage table bel
 ## Training
 
 Loss: bar-distribution NLL of the test rows' standardised targets (`oretrofit.pretrain.train.bar_nll`);
-AdamW, linear warm-up then cosine in the fraction of the wall-clock budget spent. A later stage
-starts from the previous stage's weights with a fresh optimiser and its own schedule.
+AdamW, linear warm-up then cosine in the fraction of the stage's budget spent (its wall-clock
+`budget_s`, or its step count `budget_steps` where set). A later stage starts from the previous
+stage's weights with a fresh optimiser and its own schedule.
 
 {_stage_table(stages)}
 

@@ -37,7 +37,7 @@ from .inference import DEFAULT_PRESET, inference_config
 from .prior import PriorConfig, TaskBatch, sample_batch
 
 __all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "build_optimizer", "demo_meta",
-           "export_checkpoint", "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals",
+           "config_from_state", "export_checkpoint", "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals",
            "train", "training_step"]
 
 CHECKPOINT_NAME = "tabpfn-v3-demo.ckpt"
@@ -171,7 +171,7 @@ def export_checkpoint(run: Path, dest: Path, inference: str = DEFAULT_PRESET) ->
     """Write the weights in ``run/train_state.pt`` as a standalone tabpfn checkpoint at ``dest``
     (no optimiser), carrying the ``inference`` preset's config."""
     state = load_state(run, "point --run at a pretrain-demo output folder")
-    cfg = _config_from_dict(dict(state["train_config"]))
+    cfg = config_from_state(state["train_config"])
     model = build_host(cfg.host, cfg.seed)
     model.load_state_dict(state["model"])
     return save_tabpfn_checkpoint(model, cfg.host, Path(dest), {**demo_meta(state), "inference": inference},
@@ -211,8 +211,11 @@ def _save_state(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, c
         fh.writelines(f"{s},{t:.1f},{lr:.3e},{loss:.5f}\n" for s, t, lr, loss in log)
 
 
-def _config_from_dict(raw: dict[str, Any]) -> TrainConfig:
-    prior, host = raw.pop("prior"), raw.pop("host")
+def config_from_state(stored: dict[str, Any]) -> TrainConfig:
+    """The TrainConfig a run state stores as a dict; a field the run predates takes its default
+    (new fields default to the earlier behaviour)."""
+    raw = dict(stored)
+    prior, host = dict(raw.pop("prior")), raw.pop("host")
     prior["family_weights"] = tuple(prior["family_weights"])
     return TrainConfig(**raw, host=HostConfig(**host), prior=PriorConfig(**prior))
 
@@ -220,7 +223,7 @@ def _config_from_dict(raw: dict[str, Any]) -> TrainConfig:
 def _earlier_stages(init_from: Path, cfg: TrainConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The stage records and final weights of the run at ``init_from``, checked against ``cfg.host``."""
     prev = load_state(init_from, "point --init-from at a pretrain-demo output folder")
-    prev_cfg = _config_from_dict(dict(prev["train_config"]))
+    prev_cfg = config_from_state(prev["train_config"])
     if prev_cfg.host != cfg.host:
         raise ValueError(f"--init-from {init_from} was trained with {prev_cfg.host}, this run asks for "
                          f"{cfg.host}; a new stage keeps the architecture")
@@ -262,7 +265,7 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
     stages: list[dict[str, Any]] = []
     if resume:
         state = load_state(out, "drop --resume to start fresh")
-        stored = _config_from_dict(dict(state["train_config"]))
+        stored = config_from_state(state["train_config"])
         cfg = dataclasses.replace(stored, budget_s=cfg.budget_s, budget_steps=cfg.budget_steps,
                                   max_steps=cfg.max_steps)
         stages = state.get("stages", [])
