@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         budget: str = typer.Option("2h", "--budget", help="Wall-clock training budget, e.g. 2h, 90m, 300s"),
         seed: int = typer.Option(0, "--seed"),
         resume: bool = typer.Option(False, "--resume", help="Continue from OUT/train_state.pt"),
-        max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many steps (tests, smoke runs)"),
+        max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many steps (each stage's with --curriculum; tests, smoke runs)"),
         budget_steps: int = typer.Option(None, "--budget-steps",
                                          help="Train exactly N steps, the schedule over steps instead of "
                                               "wall-clock (the same steps on any machine); replaces --budget"),
@@ -83,16 +83,26 @@ def register(app: typer.Typer) -> None:
         prior: list[str] = typer.Option([], "--prior", help="Prior override KEY=VALUE, e.g. max_rows=512 (repeatable)"),
         host: list[str] = typer.Option([], "--host",
                                        help="Architecture override KEY=VALUE, e.g. embed_dim=64 (repeatable)"),
+        curriculum: bool = typer.Option(False, "--curriculum",
+                                        help="The shipped recipe in one run: the budget split over three stages "
+                                             "on tasks of at most 128, 256, 512 rows at 1, 0.7, 0.5 x --lr, "
+                                             "seeds SEED, SEED+1, SEED+2 (stages 1-2 in OUT/stage1, OUT/stage2)"),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
     ) -> None:
         """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior."""
+        from oretrofit.pretrain.curriculum import train_curriculum
         from oretrofit.pretrain.train import TrainConfig, train
 
         overrides = {k: v for k, v in (("lr", lr), ("batch_size", batch_size)) if v is not None}
         try:
+            if curriculum and init_from is not None:
+                raise ValueError("--curriculum trains every stage from fresh weights; drop --init-from")
+            if curriculum and any(item.startswith("max_rows=") for item in prior):
+                raise ValueError("--curriculum sets max_rows per stage (128, 256, 512); drop --prior max_rows")
             cfg = TrainConfig(budget_s=parse_budget(budget), seed=seed, max_steps=max_steps, budget_steps=budget_steps,
                               prior=parse_prior_overrides(prior), host=parse_host_overrides(host), **overrides)
-            summary = train(out, cfg, resume=resume, init_from=init_from)
+            summary = (train_curriculum(out, cfg, resume=resume) if curriculum
+                       else train(out, cfg, resume=resume, init_from=init_from))
         except ValueError as exc:
             raise _fail(exc) from exc
         summary["command"] = " ".join(["oretrofit", *sys.argv[1:]])
