@@ -30,4 +30,4 @@ bench: $(STAMP)
 
 # rewrite every `oretrofit pretrain-compare` table in the documents from the receipts it names
 docs: $(STAMP)
-	$(VENV)/bin/oretrofit pretrain-refresh-docs README.md results/demo-host/attempts.md
+	$(VENV)/bin/oretrofit pretrain-refresh-docs README.md results/demo-host/attempts.md results/demo-host/choices.md

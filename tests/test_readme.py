@@ -1,5 +1,5 @@
-"""The result tables of the README (and of the demo-host run history it links) are the
-committed receipts' own output.
+"""The result tables of the README (and of the demo host's run history and choices it links) are
+the committed receipts' own output.
 
 Every number these documents report comes out of a runner: some tables are a report file quoted
 verbatim, some are printed by `oretrofit pretrain-compare` from receipts named in the command
@@ -22,7 +22,8 @@ from oretrofit.pretrain.evaluate import markdown_table
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 ATTEMPTS = (ROOT / "results/demo-host/attempts.md").read_text()
-DOCUMENTS = README + "\n" + ATTEMPTS
+CHOICES = (ROOT / "results/demo-host/choices.md").read_text()
+DOCUMENTS = README + "\n" + ATTEMPTS + "\n" + CHOICES
 
 QUOTED_REPORTS = ["results/studies/otransformer.md", "results/studies/adapters.md",
                   "results/studies/insertion.md", "results/studies/zero_columns.md",
@@ -41,17 +42,20 @@ BENCHMARK_RECEIPTS = ["results/bench_pretrain_sizes.json", "results/bench_pretra
 
 README_COMPARISONS = comparisons(README)
 ATTEMPTS_COMPARISONS = comparisons(ATTEMPTS)
+CHOICES_COMPARISONS = comparisons(CHOICES)
+ALL_COMPARISONS = README_COMPARISONS + ATTEMPTS_COMPARISONS + CHOICES_COMPARISONS
 
 
 def test_the_documents_show_their_comparisons() -> None:
-    # the README compares presets, runs on the validation suite and runs on the evaluation
-    # datasets, the run history snapshots; losing one would silently drop it from the checks
-    assert len(README_COMPARISONS) >= 3
+    # the README compares the runs on the evaluation datasets, the choices document presets and
+    # runs on the validation suite, the run history snapshots; losing one would silently drop
+    # it from the checks
+    assert len(README_COMPARISONS) >= 1
     assert len(ATTEMPTS_COMPARISONS) >= 1
+    assert len(CHOICES_COMPARISONS) >= 3
 
 
-@pytest.mark.parametrize("block", README_COMPARISONS + ATTEMPTS_COMPARISONS,
-                         ids=[f"comparison{n}" for n in range(len(README_COMPARISONS + ATTEMPTS_COMPARISONS))])
+@pytest.mark.parametrize("block", ALL_COMPARISONS, ids=[f"comparison{n}" for n in range(len(ALL_COMPARISONS))])
 def test_each_comparison_is_what_pretrain_compare_prints_from_its_receipts(block: Comparison) -> None:
     # a failure here is mended by `make docs` (oretrofit pretrain-refresh-docs), never by hand
     receipts = labelled_receipts(block.receipt_items(), ROOT)
