@@ -214,9 +214,9 @@ def register(app: typer.Typer) -> None:
     @app.command("pretrain-refresh-docs")
     def pretrain_refresh_docs(
         documents: list[Path] = typer.Argument(..., help="Markdown files holding pretrain-compare blocks"),
-        check: bool = typer.Option(False, "--check", help="Change nothing; exit 1 if a table is stale"),
+        check: bool = typer.Option(False, "--check", help="Change nothing; exit 1 if a table is stale or missing"),
     ) -> None:
-        """Rewrite the table under each `oretrofit pretrain-compare` block from the receipts it names
+        """Rewrite (or add) the table under each `oretrofit pretrain-compare` block from the receipts it names
         (paths relative to the current directory)."""
         from oretrofit.pretrain.documents import refresh_comparisons
 

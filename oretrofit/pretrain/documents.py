@@ -1,10 +1,11 @@
 """The comparison tables in the project's Markdown documents, regenerated from their commands.
 
 A comparison is a fenced block holding one ``oretrofit pretrain-compare --receipt "LABEL=PATH" ...``
-command, followed (after blank lines) by the pipe table that command prints. The README and the
+command, followed (after a blank line) by the pipe table that command prints. The README and the
 demo host's run history show many; :func:`refresh_comparisons` rewrites each table from the
-receipts its command names, so a rescored receipt reaches every document without a number typed
-by hand, and the README's tests check the same tables with the same parser.
+receipts its command names, or adds it under a new command, so a rescored receipt reaches every
+document without a number typed by hand, and the README's tests check the same tables with the
+same parser.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ COMMAND = "oretrofit pretrain-compare"
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
-    """One comparison block: its command and the table shown under it (lines ``start:end``)."""
+    """One comparison block: its command and the table shown under it (lines ``start:end``; empty,
+    with ``start == end`` just after the closing fence, where the command has no table yet)."""
 
     command: str  # the fenced lines, each stripped, joined with newlines
     table: str    # the pipe table's lines, each stripped
     start: int
     end: int
+    indent: str   # the fence's indentation, which the table shares (a table inside a list item)
 
     def receipt_items(self) -> list[str]:
         """The command's ``LABEL=PATH`` arguments, in order."""
@@ -38,7 +41,7 @@ class Comparison:
 
 
 def comparisons(text: str) -> list[Comparison]:
-    """Every fenced ``oretrofit pretrain-compare`` block in ``text`` that a pipe table follows."""
+    """Every fenced ``oretrofit pretrain-compare`` block in ``text`` and the pipe table after it."""
     lines = text.splitlines()
     found, i = [], 0
     while i < len(lines):
@@ -55,8 +58,12 @@ def comparisons(text: str) -> list[Comparison]:
         stop = start
         while stop < len(lines) and lines[stop].strip().startswith("|"):
             stop += 1
-        if stop > start and command.startswith(COMMAND):
-            found.append(Comparison(command, "\n".join(line.strip() for line in lines[start:stop]), start, stop))
+        if command.startswith(COMMAND):
+            if stop == start:  # no table yet: it goes right after the fence
+                start = stop = end + 1
+            indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+            found.append(Comparison(command, "\n".join(line.strip() for line in lines[start:stop]),
+                                    start, stop, indent))
         i = end + 1
     return found
 
@@ -75,16 +82,22 @@ def labelled_receipts(items: Iterable[str], root: Path = Path(".")) -> dict[str,
 
 
 def refresh_comparisons(text: str, root: Path = Path(".")) -> tuple[str, int]:
-    """``text`` with every comparison table replaced by what its command prints now, and how many
-    tables changed. Receipt paths are read relative to ``root``; each table keeps its indentation."""
+    """``text`` with every comparison table replaced by what its command prints now (or added, a
+    blank line after the fence and before what follows, where there is none), and how many tables
+    changed. Receipt paths are read relative to ``root``; a table takes its fence's indentation."""
     lines = text.splitlines(keepends=True)
     changed = 0
     for block in reversed(comparisons(text)):  # from the end, so earlier line numbers stay valid
         table = compare_runs(labelled_receipts(block.receipt_items(), root)).strip()
         if table == block.table:
             continue
-        first = lines[block.start]
-        indent = first[: len(first) - len(first.lstrip())]
-        lines[block.start:block.end] = [f"{indent}{row}\n" for row in table.splitlines()]
+        rows = [f"{block.indent}{row}\n" for row in table.splitlines()]
+        if not block.table:
+            if block.end < len(lines) and lines[block.end].strip():
+                rows.append("\n")
+            rows.insert(0, "\n")
+            if block.end == len(lines) and not lines[-1].endswith("\n"):
+                rows.insert(0, "\n")
+        lines[block.start:block.end] = rows
         changed += 1
     return "".join(lines), changed

@@ -49,25 +49,37 @@ def receipts(tmp_path):
     return tmp_path
 
 
-def test_only_compare_commands_followed_by_a_table_are_comparisons():
-    (block,) = comparisons(DOC)
-    assert block.receipt_items() == ["run a=a.json", "run b=b.json"]
-    assert block.table.splitlines()[0] == "| run | stale |"
+def test_only_compare_commands_are_comparisons_with_or_without_a_table():
+    stale, new = comparisons(DOC)
+    assert stale.receipt_items() == ["run a=a.json", "run b=b.json"] and stale.indent == "  "
+    assert stale.table.splitlines()[0] == "| run | stale |"
+    assert new.receipt_items() == ["only b=b.json"] and new.table == "" and new.start == new.end
 
 
-def test_a_stale_table_is_rewritten_in_place_and_nothing_else_moves(receipts):
+def _table(items, root, indent=""):
+    return "\n".join(indent + row for row in compare_runs(labelled_receipts(items, root)).strip().splitlines())
+
+
+def test_a_stale_table_is_rewritten_in_place_a_missing_one_added_and_nothing_else_moves(receipts):
     text, changed = refresh_comparisons(DOC, receipts)
-    assert changed == 1
-    table = compare_runs(labelled_receipts(["run a=a.json", "run b=b.json"], receipts))
-    assert "\n".join("  " + row for row in table.strip().splitlines()) in text  # the list item's indent kept
-    assert "| run a | 0.000 |" not in text
-    before, after = DOC.split("  | run | stale |")[0], DOC.split("| run a | 0.000 |\n")[1]
-    assert text.startswith(before) and text.endswith(after)
+    assert changed == 2
+    stale = _table(["run a=a.json", "run b=b.json"], receipts, indent="  ")  # the list item's indent kept
+    assert "| run a | 0.000 |" not in text and stale in text
+    before, middle = DOC.split("  | run | stale |")[0], DOC.split("| run a | 0.000 |\n")[1]
+    assert text.startswith(before) and middle in text
+    assert text.endswith("only b=b.json\"\n```\n\n" + _table(["only b=b.json"], receipts) + "\n")
     assert refresh_comparisons(text, receipts) == (text, 0)  # a fresh document is left alone
 
 
+def test_a_table_added_before_text_is_set_off_by_blank_lines(receipts):
+    doc = '```\noretrofit pretrain-compare --receipt "a=a.json"\n```\nText right after.\n'
+    text, changed = refresh_comparisons(doc, receipts)
+    assert changed == 1
+    assert text == doc.replace("```\nText", "```\n\n" + _table(["a=a.json"], receipts) + "\n\nText")
+
+
 def test_a_missing_receipt_or_an_unclosed_fence_is_named(tmp_path):
-    with pytest.raises(ValueError, match="a.json does not exist"):
+    with pytest.raises(ValueError, match="b.json does not exist"):
         refresh_comparisons(DOC, tmp_path)
     with pytest.raises(ValueError, match="line 1 is never closed"):
         comparisons("```\noretrofit pretrain-compare --receipt x=y.json\n")
@@ -82,7 +94,7 @@ def test_refresh_cli_checks_then_rewrites_the_document(receipts, monkeypatch):
     doc.write_text(DOC)
     monkeypatch.chdir(receipts)  # receipt paths are relative to where the command runs
     check = CliRunner().invoke(app, ["pretrain-refresh-docs", "--check", str(doc)])
-    assert check.exit_code == 1 and "1 table(s) stale" in check.output and doc.read_text() == DOC
+    assert check.exit_code == 1 and "2 table(s) stale" in check.output and doc.read_text() == DOC
     rewrite = CliRunner().invoke(app, ["pretrain-refresh-docs", str(doc)])
     assert rewrite.exit_code == 0 and doc.read_text() == refresh_comparisons(DOC, receipts)[0]
     again = CliRunner().invoke(app, ["pretrain-refresh-docs", "--check", str(doc)])
