@@ -72,7 +72,8 @@ def register(app: typer.Typer) -> None:
         budget: str = typer.Option("2h", "--budget", help="Wall-clock training budget, e.g. 2h, 90m, 300s"),
         seed: int = typer.Option(0, "--seed"),
         resume: bool = typer.Option(False, "--resume", help="Continue from OUT/train_state.pt"),
-        max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many steps (each stage's with --curriculum; tests, smoke runs)"),
+        max_steps: int = typer.Option(None, "--max-steps",
+                                      help="Stop after this many steps (each stage's with --curriculum; smoke runs)"),
         budget_steps: int = typer.Option(None, "--budget-steps",
                                          help="Train exactly N steps, the schedule over steps instead of "
                                               "wall-clock (the same steps on any machine); replaces --budget"),
@@ -216,8 +217,8 @@ def register(app: typer.Typer) -> None:
         documents: list[Path] = typer.Argument(..., help="Markdown files holding pretrain-compare blocks"),
         check: bool = typer.Option(False, "--check", help="Change nothing; exit 1 if a table is stale or missing"),
     ) -> None:
-        """Rewrite (or add) the table under each `oretrofit pretrain-compare` block from the receipts it names
-        (paths relative to the current directory)."""
+        """Rewrite (or add) the table under each `oretrofit pretrain-compare` block from the receipts
+        it names (paths relative to the current directory)."""
         from oretrofit.pretrain.documents import refresh_comparisons
 
         stale = 0

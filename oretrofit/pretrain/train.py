@@ -36,8 +36,8 @@ import torch
 from .inference import DEFAULT_PRESET, inference_config
 from .prior import PriorConfig, TaskBatch, sample_batch
 
-__all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "build_optimizer", "demo_meta",
-           "config_from_state", "export_checkpoint", "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals",
+__all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "build_optimizer", "config_from_state", "demo_meta",
+           "export_checkpoint", "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals",
            "train", "training_step"]
 
 CHECKPOINT_NAME = "tabpfn-v3-demo.ckpt"
