@@ -95,3 +95,14 @@ def test_each_benchmark_table_is_its_receipts(path: str) -> None:
     # the tables may sit indented inside a list item, so lines are compared stripped
     dedented = "\n".join(line.strip() for line in DOCUMENTS.splitlines())
     assert json.loads((ROOT / path).read_text())["markdown"].strip() in dedented
+
+
+def test_the_readme_names_the_shipped_checkpoint_and_its_size() -> None:
+    # the shipped host's sentence is prose, so its hash and parameter count are checked here
+    from oretrofit._provenance import sha256_file
+
+    card = (ROOT / "oretrofit/data/tabpfn-v3-demo.md").read_text()
+    parameters = next(line for line in card.splitlines() if line.startswith("- parameters: ")).split(": ")[1]
+    shipped = next(line for line in README.splitlines() if line.startswith("The shipped checkpoint (sha256 "))
+    assert sha256_file(ROOT / "oretrofit/data/tabpfn-v3-demo.ckpt") in shipped
+    assert f"{parameters} parameters" in shipped
