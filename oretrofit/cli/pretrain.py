@@ -185,7 +185,8 @@ def register(app: typer.Typer) -> None:
         evaluation: Path = typer.Option(..., "--evaluation", help="Receipt written by pretrain-eval"),
         out: Path = typer.Option(..., "--out", help="Model card Markdown path; the PNG goes beside it"),
         command: str = typer.Option(..., "--command", help="The exact training command, for the card"),
-        eval_command: str = typer.Option(None, "--eval-command", help="The exact evaluation command, for the card"),
+        eval_command: str = typer.Option(None, "--eval-command",
+                                         help="The evaluation command, for the card (default: the receipt's)"),
         note: list[str] = typer.Option([], "--note", help="A sentence for the card's training section (repeatable)"),
     ) -> None:
         """Write the model card (architecture, prior, steps, wall time, loss curve, evaluation)."""

@@ -15,7 +15,7 @@ from .._markdown import pipe_table
 from . import prior as prior_module
 from .evaluate import markdown_table, split_key
 from .inference import describe, recorded_preset
-from .train import CHECKPOINT_NAME, config_from_state, load_state, stage_record, stage_totals
+from .train import config_from_state, load_state, stage_record, stage_totals
 
 __all__ = ["TARGETS", "compare_runs", "plot_loss", "targets_met", "write_card"]
 
@@ -142,6 +142,8 @@ def write_card(run: Path, evaluation: Path, out: Path, training_command: str,
     check_lines = [f"- {c['dataset']}: host {c['host_r2']:.3f} vs {c['baseline']} "
                    f"{c['baseline_r2']:.3f} — {'met' if c['met'] else 'MISSED'}" for c in checks]
     train_cfg = {k: v for k, v in cfg.items() if k not in ("host", "prior")}
+    # the command that wrote the receipt, as the receipt records it, unless one is given
+    evaluation_command = evaluation_command or receipt.get("environment", {}).get("command")
     note_text = "".join(f"\nNote: {n}\n" for n in notes or [])
     text = f"""# tabpfn-v3-demo: a small TabPFN v3 regressor prior-fitted by oretrofit
 
@@ -200,8 +202,7 @@ Targets of issue 7 for a ≤ 2 h CPU budget (host ≥ baseline, mean R²):
 ## How it was made
 
 ```
-{training_command}
-{evaluation_command or 'oretrofit pretrain-eval --checkpoint oretrofit/data/' + CHECKPOINT_NAME + ' --out oretrofit/data/tabpfn-v3-demo-eval.json'}
+{chr(10).join(c for c in (training_command, evaluation_command) if c)}
 ```
 """
     out.parent.mkdir(parents=True, exist_ok=True)

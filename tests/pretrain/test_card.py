@@ -43,7 +43,12 @@ def test_card_holds_architecture_steps_curve_table_and_command(tmp_path):
     assert "2 steps in" in text and "over 1 stage(s)" in text and "](card-loss.png)" in text
     assert "| `embed_dim` | 16 |" in text and "| `max_rows` | 40 |" in text
     assert markdown_table(receipt) in text
-    assert "oretrofit pretrain-demo --budget 1m --out run" in text
+    assert "oretrofit pretrain-demo --budget 1m --out run\n```" in text  # a receipt without provenance
+    receipt["environment"] = {"command": "oretrofit pretrain-eval --checkpoint run.ckpt --out eval.json"}
+    (tmp_path / "eval.json").write_text(json.dumps(receipt))
+    recorded = write_card(run, tmp_path / "eval.json", tmp_path / "card.md",
+                          training_command="oretrofit pretrain-demo --budget 1m --out run").read_text()
+    assert "--out run\noretrofit pretrain-eval --checkpoint run.ckpt --out eval.json\n```" in recorded
     assert "sklearn:diabetes: host 0.455 vs gp_rbf_white 0.465 — MISSED" in text
     assert "Inference config (preset `v2.5`, 8 estimators): tabpfn's v2.5 regression default" in text
 
