@@ -235,6 +235,7 @@ def register(app: typer.Typer) -> None:
         if check and stale:
             raise typer.Exit(1)
 
+
 if __name__ == "__main__":
     _app = typer.Typer(add_completion=False)
     register(_app)

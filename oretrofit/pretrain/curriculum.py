@@ -51,7 +51,8 @@ def stage_configs(cfg: TrainConfig, stages: tuple[Stage, ...] = CURRICULUM) -> l
 def train_curriculum(out: Path, cfg: TrainConfig, *, stages: tuple[Stage, ...] = CURRICULUM,
                      resume: bool = False, progress: bool = True) -> dict[str, Any]:
     """Train every stage in turn (see the module docstring); return the last stage's summary with
-    ``stages``, each stage's ``{"run", "steps", "elapsed_s"}``.
+    ``steps`` and ``elapsed_s`` summed over the stages and ``stages``, each stage's
+    ``{"run", "steps", "elapsed_s"}``.
 
     With ``resume``, a stage whose folder holds a state continues from it (a finished one takes no
     further step) and the stages after it run as usual, so an interrupted run picks up where it stopped.
@@ -67,4 +68,5 @@ def train_curriculum(out: Path, cfg: TrainConfig, *, stages: tuple[Stage, ...] =
         else:
             summary = train(folder, stage_cfg, init_from=folders[k - 1] if k else None, progress=progress)
         done.append({"run": str(folder), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"]})
-    return {**summary, "stages": done}
+    return {**summary, "steps": sum(d["steps"] for d in done), "elapsed_s": sum(d["elapsed_s"] for d in done),
+            "stages": done}

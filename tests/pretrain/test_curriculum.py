@@ -42,7 +42,7 @@ def test_a_curriculum_is_its_stages_run_by_hand(tmp_path):
     summary = train_curriculum(tmp_path / "run", CFG, stages=SMALL, progress=False)
     folders = stage_folders(tmp_path / "run", 3)
     assert folders == [tmp_path / "run" / "stage1", tmp_path / "run" / "stage2", tmp_path / "run"]
-    assert [s["steps"] for s in summary["stages"]] == [2, 2, 2]
+    assert [s["steps"] for s in summary["stages"]] == [2, 2, 2] and summary["steps"] == 6
     by_hand = [tmp_path / "hand1", tmp_path / "hand2", tmp_path / "hand3"]
     for k, (run, cfg) in enumerate(zip(by_hand, stage_configs(CFG, SMALL))):
         train(run, cfg, init_from=by_hand[k - 1] if k else None, progress=False)
