@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
     ) -> None:
         """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior."""
-        from oretrofit.pretrain.curriculum import train_curriculum
+        from oretrofit.pretrain.curriculum import CURRICULUM, train_curriculum
         from oretrofit.pretrain.train import TrainConfig, train
 
         overrides = {k: v for k, v in (("lr", lr), ("batch_size", batch_size)) if v is not None}
@@ -99,7 +99,8 @@ def register(app: typer.Typer) -> None:
             if curriculum and init_from is not None:
                 raise ValueError("--curriculum trains every stage from fresh weights; drop --init-from")
             if curriculum and any(item.startswith("max_rows=") for item in prior):
-                raise ValueError("--curriculum sets max_rows per stage (128, 256, 512); drop --prior max_rows")
+                rows = ", ".join(str(stage.max_rows) for stage in CURRICULUM)
+                raise ValueError(f"--curriculum sets max_rows per stage ({rows}); drop --prior max_rows")
             cfg = TrainConfig(budget_s=parse_budget(budget), seed=seed, max_steps=max_steps, budget_steps=budget_steps,
                               prior=parse_prior_overrides(prior), host=parse_host_overrides(host), **overrides)
             summary = (train_curriculum(out, cfg, resume=resume) if curriculum

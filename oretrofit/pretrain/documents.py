@@ -75,9 +75,10 @@ def labelled_receipts(items: Iterable[str], root: Path = Path(".")) -> dict[str,
         label, sep, path = item.partition("=")
         if not sep or not label:
             raise ValueError(f"--receipt {item!r} is not LABEL=PATH")
-        if not (Path(root) / path).is_file():
+        file = Path(root) / path
+        if not file.is_file():
             raise ValueError(f"--receipt {item!r}: {path} does not exist; give a pretrain-eval receipt")
-        receipts[label] = json.loads((Path(root) / path).read_text())
+        receipts[label] = json.loads(file.read_text())
     return receipts
 
 

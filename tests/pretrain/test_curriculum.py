@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from oretrofit.pretrain.curriculum import CURRICULUM, Stage, stage_configs, stage_folders, train_curriculum
 from oretrofit.pretrain.train import STATE_NAME, train
 
-from .test_train import TINY
+from .test_train import TINY, assert_same_weights
 
 SMALL = (Stage(24, 1.0), Stage(32, 0.7), Stage(40, 0.5))  # TINY's task sizes, so the test stays fast
 CFG = dataclasses.replace(TINY, warmup_steps=1, budget_s=1e-9, budget_steps=6)
@@ -18,11 +18,6 @@ CFG = dataclasses.replace(TINY, warmup_steps=1, budget_s=1e-9, budget_steps=6)
 
 def _weights(run):
     return torch.load(run / STATE_NAME, weights_only=False)["model"]
-
-
-def _assert_same_weights(a, b):
-    for key, value in a.items():
-        assert torch.equal(value, b[key]), key
 
 
 def test_stages_split_the_budget_and_set_rate_seed_and_task_length():
@@ -46,7 +41,7 @@ def test_a_curriculum_is_its_stages_run_by_hand(tmp_path):
     by_hand = [tmp_path / "hand1", tmp_path / "hand2", tmp_path / "hand3"]
     for k, (run, cfg) in enumerate(zip(by_hand, stage_configs(CFG, SMALL))):
         train(run, cfg, init_from=by_hand[k - 1] if k else None, progress=False)
-    _assert_same_weights(_weights(tmp_path / "run"), _weights(by_hand[-1]))
+    assert_same_weights(_weights(tmp_path / "run"), _weights(by_hand[-1]))
     state = torch.load(tmp_path / "run" / STATE_NAME, weights_only=False)
     assert [s["train_config"]["prior"]["max_rows"] for s in state["stages"]] == [24, 32]
     assert state["train_config"]["prior"]["max_rows"] == 40 and state["train_config"]["seed"] == CFG.seed + 2
@@ -73,7 +68,7 @@ def test_an_interrupted_curriculum_resumes_to_the_same_weights(tmp_path, monkeyp
     # the saved stages continue (a restart would give the same weights, so the calls are checked too)
     assert calls == [("stage1", True, None), ("stage2", True, None), ("stopped", False, stopped / "stage2")]
     assert [s["steps"] for s in summary["stages"]] == [2, 2, 2]
-    _assert_same_weights(_weights(stopped), _weights(straight))
+    assert_same_weights(_weights(stopped), _weights(straight))
 
 
 def test_cli_curriculum_runs_three_stages_and_refuses_what_it_sets(tmp_path):

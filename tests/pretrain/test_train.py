@@ -22,6 +22,13 @@ TINY = TrainConfig(
                       mlp_max_width=8, fourier_features=8))
 
 
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    """Every tensor of state dict ``a`` equals ``b``'s of the same name, bit for bit."""
+    for key, value in a.items():
+        assert torch.equal(value, b[key]), key
+
+
 def test_bar_nll_matches_hand_formula():
     borders = torch.tensor([-2.0, -1.0, 0.5, 3.0])
     logits = torch.tensor([[0.0, 1.0, 2.0], [0.0, 0.0, 0.0]])
@@ -52,8 +59,7 @@ def test_two_steps_write_a_checkpoint_tabpfn_loads_and_resume_is_exact(tmp_path)
     a = torch.load(tmp_path / "run" / STATE_NAME, weights_only=False)
     b = torch.load(tmp_path / "straight" / STATE_NAME, weights_only=False)
     assert [r[3] for r in a["loss_log"]] == [r[3] for r in b["loss_log"]]
-    for key, value in a["model"].items():
-        assert torch.equal(value, b["model"][key]), key
+    assert_same_weights(a["model"], b["model"])
 
     for bad, message in (("demo.ckpt", "must contain 'v3'"), ("tabpfn-v3.5-demo.ckpt", "v3.5 checkpoint"),
                          ("tabpfn-v3-demo.pt", ".ckpt or .safetensors")):  # names tabpfn would misread
@@ -79,8 +85,7 @@ def test_a_new_stage_starts_from_the_earlier_weights_and_counts_its_steps(tmp_pa
     train(tmp_path / "zero", dataclasses.replace(second_cfg, max_steps=0), init_from=tmp_path / "one",
           progress=False)
     zero = torch.load(tmp_path / "zero" / STATE_NAME, weights_only=False)
-    for key, value in first["model"].items():
-        assert torch.equal(value, zero["model"][key]), key
+    assert_same_weights(first["model"], zero["model"])
     train(tmp_path / "two", second_cfg, init_from=tmp_path / "one", progress=False)
     two = torch.load(tmp_path / "two" / STATE_NAME, weights_only=False)
     assert [s["steps"] for s in two["stages"]] == [2] and two["step"] == 1
@@ -203,8 +208,7 @@ def test_a_step_budget_trains_the_same_host_whatever_the_clock(tmp_path, monkeyp
     b = torch.load(tmp_path / "b" / STATE_NAME, weights_only=False)
     assert [r[2] for r in a["loss_log"]] == [r[2] for r in b["loss_log"]]  # the same learning rates
     assert a["loss_log"][-1][2] < a["loss_log"][1][2]  # and they do anneal over the 4 steps
-    for key, value in a["model"].items():
-        assert torch.equal(value, b["model"][key]), key
+    assert_same_weights(a["model"], b["model"])
 
 
 def test_a_step_budget_must_be_positive():
