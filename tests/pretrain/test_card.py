@@ -49,6 +49,12 @@ def test_card_holds_architecture_steps_curve_table_and_command(tmp_path):
     recorded = write_card(run, tmp_path / "eval.json", tmp_path / "card.md",
                           training_command="oretrofit pretrain-demo --budget 1m --out run").read_text()
     assert "--out run\noretrofit pretrain-eval --checkpoint run.ckpt --out eval.json\n```" in recorded
+    given = write_card(run, tmp_path / "eval.json", tmp_path / "card.md",
+                       training_command="oretrofit pretrain-demo --budget 1m --out run\n"
+                                        "oretrofit pretrain-eval --checkpoint run.ckpt --out eval.json   # scored"
+                       ).read_text()
+    assert given.count("oretrofit pretrain-eval --checkpoint run.ckpt --out eval.json") == 1
+    assert "--out eval.json   # scored\n```" in given
     assert "sklearn:diabetes: host 0.455 vs gp_rbf_white 0.465 — MISSED" in text
     assert "Inference config (preset `v2.5`, 8 estimators): tabpfn's v2.5 regression default" in text
 
