@@ -187,7 +187,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Model card Markdown path; the PNG goes beside it"),
         command: str = typer.Option(..., "--command", help="The exact training command, for the card"),
         eval_command: str = typer.Option(None, "--eval-command",
-                                         help="The evaluation command, for the card (default: the receipt's; left out if --command has it)"),
+                                         help="The evaluation command, for the card (default: the receipt's; "
+                                              "left out if --command has it as a line)"),
         note: list[str] = typer.Option([], "--note", help="A sentence for the card's training section (repeatable)"),
     ) -> None:
         """Write the model card (architecture, prior, steps, wall time, loss curve, evaluation)."""

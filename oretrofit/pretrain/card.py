@@ -144,8 +144,9 @@ def write_card(run: Path, evaluation: Path, out: Path, training_command: str,
     train_cfg = {k: v for k, v in cfg.items() if k not in ("host", "prior")}
     # the command that wrote the receipt, as the receipt records it, unless one is given
     evaluation_command = evaluation_command or receipt.get("environment", {}).get("command")
-    if evaluation_command and evaluation_command in training_command:
-        evaluation_command = None   # already one of the given command lines: not written twice
+    given = {line.partition(" #")[0].strip() for line in training_command.splitlines()}
+    if evaluation_command in given:
+        evaluation_command = None   # already one of the given command lines (comment aside): not written twice
     note_text = "".join(f"\nNote: {n}\n" for n in notes or [])
     text = f"""# tabpfn-v3-demo: a small TabPFN v3 regressor prior-fitted by oretrofit
 

@@ -55,6 +55,10 @@ def test_card_holds_architecture_steps_curve_table_and_command(tmp_path):
                        ).read_text()
     assert given.count("oretrofit pretrain-eval --checkpoint run.ckpt --out eval.json") == 1
     assert "--out eval.json   # scored\n```" in given
+    longer = write_card(run, tmp_path / "eval.json", tmp_path / "card.md",
+                        training_command="oretrofit pretrain-eval --checkpoint run.ckpt --out eval.json --seeds 5"
+                        ).read_text()  # another command that merely starts like the receipt's
+    assert "--seeds 5\noretrofit pretrain-eval --checkpoint run.ckpt --out eval.json\n```" in longer
     assert "sklearn:diabetes: host 0.455 vs gp_rbf_white 0.465 — MISSED" in text
     assert "Inference config (preset `v2.5`, 8 estimators): tabpfn's v2.5 regression default" in text
 

@@ -22,7 +22,6 @@ TINY = TrainConfig(
                       mlp_max_width=8, fourier_features=8))
 
 
-
 def assert_same_weights(a: dict, b: dict) -> None:
     """Every tensor of state dict ``a`` equals ``b``'s of the same name, bit for bit."""
     for key, value in a.items():
