@@ -1,16 +1,19 @@
-"""Demo-host training throughput by architecture size: the measurement behind the sizes tried.
+"""Demo-host training throughput by architecture size and tasks per step: the measurement
+behind the sizes and batches tried.
 
     OMP_NUM_THREADS=2 python benchmarks/bench_pretrain_sizes.py [--steps 10] [--warmup 2]
                                                                [--out results/bench_pretrain_sizes.json]
+    OMP_NUM_THREADS=1 python benchmarks/bench_pretrain_sizes.py --candidates 32x4,32x2,32x8,32x16 \
+        --max-rows 128 --out results/bench_pretrain_batch-128.json      # tasks per step alone
 
-For each candidate (``embed_dim``, tasks per step) the v3 demo architecture is built from the
-same ``HostConfig`` as ``oretrofit pretrain-demo`` (other fields at their defaults), and
-``oretrofit.pretrain.train.training_step`` runs with ``build_optimizer``'s optimiser on batches
-of the prior the shipped host's last stage used (``max_rows=512``, ``noise_max=3``), seeded
-alike for every candidate. After ``--warmup`` untimed steps, ``--steps`` timed steps give
-steps/s and prior tasks/s; the table gives both and tasks/s as a ratio to the first candidate
-(the shipped 0.5M-parameter host's size), measured in the same run. Prints a Markdown table
-and writes a JSON receipt with provenance.
+For each candidate (``embed_dim`` x tasks per step; default the sizes tried, 32x4,48x8,64x8) the
+v3 demo architecture is built from the same ``HostConfig`` as ``oretrofit pretrain-demo`` (other
+fields at their defaults), and ``oretrofit.pretrain.train.training_step`` runs with
+``build_optimizer``'s optimiser on batches of the prior with ``noise_max=3`` and ``--max-rows``
+(default 512, the shipped host's last stage), seeded alike for every candidate. After
+``--warmup`` untimed steps, ``--steps`` timed steps give steps/s and prior tasks/s; the table
+gives both and tasks/s as a ratio to the first candidate, measured in the same run. Prints a
+Markdown table and writes a JSON receipt with provenance.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from oretrofit.pretrain.prior import PriorConfig, sample_batch
 from oretrofit.pretrain.train import (HostConfig, TrainConfig, build_host, build_optimizer, spline_borders,
                                       training_step)
 
-CANDIDATES = ((32, 4), (48, 8), (64, 8))          # (embed_dim, tasks per step)
+CANDIDATES = "32x4,48x8,64x8"          # embed_dim x tasks per step
 PRIOR = PriorConfig(max_rows=512, noise_max=3.0)
 SEED = 0
 
@@ -52,13 +55,27 @@ def throughput(embed_dim: int, batch_size: int, steps: int, warmup: int,
             "steps_per_s": 1.0 / seconds, "tasks_per_s": batch_size / seconds}
 
 
+def parse_candidates(text: str) -> list[tuple[int, int]]:
+    """``"32x4,48x8"`` -> ``[(32, 4), (48, 8)]`` (embed_dim, tasks per step)."""
+    try:
+        pairs = [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+        raise SystemExit(f"--candidates {text!r}: give EMBEDxTASKS pairs, e.g. 32x4,48x8")
+    return pairs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--candidates", default=CANDIDATES, help="EMBEDxTASKS pairs, the first the baseline")
+    parser.add_argument("--max-rows", type=int, default=PRIOR.max_rows, help="the prior's task length")
     parser.add_argument("--out", type=Path, default=Path("results/bench_pretrain_sizes.json"))
     args = parser.parse_args()
-    rows = [throughput(e, b, args.steps, args.warmup) for e, b in CANDIDATES]
+    prior = dataclasses.replace(PRIOR, max_rows=args.max_rows)
+    rows = [throughput(e, b, args.steps, args.warmup, prior) for e, b in parse_candidates(args.candidates)]
     base = rows[0]["tasks_per_s"]
     table = pipe_table(
         ["embed_dim", "tasks/step", "parameters", "steps/s", "tasks/s", "tasks/s vs first"],
@@ -66,7 +83,7 @@ def main() -> None:
           f"{r['tasks_per_s']:.1f}", f"{r['tasks_per_s'] / base:.2f}×"] for r in rows])
     print(table)
     write_json_atomic(args.out, {"schema_version": 1, "kind": "oretrofit.bench.pretrain_sizes",
-                                 "prior": dataclasses.asdict(PRIOR), "seed": SEED,
+                                 "prior": dataclasses.asdict(prior), "seed": SEED,
                                  "steps": args.steps, "warmup": args.warmup, "rows": rows,
                                  "markdown": table, "environment": environment()})
 

@@ -37,7 +37,8 @@ EVALUATION_RECEIPTS = ["oretrofit/data/tabpfn-v3-demo-eval.json",
                        "results/demo-host/probe-linear/v9b.json"]
 
 # benchmark scripts that print a table and keep it in their receipt's "markdown" field
-BENCHMARK_RECEIPTS = ["results/bench_pretrain_sizes.json", "results/bench_pretrain_threads.json"]
+BENCHMARK_RECEIPTS = ["results/bench_pretrain_sizes.json", "results/bench_pretrain_threads.json",
+                      "results/bench_pretrain_batch-128.json", "results/bench_pretrain_batch-512.json"]
 
 
 README_COMPARISONS = comparisons(README)
