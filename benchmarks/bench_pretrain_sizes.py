@@ -74,6 +74,8 @@ def main() -> None:
     parser.add_argument("--max-rows", type=int, default=PRIOR.max_rows, help="the prior's task length")
     parser.add_argument("--out", type=Path, default=Path("results/bench_pretrain_sizes.json"))
     args = parser.parse_args()
+    if args.max_rows < PRIOR.min_rows:
+        parser.error(f"--max-rows {args.max_rows}: tasks have at least {PRIOR.min_rows} rows; give at least that")
     prior = dataclasses.replace(PRIOR, max_rows=args.max_rows)
     rows = [throughput(e, b, args.steps, args.warmup, prior) for e, b in parse_candidates(args.candidates)]
     base = rows[0]["tasks_per_s"]
