@@ -56,13 +56,13 @@ def throughput(embed_dim: int, batch_size: int, steps: int, warmup: int,
 
 
 def parse_candidates(text: str) -> list[tuple[int, int]]:
-    """``"32x4,48x8"`` -> ``[(32, 4), (48, 8)]`` (embed_dim, tasks per step)."""
+    """``"32x4,48x8"`` -> ``[(32, 4), (48, 8)]`` (embed_dim, tasks per step); an argparse type."""
     try:
         pairs = [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
     except ValueError:
         pairs = []
     if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
-        raise SystemExit(f"--candidates {text!r}: give EMBEDxTASKS pairs, e.g. 32x4,48x8")
+        raise argparse.ArgumentTypeError(f"{text!r}: give EMBEDxTASKS pairs, e.g. 32x4,48x8")
     return pairs
 
 
@@ -70,14 +70,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--candidates", default=CANDIDATES, help="EMBEDxTASKS pairs, the first the baseline")
+    parser.add_argument("--candidates", type=parse_candidates, default=CANDIDATES, help="EMBEDxTASKS pairs, the first the baseline")
     parser.add_argument("--max-rows", type=int, default=PRIOR.max_rows, help="the prior's task length")
     parser.add_argument("--out", type=Path, default=Path("results/bench_pretrain_sizes.json"))
     args = parser.parse_args()
-    if args.max_rows < PRIOR.min_rows:
-        parser.error(f"--max-rows {args.max_rows}: tasks have at least {PRIOR.min_rows} rows; give at least that")
-    prior = dataclasses.replace(PRIOR, max_rows=args.max_rows)
-    rows = [throughput(e, b, args.steps, args.warmup, prior) for e, b in parse_candidates(args.candidates)]
+    try:
+        prior = dataclasses.replace(PRIOR, max_rows=args.max_rows)
+    except ValueError as exc:       # PriorConfig checks the range and names the fix
+        parser.error(f"--max-rows: {exc}")
+    rows = [throughput(e, b, args.steps, args.warmup, prior) for e, b in args.candidates]
     base = rows[0]["tasks_per_s"]
     table = pipe_table(
         ["embed_dim", "tasks/step", "parameters", "steps/s", "tasks/s", "tasks/s vs first"],

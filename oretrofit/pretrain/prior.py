@@ -60,6 +60,13 @@ class PriorConfig:
     latent_inputs: float = 0.0     # chance f reads a column's latent z instead of its observed x
 
     def __post_init__(self) -> None:
+        # a task needs 2 train rows and 1 test row (sample_batch), and each range must be non-empty
+        if not 3 <= self.min_rows <= self.max_rows:
+            raise ValueError(f"rows must satisfy 3 <= min_rows <= max_rows, got min_rows {self.min_rows}, "
+                             f"max_rows {self.max_rows}; raise max_rows or lower min_rows")
+        if not 1 <= self.min_features <= self.max_features:
+            raise ValueError(f"features must satisfy 1 <= min_features <= max_features, got min_features "
+                             f"{self.min_features}, max_features {self.max_features}")
         if len(self.family_weights) not in (3, 4) or min(self.family_weights) < 0 or not any(self.family_weights):
             raise ValueError(f"family_weights {self.family_weights} must be 3 or 4 non-negative weights "
                              "(mlp, fourier, linear[, trees]), not all zero")

@@ -98,6 +98,10 @@ def test_linear_family_without_interactions_is_exactly_linear(seed):
     ({"zero_inflated": 1.5}, "zero_inflated is a probability"),
     ({"latent_inputs": -0.1}, "latent_inputs is a probability"),
     ({"linear_max_interactions": -1}, "linear_max_interactions is a count"),
+    ({"max_rows": 39}, "3 <= min_rows <= max_rows"),
+    ({"min_rows": 2}, "3 <= min_rows <= max_rows"),
+    ({"min_features": 0}, "1 <= min_features <= max_features"),
+    ({"max_features": 1}, "1 <= min_features <= max_features"),
 ])
 def test_invalid_prior_options_are_refused(change, message):
     with pytest.raises(ValueError, match=message):
