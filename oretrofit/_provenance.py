@@ -44,8 +44,20 @@ def _version(name: str) -> str | None:
         return None
 
 
+def _numpy_simd() -> list[str] | None:
+    """The SIMD feature groups numpy dispatches to on this CPU (what ``numpy.show_runtime`` calls
+    "found"). Elementwise kernels such as ``np.arctan`` round differently in the last bit under
+    different groups, so generated data can differ between CPUs; None where numpy hides this."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:
+        return None
+    return [f for f in __cpu_dispatch__ if __cpu_features__.get(f)]
+
+
 def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
-    """Package versions, Python, platform, device name, threads, git revision, command, time."""
+    """Package versions, Python, platform, device name, numpy's SIMD features, threads, git
+    revision, command, time."""
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     return {
@@ -54,6 +66,7 @@ def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
         "platform": platform.platform(),
         "device": str(device),
         "device_name": name or platform.machine(),
+        "numpy_simd": _numpy_simd(),
         "torch_threads": torch.get_num_threads(),
         "git_revision": git_revision(),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),

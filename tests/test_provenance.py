@@ -12,6 +12,8 @@ def test_environment_names_versions_device_and_revision():
     assert env["packages"]["torch"] and env["packages"]["oretrofit"]
     assert env["device"] == "cpu" and env["torch_threads"] >= 1
     assert {"python", "platform", "git_revision", "command", "created_utc"} <= set(env)
+    # numpy 2 on x86 or ARM always reports a list (possibly empty) of feature-group names
+    assert isinstance(env["numpy_simd"], list) and all(isinstance(f, str) for f in env["numpy_simd"])
 
 
 def test_sha256_file_matches_hashlib(tmp_path):

@@ -91,15 +91,23 @@ def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
         raise ValueError("give at least one LABEL=RECEIPT to compare")
     first = next(iter(receipts.values()))
 
-    def data(r: dict[str, Any]) -> tuple:
-        return (*split_key(r), r.get("n_seeds"), {d: info["sha256"] for d, info in r["datasets"].items()})
+    def splits(r: dict[str, Any]) -> tuple:
+        return (*split_key(r), r.get("n_seeds"))
+
+    def checksums(r: dict[str, Any]) -> dict[str, str]:
+        return {d: info["sha256"] for d, info in r["datasets"].items()}
 
     for label, receipt in receipts.items():
         if HOST_NAME not in receipt["hosts"]:
             raise ValueError(f"receipt {label!r} scores no {HOST_NAME}; it holds baselines only")
-        if data(receipt) != data(first):
+        if splits(receipt) != splits(first) or checksums(receipt).keys() != checksums(first).keys():
             raise ValueError(f"receipt {label!r} scores other data or splits than the first; compare "
                              f"receipts of the same pretrain-eval datasets, --seeds and --max-train-rows")
+        if changed := sorted(d for d, s in checksums(receipt).items() if s != checksums(first)[d]):
+            # the usual cause is a generated dataset whose last bits depend on the CPU
+            # (environment's numpy_simd): score the receipts to compare on one machine
+            raise ValueError(f"receipt {label!r} scores other data than the first: {', '.join(changed)} "
+                             f"has another checksum; rescore both receipts on one machine")
     datasets = list(first["summary"])
     rows = []
     for label, receipt in receipts.items():

@@ -4,7 +4,11 @@ Specs:
     openml:<id> | <id>             OpenML through ``openml.datasets.get_dataset`` (see below)
     sklearn:diabetes               scikit-learn's bundled diabetes data (unscaled features)
     sklearn:friedman1              ``make_friedman1(n_samples=1000, noise=1.0, random_state=0)``
-    sklearn:friedman2, friedman3   ``make_friedman2/3(n_samples=1000, random_state=0)`` (noise-free)
+    sklearn:friedman2, friedman3   ``make_friedman2/3(n_samples=1000, random_state=0)`` (noise-free;
+                                   friedman3's ``np.arctan`` rounds differently in the last bit
+                                   under numpy's AVX-512 kernels, so its checksum differs between
+                                   CPUs with and without them: ``NPY_DISABLE_CPU_FEATURES="X86_V4
+                                   AVX512_ICL"`` gives the other one)
     sklearn:regression             ``make_regression(n_samples=442, n_features=10, n_informative=6,
                                    noise=180.0, random_state=0)``: a linear target shaped like
                                    diabetes, noise sd ≈ signal sd (a linear model's ceiling R² ≈ 0.5)

@@ -124,6 +124,10 @@ def test_runs_scored_on_other_data_or_without_a_host_are_refused():
     capped = _run_receipt({"sklearn:diabetes": 0.5, "sklearn:friedman1": 0.7}, cap=100)
     with pytest.raises(ValueError, match="other data or splits"):
         compare_runs({"a": a, "capped": capped})
+    other_cpu = json.loads(json.dumps(a))
+    other_cpu["datasets"]["sklearn:friedman1"]["sha256"] = "f" * 64
+    with pytest.raises(ValueError, match="sklearn:friedman1 has another checksum; rescore both"):
+        compare_runs({"a": a, "other CPU": other_cpu})
     baselines_only = json.loads(json.dumps(a))
     del baselines_only["hosts"][HOST_NAME]
     with pytest.raises(ValueError, match="scores no tabpfn_v3_demo"):
