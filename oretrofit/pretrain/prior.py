@@ -1,7 +1,7 @@
 """A seeded synthetic regression prior for prior-fitting the demo TabPFN v3 host.
 
 Each task draws correlated latent Gaussians, gives every column its own marginal, and
-builds a target ``f(X)`` as a random mixture of three (or four) function families:
+builds a target ``f(X)`` as a random mixture of three (or up to five) function families:
 
 * a random MLP          f(x) = W_L σ(... σ(W_1 x_S + b_1) ...)      on a feature subset S,
 * random Fourier feats  f(x) = Σ_j a_j cos(w_j·x + c_j),  w_j ~ N(0, diag(1/ℓ²)),
@@ -10,6 +10,9 @@ builds a target ``f(X)`` as a random mixture of three (or four) function familie
                         ``linear_max_interactions`` random products),
 * (optional 4th weight) random oblivious trees  f(x) = Σ_t c_t[Σ_l 2^l·1(x_{k_tl} > θ_tl)],
                         axis-aligned steps and interactions, thresholds at data points,
+* (optional 5th weight) additive curves  f(x) = Σ_{i∈S} [β_i x_i + Σ_k a_ik cos(w_ik x_i + c_ik)],
+                        w_ik ~ N(0, 1/ℓ_i²) with ℓ_i log-uniform like the Fourier family's: one
+                        smooth curve per column and no interactions (a GAM's shape),
 
 then ``y = f/sd(f) + σ ε`` with σ log-uniform. X and y are standardised with the
 train rows' mean and standard deviation, as TabPFN sees them at inference.
@@ -52,10 +55,11 @@ class PriorConfig:
     fourier_features: int = 96
     length_scale_min: float = 0.3   # ARD length-scales, log-uniform, in latent sd units
     length_scale_max: float = 20.0
-    family_weights: tuple[float, ...] = (0.4, 0.35, 0.25)  # mlp, fourier, linear[, trees]
+    family_weights: tuple[float, ...] = (0.4, 0.35, 0.25)  # mlp, fourier, linear[, trees[, additive]]
     tree_max_count: int = 8
     tree_max_depth: int = 4
     linear_max_interactions: int = 3  # pairwise products γ_ik x_i x_k in a linear term: 0..this many
+    additive_cosines: int = 4      # cosines per column in an additive curve
     zero_inflated: float = 0.0     # chance a column is censored at a random threshold
     latent_inputs: float = 0.0     # chance f reads a column's latent z instead of its observed x
 
@@ -67,9 +71,11 @@ class PriorConfig:
         if not 1 <= self.min_features <= self.max_features:
             raise ValueError(f"features must satisfy 1 <= min_features <= max_features, got min_features "
                              f"{self.min_features}, max_features {self.max_features}")
-        if len(self.family_weights) not in (3, 4) or min(self.family_weights) < 0 or not any(self.family_weights):
-            raise ValueError(f"family_weights {self.family_weights} must be 3 or 4 non-negative weights "
-                             "(mlp, fourier, linear[, trees]), not all zero")
+        if len(self.family_weights) not in (3, 4, 5) or min(self.family_weights) < 0 or not any(self.family_weights):
+            raise ValueError(f"family_weights {self.family_weights} must be 3 to 5 non-negative weights "
+                             "(mlp, fourier, linear[, trees[, additive]]), not all zero")
+        if self.additive_cosines < 0:
+            raise ValueError(f"additive_cosines is a count >= 0, got {self.additive_cosines}")
         if self.linear_max_interactions < 0:
             raise ValueError(f"linear_max_interactions is a count >= 0, got {self.linear_max_interactions}")
         for name in ("zero_inflated", "latent_inputs"):
@@ -160,6 +166,18 @@ def _trees(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndar
     return f
 
 
+def _additive(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndarray:
+    n_rows, n_features = x.shape
+    f = np.zeros(n_rows)
+    for i in range(n_features):
+        scale = math.exp(rng.uniform(math.log(cfg.length_scale_min), math.log(cfg.length_scale_max)))
+        w = rng.normal(size=cfg.additive_cosines) / scale                        # (K,) frequencies
+        phase = rng.uniform(0.0, 2.0 * math.pi, size=cfg.additive_cosines)
+        curve = np.cos(np.outer(x[:, i], w) + phase) @ rng.normal(size=cfg.additive_cosines)
+        f = f + rng.normal() * x[:, i] + curve
+    return f
+
+
 def sample_task(rng: np.random.Generator, n_rows: int, n_features: int, n_train: int,
                 cfg: PriorConfig) -> tuple[np.ndarray, np.ndarray]:
     """One task: X (n_rows, n_features) and y (n_rows,), both standardised on the first n_train rows."""
@@ -181,7 +199,7 @@ def sample_task(rng: np.random.Generator, n_rows: int, n_features: int, n_train:
     for family, on in enumerate(families):
         if not on:
             continue
-        part = (_mlp, _fourier, _sparse_linear, _trees)[family](xs, cfg, rng)
+        part = (_mlp, _fourier, _sparse_linear, _trees, _additive)[family](xs, cfg, rng)
         part = _standardise(part[:, None], n_train)[:, 0]
         f = f + rng.uniform(0.3, 1.0) * part
     f = _standardise(f[:, None], n_train)[:, 0]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from oretrofit.pretrain.prior import PriorConfig, sample_batch, sample_task
+from oretrofit.pretrain.prior import PriorConfig, _additive, sample_batch, sample_task
 
 CFG = PriorConfig(min_rows=40, max_rows=80, min_features=2, max_features=6)
 
@@ -91,8 +91,40 @@ def test_linear_family_without_interactions_is_exactly_linear(seed):
     assert np.abs(y - design @ np.linalg.lstsq(design, y, rcond=None)[0]).max() > 1e-2
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_additive_family_has_no_interactions(seed):
+    # Σ_i g_i(x_i) on the corners of a rectangle: f(a1, a2) + f(b1, b2) = f(b1, a2) + f(a1, b2)
+    a, b = np.random.default_rng(100 + seed).normal(size=(2, 3))
+    corners = np.array([a, [b[0], a[1], a[2]], [a[0], b[1], a[2]], [b[0], b[1], a[2]]])
+    f = _additive(corners, CFG, np.random.default_rng(seed))
+    assert abs(f[0] + f[3] - f[1] - f[2]) < 1e-9
+    assert abs(f[0] - f[3]) > 1e-3                      # and the curves do vary
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_additive_family_bends_where_its_length_scales_are_short(seed):
+    # on continuous columns the curves are not affine (a binary column would make any curve affine)...
+    x = np.random.default_rng(200 + seed).normal(size=(300, 3))
+    short = dataclasses.replace(CFG, length_scale_min=0.5, length_scale_max=1.0)
+    design = np.column_stack([x, np.ones(len(x))])
+    f = _additive(x, short, np.random.default_rng(seed))
+    assert np.abs(f - design @ np.linalg.lstsq(design, f, rcond=None)[0]).max() > 0.1 * f.std()
+    # ...and without cosines they are exactly linear
+    f = _additive(x, dataclasses.replace(short, additive_cosines=0), np.random.default_rng(seed))
+    assert np.abs(f - design @ np.linalg.lstsq(design, f, rcond=None)[0]).max() < 1e-9 * max(f.std(), 1.0)
+
+
+def test_a_fifth_weight_draws_additive_tasks():
+    # a fifth weight of 1 (the others 0): finite tasks, standardised on the train rows
+    curves = dataclasses.replace(CFG, family_weights=(0.0, 0.0, 0.0, 0.0, 1.0))
+    batch = sample_batch(np.random.default_rng(5), 3, curves)
+    assert torch.isfinite(batch.y).all() and np.isclose(batch.y[:batch.n_train, 0].std(unbiased=False).item(), 1.0, atol=1e-5)
+
+
 @pytest.mark.parametrize(("change", "message"), [
-    ({"family_weights": (0.5, 0.5)}, "3 or 4 non-negative weights"),
+    ({"family_weights": (0.5, 0.5)}, "3 to 5 non-negative weights"),
+    ({"family_weights": (0.1,) * 6}, "3 to 5 non-negative weights"),
+    ({"additive_cosines": -1}, "additive_cosines is a count"),
     ({"family_weights": (0.0, 0.0, 0.0)}, "not all zero"),
     ({"family_weights": (1.0, -0.1, 0.2)}, "non-negative"),
     ({"zero_inflated": 1.5}, "zero_inflated is a probability"),
