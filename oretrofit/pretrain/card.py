@@ -100,14 +100,15 @@ def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
     for label, receipt in receipts.items():
         if HOST_NAME not in receipt["hosts"]:
             raise ValueError(f"receipt {label!r} scores no {HOST_NAME}; it holds baselines only")
-        if splits(receipt) != splits(first) or checksums(receipt).keys() != checksums(first).keys():
+        ours, theirs = checksums(receipt), checksums(first)
+        if splits(receipt) != splits(first) or ours.keys() != theirs.keys():
             raise ValueError(f"receipt {label!r} scores other data or splits than the first; compare "
                              f"receipts of the same pretrain-eval datasets, --seeds and --max-train-rows")
-        if changed := sorted(d for d, s in checksums(receipt).items() if s != checksums(first)[d]):
+        if changed := sorted(d for d in ours if ours[d] != theirs[d]):
             # the usual cause is a generated dataset whose last bits depend on the CPU
             # (environment's numpy_simd): score the receipts to compare on one machine
-            raise ValueError(f"receipt {label!r} scores other data than the first: {', '.join(changed)} "
-                             f"has another checksum; rescore both receipts on one machine")
+            raise ValueError(f"receipt {label!r} scores other data than the first (the checksum of "
+                             f"{', '.join(changed)} differs); rescore both receipts on one machine")
     datasets = list(first["summary"])
     rows = []
     for label, receipt in receipts.items():
