@@ -120,7 +120,7 @@ def test_prior_overrides_are_typed_and_unknown_keys_are_refused():
         parse_prior_overrides(["max_rows"])
     trees = parse_prior_overrides(["family_weights=0.4,0.35,0.25,0.35", "zero_inflated=0.25"])
     assert trees.family_weights == (0.4, 0.35, 0.25, 0.35) and trees.zero_inflated == 0.25
-    with pytest.raises(ValueError, match=r"family_weights \(1.0, 2.0\) must be 3 or 4"):
+    with pytest.raises(ValueError, match=r"family_weights \(1.0, 2.0\) must be 3 to 5"):
         parse_prior_overrides(["family_weights=1,2"])
 
 
