@@ -49,10 +49,16 @@ def _numpy_simd() -> list[str] | None:
     "found"). Elementwise kernels such as ``np.arctan`` round differently in the last bit under
     different groups, so generated data can differ between CPUs; None where numpy hides this."""
     try:
-        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+        from numpy._core import _multiarray_umath as umath             # numpy 2
     except ImportError:
+        try:
+            from numpy.core import _multiarray_umath as umath          # numpy 1.26
+        except ImportError:
+            return None
+    features, dispatch = getattr(umath, "__cpu_features__", None), getattr(umath, "__cpu_dispatch__", None)
+    if features is None or dispatch is None:
         return None
-    return [f for f in __cpu_dispatch__ if __cpu_features__.get(f)]
+    return [f for f in dispatch if features.get(f)]
 
 
 def environment(device: str | torch.device = "cpu") -> dict[str, Any]:

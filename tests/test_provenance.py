@@ -12,7 +12,7 @@ def test_environment_names_versions_device_and_revision():
     assert env["packages"]["torch"] and env["packages"]["oretrofit"]
     assert env["device"] == "cpu" and env["torch_threads"] >= 1
     assert {"python", "platform", "git_revision", "command", "created_utc"} <= set(env)
-    # numpy 2 on x86 or ARM always reports a list (possibly empty) of feature-group names
+    # numpy >= 1.26 reports a list (possibly empty) of the feature groups it dispatches to
     assert isinstance(env["numpy_simd"], list) and all(isinstance(f, str) for f in env["numpy_simd"])
 
 
