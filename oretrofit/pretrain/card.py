@@ -97,11 +97,12 @@ def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
     def checksums(r: dict[str, Any]) -> dict[str, str]:
         return {d: info["sha256"] for d, info in r["datasets"].items()}
 
+    first_splits, theirs = splits(first), checksums(first)
     for label, receipt in receipts.items():
         if HOST_NAME not in receipt["hosts"]:
             raise ValueError(f"receipt {label!r} scores no {HOST_NAME}; it holds baselines only")
-        ours, theirs = checksums(receipt), checksums(first)
-        if splits(receipt) != splits(first) or ours.keys() != theirs.keys():
+        ours = checksums(receipt)
+        if splits(receipt) != first_splits or ours.keys() != theirs.keys():
             raise ValueError(f"receipt {label!r} scores other data or splits than the first; compare "
                              f"receipts of the same pretrain-eval datasets, --seeds and --max-train-rows")
         if changed := sorted(d for d in ours if ours[d] != theirs[d]):

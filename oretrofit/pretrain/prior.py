@@ -138,9 +138,13 @@ def _mlp(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndarra
     return h @ rng.normal(size=h.shape[1])
 
 
+def _length_scales(n: int, cfg: PriorConfig, rng: np.random.Generator) -> np.ndarray:
+    """(n,) ARD length-scales ℓ_i, log-uniform in [length_scale_min, length_scale_max]."""
+    return np.exp(rng.uniform(math.log(cfg.length_scale_min), math.log(cfg.length_scale_max), size=n))
+
+
 def _fourier(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndarray:
-    scales = np.exp(rng.uniform(math.log(cfg.length_scale_min), math.log(cfg.length_scale_max),
-                                size=x.shape[1]))
+    scales = _length_scales(x.shape[1], cfg, rng)
     w = rng.normal(size=(x.shape[1], cfg.fourier_features)) / scales[:, None]
     phase = rng.uniform(0.0, 2.0 * math.pi, size=cfg.fourier_features)
     return np.cos(x @ w + phase) @ rng.normal(size=cfg.fourier_features)
@@ -167,15 +171,12 @@ def _trees(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndar
 
 
 def _additive(x: np.ndarray, cfg: PriorConfig, rng: np.random.Generator) -> np.ndarray:
-    n_rows, n_features = x.shape
-    f = np.zeros(n_rows)
-    for i in range(n_features):
-        scale = math.exp(rng.uniform(math.log(cfg.length_scale_min), math.log(cfg.length_scale_max)))
-        w = rng.normal(size=cfg.additive_cosines) / scale                        # (K,) frequencies
-        phase = rng.uniform(0.0, 2.0 * math.pi, size=cfg.additive_cosines)
-        curve = np.cos(np.outer(x[:, i], w) + phase) @ rng.normal(size=cfg.additive_cosines)
-        f = f + rng.normal() * x[:, i] + curve
-    return f
+    n_features, k = x.shape[1], cfg.additive_cosines
+    w = rng.normal(size=(n_features, k)) / _length_scales(n_features, cfg, rng)[:, None]  # (F, K)
+    phase = rng.uniform(0.0, 2.0 * math.pi, size=(n_features, k))
+    amplitude = rng.normal(size=(n_features, k))                                      # a_ik
+    curves = (np.cos(x[:, :, None] * w + phase) * amplitude).sum(axis=2)              # (N, F)
+    return x @ rng.normal(size=n_features) + curves.sum(axis=1)
 
 
 def sample_task(rng: np.random.Generator, n_rows: int, n_features: int, n_train: int,
