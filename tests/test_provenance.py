@@ -4,7 +4,7 @@ import stat
 
 import pytest
 
-from oretrofit._provenance import environment, sha256_file, write_json_atomic
+from oretrofit._provenance import _numpy_simd, environment, sha256_file, write_json_atomic
 
 
 def test_environment_names_versions_device_and_revision():
@@ -14,6 +14,15 @@ def test_environment_names_versions_device_and_revision():
     assert {"python", "platform", "git_revision", "command", "created_utc"} <= set(env)
     # numpy >= 1.26 reports a list (possibly empty) of the feature groups it dispatches to
     assert isinstance(env["numpy_simd"], list) and all(isinstance(f, str) for f in env["numpy_simd"])
+
+
+def test_numpy_simd_is_none_where_numpy_hides_its_dispatch_table(monkeypatch):
+    from numpy._core import _multiarray_umath as umath
+
+    found = _numpy_simd()
+    assert found is not None and set(found) <= set(umath.__cpu_dispatch__)
+    monkeypatch.delattr(umath, "__cpu_dispatch__")
+    assert _numpy_simd() is None
 
 
 def test_sha256_file_matches_hashlib(tmp_path):
