@@ -17,7 +17,10 @@ def test_environment_names_versions_device_and_revision():
 
 
 def test_numpy_simd_is_none_where_numpy_hides_its_dispatch_table(monkeypatch):
-    from numpy._core import _multiarray_umath as umath
+    try:
+        from numpy._core import _multiarray_umath as umath   # numpy 2
+    except ImportError:
+        from numpy.core import _multiarray_umath as umath    # numpy 1.26
 
     found = _numpy_simd()
     assert found is not None and set(found) <= set(umath.__cpu_dispatch__)
