@@ -81,6 +81,9 @@ def register(app: typer.Typer) -> None:
                                        help="Start a new stage from this run folder's weights (fresh optimiser)"),
         lr: float = typer.Option(None, "--lr", help="Peak learning rate (default: TrainConfig's)"),
         batch_size: int = typer.Option(None, "--batch-size", help="Tasks per step (default: TrainConfig's)"),
+        workers: int = typer.Option(None, "--workers",
+                                    help="Worker processes, one core each, splitting every step's tasks and "
+                                         "averaging their gradients (default 1)"),
         prior: list[str] = typer.Option([], "--prior", help="Prior override KEY=VALUE, e.g. max_rows=512 (repeatable)"),
         host: list[str] = typer.Option([], "--host",
                                        help="Architecture override KEY=VALUE, e.g. embed_dim=64 (repeatable)"),
@@ -94,7 +97,7 @@ def register(app: typer.Typer) -> None:
         from oretrofit.pretrain.curriculum import CURRICULUM, train_curriculum
         from oretrofit.pretrain.train import TrainConfig, train
 
-        overrides = {k: v for k, v in (("lr", lr), ("batch_size", batch_size)) if v is not None}
+        overrides = {k: v for k, v in (("lr", lr), ("batch_size", batch_size), ("workers", workers)) if v is not None}
         try:
             if curriculum and init_from is not None:
                 raise ValueError("--curriculum trains every stage from fresh weights; drop --init-from")

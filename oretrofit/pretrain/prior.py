@@ -209,11 +209,15 @@ def sample_task(rng: np.random.Generator, n_rows: int, n_features: int, n_train:
     return x, y
 
 
-def sample_batch(rng: np.random.Generator, batch_size: int, cfg: PriorConfig) -> TaskBatch:
-    """``batch_size`` tasks sharing one (rows, features, train split) drawn from ``cfg``'s ranges."""
-    n_rows = int(rng.integers(cfg.min_rows, cfg.max_rows + 1))
-    n_features = int(rng.integers(cfg.min_features, cfg.max_features + 1))
-    n_train = int(round(n_rows * rng.uniform(cfg.min_train_fraction, cfg.max_train_fraction)))
+def sample_batch(rng: np.random.Generator, batch_size: int, cfg: PriorConfig,
+                 shape_rng: np.random.Generator | None = None) -> TaskBatch:
+    """``batch_size`` tasks sharing one (rows, features, train split) drawn from ``cfg``'s ranges;
+    the shape is drawn from ``shape_rng`` where given (data-parallel workers share one, so each
+    step's workers run equal-sized tasks), else from ``rng``."""
+    shape_rng = rng if shape_rng is None else shape_rng
+    n_rows = int(shape_rng.integers(cfg.min_rows, cfg.max_rows + 1))
+    n_features = int(shape_rng.integers(cfg.min_features, cfg.max_features + 1))
+    n_train = int(round(n_rows * shape_rng.uniform(cfg.min_train_fraction, cfg.max_train_fraction)))
     n_train = min(max(n_train, 2), n_rows - 1)
     tasks = [sample_task(rng, n_rows, n_features, n_train, cfg) for _ in range(batch_size)]
     x = torch.tensor(np.stack([t[0] for t in tasks], axis=1), dtype=torch.float32)  # (R, B, F)

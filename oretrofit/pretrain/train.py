@@ -13,7 +13,9 @@ the schedule depends on the step alone, so the same configuration takes the same
 faster or slower machine (a wall-clock budget gives a faster machine more steps).
 Every ``save_every_s`` seconds the loop writes ``train_state.pt`` (weights, optimiser, step,
 elapsed time, sampler state, loss log) and the tabpfn-format checkpoint; ``resume=True``
-continues from ``train_state.pt`` exactly where it stopped.
+continues from ``train_state.pt`` exactly where it stopped. With ``workers`` > 1 the batch is
+split over that many worker processes, one per core, whose gradients are averaged every step
+(:mod:`oretrofit.pretrain.parallel`); the state keeps every worker's sampler.
 
 A run can also start as a new *stage* of an earlier run (``init_from``): same architecture,
 the earlier weights, a fresh optimiser and schedule, and its own prior and learning rate. The
@@ -23,6 +25,7 @@ count and wall time are the totals over all stages.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import sys
@@ -34,6 +37,7 @@ import numpy as np
 import torch
 
 from .inference import DEFAULT_PRESET, inference_config
+from .parallel import SOLO, Workers, spawn, weights_digest
 from .prior import PriorConfig, TaskBatch, sample_batch
 
 __all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "build_optimizer", "config_from_state", "demo_meta",
@@ -84,12 +88,17 @@ class TrainConfig:
     max_steps: int | None = None
     # the schedule's horizon in steps instead of budget_s (which it then replaces): machine-independent
     budget_steps: int | None = None
+    # data-parallel worker processes, one core each, splitting batch_size between them
+    workers: int = 1
     host: HostConfig = dataclasses.field(default_factory=HostConfig)
     prior: PriorConfig = dataclasses.field(default_factory=PriorConfig)
 
     def __post_init__(self) -> None:
         if self.budget_steps is not None and self.budget_steps < 1:
             raise ValueError(f"budget_steps must be a positive step count, got {self.budget_steps}")
+        if self.workers < 1 or self.batch_size % self.workers:
+            raise ValueError(f"{self.workers} workers cannot split a batch of {self.batch_size} tasks; "
+                             f"give a batch size that is a multiple of the worker count")
 
 
 def spline_borders(num_buckets: int) -> torch.Tensor:
@@ -196,12 +205,15 @@ def _lr(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
 
 
 def _save_state(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: TrainConfig,
-                step: int, elapsed_s: float, rng: np.random.Generator, log: list[tuple],
-                stages: list[dict[str, Any]]) -> None:
+                step: int, elapsed_s: float, rngs: list[tuple[Any, torch.Tensor]], shape_rng: Any,
+                log: list[tuple], stages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write the run state (``rngs``: each worker's numpy and torch sampler states, rank 0's first;
+    ``shape_rng``: the workers' shared shape sampler, None for one worker), the checkpoint and the
+    loss log; return the state."""
+    (rng, torch_rng), *worker_rngs = rngs
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-             "elapsed_s": elapsed_s, "rng": rng.bit_generator.state,
-             "torch_rng": torch.get_rng_state(), "loss_log": log,
-             "train_config": dataclasses.asdict(cfg), "stages": stages}
+             "elapsed_s": elapsed_s, "rng": rng, "torch_rng": torch_rng, "worker_rngs": worker_rngs,
+             "shape_rng": shape_rng, "loss_log": log, "train_config": dataclasses.asdict(cfg), "stages": stages}
     tmp = out / (STATE_NAME + ".tmp")
     torch.save(state, tmp)
     tmp.replace(out / STATE_NAME)
@@ -209,6 +221,7 @@ def _save_state(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, c
     with open(out / LOSS_LOG_NAME, "w") as fh:
         fh.write("step,elapsed_s,lr,loss\n")
         fh.writelines(f"{s},{t:.1f},{lr:.3e},{loss:.5f}\n" for s, t, lr, loss in log)
+    return state
 
 
 def config_from_state(stored: dict[str, Any]) -> TrainConfig:
@@ -236,81 +249,118 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opt
 
 
 def training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: TaskBatch,
-                  borders: torch.Tensor, grad_clip: float) -> float:
-    """One optimiser step on a prior batch: bar NLL of the test rows given the train rows; returns the loss."""
+                  borders: torch.Tensor, grad_clip: float, workers: Workers = SOLO) -> float:
+    """One optimiser step on a prior batch: bar NLL of the test rows given the train rows, its
+    gradient averaged over the ``workers``; returns the loss (the mean over workers)."""
     logits = model(batch.x, batch.y[: batch.n_train])                            # (R_test, B, K)
     loss = bar_nll(logits, batch.y[batch.n_train:], borders)
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    mean_loss = workers.average_gradients(model, loss)
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()
-    return loss.item()
+    return mean_loss
 
 
 def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path | None = None,
           progress: bool = True) -> dict[str, Any]:
     """Prior-fit the host until its budget (``cfg.budget_steps`` steps, else ``cfg.budget_s`` of
-    wall-clock) or ``max_steps`` is spent; return a summary.
+    wall-clock) or ``max_steps`` is spent, on ``cfg.workers`` processes; return a summary.
 
     With ``resume``, ``cfg`` is replaced by the configuration stored in ``out/train_state.pt``
-    except for ``budget_s``, ``budget_steps`` and ``max_steps``, which may be extended. With
-    ``init_from`` (a run folder), training starts from that run's weights as a new stage with
-    ``cfg``'s prior, learning rate and budget and a fresh optimiser.
+    except for ``budget_s``, ``budget_steps`` and ``max_steps``, which may be extended (the worker
+    count stays the stored one: it decides which tasks are drawn). With ``init_from`` (a run
+    folder), training starts from that run's weights as a new stage with ``cfg``'s prior,
+    learning rate and budget and a fresh optimiser.
     """
     out = Path(out)
     if resume and init_from is not None:
         raise ValueError("--resume continues this run and --init-from starts a new stage; give one of them")
     out.mkdir(parents=True, exist_ok=True)
-    state = None
-    stages: list[dict[str, Any]] = []
+    state, stages, weights = None, [], None
     if resume:
         state = load_state(out, "drop --resume to start fresh")
         stored = config_from_state(state["train_config"])
         cfg = dataclasses.replace(stored, budget_s=cfg.budget_s, budget_steps=cfg.budget_steps,
                                   max_steps=cfg.max_steps)
         stages = state.get("stages", [])
-    model = build_host(cfg.host, cfg.seed)
     if init_from is not None:
         stages, weights = _earlier_stages(Path(init_from), cfg)
+    if cfg.workers == 1:
+        final = _fit(SOLO, out, cfg, state, stages, weights, progress)
+    else:
+        spawn(cfg.workers, _fit, out, cfg, state, stages, weights, progress)
+        final = load_state(out, "a worker stopped before saving")
+    log = final["loss_log"]
+    return {"steps": final["step"], "elapsed_s": final["elapsed_s"], "final_nll": log[-1][3] if log else None,
+            "checkpoint": str(out / CHECKPOINT_NAME), "train_config": final["train_config"]}
+
+
+def _fit(workers: Workers, out: Path, cfg: TrainConfig, state: dict[str, Any] | None,
+         stages: list[dict[str, Any]], weights: dict[str, torch.Tensor] | None,
+         progress: bool) -> dict[str, Any] | None:
+    """The training loop of one worker (all of it with ``SOLO``); rank 0 returns the final state."""
+    model = build_host(cfg.host, cfg.seed)
+    if weights is not None:
         model.load_state_dict(weights)
     opt = build_optimizer(model, cfg)
-    rng = np.random.default_rng(cfg.seed)
+    # one worker draws shapes and tasks from one stream; several share a shape stream (a step's
+    # tasks then cost the same on every worker, none waits for another) and each has its own tasks
+    rng = np.random.default_rng(cfg.seed if workers.size == 1 else [cfg.seed, workers.rank + 1])
+    shape_rng = None if workers.size == 1 else np.random.default_rng([cfg.seed, 0])
     step, elapsed0, log = 0, 0.0, []
     if state is not None:
         model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        rng.bit_generator.state = state["rng"]
-        torch.set_rng_state(state["torch_rng"])
+        # a copy: tensors handed to worker processes live in shared memory, and AdamW updates its
+        # moments in place, so without one the workers would all step the same moment tensors
+        opt.load_state_dict(copy.deepcopy(state["optimizer"]))
+        rng_state, torch_rng = [(state["rng"], state["torch_rng"]), *state.get("worker_rngs", [])][workers.rank]
+        rng.bit_generator.state = rng_state
+        if shape_rng is not None:
+            shape_rng.bit_generator.state = state["shape_rng"]
+        torch.set_rng_state(torch_rng)
         step, elapsed0, log = state["step"], state["elapsed_s"], [tuple(r) for r in state["loss_log"]]
     borders = spline_borders(cfg.host.num_buckets)
+    tasks = cfg.batch_size // cfg.workers
+    talk = progress and workers.rank == 0
+
+    def save(elapsed: float) -> dict[str, Any] | None:
+        # every worker's sampler goes into the state; equal weight digests show the workers still agree
+        gathered = workers.gather((rng.bit_generator.state, torch.get_rng_state(), weights_digest(model)))
+        if len({digest for *_, digest in gathered}) > 1:
+            raise RuntimeError(f"the workers' weights differ at step {step}; the run folder keeps the last "
+                               "save where they agreed, resume from it")
+        if workers.rank:
+            return None
+        return _save_state(out, model, opt, cfg, step, elapsed, [g[:2] for g in gathered],
+                           None if shape_rng is None else shape_rng.bit_generator.state, log, stages)
+
     model.train()
     start = time.monotonic()
     last_save = start
     window: list[float] = []
     budget = f"{cfg.budget_steps} steps" if cfg.budget_steps else f"{cfg.budget_s:.0f}s"
     while True:
-        elapsed = elapsed0 + time.monotonic() - start
+        elapsed = workers.from_rank0(elapsed0 + time.monotonic() - start)
         at_max_steps = cfg.max_steps is not None and step >= cfg.max_steps
         if _budget_spent(cfg, step, elapsed) >= 1.0 or at_max_steps:
             break
         lr = _lr(cfg, step, elapsed)
         for group in opt.param_groups:
             group["lr"] = lr
-        window.append(training_step(model, opt, sample_batch(rng, cfg.batch_size, cfg.prior),
-                                    borders, cfg.grad_clip))
+        batch = sample_batch(rng, tasks, cfg.prior, shape_rng)
+        window.append(training_step(model, opt, batch, borders, cfg.grad_clip, workers))
         step += 1
         if step % cfg.log_every == 0:
             log.append((step, elapsed, lr, float(np.mean(window))))
             window.clear()
-            if progress:
+            if talk:
                 print(f"step {step}  {elapsed:7.0f}s  budget {budget}  lr {lr:.2e}  "
                       f"nll {log[-1][3]:.4f}", file=sys.stderr, flush=True)
-        if time.monotonic() - last_save >= cfg.save_every_s:
-            _save_state(out, model, opt, cfg, step, elapsed0 + time.monotonic() - start, rng, log, stages)
+        if workers.from_rank0(float(time.monotonic() - last_save >= cfg.save_every_s)):
+            save(elapsed0 + time.monotonic() - start)
             last_save = time.monotonic()
-    elapsed = elapsed0 + time.monotonic() - start
+    elapsed = workers.from_rank0(elapsed0 + time.monotonic() - start)
     if window:  # the steps since the last log line, so the final NLL is always logged
         log.append((step, elapsed, lr, float(np.mean(window))))
-    _save_state(out, model, opt, cfg, step, elapsed, rng, log, stages)
-    return {"steps": step, "elapsed_s": elapsed, "final_nll": log[-1][3] if log else None,
-            "checkpoint": str(out / CHECKPOINT_NAME), "train_config": dataclasses.asdict(cfg)}
+    return save(elapsed)

@@ -1,0 +1,106 @@
+"""Data-parallel prior-fitting on one machine: one worker process per core, gradients averaged.
+
+With W workers, each draws ``batch_size / W`` tasks per step from its own seeded stream and
+back-propagates the bar NLL of its tasks; one all-reduce (gloo over localhost) then replaces
+every worker's gradient by the mean over workers,
+
+    g = (1/W) Σ_w ∇ NLL_w,
+
+so every worker applies the same AdamW step and the weights stay identical: a step on W
+workers is one step on the union of their tasks, each worker's mean NLL weighted 1/W. Rank 0
+owns the clock (the schedule and the stop read its elapsed time, broadcast every step) and
+writes the run folder; at each save the workers' weight digests are compared, so a drift
+between workers stops the run instead of going unnoticed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["SOLO", "Workers", "spawn", "weights_digest"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workers:
+    """This process's place among the run's workers; ``SOLO`` (one worker) makes every method a no-op."""
+
+    rank: int = 0
+    size: int = 1
+
+    def average_gradients(self, model: torch.nn.Module, loss: torch.Tensor) -> float:
+        """Replace each parameter's gradient by its mean over the workers; return the mean loss.
+
+        A parameter without a gradient on some worker counts as a zero gradient, so every worker
+        steps the same parameters."""
+        if self.size == 1:
+            return loss.item()
+        params = list(model.parameters())
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+                         + [loss.detach().reshape(1)])
+        dist.all_reduce(flat)
+        flat /= self.size
+        offset = 0
+        for p in params:
+            p.grad = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return flat[-1].item()
+
+    def from_rank0(self, value: float) -> float:
+        """Rank 0's ``value`` on every worker (the clock and the save decision are rank 0's)."""
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.broadcast(t, src=0)
+        return t.item()
+
+    def gather(self, obj: Any) -> list[Any]:
+        """``obj`` from every worker, in rank order (every worker must call it)."""
+        if self.size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+SOLO = Workers()
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 of the model's state, bit for bit: equal digests mean equal weights."""
+    h = hashlib.sha256()
+    for name, value in model.state_dict().items():
+        h.update(name.encode())
+        h.update(value.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, size: int, port: int, fn: Callable[..., None], args: tuple) -> None:
+    # one thread on one core per worker: the workers are the parallelism, threads would compete with them
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[rank % len(cores)]})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    try:
+        fn(Workers(rank, size), *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(size: int, fn: Callable[..., None], *args: Any) -> None:
+    """Run ``fn(workers, *args)`` in ``size`` worker processes, worker k pinned to the k-th core this
+    process may use; returns when all have finished, and raises if any of them raised."""
+    torch.multiprocessing.spawn(_worker, args=(size, _free_port(), fn, args), nprocs=size, join=True)
