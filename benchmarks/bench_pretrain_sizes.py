@@ -23,10 +23,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-import numpy as np
-
 from oretrofit._markdown import pipe_table
 from oretrofit._provenance import environment, write_json_atomic
+from oretrofit.pretrain.parallel import SOLO, Workers
 from oretrofit.pretrain.prior import PriorConfig, sample_batch
 from oretrofit.pretrain.train import (HostConfig, TrainConfig, build_host, build_optimizer, spline_borders,
                                       training_step)
@@ -37,18 +36,21 @@ SEED = 0
 
 
 def throughput(embed_dim: int, batch_size: int, steps: int, warmup: int,
-               prior: PriorConfig = PRIOR) -> dict[str, float]:
-    """Parameters, steps/s and tasks/s of ``training_step`` for one size on batches of ``prior``."""
+               prior: PriorConfig = PRIOR, workers: Workers = SOLO) -> dict[str, float]:
+    """Parameters, steps/s and tasks/s of ``training_step`` for one size on batches of ``prior``
+    (``batch_size`` tasks on this worker; with several ``workers``, gradients averaged over them
+    and batch shapes drawn from one shared stream, as ``pretrain-demo --workers`` trains)."""
     cfg = TrainConfig(batch_size=batch_size, host=HostConfig(embed_dim=embed_dim), prior=prior)
     model = build_host(cfg.host, SEED)
     opt = build_optimizer(model, cfg)
-    borders, rng = spline_borders(cfg.host.num_buckets), np.random.default_rng(SEED)
-    batches = [sample_batch(rng, batch_size, prior) for _ in range(warmup + steps)]
+    borders = spline_borders(cfg.host.num_buckets)
+    rng, shape_rng = workers.samplers(SEED)
+    batches = [sample_batch(rng, batch_size, prior, shape_rng) for _ in range(warmup + steps)]
     for batch in batches[:warmup]:
-        training_step(model, opt, batch, borders, cfg.grad_clip)
+        training_step(model, opt, batch, borders, cfg.grad_clip, workers)
     start = time.perf_counter()
     for batch in batches[warmup:]:
-        training_step(model, opt, batch, borders, cfg.grad_clip)
+        training_step(model, opt, batch, borders, cfg.grad_clip, workers)
     seconds = (time.perf_counter() - start) / steps
     return {"embed_dim": embed_dim, "batch_size": batch_size,
             "parameters": sum(p.numel() for p in model.parameters()),

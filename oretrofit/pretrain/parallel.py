@@ -22,6 +22,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -34,6 +35,14 @@ class Workers:
 
     rank: int = 0
     size: int = 1
+
+    def samplers(self, seed: int) -> tuple[np.random.Generator, np.random.Generator | None]:
+        """This worker's task stream and the workers' shared shape stream (None for one worker,
+        whose one stream draws both, as every run before ``--workers`` did). A shared shape makes
+        a step's tasks cost about the same on every worker, so none waits long for another."""
+        if self.size == 1:
+            return np.random.default_rng(seed), None
+        return np.random.default_rng([seed, self.rank + 1]), np.random.default_rng([seed, 0])
 
     def average_gradients(self, model: torch.nn.Module, loss: torch.Tensor) -> float:
         """Replace each parameter's gradient by its mean over the workers; return the mean loss.

@@ -304,10 +304,7 @@ def _fit(workers: Workers, out: Path, cfg: TrainConfig, state: dict[str, Any] | 
     if weights is not None:
         model.load_state_dict(weights)
     opt = build_optimizer(model, cfg)
-    # one worker draws shapes and tasks from one stream; several share a shape stream (a step's
-    # tasks then cost the same on every worker, none waits for another) and each has its own tasks
-    rng = np.random.default_rng(cfg.seed if workers.size == 1 else [cfg.seed, workers.rank + 1])
-    shape_rng = None if workers.size == 1 else np.random.default_rng([cfg.seed, 0])
+    rng, shape_rng = workers.samplers(cfg.seed)
     step, elapsed0, log = 0, 0.0, []
     if state is not None:
         model.load_state_dict(state["model"])
