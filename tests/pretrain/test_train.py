@@ -174,6 +174,9 @@ def test_cli_errors_name_the_fix(tmp_path):
     assert result.exit_code == 2 and "--host 'emsize=8' is not KEY=VALUE" in result.output
     result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--budget-steps", "0"])
     assert result.exit_code == 2 and "budget_steps must be a positive step count" in result.output
+    result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--workers", "2", "--batch-size", "3"])
+    assert result.exit_code == 2 and "give a batch size that is a multiple of the worker count" in result.output
+    assert not (tmp_path / STATE_NAME).exists()
 
 
 def test_cli_host_option_sets_the_trained_architecture(tmp_path):
