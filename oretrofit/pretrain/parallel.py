@@ -8,7 +8,7 @@ every worker's gradient by the mean over workers,
 
 so every worker applies the same AdamW step and the weights stay identical: a step on W
 workers is one step on the union of their tasks, each worker's mean NLL weighted 1/W. Rank 0
-owns the clock (the schedule and the stop read its elapsed time, broadcast every step) and
+owns the clock (the schedule, the stop and the saves read its elapsed time, broadcast every step) and
 writes the run folder; at each save the workers' weight digests are compared, so a drift
 between workers stops the run instead of going unnoticed.
 """
@@ -63,7 +63,7 @@ class Workers:
         return flat[-1].item()
 
     def from_rank0(self, value: float) -> float:
-        """Rank 0's ``value`` on every worker (the clock and the save decision are rank 0's)."""
+        """Rank 0's ``value`` on every worker (the run's clock is rank 0's)."""
         if self.size == 1:
             return value
         t = torch.tensor([value], dtype=torch.float64)

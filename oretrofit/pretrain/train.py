@@ -334,14 +334,18 @@ def _fit(workers: Workers, out: Path, cfg: TrainConfig, state: dict[str, Any] | 
 
     model.train()
     start = time.monotonic()
-    last_save = start
+    last_save = elapsed0
     window: list[float] = []
     budget = f"{cfg.budget_steps} steps" if cfg.budget_steps else f"{cfg.budget_s:.0f}s"
     while True:
+        # one clock for all workers: the stop, the rate and the save all read rank 0's
         elapsed = workers.from_rank0(elapsed0 + time.monotonic() - start)
         at_max_steps = cfg.max_steps is not None and step >= cfg.max_steps
         if _budget_spent(cfg, step, elapsed) >= 1.0 or at_max_steps:
             break
+        if elapsed - last_save >= cfg.save_every_s:
+            save(elapsed)
+            last_save = elapsed
         lr = _lr(cfg, step, elapsed)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -354,9 +358,6 @@ def _fit(workers: Workers, out: Path, cfg: TrainConfig, state: dict[str, Any] | 
             if talk:
                 print(f"step {step}  {elapsed:7.0f}s  budget {budget}  lr {lr:.2e}  "
                       f"nll {log[-1][3]:.4f}", file=sys.stderr, flush=True)
-        if workers.from_rank0(float(time.monotonic() - last_save >= cfg.save_every_s)):
-            save(elapsed0 + time.monotonic() - start)
-            last_save = time.monotonic()
     elapsed = workers.from_rank0(elapsed0 + time.monotonic() - start)
     if window:  # the steps since the last log line, so the final NLL is always logged
         log.append((step, elapsed, lr, float(np.mean(window))))
