@@ -32,6 +32,17 @@ def test_workers_average_gradients_and_share_rank0s_clock(tmp_path):
         assert got["loss"] == 1.0 and got["clock"] == 10.0 and got["gathered"] == [0, 1, 2]
 
 
+def _rank1_fails(workers: Workers) -> None:
+    if workers.rank == 1:
+        raise ValueError("worker 1 failed on purpose")
+
+
+def test_a_worker_that_raises_fails_spawn_with_its_error():
+    # the other worker finishes and leaves at once (without finalizing): the error still comes back
+    with pytest.raises(torch.multiprocessing.ProcessRaisedException, match="worker 1 failed on purpose"):
+        spawn(2, _rank1_fails)
+
+
 def test_two_workers_train_and_resume_exactly(tmp_path):
     two = dataclasses.replace(TINY, workers=2, max_steps=2)
     summary = train(tmp_path / "run", two, progress=False)
