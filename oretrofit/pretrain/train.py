@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -163,11 +164,27 @@ def stage_totals(state: dict[str, Any]) -> tuple[int, float]:
 
 
 def load_state(run: Path, fix: str) -> dict[str, Any]:
-    """``run/train_state.pt``, or a ValueError ending in ``fix`` when the folder holds none."""
+    """``run/train_state.pt``, or a ValueError ending in ``fix`` when the folder holds none.
+
+    The state is read with ``weights_only=True``: it holds only tensors, numbers, strings and
+    containers of them, so a file that asks the unpickler for anything else (a ``__reduce__``
+    payload, an arbitrary class) is refused before any of it runs.
+    """
     state_path = Path(run) / STATE_NAME
     if not state_path.exists():
         raise ValueError(f"{state_path} does not exist; {fix}")
-    return torch.load(state_path, map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"{state_path} is not a run state oretrofit wrote (it asks to load objects "
+                         f"other than tensors and plain data: {str(err).splitlines()[0]}); it was not "
+                         "loaded. Use a run folder written by `oretrofit pretrain-demo`") from None
+    except (RuntimeError, EOFError, OSError) as err:
+        raise ValueError(f"{state_path} cannot be read as a run state ({err}); {fix}") from None
+    if not isinstance(state, dict) or not {"model", "step", "train_config"} <= state.keys():
+        raise ValueError(f"{state_path} is not a run state oretrofit wrote (no model, step and "
+                         f"train_config entries); {fix}")
+    return state
 
 
 def stage_record(state: dict[str, Any]) -> dict[str, Any]:

@@ -82,7 +82,7 @@ def test_card_reads_a_prior_field_an_earlier_stage_did_not_record_as_its_default
     from oretrofit.pretrain.train import STATE_NAME
 
     train(tmp_path / "one", dataclasses.replace(TINY, max_steps=1), progress=False)
-    state = torch.load(tmp_path / "one" / STATE_NAME, weights_only=False)
+    state = torch.load(tmp_path / "one" / STATE_NAME, weights_only=True)
     del state["train_config"]["prior"]["linear_max_interactions"]  # as a run from before the field existed
     torch.save(state, tmp_path / "one" / STATE_NAME)
     additive = dataclasses.replace(TINY.prior, linear_max_interactions=0)

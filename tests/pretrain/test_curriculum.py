@@ -17,7 +17,7 @@ CFG = dataclasses.replace(TINY, warmup_steps=1, budget_s=1e-9, budget_steps=6)
 
 
 def _weights(run):
-    return torch.load(run / STATE_NAME, weights_only=False)["model"]
+    return torch.load(run / STATE_NAME, weights_only=True)["model"]
 
 
 def test_stages_split_the_budget_and_set_rate_seed_and_task_length():
@@ -42,7 +42,7 @@ def test_a_curriculum_is_its_stages_run_by_hand(tmp_path):
     for k, (run, cfg) in enumerate(zip(by_hand, stage_configs(CFG, SMALL))):
         train(run, cfg, init_from=by_hand[k - 1] if k else None, progress=False)
     assert_same_weights(_weights(tmp_path / "run"), _weights(by_hand[-1]))
-    state = torch.load(tmp_path / "run" / STATE_NAME, weights_only=False)
+    state = torch.load(tmp_path / "run" / STATE_NAME, weights_only=True)
     assert [s["train_config"]["prior"]["max_rows"] for s in state["stages"]] == [24, 32]
     assert state["train_config"]["prior"]["max_rows"] == 40 and state["train_config"]["seed"] == CFG.seed + 2
 
@@ -80,7 +80,7 @@ def test_cli_curriculum_runs_three_stages_and_refuses_what_it_sets(tmp_path):
     ok = CliRunner().invoke(app, ["pretrain-demo", "--curriculum", "--out", str(tmp_path / "run"),
                                   "--budget-steps", "3", "--prior", "max_features=2", *host_args])
     assert ok.exit_code == 0, ok.output
-    state = torch.load(tmp_path / "run" / STATE_NAME, weights_only=False)
+    state = torch.load(tmp_path / "run" / STATE_NAME, weights_only=True)
     assert len(state["stages"]) == 2 and state["step"] == 1
     assert state["train_config"]["prior"]["max_features"] == 2  # other prior overrides reach every stage
     for extra, message in ((["--init-from", str(tmp_path / "run")], "drop --init-from"),

@@ -93,7 +93,7 @@ def test_export_writes_the_chosen_preset_and_the_cli_names_the_suites(tmp_path):
 
     train(tmp_path / "run", dataclasses.replace(TINY, max_steps=1), progress=False)
     out = export_checkpoint(tmp_path / "run", tmp_path / "tabpfn-v3-plain.ckpt", "plain")
-    checkpoint = torch.load(out, weights_only=False)
+    checkpoint = torch.load(out, weights_only=True)
     assert preset_of(checkpoint["inference_config"]) == "plain"
     assert checkpoint["oretrofit"]["inference"] == "plain"
     app = typer.Typer()
@@ -138,7 +138,7 @@ def test_a_checkpoints_ensemble_size_is_tabpfns_default_and_an_explicit_count_wi
     from oretrofit.tabpfn_v3 import make_regressor
 
     path = write_random_checkpoint(tmp_path / "tabpfn-v3-host.ckpt", "small", seed=0)
-    checkpoint = torch.load(path, weights_only=False)
+    checkpoint = torch.load(path, weights_only=True)
     checkpoint["inference_config"] = inference_config("plain-no-ypower-x3")
     torch.save(checkpoint, path)
     assert host_inference(path, None) == "plain-no-ypower-x3"

@@ -46,20 +46,20 @@ def test_a_worker_that_raises_fails_spawn_with_its_error():
 def test_two_workers_train_and_resume_exactly(tmp_path):
     two = dataclasses.replace(TINY, workers=2, max_steps=2)
     summary = train(tmp_path / "run", two, progress=False)
-    state = torch.load(tmp_path / "run" / STATE_NAME, weights_only=False)
+    state = torch.load(tmp_path / "run" / STATE_NAME, weights_only=True)
     assert summary["steps"] == state["step"] == 2 and summary["train_config"]["workers"] == 2
     assert len(state["worker_rngs"]) == 1 and state["worker_rngs"][0][0] != state["rng"]
     # resuming restores both workers' samplers: the same weights and losses as 3 steps straight
     # (which saves before every step: a save, with its digest check, changes nothing)
     train(tmp_path / "run", TrainConfig(max_steps=3), resume=True, progress=False)
     train(tmp_path / "straight", dataclasses.replace(two, max_steps=3, save_every_s=0.0), progress=False)
-    a = torch.load(tmp_path / "run" / STATE_NAME, weights_only=False)
-    b = torch.load(tmp_path / "straight" / STATE_NAME, weights_only=False)
+    a = torch.load(tmp_path / "run" / STATE_NAME, weights_only=True)
+    b = torch.load(tmp_path / "straight" / STATE_NAME, weights_only=True)
     assert [r[3] for r in a["loss_log"]] == [r[3] for r in b["loss_log"]]
     assert_same_weights(a["model"], b["model"])
     # two workers draw other tasks than one worker with the same batch
     train(tmp_path / "one", dataclasses.replace(TINY, max_steps=3), progress=False)
-    one = torch.load(tmp_path / "one" / STATE_NAME, weights_only=False)
+    one = torch.load(tmp_path / "one" / STATE_NAME, weights_only=True)
     assert [r[3] for r in one["loss_log"]] != [r[3] for r in b["loss_log"]]
 
 

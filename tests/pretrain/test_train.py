@@ -55,8 +55,8 @@ def test_two_steps_write_a_checkpoint_tabpfn_loads_and_resume_is_exact(tmp_path)
     resumed = train(tmp_path / "run", TrainConfig(max_steps=3), resume=True, progress=False)
     straight = train(tmp_path / "straight", dataclasses.replace(TINY, max_steps=3), progress=False)
     assert resumed["steps"] == straight["steps"] == 3
-    a = torch.load(tmp_path / "run" / STATE_NAME, weights_only=False)
-    b = torch.load(tmp_path / "straight" / STATE_NAME, weights_only=False)
+    a = torch.load(tmp_path / "run" / STATE_NAME, weights_only=True)
+    b = torch.load(tmp_path / "straight" / STATE_NAME, weights_only=True)
     assert [r[3] for r in a["loss_log"]] == [r[3] for r in b["loss_log"]]
     assert_same_weights(a["model"], b["model"])
 
@@ -77,16 +77,16 @@ def test_two_steps_write_a_checkpoint_tabpfn_loads_and_resume_is_exact(tmp_path)
 
 def test_a_new_stage_starts_from_the_earlier_weights_and_counts_its_steps(tmp_path):
     train(tmp_path / "one", dataclasses.replace(TINY, max_steps=2), progress=False)
-    first = torch.load(tmp_path / "one" / STATE_NAME, weights_only=False)
+    first = torch.load(tmp_path / "one" / STATE_NAME, weights_only=True)
     wider = dataclasses.replace(TINY.prior, max_rows=60, noise_max=3.0)
     second_cfg = dataclasses.replace(TINY, max_steps=1, lr=5e-4, seed=2, prior=wider)
     # Zero steps: the new stage's weights are exactly the earlier stage's.
     train(tmp_path / "zero", dataclasses.replace(second_cfg, max_steps=0), init_from=tmp_path / "one",
           progress=False)
-    zero = torch.load(tmp_path / "zero" / STATE_NAME, weights_only=False)
+    zero = torch.load(tmp_path / "zero" / STATE_NAME, weights_only=True)
     assert_same_weights(first["model"], zero["model"])
     train(tmp_path / "two", second_cfg, init_from=tmp_path / "one", progress=False)
-    two = torch.load(tmp_path / "two" / STATE_NAME, weights_only=False)
+    two = torch.load(tmp_path / "two" / STATE_NAME, weights_only=True)
     assert [s["steps"] for s in two["stages"]] == [2] and two["step"] == 1
     assert two["stages"][0]["loss_log"] == first["loss_log"]
     assert two["train_config"]["prior"]["max_rows"] == 60 and two["train_config"]["lr"] == 5e-4
@@ -95,7 +95,7 @@ def test_a_new_stage_starts_from_the_earlier_weights_and_counts_its_steps(tmp_pa
     assert meta["elapsed_s"] == pytest.approx(first["elapsed_s"] + two["elapsed_s"], abs=0.1)
     # Resuming the new stage keeps its stage history.
     train(tmp_path / "two", dataclasses.replace(second_cfg, max_steps=2), resume=True, progress=False)
-    resumed = torch.load(tmp_path / "two" / STATE_NAME, weights_only=False)
+    resumed = torch.load(tmp_path / "two" / STATE_NAME, weights_only=True)
     assert resumed["step"] == 2 and [s["steps"] for s in resumed["stages"]] == [2]
 
 
@@ -140,6 +140,43 @@ def test_host_overrides_set_the_architecture_and_unknown_keys_are_refused():
 def test_resume_without_state_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="drop --resume"):
         train(tmp_path, TINY, resume=True, progress=False)
+
+
+class _Payload:
+    """An object whose unpickling would run code: it appends to a marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "a"))
+
+
+@pytest.mark.parametrize("entry", ["resume", "init_from", "export", "card"])
+def test_a_state_with_a_pickle_payload_runs_nothing_and_names_the_file(tmp_path, entry):
+    """Every reader of train_state.pt (resume, a new stage, export, card) goes through
+    load_state, which unpickles weights-only: the payload never runs."""
+    from oretrofit.pretrain.card import write_card
+
+    run, marker = tmp_path / "run", tmp_path / "pwned"
+    train(run, dataclasses.replace(TINY, max_steps=1), progress=False)
+    state = torch.load(run / STATE_NAME, weights_only=True)
+    torch.save({**state, "extra": _Payload(marker)}, run / STATE_NAME)
+    calls = {"resume": lambda: train(run, TINY, resume=True, progress=False),
+             "init_from": lambda: train(tmp_path / "next", TINY, init_from=run, progress=False),
+             "export": lambda: export_checkpoint(run, tmp_path / "tabpfn-v3-out.ckpt"),
+             "card": lambda: write_card(run, tmp_path / "eval.json", tmp_path / "card.md", "cmd")}
+    with pytest.raises(ValueError, match=r"train_state\.pt is not a run state oretrofit wrote"):
+        calls[entry]()
+    assert not marker.exists()
+
+
+def test_a_truncated_state_is_a_clear_error(tmp_path):
+    run = tmp_path / "run"
+    train(run, dataclasses.replace(TINY, max_steps=1), progress=False)
+    (run / STATE_NAME).write_bytes((run / STATE_NAME).read_bytes()[:100])
+    with pytest.raises(ValueError, match="cannot be read as a run state"):
+        export_checkpoint(run, tmp_path / "tabpfn-v3-out.ckpt")
 
 
 @pytest.mark.parametrize("text,seconds", [("2h", 7200), ("90m", 5400), ("1h30m", 5400),
@@ -191,7 +228,7 @@ def test_cli_host_option_sets_the_trained_architecture(tmp_path):
     result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--max-steps", "1",
                                       *host_args, *prior_args])
     assert result.exit_code == 0, result.output
-    checkpoint = torch.load(tmp_path / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
+    checkpoint = torch.load(tmp_path / CHECKPOINT_NAME, map_location="cpu", weights_only=True)
     assert checkpoint["config"]["embed_dim"] == TINY.host.embed_dim == 16
     assert checkpoint["config"]["nlayers"] == TINY.host.nlayers
 
@@ -206,8 +243,8 @@ def test_a_step_budget_trains_the_same_host_whatever_the_clock(tmp_path, monkeyp
     monkeypatch.setattr(train_module.time, "monotonic", lambda: float(next(ticks)))
     second = train(tmp_path / "b", cfg, progress=False)
     assert first["steps"] == second["steps"] == 4
-    a = torch.load(tmp_path / "a" / STATE_NAME, weights_only=False)
-    b = torch.load(tmp_path / "b" / STATE_NAME, weights_only=False)
+    a = torch.load(tmp_path / "a" / STATE_NAME, weights_only=True)
+    b = torch.load(tmp_path / "b" / STATE_NAME, weights_only=True)
     assert [r[2] for r in a["loss_log"]] == [r[2] for r in b["loss_log"]]  # the same learning rates
     assert a["loss_log"][-1][2] < a["loss_log"][1][2]  # and they do anneal over the 4 steps
     assert_same_weights(a["model"], b["model"])
