@@ -11,7 +11,7 @@ from torch import nn
 
 from oretrofit import (Retrofit, RetrofitError, Site, SiteConfig, apply_spec, o_gate, plan_retrofit,
                        presence, register_host, retrofit, retrofitted)
-from oretrofit import _registry
+from oretrofit import _host, _registry
 from oretrofit._patching import set_site, site_config
 
 
@@ -72,7 +72,7 @@ def toy_hosts():
              register_host(ToyHost("broken-toy-test-host", BrokenToy))]
     yield hosts
     for host in hosts:
-        _registry._HOSTS.remove(host)
+        _host._HOSTS.remove(host)
 
 
 @pytest.fixture
