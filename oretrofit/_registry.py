@@ -180,8 +180,11 @@ def retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: floa
             (first matching pattern wins).
         eps: ε of every OAttention denominator.
         targets / exclude: site-name patterns to keep / drop.
-        allow_partial: patch a model the host covers only in part (``plan.uncovered`` and the
-            spec list what stays unpatched); without it that is a :class:`RetrofitError`.
+        allow_partial: patch a model its hosts cover only in part (``plan.uncovered`` and the
+            spec list what no site reaches, e.g. a module whose weights lie outside every site's
+            scope); without it that is a :class:`RetrofitError`.
+    The most specific matching host patches the model, or the subtrees it owns; the torch.nn
+    fallback patches the rest (``plan.hosts`` / ``spec()["hosts"]`` name every host involved).
     Parameters, buffers and state_dict keys are untouched; the original checkpoint loads into
     the patched model with ``strict=True``.
     """
