@@ -108,10 +108,15 @@ def _documented_order() -> list[tuple[str, int]]:
 def test_fresh_interpreter_lists_the_hosts_in_documented_order() -> None:
     code = ("import json, sys, oretrofit\n"
             "hosts = oretrofit.registered_hosts()\n"
-            "print(json.dumps([[h.name, h.specificity] for h in hosts]))\n")
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'oretrofit')\n"
+            "print(json.dumps([[[h.name, h.specificity] for h in hosts], loaded]))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=PACKAGE.parent)
-    hosts = [tuple(pair) for pair in json.loads(out.stdout.strip().splitlines()[-1])]
+    pairs, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    hosts = [tuple(pair) for pair in pairs]
+    graph = import_graph()
+    assert "oretrofit.patches.torch_nn" in loaded and set(loaded) <= set(graph)
+    assert find_cycle({m: graph[m] & set(loaded) for m in loaded}) is None
     assert hosts == _documented_order()
     assert [s for _, s in hosts] == sorted((s for _, s in hosts), reverse=True)
     assert hosts[-1] == ("torch.nn", 0)
