@@ -22,7 +22,7 @@ from typing import Sequence
 
 from torch import nn
 
-from ._host import Host, RetrofitError, Site, inside, registered_hosts
+from ._host import Host, RetrofitError, Site, inside, join_path, registered_hosts
 
 __all__ = ["Part", "compose", "unreached", "uncovered_error"]
 
@@ -38,10 +38,6 @@ class Part:
 
 def _overlaps(path: str, roots: Sequence[str]) -> bool:
     return inside(path, roots) or any(inside(r, [path]) for r in roots)
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
 
 
 def unreached(model: nn.Module, reached: Sequence[str], within: Sequence[str] = ("",)
@@ -69,8 +65,8 @@ def unreached(model: nn.Module, reached: Sequence[str], within: Sequence[str] = 
             continue
         for kind, named in (("parameter", module.named_parameters(recurse=False)),
                             ("buffer", module.named_buffers(recurse=False))):
-            entries += [f"{_join(path, n)} ({kind} of {cls})" for n, _ in named
-                        if not inside(_join(path, n), reached)]
+            entries += [f"{join_path(path, n)} ({kind} of {cls})" for n, _ in named
+                        if not inside(join_path(path, n), reached)]
     return entries
 
 

@@ -27,7 +27,7 @@ from torch import nn
 from ._patching import SiteConfig, Undo
 
 __all__ = ["KINDS", "BUILTIN_HOSTS", "DEFAULT_SPECIFICITY", "RetrofitError", "Site", "SiteConfig",
-           "Host", "inside", "register_host", "registered_hosts", "specificity"]
+           "Host", "inside", "join_path", "register_host", "registered_hosts", "specificity"]
 
 KINDS = ("attention", "norm", "ffn", "inject")
 DEFAULT_SPECIFICITY = 10
@@ -88,6 +88,11 @@ class Host(Protocol):
 
 _HOSTS: list[Host] = []
 _BUILTINS_LOADED: list[bool] = []
+
+
+def join_path(*parts: str) -> str:
+    """Dotted module path from parts, skipping empty ones (``""`` is the model itself)."""
+    return ".".join(p for p in parts if p)
 
 
 def inside(path: str, roots: Sequence[str]) -> bool:

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from .._attention import o_attention
 from .._components import o_gate
-from .._host import KINDS, RetrofitError, Site, inside, register_host
+from .._host import KINDS, RetrofitError, Site, inside, join_path, register_host
 from .._patching import SiteConfig, Undo, set_site, site_config
 from .._presence import presence
 
@@ -300,10 +300,6 @@ def _site_name(path: str, *rest: str) -> str:
     return ".".join([path or "root", *rest])
 
 
-def _join(path: str, name: str) -> str:
-    return ".".join(p for p in (path, name) if p)
-
-
 def _builder_for(module: nn.Module) -> SiteBuilder | None:
     return next((build for _, matches, build in _BUILDERS if matches(module)), None)
 
@@ -336,14 +332,14 @@ def _transformer_layer_sites(path: str, layer: nn.Module) -> list[Site]:
     sites = [Site(f"{name}.{a}", ATTENTION,
                   stream + (" (sources: memory)" if a == "multihead_attn" else ""),
                   _layer_site(layer, mixin, a, (OMultiheadAttention, ATTENTION)),
-                  scope=(_join(path, a),))
+                  scope=(join_path(path, a),))
              for a in attentions]
     sites += [Site(f"{name}.{n}", NORM, f"state entering {name}.{n}",
-                   _layer_site(layer, mixin, n, (ONormSite, NORM)), scope=(_join(path, n),))
+                   _layer_site(layer, mixin, n, (ONormSite, NORM)), scope=(join_path(path, n),))
               for n in norms]
     sites.append(Site(f"{name}.ffn", FFN, f"residual stream entering the FFN of {name}",
                       _layer_site(layer, mixin, FFN),
-                      scope=(_join(path, "linear1"), _join(path, "linear2"))))
+                      scope=(join_path(path, "linear1"), join_path(path, "linear2"))))
     return sites
 
 
@@ -355,9 +351,9 @@ def _encoder_sites(path: str, encoder: nn.Module) -> list[Site]:
             functools.partial(set_site, encoder, DenseTransformerEncoder, site.name, config))
 
     sites = [dataclasses.replace(s, apply=guarded(s)) for i, layer in enumerate(encoder.layers)
-             for s in _sites_within(_join(path, f"layers.{i}"), layer)]
+             for s in _sites_within(join_path(path, f"layers.{i}"), layer)]
     if encoder.norm is not None:
-        sites += _sites_within(_join(path, "norm"), encoder.norm)
+        sites += _sites_within(join_path(path, "norm"), encoder.norm)
     return sites
 
 
@@ -433,7 +429,7 @@ def uncovered_attention(model: nn.Module, covered: list[str], within: Sequence[s
 
 def _sites_within(prefix: str, module: nn.Module) -> list[Site]:
     """Sites of ``module``'s claimed parts; ``module`` sits at path ``prefix`` of the model."""
-    return [s for name, sub, build in _claimed(module) for s in build(_join(prefix, name), sub)]
+    return [s for name, sub, build in _claimed(module) for s in build(join_path(prefix, name), sub)]
 
 
 class TorchNNHost:
