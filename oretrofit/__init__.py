@@ -12,7 +12,7 @@ from ._presence import observe_presence, presence
 from ._presence_profile import PresenceProfile, presence_by_module
 from ._transformer import OTransformerBlock
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "presence", "observe_presence", "PresenceProfile", "presence_by_module", "o_attention",
@@ -24,8 +24,10 @@ __all__ = [
 from ._patching import SiteConfig
 from ._registry import (ARMS, KINDS, Host, PatchPlan, Retrofit, RetrofitError, Site, apply_spec,
                         plan_retrofit, register_host, registered_hosts, retrofit, retrofitted)
+from .patches.torch_nn import register_module_site
 
 __all__ += [
     "ARMS", "KINDS", "Host", "PatchPlan", "Retrofit", "RetrofitError", "Site", "SiteConfig",
-    "apply_spec", "plan_retrofit", "register_host", "registered_hosts", "retrofit", "retrofitted",
+    "apply_spec", "plan_retrofit", "register_host", "register_module_site", "registered_hosts",
+    "retrofit", "retrofitted",
 ]

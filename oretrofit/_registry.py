@@ -6,7 +6,8 @@ kind (attention / norm / ffn / inject). An *arm* selects kinds:
     base   -> nothing           oa -> attention           full-o -> every kind
 
 Every site is planned and validated before the first is applied; if applying any site fails,
-those already applied are undone (never a half-patched model).
+those already applied are undone (never a half-patched model). The host types live in
+:mod:`oretrofit._host`; which hosts take which part of a model, in :mod:`oretrofit._compose`.
 """
 
 from __future__ import annotations
@@ -17,18 +18,20 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from torch import nn
 
+from ._compose import compose, uncovered_error
+from ._host import KINDS, Host, RetrofitError, Site, register_host, registered_hosts
 from ._patching import SiteConfig, Undo
 from ._presence import check_positive
+from ._version import __version__
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
            "register_host", "registered_hosts", "plan_retrofit", "retrofit", "retrofitted",
            "apply_spec", "SPEC_VERSION"]
 
-KINDS = ("attention", "norm", "ffn", "inject")
 ARMS: dict[str, frozenset[str]] = {
     "base": frozenset(),
     "oa": frozenset({"attention"}),
@@ -36,76 +39,6 @@ ARMS: dict[str, frozenset[str]] = {
 }
 SPEC_VERSION = 1
 _ACTIVE = "_oretrofit_retrofit"          # attribute on a retrofitted model (not in state_dict)
-
-
-class RetrofitError(ValueError):
-    """A retrofit request that cannot be carried out; the message says how to fix it."""
-
-
-@dataclass
-class Site:
-    """One patchable place in a host.
-
-    ``apply(config)`` patches it and returns the undo. ``receivers(tau)`` optionally reports
-    the presence of learned receivers (inducing vectors, CLS tokens) at that τ.
-    """
-
-    name: str
-    kind: str
-    carrier: str
-    apply: Callable[[SiteConfig], Undo]
-    receivers: Callable[[float], dict[str, float]] | None = None
-
-
-class Host(Protocol):
-    """A host patch set: knows one family of models and lists their sites."""
-
-    name: str
-
-    def matches(self, model: nn.Module) -> bool: ...
-
-    def check(self, model: nn.Module) -> None:
-        """Raise :class:`RetrofitError` when this model/version cannot be patched."""
-
-    def sites(self, model: nn.Module) -> list[Site]: ...
-
-    def version(self) -> dict[str, str]:
-        """Package versions that define the host (recorded in patch specs)."""
-
-    # Optional: ``supports`` (str) names what the host covers in the "no host matches" error, and
-    # ``uncovered(model) -> list[str]`` names the parts of a matched model it cannot patch; a
-    # non-empty list is refused unless the caller passes ``allow_partial=True``.
-
-
-_HOSTS: list[Host] = []
-
-
-def register_host(host: Host, *, first: bool = False) -> Host:
-    """Add a host patch set; ``first=True`` lets it win over hosts registered earlier."""
-    if any(h.name == host.name for h in _HOSTS):
-        raise RetrofitError(f"a host named {host.name!r} is already registered")
-    _HOSTS.insert(0, host) if first else _HOSTS.append(host)
-    return host
-
-
-def registered_hosts() -> list[Host]:
-    """The registered hosts, in matching order (importing ``oretrofit.patches`` adds built-ins)."""
-    from . import patches  # noqa: F401  (registers the built-in hosts once)
-    return list(_HOSTS)
-
-
-def _find_host(model: nn.Module) -> Host:
-    hosts = registered_hosts()
-    for host in hosts:
-        if host.matches(model):
-            return host
-    names = "; ".join(f"{h.name} ({h.supports})" if getattr(h, "supports", None) else h.name
-                      for h in hosts) or "none"
-    raise RetrofitError(
-        f"no registered host matches {type(model).__name__}. Supported hosts: {names}. "
-        "Register a site for your own module type with "
-        "oretrofit.patches.torch_nn.register_module_site(...), or a whole host with "
-        "oretrofit.register_host(...) (see README).")
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -127,6 +60,7 @@ class PatchPlan:
     targets: list[str] | None = None
     exclude: list[str] | None = None
     uncovered: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)    # every host taking part, ``host`` first
 
 
 def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: float = 1e-6,
@@ -140,28 +74,24 @@ def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps:
     if model.__dict__.get(_ACTIVE) is not None:
         raise RetrofitError("this model is already retrofitted; call .revert() on the first "
                             "Retrofit (or use a fresh copy) before patching again")
-    host = _find_host(model)
-    host.check(model)
-    uncovered = list(host.uncovered(model)) if hasattr(host, "uncovered") else []
+    parts = compose(model)
+    uncovered = [entry for part in parts for entry in part.uncovered]
     if uncovered and not allow_partial:
-        raise RetrofitError(
-            f"host {host.name!r} matches only part of this model; it has no site for: "
-            f"{', '.join(uncovered[:8])}{' …' if len(uncovered) > 8 else ''}. Register a site for "
-            "these module types (oretrofit.patches.torch_nn.register_module_site), or pass "
-            "allow_partial=True to patch the rest and record them as uncovered")
-    plan = PatchPlan(host.name, arm, tau, eps, site_tau=site_tau,
+        raise uncovered_error(model, parts)
+    plan = PatchPlan(parts[0].host.name, arm, tau, eps, site_tau=site_tau,
                      targets=list(targets) if targets else None,
-                     exclude=list(exclude) if exclude else None, uncovered=uncovered)
+                     exclude=list(exclude) if exclude else None, uncovered=uncovered,
+                     hosts=[part.host.name for part in parts])
     if arm == "base":
         return plan
     kinds = ARMS[arm]
-    candidates = [s for s in host.sites(model) if s.kind in kinds]
+    candidates = [s for part in parts for s in part.sites if s.kind in kinds]
     chosen = [s for s in candidates
               if (not targets or any(_matches(t, s.name) for t in targets))
               and not (exclude and any(_matches(x, s.name) for x in exclude))]
     if not chosen:
         raise RetrofitError(
-            f"no site matched for arm {arm!r} on host {host.name!r} (targets={targets}, "
+            f"no site matched for arm {arm!r} on host {plan.host!r} (targets={targets}, "
             f"exclude={exclude}); available sites: "
             f"{', '.join(s.name for s in candidates[:12])}{' …' if len(candidates) > 12 else ''}")
     for pattern in site_tau:
@@ -212,9 +142,9 @@ class Retrofit:
 
     def spec(self) -> dict[str, Any]:
         """Versioned JSON-able patch spec; :func:`apply_spec` re-applies it to a loaded host."""
-        from . import __version__
         return {"schema_version": SPEC_VERSION, "oretrofit": __version__, "host": self.plan.host,
-                "host_versions": self._host.version(), "arm": self.plan.arm,
+                "hosts": self.plan.hosts, "host_versions": _host_versions(self.plan.hosts),
+                "arm": self.plan.arm,
                 "tau": self.plan.tau, "eps": self.plan.eps, "site_tau": self.plan.site_tau,
                 "targets": self.plan.targets, "exclude": self.plan.exclude,
                 "sites": [s.name for s, _ in self.plan.entries],
@@ -231,6 +161,14 @@ class Retrofit:
                 f"sites={len(self.plan.entries)}, {state})")
 
 
+def _host_versions(names: Sequence[str]) -> dict[str, str]:
+    """Package versions of every host taking part (merged; the first host's win on a clash)."""
+    versions: dict[str, str] = {}
+    for host in reversed([h for h in registered_hosts() if h.name in names]):
+        versions.update(host.version())
+    return versions
+
+
 def retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: float = 1e-6,
              site_tau: Mapping[str, float] | None = None, targets: Sequence[str] | None = None,
              exclude: Sequence[str] | None = None, allow_partial: bool = False) -> Retrofit:
@@ -242,8 +180,11 @@ def retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: floa
             (first matching pattern wins).
         eps: ε of every OAttention denominator.
         targets / exclude: site-name patterns to keep / drop.
-        allow_partial: patch a model the host covers only in part (``plan.uncovered`` and the
-            spec list what stays unpatched); without it that is a :class:`RetrofitError`.
+        allow_partial: patch a model its hosts cover only in part (``plan.uncovered`` and the
+            spec list what no site reaches, e.g. a module whose weights lie outside every site's
+            scope); without it that is a :class:`RetrofitError`.
+    The most specific matching host patches the model, or the subtrees it owns; the torch.nn
+    fallback patches the rest (``plan.hosts`` / ``spec()["hosts"]`` name every host involved).
     Parameters, buffers and state_dict keys are untouched; the original checkpoint loads into
     the patched model with ``strict=True``.
     """

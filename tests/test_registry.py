@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from oretrofit import (Retrofit, RetrofitError, Site, SiteConfig, apply_spec, o_gate, plan_retrofit,
-                       presence, register_host, retrofit, retrofitted)
-from oretrofit import _registry
+                       presence, register_host, registered_hosts, retrofit, retrofitted)
+from oretrofit import _host, _registry
 from oretrofit._patching import set_site, site_config
 
 
@@ -72,7 +72,7 @@ def toy_hosts():
              register_host(ToyHost("broken-toy-test-host", BrokenToy))]
     yield hosts
     for host in hosts:
-        _registry._HOSTS.remove(host)
+        _host._HOSTS.remove(host)
 
 
 @pytest.fixture
@@ -230,3 +230,74 @@ def test_retrofitted_context_manager_reverts_on_exit_and_on_error(x: torch.Tenso
         with retrofitted(model, "full-o", tau=1.0):
             raise KeyError("boom")
     assert patched_names(model) == set() and torch.equal(model(x), before)
+
+
+def test_hosts_are_matched_most_specific_first() -> None:
+    """User hosts default to specificity 10: after TabPFN v3 (20), before the torch.nn fallback
+    (0); ``first=True`` wins among equals, a higher specificity over everything below it."""
+    names = [h.name for h in registered_hosts()]
+    assert names.index("tabpfn-v3") < names.index("toy-test-host") < names.index("torch.nn")
+    assert names[-1] == "torch.nn"
+    front = register_host(ToyHost("first-toy-test-host", Toy), first=True)
+    top = ToyHost("top-toy-test-host", Toy)
+    top.specificity = 30
+    register_host(top)
+    try:
+        names = [h.name for h in registered_hosts()]
+        assert names[0] == "top-toy-test-host"
+        assert names.index("first-toy-test-host") < names.index("toy-test-host")
+        assert retrofit(Toy(), "oa").spec()["host"] == "top-toy-test-host"
+    finally:
+        _host._HOSTS.remove(front)
+        _host._HOSTS.remove(top)
+
+
+class Wrapped(nn.Module):
+    """A toy backbone (its host owns ``toy``) next to a head for the torch.nn fallback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.toy, self.head = Toy(), nn.MultiheadAttention(4, 2, batch_first=True)
+        self.extra = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.toy(x)
+        return self.extra(self.head(h, h, h, need_weights=False)[0])
+
+
+@dataclass
+class OwningToyHost(ToyHost):
+    """Matches a ``Toy`` anywhere inside a model and owns only that subtree."""
+
+    def matches(self, model: nn.Module) -> bool:
+        return any(type(m) is Toy for m in model.modules())
+
+    def owned(self, model: nn.Module) -> list[str]:
+        return [name for name, m in model.named_modules() if type(m) is Toy]
+
+    def sites(self, model: nn.Module) -> list[Site]:
+        return [s for name in self.owned(model)
+                for s in (gate_site(f"{name}.attn", "attention", model.get_submodule(name).attn),)]
+
+    def uncovered(self, model: nn.Module) -> list[str]:
+        return [f"{name}.ffn (Linear)" for name in self.owned(model)]
+
+
+def test_hosts_compose_by_owned_subtrees(x: torch.Tensor) -> None:
+    host = register_host(OwningToyHost("owning-toy-test-host", Toy))
+    try:
+        model = Wrapped()
+        with pytest.raises(RetrofitError) as err:
+            retrofit(model, "full-o")
+        assert ("toy.ffn (Linear) [host owning-toy-test-host], extra (Linear) [host torch.nn]"
+                in str(err.value))
+        plan = plan_retrofit(model, "full-o", allow_partial=True)
+        assert plan.hosts == ["owning-toy-test-host", "torch.nn"]
+        assert [s.name for s, _ in plan.entries] == ["toy.attn", "head"]
+        assert plan.uncovered == ["toy.ffn (Linear)", "extra (Linear)"]
+        r = retrofit(model, "full-o", allow_partial=True)
+        assert r.spec()["host_versions"] == {"toy": "1.0", "torch": torch.__version__}
+        assert patched_names(model) == {"toy.attn", "head"}
+        r.revert()
+    finally:
+        _host._HOSTS.remove(host)

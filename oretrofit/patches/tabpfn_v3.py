@@ -81,6 +81,7 @@ class TabPFNV3Host:
     """Sites of ``tabpfn.architectures.tabpfn_v3.TabPFNV3`` (see the module docstring)."""
 
     name = "tabpfn-v3"
+    specificity = 20
 
     def matches(self, model: nn.Module) -> bool:
         """Any tabpfn architecture, so that the other versions get a clear refusal in check."""

@@ -1,5 +1,7 @@
 """Plain-PyTorch host: ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer`` /
-``nn.TransformerDecoderLayer`` (``norm_first`` True and False), ``nn.LayerNorm`` / ``nn.RMSNorm``.
+``nn.TransformerDecoderLayer`` (``norm_first`` True and False), ``nn.LayerNorm`` / ``nn.RMSNorm``,
+token-local ``nn.Sequential`` MLPs. It is the fallback (specificity 0): it patches whole plain
+models, and the parts of a model that more specific hosts do not own.
 
 Sites are named by module path:
 
@@ -12,13 +14,20 @@ Sites are named by module path:
     <mha>                    attention  a MultiheadAttention outside those layers: presences of its
                                         query / key inputs
     <norm>                   norm       a LayerNorm / RMSNorm outside those layers
+    <mlp>                    ffn        an ``nn.Sequential`` of token-local layers (Linear,
+                                        activations, Dropout): OFFN ρτ(x)·MLP(x), x = its input
+                                        (the residual stream, or its ONorm'd copy, which is
+                                        exactly 0 for a null token), as in torchvision's ViT block
 
 Modules keep their class's parameters: patching swaps the class for an O-subclass
 (:func:`oretrofit._patching.set_site`), so ``state_dict`` keys are unchanged. A patched layer
 always runs its composite path, never ``torch._transformer_encoder_layer_fwd``, and a
 ``TransformerEncoder`` holding patched layers never converts padded input to a nested tensor.
 
-Your own module type becomes a site with :func:`register_module_site`.
+Every site states its scope (the modules it gates). A parameter or buffer outside every scope
+(a custom residual block, a Linear head, a position table) is *uncovered*: ``retrofit`` refuses
+the model unless ``allow_partial=True`` (:mod:`oretrofit._compose`). Your own module type
+becomes a site with :func:`register_module_site`.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,13 +43,13 @@ from torch import Tensor, nn
 
 from .._attention import o_attention
 from .._components import o_gate
+from .._host import KINDS, RetrofitError, Site, inside, join_path, register_host
 from .._patching import SiteConfig, Undo, set_site, site_config
 from .._presence import presence
-from .._registry import KINDS, RetrofitError, Site, register_host
 
 __all__ = ["register_module_site", "unregister_module_site", "set_site", "site_config",
            "gated_linear", "patch_all",
-           "uncovered_attention", "ONormSite", "OMultiheadAttention", "TorchNNHost"]
+           "uncovered_attention", "ONormSite", "OMLPSite", "OMultiheadAttention", "TorchNNHost"]
 
 ATTENTION, NORM, FFN = "attention", "norm", "ffn"
 SiteBuilder = Callable[[str, nn.Module], list[Site]]
@@ -83,6 +92,15 @@ class ONormSite:
     def forward(self, h: Tensor) -> Tensor:
         config = site_config(self, NORM)
         return o_gate(presence(h, config.tau), super().forward(h))
+
+
+class OMLPSite:
+    """Mixin for a token-local ``nn.Sequential`` MLP: OFFN ``ρτ(x) · MLP(x)`` (eq. 15), x its
+    input ``(…, N, d)``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        config = site_config(self, FFN)
+        return o_gate(presence(x, config.tau), super().forward(x))
 
 
 def _batch_major(t: Tensor, batch_first: bool, unbatched: bool) -> Tensor:
@@ -256,7 +274,8 @@ def register_module_site(module_type: type, kind: str,
     ``apply(module, config) -> undo`` patches one instance, usually
     ``set_site(module, MyOMixin, kind, config)`` with a mixin whose ``forward`` reads
     ``site_config(self, kind)`` (τ, ε). The site is named by the module's path; its submodules are
-    left to it. A registration wins over built-ins and replaces an earlier one for the same type.
+    left to it (its scope: the module's whole subtree). A registration wins over built-ins and
+    replaces an earlier one for the same type.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
@@ -264,8 +283,9 @@ def register_module_site(module_type: type, kind: str,
         raise ValueError(f"module_type must be an nn.Module subclass; got {module_type!r}")
     unregister_module_site(module_type)
 
-    def build(name: str, module: nn.Module) -> list[Site]:
-        return [Site(name, kind, carrier, functools.partial(apply, module))]
+    def build(path: str, module: nn.Module) -> list[Site]:
+        return [Site(_site_name(path), kind, carrier, functools.partial(apply, module),
+                     scope=(path,))]
 
     _BUILDERS.insert(0, (module_type, lambda m: isinstance(m, module_type), build))
 
@@ -273,6 +293,11 @@ def register_module_site(module_type: type, kind: str,
 def unregister_module_site(module_type: type) -> None:
     """Forget a type added with :func:`register_module_site` (no error when it was not added)."""
     _BUILDERS[:] = [entry for entry in _BUILDERS if entry[0] is not module_type]
+
+
+def _site_name(path: str, *rest: str) -> str:
+    """Site name of module ``path`` (``root`` for the model itself) and suffix parts."""
+    return ".".join([path or "root", *rest])
 
 
 def _builder_for(module: nn.Module) -> SiteBuilder | None:
@@ -297,25 +322,28 @@ def _layer_site(layer: nn.Module, mixin: type, key: str, child: tuple[type, str]
     return apply
 
 
-def _transformer_layer_sites(name: str, layer: nn.Module) -> list[Site]:
+def _transformer_layer_sites(path: str, layer: nn.Module) -> list[Site]:
     decoder = isinstance(layer, nn.TransformerDecoderLayer)
     mixin = OTransformerDecoderLayer if decoder else OTransformerEncoderLayer
     attentions = ("self_attn", "multihead_attn") if decoder else ("self_attn",)
     norms = ("norm1", "norm2", "norm3") if decoder else ("norm1", "norm2")
+    name = _site_name(path)
     stream = f"residual stream entering {name}"
     sites = [Site(f"{name}.{a}", ATTENTION,
                   stream + (" (sources: memory)" if a == "multihead_attn" else ""),
-                  _layer_site(layer, mixin, a, (OMultiheadAttention, ATTENTION)))
+                  _layer_site(layer, mixin, a, (OMultiheadAttention, ATTENTION)),
+                  scope=(join_path(path, a),))
              for a in attentions]
     sites += [Site(f"{name}.{n}", NORM, f"state entering {name}.{n}",
-                   _layer_site(layer, mixin, n, (ONormSite, NORM)))
+                   _layer_site(layer, mixin, n, (ONormSite, NORM)), scope=(join_path(path, n),))
               for n in norms]
     sites.append(Site(f"{name}.ffn", FFN, f"residual stream entering the FFN of {name}",
-                      _layer_site(layer, mixin, FFN)))
+                      _layer_site(layer, mixin, FFN),
+                      scope=(join_path(path, "linear1"), join_path(path, "linear2"))))
     return sites
 
 
-def _encoder_sites(name: str, encoder: nn.Module) -> list[Site]:
+def _encoder_sites(path: str, encoder: nn.Module) -> list[Site]:
     """Sites of the encoder's layers, each also keeping the encoder off nested tensors."""
     def guarded(site: Site) -> Callable[[SiteConfig], Undo]:
         return lambda config: patch_all(
@@ -323,30 +351,44 @@ def _encoder_sites(name: str, encoder: nn.Module) -> list[Site]:
             functools.partial(set_site, encoder, DenseTransformerEncoder, site.name, config))
 
     sites = [dataclasses.replace(s, apply=guarded(s)) for i, layer in enumerate(encoder.layers)
-             for s in _sites_within(f"{name}.layers.{i}", layer)]
+             for s in _sites_within(join_path(path, f"layers.{i}"), layer)]
     if encoder.norm is not None:
-        sites += _sites_within(f"{name}.norm", encoder.norm)
+        sites += _sites_within(join_path(path, "norm"), encoder.norm)
     return sites
 
 
-def _norm_sites(name: str, norm: nn.Module) -> list[Site]:
-    return [Site(name, NORM, f"state entering {name}",
-                 lambda config: set_site(norm, ONormSite, NORM, config))]
+def _module_site(kind: str, mixin: type, carrier: str) -> SiteBuilder:
+    """Builder of one site of ``kind`` on the module itself (named and scoped by its path)."""
+    def build(path: str, module: nn.Module) -> list[Site]:
+        return [Site(_site_name(path), kind, carrier.format(_site_name(path)),
+                     functools.partial(set_site, module, mixin, kind), scope=(path,))]
+    return build
 
 
-def _mha_sites(name: str, mha: nn.Module) -> list[Site]:
-    return [Site(name, ATTENTION, f"query / key inputs of {name}",
-                 lambda config: set_site(mha, OMultiheadAttention, ATTENTION, config))]
+_TOKEN_LOCAL = (nn.Linear, nn.Dropout, nn.Identity, nn.GELU, nn.ReLU, nn.ReLU6, nn.LeakyReLU,
+                nn.SiLU, nn.Mish, nn.ELU, nn.CELU, nn.SELU, nn.Tanh, nn.Sigmoid, nn.Hardswish,
+                nn.Hardsigmoid, nn.Softplus)
 
 
+def _token_local_mlp(module: nn.Module) -> bool:
+    """A plain ``nn.Sequential`` (or a subclass keeping its ``forward``, like torchvision's
+    ``MLPBlock``) of token-local layers with at least one ``nn.Linear``."""
+    children = list(module.children())
+    return (_plain(nn.Sequential)(module) and any(isinstance(c, nn.Linear) for c in children)
+            and all(isinstance(c, _TOKEN_LOCAL) for c in children))
+
+
+_norm_sites = _module_site(NORM, ONormSite, "state entering {}")
 _BUILDERS += [(cls, _plain(cls), build) for cls, build in (
     (nn.TransformerEncoder, _encoder_sites),
     (nn.TransformerEncoderLayer, _transformer_layer_sites),
     (nn.TransformerDecoderLayer, _transformer_layer_sites),
-    (nn.MultiheadAttention, _mha_sites),
+    (nn.MultiheadAttention, _module_site(ATTENTION, OMultiheadAttention,
+                                         "query / key inputs of {}")),
     (nn.LayerNorm, _norm_sites),
     (nn.RMSNorm, _norm_sites),
-)]
+)] + [(nn.Sequential, _token_local_mlp,
+       _module_site(FFN, OMLPSite, "input of the MLP {} (residual stream or its ONorm'd copy)"))]
 
 
 def _claimed(model: nn.Module) -> list[tuple[str, nn.Module, SiteBuilder]]:
@@ -364,8 +406,10 @@ def _claimed(model: nn.Module) -> list[tuple[str, nn.Module, SiteBuilder]]:
 _ATTENTION_NAME = re.compile(r"attention|attn", re.IGNORECASE)
 
 
-def uncovered_attention(model: nn.Module, covered: list[str]) -> list[str]:
-    """Attention-like modules (class name has 'Attention'/'Attn') no site reaches.
+def uncovered_attention(model: nn.Module, covered: list[str], within: Sequence[str] = ("",)
+                        ) -> list[str]:
+    """Attention-like modules (class name has 'Attention'/'Attn') inside ``within`` that no
+    site reaches (used by the transformers hosts; the torch.nn host checks scopes instead).
 
     A module counts as reached when it, an ancestor or a descendant is in ``covered`` (paths).
     Returns ``'path (ClassName)'`` for the outermost unreached ones.
@@ -375,7 +419,7 @@ def uncovered_attention(model: nn.Module, covered: list[str]) -> list[str]:
 
     found: list[str] = []
     for name, module in model.named_modules():
-        if not _ATTENTION_NAME.search(type(module).__name__):
+        if not _ATTENTION_NAME.search(type(module).__name__) or not inside(name, within):
             continue
         if any(related(name, c) for c in covered) or any(name.startswith(f + ".") for f in found):
             continue
@@ -384,17 +428,20 @@ def uncovered_attention(model: nn.Module, covered: list[str]) -> list[str]:
 
 
 def _sites_within(prefix: str, module: nn.Module) -> list[Site]:
-    """Sites of ``module``'s claimed parts, named ``prefix.path`` (the model itself: ``root``)."""
-    return [s for name, sub, build in _claimed(module)
-            for s in build(".".join(x for x in (prefix, name) if x) or "root", sub)]
+    """Sites of ``module``'s claimed parts; ``module`` sits at path ``prefix`` of the model."""
+    return [s for name, sub, build in _claimed(module) for s in build(join_path(prefix, name), sub)]
 
 
 class TorchNNHost:
-    """The plain-PyTorch host (see module docstring); matches any model with an attention site."""
+    """The plain-PyTorch host (see module docstring); matches any model with an attention site.
+
+    No ``uncovered`` method: every site states its scope, so the registry lists each weight
+    outside all scopes (:func:`oretrofit._compose.unreached`)."""
 
     name = "torch.nn"
-    supports = ("nn.MultiheadAttention, nn.TransformerEncoder/DecoderLayer, nn.LayerNorm/RMSNorm "
-                "and module types added with register_module_site")
+    specificity = 0
+    supports = ("nn.MultiheadAttention, nn.TransformerEncoder/DecoderLayer, nn.LayerNorm/RMSNorm, "
+                "nn.Sequential MLPs and module types added with register_module_site")
 
     def matches(self, model: nn.Module) -> bool:
         return any(s.kind == ATTENTION for s in self.sites(model))
@@ -410,9 +457,6 @@ class TorchNNHost:
 
     def sites(self, model: nn.Module) -> list[Site]:
         return _sites_within("", model)
-
-    def uncovered(self, model: nn.Module) -> list[str]:
-        return uncovered_attention(model, [name for name, _, _ in _claimed(model)])
 
     def version(self) -> dict[str, str]:
         return {"torch": torch.__version__}

@@ -239,6 +239,7 @@ class TransformersHost:
 
     name: str
     supports: str
+    specificity = 10
     backbone: tuple[str, str]            # (module, class name), imported only with transformers
 
     def backbone_sites(self, name: str, backbone: nn.Module) -> list[Site]:
@@ -260,10 +261,15 @@ class TransformersHost:
         return [s for name, backbone in self._backbones(model)
                 for s in self.backbone_sites(name, backbone)]
 
+    def owned(self, model: nn.Module) -> list[str]:
+        """A transformers model whole (its heads are read-outs), else the backbones it wraps."""
+        from transformers import PreTrainedModel
+        return [""] if isinstance(model, PreTrainedModel) else [n for n, _ in self._backbones(model)]
+
     def uncovered(self, model: nn.Module) -> list[str]:
         """Attention modules no attention site reaches (site names are module paths)."""
         return uncovered_attention(model, [s.name for s in self.sites(model)
-                                           if s.kind == ATTENTION])
+                                           if s.kind == ATTENTION], self.owned(model))
 
     def version(self) -> dict[str, str]:
         return {"transformers": transformers_version()}

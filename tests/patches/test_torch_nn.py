@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from oretrofit import RetrofitError, o_attention, presence, retrofit, retrofitted
-from oretrofit.patches.torch_nn import (register_module_site, set_site, site_config,
-                                        unregister_module_site)
+import oretrofit
+from oretrofit import (RetrofitError, o_attention, o_gate, presence, register_module_site, retrofit,
+                       retrofitted)
+from oretrofit.patches.torch_nn import set_site, site_config, unregister_module_site
 
 TAU = 1e-8
 D, HEADS = 16, 4
@@ -209,12 +210,15 @@ def test_user_registered_site() -> None:
     assert nulled[0, 4].abs().max() == 0
 
 
-def test_unsupported_model_error_lists_hosts_and_how_to_register() -> None:
+def test_unsupported_model_error_names_class_why_and_how_to_register() -> None:
     with pytest.raises(RetrofitError) as err:
         retrofit(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)), "full-o")
     message = str(err.value)
-    assert "torch.nn (nn.MultiheadAttention" in message
-    assert "transformers.llama" in message and "register_module_site" in message
+    assert "no registered host matches Sequential: no host recognises its class" in message
+    assert "'torch.nn' found no attention module it has a site for" in message
+    assert "torch.nn (nn.MultiheadAttention" in message and "transformers.llama" in message
+    assert "oretrofit.register_module_site(MyAttention, 'attention', apply)" in message
+    assert "register_module_site" in oretrofit.__all__
 
 
 def test_partial_match_is_refused_then_recorded() -> None:
@@ -230,3 +234,148 @@ def test_attention_dropout_in_training_is_refused() -> None:
     layer = nn.TransformerEncoderLayer(D, HEADS, 32, dropout=0.1, batch_first=True)
     with retrofitted(layer, "oa", TAU), pytest.raises(RetrofitError, match="model.eval"):
         layer(torch.randn(1, 3, D))
+
+
+# --- torchvision's ViT encoder-block layout (built here: torchvision is not installed) -------
+
+
+class MLPBlock(nn.Sequential):
+    """torchvision's ``MLPBlock``: an ``nn.Sequential`` subclass that keeps its ``forward``."""
+
+    def __init__(self, d: int, hidden: int) -> None:
+        super().__init__(nn.Linear(d, hidden), nn.GELU(), nn.Dropout(0.0), nn.Linear(hidden, d),
+                         nn.Dropout(0.0))
+
+
+class ViTBlock(nn.Module):
+    """torchvision's ``EncoderBlock``: ln_1 -> self_attention -> dropout -> +input;
+    ln_2 -> mlp -> +."""
+
+    def __init__(self, mlp: nn.Sequential) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(D, eps=1e-6)
+        self.self_attention = nn.MultiheadAttention(D, HEADS, dropout=0.0, batch_first=True)
+        self.dropout = nn.Dropout(0.0)
+        self.ln_2 = nn.LayerNorm(D, eps=1e-6)
+        self.mlp = mlp
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        x = self.ln_1(inputs)
+        x, _ = self.self_attention(x, x, x, need_weights=False)
+        x = self.dropout(x) + inputs
+        return x + self.mlp(self.ln_2(x))
+
+
+class ViTEncoder(nn.Module):
+    """torchvision's ``Encoder`` without its position table: blocks, then a final LayerNorm."""
+
+    def __init__(self, extra: nn.Module | None = None) -> None:
+        super().__init__()
+        plain = nn.Sequential(nn.Linear(D, 2 * D), nn.GELU(), nn.Dropout(0.0),
+                              nn.Linear(2 * D, D), nn.Dropout(0.0))
+        self.layers = nn.Sequential(ViTBlock(plain), ViTBlock(MLPBlock(D, 2 * D)),
+                                    *([extra] if extra is not None else []))
+        self.ln = nn.LayerNorm(D, eps=1e-6)
+        with torch.no_grad():                     # non-zero biases and norm affines
+            for p in self.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+        self.eval()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ln(self.layers(x))
+
+
+def _insert_null(x: Tensor, at: int) -> Tensor:
+    return torch.cat([x[:, :at], torch.zeros(x.shape[0], 1, x.shape[2]), x[:, at:]], dim=1)
+
+
+def test_vit_block_sites_gate_the_sequential_mlp() -> None:
+    with retrofitted(ViTEncoder(), "full-o", 1e-6) as r:
+        sites = {row["site"]: row["kind"] for row in r.report()}
+        assert r.spec()["uncovered"] == [] and r.spec()["hosts"] == ["torch.nn"]
+    assert sites == {**{f"layers.{i}.{n}": k for i in (0, 1) for n, k in (
+        ("ln_1", "norm"), ("self_attention", "attention"), ("ln_2", "norm"), ("mlp", "ffn"))},
+        "ln": "norm"}
+
+
+def test_vit_null_insertion_is_exact_under_full_o() -> None:
+    torch.manual_seed(0)
+    model, x = ViTEncoder(), torch.randn(2, 6, D)
+    with_null = _insert_null(x, 3)
+    old = [0, 1, 2, 4, 5, 6]
+    with torch.no_grad():
+        moved = (model(with_null)[:, old] - model(x)).abs().max()
+        with retrofitted(model, "full-o", 1e-6):
+            out, alone = model(with_null), model(x)
+            inner = model.layers[:1](with_null)           # the state after the first block
+    assert (out[:, old] - alone).abs().max() <= 1e-4
+    assert out[:, 3].abs().max() == 0 and inner[:, 3].abs().max() == 0
+    assert moved > 1e-2                               # unpatched, the null token is attended to
+
+
+def test_vit_tau_eps_to_zero_agrees_and_revert_is_bit_identical() -> None:
+    torch.manual_seed(1)
+    model, x = ViTEncoder(), torch.randn(2, 6, D)
+    keys = list(model.state_dict())
+    with torch.no_grad():
+        reference = model(x)
+        r = retrofit(model, "full-o", 1e-12, eps=1e-12)
+        out = model(x)
+        assert list(model.state_dict()) == keys
+        r.revert()
+        after = model(x)
+    assert (out - reference).abs().max() <= 1e-4 * reference.abs().max()
+    assert torch.equal(after, reference)
+    assert type(model.layers[1].mlp) is MLPBlock and type(model.layers[0].ln_1) is nn.LayerNorm
+
+
+class ScaledResidual(nn.Module):
+    """A user's residual block ``x + W x``: no host has a site for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.proj(x)
+
+
+class OScaledResidual:
+    """Its O-mixin: OFFN on the branch, ``x + ρτ(x) · W x``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + o_gate(presence(x, site_config(self, "ffn").tau), self.proj(x))
+
+
+def test_ungated_residual_block_is_refused_then_recorded_or_registered() -> None:
+    model = ViTEncoder(extra=ScaledResidual())
+    x = torch.randn(1, 4, D)
+    for arm in ("oa", "full-o"):
+        with pytest.raises(RetrofitError) as err:
+            retrofit(model, arm, 1e-6)
+        message = str(err.value)
+        assert "no site of any host reaches layers.2 (ScaledResidual) [host torch.nn]" in message
+        assert "oretrofit.register_module_site(ModuleType, kind, apply)" in message
+        assert "allow_partial=True" in message
+    with torch.no_grad(), retrofitted(model, "full-o", 1e-6, allow_partial=True) as r:
+        assert r.spec()["uncovered"] == ["layers.2 (ScaledResidual)"]
+        assert model(_insert_null(x, 2))[:, 2].abs().max() > 0    # the ungated branch emits
+    register_module_site(ScaledResidual, "ffn",
+                         lambda module, config: set_site(module, OScaledResidual, "ffn", config))
+    try:
+        with torch.no_grad(), retrofitted(model, "full-o", 1e-6) as r:
+            assert r.spec()["uncovered"] == [] and "layers.2" in r.spec()["sites"]
+            assert model(_insert_null(x, 2))[:, 2].abs().max() == 0
+    finally:
+        unregister_module_site(ScaledResidual)
+
+
+def test_weight_held_directly_by_a_module_is_uncovered() -> None:
+    model = ViTEncoder()
+    model.pos_embedding = nn.Parameter(torch.randn(1, 4, D))   # as torchvision's Encoder holds it
+    with pytest.raises(RetrofitError, match=r"pos_embedding \(parameter of ViTEncoder\)"):
+        retrofit(model, "full-o")
+    model.register_buffer("table", torch.randn(4, D))
+    with retrofitted(model, "full-o", allow_partial=True) as r:
+        assert r.spec()["uncovered"] == ["pos_embedding (parameter of ViTEncoder)",
+                                         "table (buffer of ViTEncoder)"]
