@@ -21,8 +21,8 @@ from oretrofit.pretrain.evaluate import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-ATTEMPTS = (ROOT / "results/demo-host/attempts.md").read_text()
-CHOICES = (ROOT / "results/demo-host/choices.md").read_text()
+ATTEMPTS = (ROOT / "results/demo-host/history/attempts.md").read_text()
+CHOICES = (ROOT / "results/demo-host/history/choices.md").read_text()
 DOCUMENTS = README + "\n" + ATTEMPTS + "\n" + CHOICES
 
 QUOTED_REPORTS = ["results/studies/otransformer.md", "results/studies/adapters.md",
@@ -31,10 +31,10 @@ QUOTED_REPORTS = ["results/studies/otransformer.md", "results/studies/adapters.m
                   "results/bench_attention.md", "results/bench_hosts.md"]
 
 EVALUATION_RECEIPTS = ["oretrofit/data/tabpfn-v3-demo-eval.json",
-                       "results/demo-host/validation/baselines-validation.json",
-                       "results/demo-host/learning-curve/concrete-200.json",
-                       "results/demo-host/learning-curve/concrete-400.json",
-                       "results/demo-host/probe-linear/v9b.json"]
+                       "results/demo-host/history/validation/baselines-validation.json",
+                       "results/demo-host/history/learning-curve/concrete-200.json",
+                       "results/demo-host/history/learning-curve/concrete-400.json",
+                       "results/demo-host/history/probe-linear/v9b.json"]
 
 # benchmark scripts that print a table and keep it in their receipt's "markdown" field
 BENCHMARK_RECEIPTS = ["results/bench_pretrain_sizes.json", "results/bench_pretrain_threads.json",
@@ -71,7 +71,7 @@ def test_the_readme_quotes_each_generated_report_verbatim(path: str) -> None:
 
 def test_the_demo_host_matrices_are_the_runners_tables() -> None:
     # quoted one heading level deeper, under the README's own section heading
-    tables = (ROOT / "results/demo-host/regress/tables/tables.md").read_text()
+    tables = (ROOT / "results/regress/demo-host/tables/tables.md").read_text()
     assert tables.replace("### ", "#### ").strip() in README
 
 
