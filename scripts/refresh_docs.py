@@ -11,6 +11,7 @@ this and scripts/history_index.py.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -30,8 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", type=Path, help="documents (default: all of them)")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when stale")
     args = parser.parse_args(argv)
+    files = args.files or [path.relative_to(ROOT) for path in documents()]
+    if not args.files:
+        os.chdir(ROOT)  # the documents are named relative to the repository root
     try:
-        stale = refresh_documents(args.files or documents(), check=args.check, root=ROOT)
+        stale = refresh_documents(files, check=args.check, root=ROOT)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -164,27 +164,25 @@ def test_the_history_index_is_generated_from_the_receipts() -> None:
     assert index.count("| shipped now |") == 1 and index.count("| shipped before |") == 4
 
 
-def _code(section: str) -> str:
-    return README.split(f"\n## {section}\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-
-
-def test_the_readme_tabpfn_example_runs(capsys) -> None:
-    code = _code("Retrofit a TabPFN v3 regressor")
+def _run_example(section: str, capsys) -> tuple[dict, int, str]:
+    """Run the README section's Python example; its scope and the two words it prints."""
+    code = README.split(f"\n## {section}\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert len(code.strip().splitlines()) <= 10
     scope: dict = {}
     exec(compile(code, "README.md", "exec"), scope)
     sites, first = capsys.readouterr().out.split()
-    assert int(sites) == len(scope["retrofit"].report()) > 0 and first == "te.col"
+    return scope, int(sites), first
+
+
+def test_the_readme_tabpfn_example_runs(capsys) -> None:
+    scope, sites, first = _run_example("Retrofit a TabPFN v3 regressor", capsys)
+    assert sites == len(scope["retrofit"].report()) > 0 and first == "te.col"
     assert scope["y_hat"].shape == (50,) and scope["retrofit"].reverted
 
 
 def test_the_readme_transformers_example_runs(capsys) -> None:
-    code = _code("Retrofit a transformers model")
-    assert len(code.strip().splitlines()) <= 10
-    scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
-    sites, first = capsys.readouterr().out.split()
-    assert int(sites) > 0 and first == "embeddings.inject" and scope["r"].reverted
+    scope, sites, first = _run_example("Retrofit a transformers model", capsys)
+    assert sites > 0 and first == "embeddings.inject" and scope["r"].reverted
     assert scope["hidden"].shape[:2] == scope["batch"]["input_ids"].shape
 
 
@@ -222,3 +220,53 @@ def test_no_machine_local_paths(page: Path) -> None:
 
 def test_pending_pages_leave_the_list_once_they_exist() -> None:
     assert not [page for page in PENDING_PAGES if (ROOT / page).exists()]
+
+
+def test_results_hold_one_folder_per_runner_and_the_demo_hosts_history() -> None:
+    # regress/ and studies/ are their runners' default --out; demo-host/ the demo host's receipts
+    # with history/ (its training runs, indexed); cuda/ the GPU runs of the runners
+    folders = {p.name for p in (ROOT / "results").iterdir() if p.is_dir()}
+    assert folders <= {"regress", "studies", "demo-host", "cuda"}, folders
+    demo_host = {p.name for p in (ROOT / "results/demo-host").iterdir() if p.is_dir()}
+    assert demo_host == {"history"} and (HISTORY / "index.md").is_file()
+
+
+def _shown_commands(text: str) -> list[str]:
+    """Every `oretrofit ...` command line in the fenced blocks of a page (continuations joined,
+    comments, prompts and leading environment settings dropped)."""
+    found = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip().removeprefix("$ ")
+            command = re.search(r"(?:^|\s)(oretrofit [a-z].*)$", line)
+            if command and not line.startswith(("import ", "from ")):
+                found.append(command.group(1))
+    return found
+
+
+SHOWN = [(_rel(page), command) for page in PAGES for command in _shown_commands(page.read_text())]
+
+
+@pytest.mark.parametrize("page,command", SHOWN, ids=[f"{p}-{n}" for n, (p, _) in enumerate(SHOWN)])
+def test_every_command_shown_parses_against_the_cli(page: str, command: str) -> None:
+    # each verb path exists and its options, arguments and types are accepted (nothing is run;
+    # what the commands do is tested with the verbs themselves)
+    import shlex
+
+    from typer.main import get_command
+
+    from oretrofit.cli.app import app
+
+    argv, command_obj, path = shlex.split(command)[1:], get_command(app), ["oretrofit"]
+    while argv and argv[0] in getattr(command_obj, "commands", {}):
+        command_obj = command_obj.commands[argv[0]]
+        path.append(argv.pop(0))
+    assert not hasattr(command_obj, "commands"), f"{command}: names a group, not a verb"
+    command_obj.make_context(" ".join(path), argv)
+
+
+def test_the_pages_show_commands() -> None:
+    # the parser above would pass vacuously on a page whose blocks it no longer reads
+    shown = {page for page, _ in SHOWN}
+    assert {"docs/demo-host.md", "docs/reproducing.md", "docs/studies.md"} <= shown
+    assert len(SHOWN) >= 30
