@@ -3,31 +3,63 @@
 The operators follow "From Attention Masks to Inert Zero-Vector Tokens" (Gong, 2026):
 a token's presence p = ‖h‖²/(τ+‖h‖²) gates what it emits and weights the mass it
 contributes to anything shared between tokens.
+
+Every public name is listed once in ``__all__`` and imported from its home module on first
+use (PEP 562), so ``import oretrofit`` (and ``oretrofit --help``) does not import torch.
 """
 
-from ._attention import o_attention, o_attention_fused, o_attention_reference
-from ._attention_modules import HiddenCarrierOAttention, QKVOAttention
-from ._components import OFFN, OInject, ONorm, OStandardize, o_gate, o_moments, o_standardize
-from ._presence import observe_presence, presence
-from ._presence_profile import PresenceProfile, presence_by_module
-from ._transformer import OTransformerBlock
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 
-__all__ = [
-    "presence", "observe_presence", "PresenceProfile", "presence_by_module", "o_attention",
-    "o_attention_fused", "o_attention_reference", "o_gate", "o_moments", "o_standardize",
-    "HiddenCarrierOAttention", "QKVOAttention", "OFFN", "ONorm", "OInject", "OStandardize",
-    "OTransformerBlock",
-]
+# public name -> the module that defines it
+_HOMES = {
+    "presence": "._presence", "observe_presence": "._presence",
+    "TAU_MODULES": "._presence", "TAU_RETROFIT": "._presence",
+    "PresenceProfile": "._presence_profile", "presence_by_module": "._presence_profile",
+    "o_attention": "._attention", "o_attention_fused": "._attention",
+    "o_attention_reference": "._attention",
+    "HiddenCarrierOAttention": "._attention_modules", "QKVOAttention": "._attention_modules",
+    "OFFN": "._components", "ONorm": "._components", "OInject": "._components",
+    "OStandardize": "._components", "o_gate": "._components", "o_moments": "._components",
+    "o_standardize": "._components",
+    "OTransformerBlock": "._transformer",
+    "SiteConfig": "._patching",
+    "ARMS": "._registry", "KINDS": "._registry", "Host": "._registry", "PatchPlan": "._registry",
+    "Retrofit": "._registry", "RetrofitError": "._registry", "Site": "._registry",
+    "apply_spec": "._registry", "plan_retrofit": "._registry", "register_host": "._registry",
+    "registered_hosts": "._registry", "retrofit": "._registry", "retrofitted": "._registry",
+    "register_module_site": ".patches.torch_nn",
+}
 
-from ._patching import SiteConfig
-from ._registry import (ARMS, KINDS, Host, PatchPlan, Retrofit, RetrofitError, Site, apply_spec,
-                        plan_retrofit, register_host, registered_hosts, retrofit, retrofitted)
-from .patches.torch_nn import register_module_site
+__all__ = list(_HOMES)
 
-__all__ += [
-    "ARMS", "KINDS", "Host", "PatchPlan", "Retrofit", "RetrofitError", "Site", "SiteConfig",
-    "apply_spec", "plan_retrofit", "register_host", "register_module_site", "registered_hosts",
-    "retrofit", "retrofitted",
-]
+
+def __getattr__(name: str) -> Any:
+    """Import ``name`` from its home module the first time it is asked for, then keep it."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'oretrofit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ imports these
+    from ._attention import o_attention, o_attention_fused, o_attention_reference
+    from ._attention_modules import HiddenCarrierOAttention, QKVOAttention
+    from ._components import OFFN, OInject, ONorm, OStandardize, o_gate, o_moments, o_standardize
+    from ._patching import SiteConfig
+    from ._presence import TAU_MODULES, TAU_RETROFIT, observe_presence, presence
+    from ._presence_profile import PresenceProfile, presence_by_module
+    from ._registry import (ARMS, KINDS, Host, PatchPlan, Retrofit, RetrofitError, Site, apply_spec,
+                            plan_retrofit, register_host, registered_hosts, retrofit, retrofitted)
+    from ._transformer import OTransformerBlock
+    from .patches.torch_nn import register_module_site

@@ -1,11 +1,15 @@
-"""OAttention modules: the canonical hidden-carrier boundary and the Q/K/V-boundary variant."""
+"""OAttention modules: the canonical hidden-carrier boundary and the Q/K/V-boundary variant.
+
+τ defaults to ``TAU_MODULES`` = 1e-6 (the paper's training setting), not ``retrofit``'s 1e-8:
+these modules are built and trained with the gate in place (see ``_presence``).
+"""
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
 from ._attention import o_attention
-from ._presence import check_positive, presence
+from ._presence import TAU_MODULES, check_positive, presence
 
 __all__ = ["HiddenCarrierOAttention", "QKVOAttention"]
 
@@ -14,7 +18,7 @@ class _ProjectedAttention(nn.Module):
     """Bias-free Q/K/V/out projections shared by both boundaries (zero-preserving by design)."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
-                 tau: float = 1e-6, eps: float = 1e-6, d_context: int | None = None) -> None:
+                 tau: float = TAU_MODULES, eps: float = 1e-6, d_context: int | None = None) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads != 0:

@@ -2,6 +2,8 @@
 
 Every component reads p = ρτ(h) from the state entering it and is exactly zero-absorbing:
 a zero carrier emits zero even when the wrapped module has biases or an affine transform.
+τ defaults to ``TAU_MODULES`` = 1e-6, the paper's training setting; ``retrofit`` defaults to
+``TAU_RETROFIT`` = 1e-8 because a pretrained host never saw the gate (see ``_presence``).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._presence import check_positive, compute_dtype, presence
+from ._presence import TAU_MODULES, check_positive, compute_dtype, presence
 
 __all__ = ["OFFN", "ONorm", "OInject", "OStandardize", "o_gate", "o_moments", "o_standardize"]
 
@@ -25,7 +27,7 @@ class OFFN(nn.Module):
     ``ffn`` may contain biases and its own pre-norm: the branch still emits 0 at a null token.
     """
 
-    def __init__(self, ffn: nn.Module, tau: float = 1e-6) -> None:
+    def __init__(self, ffn: nn.Module, tau: float = TAU_MODULES) -> None:
         super().__init__()
         self.ffn, self.tau = ffn, check_positive("tau", tau)
 
@@ -36,7 +38,7 @@ class OFFN(nn.Module):
 class ONorm(nn.Module):
     """Gated token-local normalisation, eq. 16: ``ρτ(h) · Norm(h)`` (LayerNorm, RMSNorm, …)."""
 
-    def __init__(self, norm: nn.Module, tau: float = 1e-6) -> None:
+    def __init__(self, norm: nn.Module, tau: float = TAU_MODULES) -> None:
         super().__init__()
         self.norm, self.tau = norm, check_positive("tau", tau)
 
@@ -50,7 +52,7 @@ class OInject(nn.Module):
     Only the injected branch is gated; the carrier is kept.
     """
 
-    def __init__(self, tau: float = 1e-6) -> None:
+    def __init__(self, tau: float = TAU_MODULES) -> None:
         super().__init__()
         self.tau = check_positive("tau", tau)
 
@@ -110,7 +112,7 @@ def o_standardize(h: Tensor, tau: float, eps_var: float = 1e-6, dim: int = 1,
 class OStandardize(nn.Module):
     """Module form of :func:`o_standardize` with an optional per-feature affine (γ, β)."""
 
-    def __init__(self, num_features: int, tau: float = 1e-6, eps_var: float = 1e-6, dim: int = 1,
+    def __init__(self, num_features: int, tau: float = TAU_MODULES, eps_var: float = 1e-6, dim: int = 1,
                  affine: bool = True) -> None:
         super().__init__()
         self.tau, self.eps_var = check_positive("tau", tau), check_positive("eps_var", eps_var)

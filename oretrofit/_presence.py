@@ -14,7 +14,19 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
-__all__ = ["presence", "observe_presence", "compute_dtype", "check_positive"]
+__all__ = ["presence", "observe_presence", "compute_dtype", "check_positive", "TAU_MODULES", "TAU_RETROFIT"]
+
+# The two default presence scales. Two values on purpose, one per use, each the paper's:
+# TAU_MODULES (1e-6) is the default of the O-modules a model is built and trained with
+# (OFFN, ONorm, OInject, OStandardize, the OAttention modules, OTransformerBlock; the paper's
+# learned-model studies, B.2-B.6). Training learns the carriers' scale with the gate in place,
+# so τ only has to sit well below an active token's ‖h‖².
+TAU_MODULES = 1e-6
+# TAU_RETROFIT (1e-8) is the default of `retrofit` / `plan_retrofit` / `retrofitted` (and of
+# `oretrofit patch` and `regress`): a pretrained host never saw the gate, so τ → 0 keeps every
+# active carrier's ρτ(h) = ‖h‖²/(τ+‖h‖²) at 1 up to round-off and the O arms equal the host
+# (the paper's Table 2 is at τ = 1e-8; Table 7 shows what τ = 1 does).
+TAU_RETROFIT = 1e-8
 
 # Observers called with every presence tensor computed while they are active (see observe_presence).
 _OBSERVERS: ContextVar[tuple[Callable[[Tensor], None], ...]] = ContextVar("presence_observers",

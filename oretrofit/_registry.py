@@ -25,7 +25,7 @@ from torch import nn
 from ._compose import compose, uncovered_error
 from ._host import KINDS, Host, RetrofitError, Site, register_host, registered_hosts
 from ._patching import SiteConfig, Undo
-from ._presence import check_positive
+from ._presence import TAU_RETROFIT, check_positive
 from ._version import __version__
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
@@ -63,7 +63,7 @@ class PatchPlan:
     hosts: list[str] = field(default_factory=list)    # every host taking part, ``host`` first
 
 
-def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: float = 1e-6,
+def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT, eps: float = 1e-6,
                   site_tau: Mapping[str, float] | None = None, targets: Sequence[str] | None = None,
                   exclude: Sequence[str] | None = None, allow_partial: bool = False) -> PatchPlan:
     """Resolve the sites of ``arm`` on ``model`` without changing it (see :func:`retrofit`)."""
@@ -169,7 +169,7 @@ def _host_versions(names: Sequence[str]) -> dict[str, str]:
     return versions
 
 
-def retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: float = 1e-6,
+def retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT, eps: float = 1e-6,
              site_tau: Mapping[str, float] | None = None, targets: Sequence[str] | None = None,
              exclude: Sequence[str] | None = None, allow_partial: bool = False) -> Retrofit:
     """Patch ``model`` in place with the O-components of ``arm`` at presence scale ``tau``.
@@ -177,7 +177,9 @@ def retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: floa
     Args:
         arm: ``base`` (nothing), ``oa`` (attention sites) or ``full-o`` (every site).
         tau: default τ; ``site_tau`` maps site patterns (glob, or ``re:`` regex) to their own τ
-            (first matching pattern wins).
+            (first matching pattern wins). The default, ``TAU_RETROFIT`` = 1e-8, is smaller than
+            the O-modules' ``TAU_MODULES`` = 1e-6: a pretrained host never saw the gate, so τ → 0
+            keeps ρτ(h) = ‖h‖²/(τ+‖h‖²) at 1 on every active carrier (paper Table 2).
         eps: ε of every OAttention denominator.
         targets / exclude: site-name patterns to keep / drop.
         allow_partial: patch a model its hosts cover only in part (``plan.uncovered`` and the
@@ -196,7 +198,7 @@ def retrofit(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, eps: floa
 
 
 @contextlib.contextmanager
-def retrofitted(model: nn.Module, arm: str = "full-o", tau: float = 1e-8, **kwargs: Any
+def retrofitted(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT, **kwargs: Any
                 ) -> Iterator[Retrofit]:
     """``with retrofitted(model, ...) as r:`` patches on entry and reverts on exit."""
     r = retrofit(model, arm, tau, **kwargs)

@@ -4,7 +4,8 @@
                 h ← h + ρτ(h) · FFN(ONorm₂(h))                     (eq. 15)
 
 Each path is zero-absorbing (local components) or gives zero mass to zero states (attention),
-so by Theorem 1, ``block(H ⊕ 0) = block(H) ⊕ 0``.
+so by Theorem 1, ``block(H ⊕ 0) = block(H) ⊕ 0``. τ defaults to ``TAU_MODULES`` = 1e-6, the
+paper's training setting (``retrofit`` uses 1e-8 for pretrained hosts; see ``_presence``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 
 from ._attention_modules import HiddenCarrierOAttention
 from ._components import OFFN, ONorm
-from ._presence import presence
+from ._presence import TAU_MODULES, presence
 
 __all__ = ["OTransformerBlock"]
 
@@ -25,7 +26,7 @@ class OTransformerBlock(nn.Module):
     from the presence gates, not from removing them.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, tau: float = 1e-6,
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, tau: float = TAU_MODULES,
                  eps: float = 1e-6, n_kv_heads: int | None = None) -> None:
         super().__init__()
         self.tau = tau

@@ -15,55 +15,56 @@ def _split_list(values: list[str] | None) -> tuple[str, ...] | None:
     return tuple(v for item in values for v in item.split(",") if v)
 
 
+def experiment(
+    name: str = typer.Argument(..., help="adapters, insertion, zero_columns, otransformer or "
+                                         "ostandardize"),
+    quick: bool = typer.Option(False, "--quick", help="CI-size matrix: first data set, first "
+                               "seed, 3 epochs (receipt NAME-quick.json)"),
+    out: Path = typer.Option(Path("results/studies"), "--out", help="Folder for NAME.json "
+                             "(receipt, resumed when present) and NAME.md (table)"),
+    datasets: list[str] = typer.Option(None, "--datasets", help="Data sets, comma-separated "
+                                       "or repeated (default: the study's full list)"),
+    seeds: list[str] = typer.Option(None, "--seeds", help="Seeds (default 11,23,37)"),
+    epochs: int = typer.Option(100, "--epochs", min=1, help="Training epochs per fit"),
+    batch_size: int = typer.Option(256, "--batch-size", min=1, help="Mini-batch rows"),
+    report_only: bool = typer.Option(False, "--report-only", help="Only regenerate NAME.md "
+                                     "from the existing receipt; run nothing"),
+    merge_from: list[Path] = typer.Option(None, "--merge-from", help="Absorb the runs of "
+                                          "another receipt of this study (a parallel worker's "
+                                          "--out folder run with other seeds); repeatable"),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
+) -> None:
+    """Run a learned-model study; runs already in the receipt are skipped (resume)."""
+    from oretrofit.studies import STUDIES, StudyOptions, run_study
+    from oretrofit.studies.data import SEEDS, check_tasks
+
+    if name not in STUDIES:
+        raise typer.BadParameter(f"unknown study {name!r}; choose from {', '.join(STUDIES)}",
+                                 param_hint="NAME")
+    study = STUDIES[name]
+    chosen = _split_list(datasets)
+    try:
+        if chosen is not None:
+            check_tasks(chosen, study.TASKS)
+        seed_values = tuple(int(s) for s in _split_list(seeds) or SEEDS)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    options = StudyOptions(chosen, seed_values, epochs, batch_size, quick)
+    try:
+        result = run_study(study, options, out, execute=not report_only,
+                           merge_from=merge_from or ())
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    if json_out:
+        print(json.dumps({"schema_version": 1, "study": name, "receipt": str(result.receipt_path),
+                          "table": str(result.table_path), "complete": result.complete,
+                          "runs_done": result.runs_done, "runs_planned": result.runs_planned,
+                          "wall_s": result.wall_s, "markdown": result.markdown}))
+    else:
+        print(result.markdown)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``experiment`` verb to ``app``."""
-
-    @app.command("experiment")
-    def experiment(
-        name: str = typer.Argument(..., help="adapters, insertion, zero_columns, otransformer or "
-                                             "ostandardize"),
-        quick: bool = typer.Option(False, "--quick", help="CI-size matrix: first data set, first "
-                                   "seed, 3 epochs (receipt NAME-quick.json)"),
-        out: Path = typer.Option(Path("results/studies"), "--out", help="Folder for NAME.json "
-                                 "(receipt, resumed when present) and NAME.md (table)"),
-        datasets: list[str] = typer.Option(None, "--datasets", help="Data sets, comma-separated "
-                                           "or repeated (default: the study's full list)"),
-        seeds: list[str] = typer.Option(None, "--seeds", help="Seeds (default 11,23,37)"),
-        epochs: int = typer.Option(100, "--epochs", min=1, help="Training epochs per fit"),
-        batch_size: int = typer.Option(256, "--batch-size", min=1, help="Mini-batch rows"),
-        report_only: bool = typer.Option(False, "--report-only", help="Only regenerate NAME.md "
-                                         "from the existing receipt; run nothing"),
-        merge_from: list[Path] = typer.Option(None, "--merge-from", help="Absorb the runs of "
-                                              "another receipt of this study (a parallel worker's "
-                                              "--out folder run with other seeds); repeatable"),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
-    ) -> None:
-        """Run a learned-model study; runs already in the receipt are skipped (resume)."""
-        from oretrofit.studies import STUDIES, StudyOptions, run_study
-        from oretrofit.studies.data import SEEDS, check_tasks
-
-        if name not in STUDIES:
-            raise typer.BadParameter(f"unknown study {name!r}; choose from {', '.join(STUDIES)}",
-                                     param_hint="NAME")
-        study = STUDIES[name]
-        chosen = _split_list(datasets)
-        try:
-            if chosen is not None:
-                check_tasks(chosen, study.TASKS)
-            seed_values = tuple(int(s) for s in _split_list(seeds) or SEEDS)
-        except ValueError as err:
-            raise typer.BadParameter(str(err)) from None
-        options = StudyOptions(chosen, seed_values, epochs, batch_size, quick)
-        try:
-            result = run_study(study, options, out, execute=not report_only,
-                               merge_from=merge_from or ())
-        except ValueError as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(2) from None
-        if json_out:
-            print(json.dumps({"schema_version": 1, "study": name, "receipt": str(result.receipt_path),
-                              "table": str(result.table_path), "complete": result.complete,
-                              "runs_done": result.runs_done, "runs_planned": result.runs_planned,
-                              "wall_s": result.wall_s, "markdown": result.markdown}))
-        else:
-            print(result.markdown)
+    app.command("experiment")(experiment)

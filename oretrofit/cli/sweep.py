@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
-
 import typer
 from rich.console import Console
 
@@ -17,10 +15,10 @@ _err = Console(stderr=True)
 
 @sweep_app.command("operators")
 def operators(
-    device: Annotated[str, typer.Option(help="Where to run the operators: cpu or cuda.")] = "cpu",
-    out: Annotated[Path, typer.Option(help="Folder for operators.json and operators.md.")] = Path("results"),
-    as_json: Annotated[bool, typer.Option("--json", help="Print the receipt as one JSON object.")] = False,
-    quick: Annotated[bool, typer.Option(help="One seed and one shape per table (a smoke run).")] = False,
+    device: str = typer.Option("cpu", "--device", help="Where to run the operators: cpu or cuda"),
+    out: Path = typer.Option(Path("results"), "--out", help="Folder for operators.json and operators.md"),
+    as_json: bool = typer.Option(False, "--json", help="Print the receipt as one JSON object"),
+    quick: bool = typer.Option(False, "--quick", help="One seed and one shape per table (a smoke run)"),
 ) -> None:
     """Max errors per property over seeds × shapes × dtypes; writes a JSON receipt and a table."""
     import torch
@@ -47,4 +45,5 @@ def operators(
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``sweep`` group to ``app``."""
     app.add_typer(sweep_app, name="sweep")

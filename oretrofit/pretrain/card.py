@@ -104,7 +104,7 @@ def compare_runs(receipts: dict[str, dict[str, Any]]) -> str:
         ours = checksums(receipt)
         if splits(receipt) != first_splits or ours.keys() != theirs.keys():
             raise ValueError(f"receipt {label!r} scores other data or splits than the first; compare "
-                             f"receipts of the same pretrain-eval datasets, --seeds and --max-train-rows")
+                             f"receipts of the same `demo-host eval` datasets, --seeds and --max-train-rows")
         if changed := sorted(d for d in ours if ours[d] != theirs[d]):
             # the usual cause is a generated dataset whose last bits depend on the CPU
             # (environment's numpy_simd): score the receipts to compare on one machine
@@ -140,7 +140,7 @@ def write_card(run: Path, evaluation: Path, out: Path, training_command: str,
                evaluation_command: str | None = None, notes: list[str] | None = None) -> Path:
     """Write the Markdown card at ``out`` and its loss-curve PNG beside it; return the card's path."""
     run, out = Path(run), Path(out)
-    state = load_state(run, "point --run at a pretrain-demo output folder")
+    state = load_state(run, "point --run at a `demo-host train` output folder")
     receipt = json.loads(Path(evaluation).read_text())
     cfg = state["train_config"]
     stages = [*state.get("stages", []), stage_record(state)]

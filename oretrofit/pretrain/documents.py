@@ -1,11 +1,11 @@
 """The comparison tables in the project's Markdown documents, regenerated from their commands.
 
-A comparison is a fenced block holding one ``oretrofit pretrain-compare --receipt "LABEL=PATH" ...``
-command, followed (after a blank line) by the pipe table that command prints. The README and the
+A comparison is a fenced block holding one ``oretrofit demo-host compare --receipt "LABEL=PATH" ...``
+command, followed (after a blank line) by the pipe table that command prints. The docs and the
 demo host's run history show many; :func:`refresh_comparisons` rewrites each table from the
 receipts its command names, or adds it under a new command, so a rescored receipt reaches every
-document without a number typed by hand, and the README's tests check the same tables with the
-same parser.
+document without a number typed by hand (``make docs`` runs :func:`refresh_documents` on every
+document), and the documents' tests check the same tables with the same parser.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import dataclasses
 import json
 import shlex
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .card import compare_runs
 
-__all__ = ["Comparison", "comparisons", "labelled_receipts", "refresh_comparisons"]
+__all__ = ["Comparison", "comparisons", "labelled_receipts", "refresh_comparisons", "refresh_documents"]
 
-COMMAND = "oretrofit pretrain-compare"
+COMMAND = "oretrofit demo-host compare"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Comparison:
 
 
 def comparisons(text: str) -> list[Comparison]:
-    """Every fenced ``oretrofit pretrain-compare`` block in ``text`` and the pipe table after it."""
+    """Every fenced ``oretrofit demo-host compare`` block in ``text`` and the pipe table after it."""
     lines = text.splitlines()
     found, i = [], 0
     while i < len(lines):
@@ -77,7 +77,7 @@ def labelled_receipts(items: Iterable[str], root: Path = Path(".")) -> dict[str,
             raise ValueError(f"--receipt {item!r} is not LABEL=PATH")
         file = Path(root) / path
         if not file.is_file():
-            raise ValueError(f"--receipt {item!r}: {path} does not exist; give a pretrain-eval receipt")
+            raise ValueError(f"--receipt {item!r}: {path} does not exist; give a `demo-host eval` receipt")
         receipts[label] = json.loads(file.read_text())
     return receipts
 
@@ -102,3 +102,21 @@ def refresh_comparisons(text: str, root: Path = Path(".")) -> tuple[str, int]:
         lines[block.start:block.end] = rows
         changed += 1
     return "".join(lines), changed
+
+
+def refresh_documents(paths: Iterable[Path], check: bool = False, root: Path = Path("."),
+                      report: Callable[[str], Any] = print) -> int:
+    """Refresh every comparison table in each document (``check``: change nothing), reporting one
+    line per document; returns how many tables were stale. A missing receipt raises ValueError
+    naming the document."""
+    stale = 0
+    for path in paths:
+        try:
+            text, changed = refresh_comparisons(Path(path).read_text(), root)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+        stale += changed
+        if changed and not check:
+            Path(path).write_text(text)
+        report(f"{path}: {changed} table(s) {'stale' if check else 'rewritten'}")
+    return stale

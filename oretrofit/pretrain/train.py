@@ -78,7 +78,7 @@ class TrainConfig:
     seed: int = 0
     batch_size: int = 4
     # peak rate of a first stage: 7e-4 trained the shipped host (v9b); 1e-3 sits near the rate
-    # where training fails (2e-3 learned nothing; results/demo-host/attempts.md)
+    # where training fails (2e-3 learned nothing; results/demo-host/history/attempts.md)
     lr: float = 7e-4
     final_lr_fraction: float = 0.1
     warmup_steps: int = 50
@@ -178,7 +178,7 @@ def load_state(run: Path, fix: str) -> dict[str, Any]:
     except pickle.UnpicklingError as err:
         raise ValueError(f"{state_path} is not a run state oretrofit wrote (it asks to load objects "
                          f"other than tensors and plain data: {str(err).splitlines()[0]}); it was not "
-                         "loaded. Use a run folder written by `oretrofit pretrain-demo`") from None
+                         "loaded. Use a run folder written by `oretrofit demo-host train`") from None
     except (RuntimeError, EOFError, OSError) as err:
         raise ValueError(f"{state_path} cannot be read as a run state ({err}); {fix}") from None
     if not isinstance(state, dict) or not {"model", "step", "train_config"} <= state.keys():
@@ -196,7 +196,7 @@ def stage_record(state: dict[str, Any]) -> dict[str, Any]:
 def export_checkpoint(run: Path, dest: Path, inference: str = DEFAULT_PRESET) -> Path:
     """Write the weights in ``run/train_state.pt`` as a standalone tabpfn checkpoint at ``dest``
     (no optimiser), carrying the ``inference`` preset's config."""
-    state = load_state(run, "point --run at a pretrain-demo output folder")
+    state = load_state(run, "point --run at a `demo-host train` output folder")
     cfg = config_from_state(state["train_config"])
     model = build_host(cfg.host, cfg.seed)
     model.load_state_dict(state["model"])
@@ -252,7 +252,7 @@ def config_from_state(stored: dict[str, Any]) -> TrainConfig:
 
 def _earlier_stages(init_from: Path, cfg: TrainConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The stage records and final weights of the run at ``init_from``, checked against ``cfg.host``."""
-    prev = load_state(init_from, "point --init-from at a pretrain-demo output folder")
+    prev = load_state(init_from, "point --init-from at a `demo-host train` output folder")
     prev_cfg = config_from_state(prev["train_config"])
     if prev_cfg.host != cfg.host:
         raise ValueError(f"--init-from {init_from} was trained with {prev_cfg.host}, this run asks for "

@@ -71,8 +71,8 @@ def test_cli_writes_the_average_and_reports_errors(tmp_path):
     from oretrofit.cli.app import app
 
     a, b = _checkpoint(tmp_path / "a-v3.ckpt", 0), _checkpoint(tmp_path / "b-v3.ckpt", 1)
-    result = CliRunner().invoke(app, ["pretrain-average", str(a), str(b), "--out", str(tmp_path / "avg-v3.ckpt")])
+    result = CliRunner().invoke(app, ["demo-host", "average", str(a), str(b), "--out", str(tmp_path / "avg-v3.ckpt")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "avg-v3.ckpt").exists()
-    result = CliRunner().invoke(app, ["pretrain-average", str(a), "--out", str(tmp_path / "x-v3.ckpt")])
+    result = CliRunner().invoke(app, ["demo-host", "average", str(a), "--out", str(tmp_path / "x-v3.ckpt")])
     assert result.exit_code == 2 and "at least two" in result.output

@@ -139,17 +139,17 @@ def test_runs_scored_on_other_data_or_without_a_host_are_refused():
 def test_compare_cli_reads_labelled_receipts_and_names_a_missing_file(tmp_path):
     from typer.testing import CliRunner
 
-    from oretrofit.cli.pretrain import register
+    from oretrofit.cli.demo_host import register
 
     app = typer.Typer()
     register(app)
     path = tmp_path / "a.json"
     path.write_text(json.dumps(_run_receipt({"sklearn:diabetes": 0.5, "sklearn:friedman1": 0.7})))
-    ok = CliRunner().invoke(app, ["pretrain-compare", "--receipt", f"first={path}"])
+    ok = CliRunner().invoke(app, ["demo-host", "compare", "--receipt", f"first={path}"])
     assert ok.exit_code == 0 and "| first |" in ok.output
-    missing = CliRunner().invoke(app, ["pretrain-compare", "--receipt", f"gone={tmp_path / 'no.json'}"])
+    missing = CliRunner().invoke(app, ["demo-host", "compare", "--receipt", f"gone={tmp_path / 'no.json'}"])
     assert missing.exit_code == 2 and "does not exist" in missing.output
-    bad = CliRunner().invoke(app, ["pretrain-compare", "--receipt", str(path)])
+    bad = CliRunner().invoke(app, ["demo-host", "compare", "--receipt", str(path)])
     assert bad.exit_code == 2 and "is not LABEL=PATH" in bad.output
 
 

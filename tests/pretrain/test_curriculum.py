@@ -72,12 +72,12 @@ def test_an_interrupted_curriculum_resumes_to_the_same_weights(tmp_path, monkeyp
 
 
 def test_cli_curriculum_runs_three_stages_and_refuses_what_it_sets(tmp_path):
-    from oretrofit.cli.pretrain import register
+    from oretrofit.cli.demo_host import register
 
     app = typer.Typer()
     register(app)
     host_args = [a for k, v in dataclasses.asdict(TINY.host).items() for a in ("--host", f"{k}={v}")]
-    ok = CliRunner().invoke(app, ["pretrain-demo", "--curriculum", "--out", str(tmp_path / "run"),
+    ok = CliRunner().invoke(app, ["demo-host", "train", "--curriculum", "--out", str(tmp_path / "run"),
                                   "--budget-steps", "3", "--prior", "max_features=2", *host_args])
     assert ok.exit_code == 0, ok.output
     state = torch.load(tmp_path / "run" / STATE_NAME, weights_only=True)
@@ -85,6 +85,6 @@ def test_cli_curriculum_runs_three_stages_and_refuses_what_it_sets(tmp_path):
     assert state["train_config"]["prior"]["max_features"] == 2  # other prior overrides reach every stage
     for extra, message in ((["--init-from", str(tmp_path / "run")], "drop --init-from"),
                            (["--prior", "max_rows=64"], "drop --prior max_rows")):
-        refused = CliRunner().invoke(app, ["pretrain-demo", "--curriculum", "--out", str(tmp_path / "x"), *extra])
+        refused = CliRunner().invoke(app, ["demo-host", "train", "--curriculum", "--out", str(tmp_path / "x"), *extra])
         assert refused.exit_code == 2 and message in refused.output
         assert not (tmp_path / "x").exists()

@@ -1,9 +1,8 @@
-"""A document's pretrain-compare tables are found after their commands and rewritten from the receipts."""
+"""A document's `demo-host compare` tables are found after their commands and rewritten from the receipts."""
 
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from oretrofit.pretrain.card import compare_runs
@@ -18,7 +17,7 @@ Intro text.
 * A list item whose comparison is indented:
 
   ```
-  oretrofit pretrain-compare --receipt "run a=a.json" \\
+  oretrofit demo-host compare --receipt "run a=a.json" \\
       --receipt "run b=b.json"
   ```
 
@@ -29,14 +28,14 @@ Intro text.
   Text after the table.
 
 ```bash
-oretrofit pretrain-eval --checkpoint x.ckpt
+oretrofit demo-host eval --checkpoint x.ckpt
 ```
 
 | not | a comparison |
 |---|---|
 
 ```
-oretrofit pretrain-compare --receipt "only b=b.json"
+oretrofit demo-host compare --receipt "only b=b.json"
 ```
 """
 
@@ -72,7 +71,7 @@ def test_a_stale_table_is_rewritten_in_place_a_missing_one_added_and_nothing_els
 
 
 def test_a_table_added_before_text_is_set_off_by_blank_lines(receipts):
-    doc = '```\noretrofit pretrain-compare --receipt "a=a.json"\n```\nText right after.\n'
+    doc = '```\noretrofit demo-host compare --receipt "a=a.json"\n```\nText right after.\n'
     text, changed = refresh_comparisons(doc, receipts)
     assert changed == 1
     assert text == doc.replace("```\nText", "```\n\n" + _table(["a=a.json"], receipts) + "\n\nText")
@@ -82,22 +81,46 @@ def test_a_missing_receipt_or_an_unclosed_fence_is_named(tmp_path):
     with pytest.raises(ValueError, match="b.json does not exist"):
         refresh_comparisons(DOC, tmp_path)
     with pytest.raises(ValueError, match="line 1 is never closed"):
-        comparisons("```\noretrofit pretrain-compare --receipt x=y.json\n")
+        comparisons("```\noretrofit demo-host compare --receipt x=y.json\n")
 
 
-def test_refresh_cli_checks_then_rewrites_the_document(receipts, monkeypatch):
-    from oretrofit.cli.pretrain import register
+def _refresh_script():
+    import importlib.util
+    from pathlib import Path
 
-    app = typer.Typer()
-    register(app)
+    path = Path(__file__).resolve().parents[2] / "scripts" / "refresh_docs.py"
+    spec = importlib.util.spec_from_file_location("refresh_docs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_docs_script_checks_then_rewrites_the_document(receipts, monkeypatch, capsys):
+    script = _refresh_script()
+    monkeypatch.setattr(script, "ROOT", receipts)  # receipt paths are relative to the repository root
+    doc = receipts / "doc.md"
+    doc.write_text(DOC)
+    assert script.main(["--check", str(doc)]) == 1
+    assert "2 table(s) stale" in capsys.readouterr().out and doc.read_text() == DOC
+    assert script.main([str(doc)]) == 0 and doc.read_text() == refresh_comparisons(DOC, receipts)[0]
+    assert script.main(["--check", str(doc)]) == 0 and "0 table(s) stale" in capsys.readouterr().out
+    assert script.main([str(receipts / "none.md")]) == 2 and "none.md" in capsys.readouterr().err
+
+
+def test_make_docs_covers_every_document():
+    script = _refresh_script()
+    names = {path.relative_to(script.ROOT).as_posix() for path in script.documents()}
+    assert {"README.md", "docs/demo-host.md", "results/demo-host/history/attempts.md"} <= names
+
+
+def test_the_old_refresh_verb_is_a_hidden_alias_that_names_make_docs(receipts, monkeypatch):
+    from oretrofit.cli.app import app
+
     doc = receipts / "doc.md"
     doc.write_text(DOC)
     monkeypatch.chdir(receipts)  # receipt paths are relative to where the command runs
     check = CliRunner().invoke(app, ["pretrain-refresh-docs", "--check", str(doc)])
     assert check.exit_code == 1 and "2 table(s) stale" in check.output and doc.read_text() == DOC
-    rewrite = CliRunner().invoke(app, ["pretrain-refresh-docs", str(doc)])
-    assert rewrite.exit_code == 0 and doc.read_text() == refresh_comparisons(DOC, receipts)[0]
-    again = CliRunner().invoke(app, ["pretrain-refresh-docs", "--check", str(doc)])
-    assert again.exit_code == 0 and "0 table(s) stale" in again.output
+    assert "is now `make docs`" in check.output
     gone = CliRunner().invoke(app, ["pretrain-refresh-docs", str(receipts / "none.md")])
     assert gone.exit_code == 2 and "none.md" in gone.output

@@ -86,7 +86,7 @@ def test_export_writes_the_chosen_preset_and_the_cli_names_the_suites(tmp_path):
 
     from typer.testing import CliRunner
 
-    from oretrofit.cli.pretrain import register
+    from oretrofit.cli.demo_host import register
     from oretrofit.pretrain.train import export_checkpoint, train
 
     from .test_train import TINY
@@ -98,7 +98,7 @@ def test_export_writes_the_chosen_preset_and_the_cli_names_the_suites(tmp_path):
     assert checkpoint["oretrofit"]["inference"] == "plain"
     app = typer.Typer()
     register(app)
-    result = CliRunner().invoke(app, ["pretrain-export", "--run", str(tmp_path / "run"), "--out",
+    result = CliRunner().invoke(app, ["demo-host", "export", "--run", str(tmp_path / "run"), "--out",
                                       str(tmp_path / "tabpfn-v3-x.ckpt"), "--inference", "fancy"])
     assert result.exit_code == 2 and "choose from v2.5" in result.output
     assert not (tmp_path / "tabpfn-v3-x.ckpt").exists()

@@ -8,7 +8,7 @@ import pytest
 import torch
 import typer
 
-from oretrofit.cli.pretrain import parse_budget, parse_host_overrides, parse_prior_overrides
+from oretrofit.cli.demo_host import parse_budget, parse_host_overrides, parse_prior_overrides
 from oretrofit.pretrain.prior import PriorConfig
 from oretrofit.pretrain.train import (CHECKPOINT_NAME, STATE_NAME, HostConfig, TrainConfig, bar_nll,
                                       export_checkpoint, spline_borders, train)
@@ -104,7 +104,7 @@ def test_a_new_stage_keeps_the_architecture(tmp_path):
     other = dataclasses.replace(TINY, host=dataclasses.replace(TINY.host, embed_dim=8))
     with pytest.raises(ValueError, match="a new stage keeps the architecture"):
         train(tmp_path / "two", other, init_from=tmp_path / "one", progress=False)
-    with pytest.raises(ValueError, match="point --init-from at a pretrain-demo output folder"):
+    with pytest.raises(ValueError, match="point --init-from at a `demo-host train` output folder"):
         train(tmp_path / "three", TINY, init_from=tmp_path / "missing", progress=False)
     with pytest.raises(ValueError, match="give one of them"):
         train(tmp_path / "one", TINY, resume=True, init_from=tmp_path / "one", progress=False)
@@ -194,24 +194,24 @@ def test_parse_budget_rejects_non_durations(text):
 def test_cli_errors_name_the_fix(tmp_path):
     from typer.testing import CliRunner
 
-    from oretrofit.cli.pretrain import register
+    from oretrofit.cli.demo_host import register
 
     app = typer.Typer()
     register(app)
-    result = CliRunner().invoke(app, ["pretrain-export", "--run", str(tmp_path), "--out",
+    result = CliRunner().invoke(app, ["demo-host", "export", "--run", str(tmp_path), "--out",
                                       str(tmp_path / "tabpfn-v3-x.ckpt")])
-    assert result.exit_code == 2 and "point --run at a pretrain-demo output folder" in result.output
-    result = CliRunner().invoke(app, ["pretrain-card", "--run", str(tmp_path), "--evaluation",
+    assert result.exit_code == 2 and "point --run at a `demo-host train` output folder" in result.output
+    result = CliRunner().invoke(app, ["demo-host", "card", "--run", str(tmp_path), "--evaluation",
                                       str(tmp_path / "eval.json"), "--out", str(tmp_path / "card.md"),
                                       "--command", "x"])
-    assert result.exit_code == 2 and "point --run at a pretrain-demo output folder" in result.output
-    result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--budget", "soon"])
+    assert result.exit_code == 2 and "point --run at a `demo-host train` output folder" in result.output
+    result = CliRunner().invoke(app, ["demo-host", "train", "--out", str(tmp_path), "--budget", "soon"])
     assert result.exit_code == 2 and "not a duration" in result.output
-    result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--host", "emsize=8"])
+    result = CliRunner().invoke(app, ["demo-host", "train", "--out", str(tmp_path), "--host", "emsize=8"])
     assert result.exit_code == 2 and "--host 'emsize=8' is not KEY=VALUE" in result.output
-    result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--budget-steps", "0"])
+    result = CliRunner().invoke(app, ["demo-host", "train", "--out", str(tmp_path), "--budget-steps", "0"])
     assert result.exit_code == 2 and "budget_steps must be a positive step count" in result.output
-    result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--workers", "2", "--batch-size", "3"])
+    result = CliRunner().invoke(app, ["demo-host", "train", "--out", str(tmp_path), "--workers", "2", "--batch-size", "3"])
     assert result.exit_code == 2 and "give a batch size that is a multiple of the worker count" in result.output
     assert not (tmp_path / STATE_NAME).exists()
 
@@ -219,13 +219,13 @@ def test_cli_errors_name_the_fix(tmp_path):
 def test_cli_host_option_sets_the_trained_architecture(tmp_path):
     from typer.testing import CliRunner
 
-    from oretrofit.cli.pretrain import register
+    from oretrofit.cli.demo_host import register
 
     app = typer.Typer()
     register(app)
     host_args = [a for k, v in dataclasses.asdict(TINY.host).items() for a in ("--host", f"{k}={v}")]
     prior_args = [a for k in ("max_rows", "max_features") for a in ("--prior", f"{k}={getattr(TINY.prior, k)}")]
-    result = CliRunner().invoke(app, ["pretrain-demo", "--out", str(tmp_path), "--max-steps", "1",
+    result = CliRunner().invoke(app, ["demo-host", "train", "--out", str(tmp_path), "--max-steps", "1",
                                       *host_args, *prior_args])
     assert result.exit_code == 0, result.output
     checkpoint = torch.load(tmp_path / CHECKPOINT_NAME, map_location="cpu", weights_only=True)

@@ -1,0 +1,52 @@
+"""The top-level namespace: one ``__all__``, every name in it importable, nothing imported early."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import oretrofit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_public_name_resolves_from_its_home() -> None:
+    assert len(oretrofit.__all__) == len(set(oretrofit.__all__))
+    for name in oretrofit.__all__:
+        value = getattr(oretrofit, name)
+        assert value is not None and name in dir(oretrofit)
+    scope: dict = {}
+    exec("from oretrofit import *", scope)
+    assert set(scope) - {"__builtins__"} == set(oretrofit.__all__)
+
+
+def test_the_extension_point_the_errors_name_is_exported() -> None:
+    from oretrofit.patches.torch_nn import register_module_site
+
+    assert oretrofit.register_module_site is register_module_site
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        oretrofit.nope  # noqa: B018
+
+
+def test_the_two_default_taus_are_the_ones_the_signatures_use() -> None:
+    import inspect
+
+    assert (oretrofit.TAU_MODULES, oretrofit.TAU_RETROFIT) == (1e-6, 1e-8)
+    for module in (oretrofit.OFFN, oretrofit.ONorm, oretrofit.OInject, oretrofit.OStandardize,
+                   oretrofit.HiddenCarrierOAttention, oretrofit.QKVOAttention, oretrofit.OTransformerBlock):
+        assert inspect.signature(module).parameters["tau"].default == oretrofit.TAU_MODULES, module
+    for function in (oretrofit.retrofit, oretrofit.plan_retrofit, oretrofit.retrofitted):
+        assert inspect.signature(function).parameters["tau"].default == oretrofit.TAU_RETROFIT, function
+
+
+def test_import_oretrofit_does_not_import_torch() -> None:
+    code = "import sys, oretrofit; print('torch' in sys.modules, oretrofit.__version__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert done.stdout.split() == ["False", oretrofit.__version__], done.stderr
