@@ -6,6 +6,7 @@ token contributes to anything shared between tokens.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -14,25 +15,37 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
-__all__ = ["presence", "observe_presence", "compute_dtype", "check_positive"]
+__all__ = ["presence", "observe_presence", "observe_carrier_norms", "compute_dtype", "check_positive"]
 
-# Observers called with every presence tensor computed while they are active (see observe_presence).
-_OBSERVERS: ContextVar[tuple[Callable[[Tensor], None], ...]] = ContextVar("presence_observers",
-                                                                          default=())
+Observer = Callable[[Tensor], None]
+# Observers called with every presence ρ (see observe_presence) and every carrier's squared norm
+# ‖h‖² (see observe_carrier_norms) computed while they are active.
+_OBSERVERS: ContextVar[tuple[Observer, ...]] = ContextVar("presence_observers", default=())
+_NORM_OBSERVERS: ContextVar[tuple[Observer, ...]] = ContextVar("carrier_norm_observers", default=())
 
 
 @contextmanager
-def observe_presence(observer: Callable[[Tensor], None]) -> Iterator[None]:
+def _observing(observers: ContextVar[tuple[Observer, ...]], observer: Observer) -> Iterator[None]:
+    token = observers.set(observers.get() + (observer,))
+    try:
+        yield
+    finally:
+        observers.reset(token)
+
+
+def observe_presence(observer: Observer) -> contextlib.AbstractContextManager[None]:
     """Call ``observer(p)`` with every presence tensor (detached) computed inside the block.
 
     This is how a run measures how strongly τ gates a host's tokens (e.g. a
     :class:`~oretrofit.PresenceProfile`); observers nest and are local to the thread/context.
     """
-    token = _OBSERVERS.set(_OBSERVERS.get() + (observer,))
-    try:
-        yield
-    finally:
-        _OBSERVERS.reset(token)
+    return _observing(_OBSERVERS, observer)
+
+
+def observe_carrier_norms(observer: Observer) -> contextlib.AbstractContextManager[None]:
+    """Call ``observer(sq)`` with the squared norms ‖h‖² ``(...)`` (detached) of every carrier
+    whose presence is computed inside the block: what :func:`oretrofit.calibrate` reads τ from."""
+    return _observing(_NORM_OBSERVERS, observer)
 
 
 def check_positive(name: str, value: float) -> float:
@@ -70,6 +83,8 @@ def presence(h: Tensor, tau: float) -> Tensor:
         raise ValueError("h must be a tensor of carriers with the feature axis last, shape (..., d)")
     sq = h.to(compute_dtype(h.dtype)).square().sum(dim=-1)
     p = sq / (tau + sq)
+    for observer in _NORM_OBSERVERS.get():
+        observer(sq.detach())
     for observer in _OBSERVERS.get():
         observer(p.detach())
     return p
