@@ -13,12 +13,14 @@ from . import experiment  # noqa: E402
 from . import pretrain  # noqa: E402
 from . import regress  # noqa: E402
 from . import patch  # noqa: E402
+from . import calibrate  # noqa: E402
 
 sweep.register(app)
 experiment.register(app)
 pretrain.register(app)
 regress.register(app)
 patch.register(app)
+calibrate.register(app)
 
 
 def main() -> None:
