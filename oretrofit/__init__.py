@@ -18,6 +18,7 @@ from ._version import __version__
 # public name -> the module that defines it
 _HOMES = {
     "presence": "._presence", "observe_presence": "._presence",
+    "observe_carrier_norms": "._presence",
     "TAU_MODULES": "._presence", "TAU_RETROFIT": "._presence",
     "PresenceProfile": "._presence_profile", "presence_by_module": "._presence_profile",
     "o_attention": "._attention", "o_attention_fused": "._attention",
@@ -33,6 +34,7 @@ _HOMES = {
     "apply_spec": "._registry", "plan_retrofit": "._registry", "register_host": "._registry",
     "registered_hosts": "._registry", "retrofit": "._registry", "retrofitted": "._registry",
     "register_module_site": ".patches.torch_nn",
+    "calibrate": "._calibrate", "CarrierNormProfile": "._calibrate",
 }
 
 __all__ = list(_HOMES)
@@ -57,7 +59,8 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ 
     from ._attention_modules import HiddenCarrierOAttention, QKVOAttention
     from ._components import OFFN, OInject, ONorm, OStandardize, o_gate, o_moments, o_standardize
     from ._patching import SiteConfig
-    from ._presence import TAU_MODULES, TAU_RETROFIT, observe_presence, presence
+    from ._calibrate import CarrierNormProfile, calibrate
+    from ._presence import TAU_MODULES, TAU_RETROFIT, observe_carrier_norms, observe_presence, presence
     from ._presence_profile import PresenceProfile, presence_by_module
     from ._registry import (ARMS, KINDS, Host, PatchPlan, Retrofit, RetrofitError, Site, apply_spec,
                             plan_retrofit, register_host, registered_hosts, retrofit, retrofitted)

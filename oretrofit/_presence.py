@@ -6,6 +6,7 @@ token contributes to anything shared between tokens.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -14,7 +15,8 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
-__all__ = ["presence", "observe_presence", "compute_dtype", "check_positive", "TAU_MODULES", "TAU_RETROFIT"]
+__all__ = ["presence", "observe_presence", "observe_carrier_norms", "compute_dtype", "check_positive",
+           "TAU_MODULES", "TAU_RETROFIT"]
 
 # The two default presence scales. Two values on purpose, one per use, each the paper's:
 # TAU_MODULES (1e-6) is the default of the O-modules a model is built and trained with
@@ -28,23 +30,35 @@ TAU_MODULES = 1e-6
 # (the paper's Table 2 is at τ = 1e-8; Table 7 shows what τ = 1 does).
 TAU_RETROFIT = 1e-8
 
-# Observers called with every presence tensor computed while they are active (see observe_presence).
-_OBSERVERS: ContextVar[tuple[Callable[[Tensor], None], ...]] = ContextVar("presence_observers",
-                                                                          default=())
+Observer = Callable[[Tensor], None]
+# Observers called with every presence ρ (see observe_presence) and every carrier's squared norm
+# ‖h‖² (see observe_carrier_norms) computed while they are active.
+_OBSERVERS: ContextVar[tuple[Observer, ...]] = ContextVar("presence_observers", default=())
+_NORM_OBSERVERS: ContextVar[tuple[Observer, ...]] = ContextVar("carrier_norm_observers", default=())
 
 
 @contextmanager
-def observe_presence(observer: Callable[[Tensor], None]) -> Iterator[None]:
+def _observing(observers: ContextVar[tuple[Observer, ...]], observer: Observer) -> Iterator[None]:
+    token = observers.set(observers.get() + (observer,))
+    try:
+        yield
+    finally:
+        observers.reset(token)
+
+
+def observe_presence(observer: Observer) -> contextlib.AbstractContextManager[None]:
     """Call ``observer(p)`` with every presence tensor (detached) computed inside the block.
 
     This is how a run measures how strongly τ gates a host's tokens (e.g. a
     :class:`~oretrofit.PresenceProfile`); observers nest and are local to the thread/context.
     """
-    token = _OBSERVERS.set(_OBSERVERS.get() + (observer,))
-    try:
-        yield
-    finally:
-        _OBSERVERS.reset(token)
+    return _observing(_OBSERVERS, observer)
+
+
+def observe_carrier_norms(observer: Observer) -> contextlib.AbstractContextManager[None]:
+    """Call ``observer(sq)`` with the squared norms ‖h‖² ``(...)`` (detached) of every carrier
+    whose presence is computed inside the block: what :func:`oretrofit.calibrate` reads τ from."""
+    return _observing(_NORM_OBSERVERS, observer)
 
 
 def check_positive(name: str, value: float) -> float:
@@ -82,6 +96,8 @@ def presence(h: Tensor, tau: float) -> Tensor:
         raise ValueError("h must be a tensor of carriers with the feature axis last, shape (..., d)")
     sq = h.to(compute_dtype(h.dtype)).square().sum(dim=-1)
     p = sq / (tau + sq)
+    for observer in _NORM_OBSERVERS.get():
+        observer(sq.detach())
     for observer in _OBSERVERS.get():
         observer(p.detach())
     return p

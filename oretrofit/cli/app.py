@@ -10,7 +10,7 @@ from __future__ import annotations
 import typer
 import typer.core
 
-from . import demo_host, experiment, patch, regress, reproduce, sweep
+from . import calibrate, demo_host, experiment, patch, regress, reproduce, sweep
 
 # The order `oretrofit --help` lists the verbs in; a verb not named here comes after these.
 ORDER = ("patch", "check", "calibrate", "regress", "reproduce", "tables", "sweep", "experiment",
@@ -28,6 +28,7 @@ app = typer.Typer(name="oretrofit", cls=_Verbs, no_args_is_help=True, add_comple
 
 patch.register(app)
 # `check` (oretrofit/cli/check.py) registers here, after `patch`.
+calibrate.register(app)
 
 # regress.py registers `regress`, `reproduce TABLE` and `tables`; the first and last are verbs of
 # their own, and `reproduce TABLE` becomes `reproduce table2|table7` in the reproduce group.
@@ -44,6 +45,7 @@ demo_host.register(app)
 
 # One line each in `oretrofit --help` (a verb's docstring may run past the 80 columns it gets there).
 SUMMARIES = {"patch": "Retrofit a TabPFN v3 checkpoint and list its patched sites.",
+             "calibrate": "Choose τ per site from a TabPFN v3 host's carriers on data.",
              "regress": "Run a dataset × seed × arm × τ matrix of TabPFN v3 fits.",
              "tables": "Render run folders' tables and plots beside the paper's values.",
              "experiment": "Run or resume one of the paper's learned-model studies."}
