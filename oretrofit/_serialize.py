@@ -1,0 +1,124 @@
+"""Serialising retrofitted models: pickle / ``torch.save`` / ``joblib.dump`` / ``copy.deepcopy``,
+and checking a saved patch spec against the model it is applied to.
+
+A patched module pickles as itself: its O-class is importable by name
+(:mod:`oretrofit._patching`) and its per-site settings are plain data. The :class:`Retrofit`
+handle stored on the model pickles as its *spec* only (``Retrofit.__reduce__``); the unpickled
+handle re-applies that spec on first use (:func:`rebind`): it takes the class swaps off the
+loaded model, applies the spec afresh and checks the result against the spec, so its
+``revert()`` and ``report()`` act on the loaded (or copied) model and never on the original.
+
+Only retrofits that consist of O-class swaps serialise this way; one that also added hooks or
+attributes (the transformers hosts) is refused with a :class:`RetrofitError` saying what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from ._registry import Retrofit
+
+__all__ = ["footprint", "restore_retrofit", "rebind", "check_spec", "save"]
+
+_STATE = "_oretrofit"                     # the per-module patch state set_site keeps
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+          "_state_dict_hooks", "_load_state_dict_pre_hooks")
+
+
+def footprint(model: nn.Module) -> list[tuple[int, tuple[str, ...], int]]:
+    """What a retrofit may change on ``model`` besides O-class swaps: per module its attribute
+    names (without the patch state) and its number of hooks. Equal before and after applying
+    means the retrofit is class swaps only, and so serialisable."""
+    return [(id(m), tuple(sorted(k for k in m.__dict__ if k != _STATE)),
+             sum(len(getattr(m, h, ()) or ()) for h in _HOOKS)) for m in model.modules()]
+
+
+def restore_retrofit(spec: Mapping[str, Any]) -> "Retrofit":
+    """An unbound handle for ``spec`` (pickle's constructor; state arrives by ``__setstate__``)."""
+    from ._registry import Retrofit
+    handle = Retrofit.__new__(Retrofit)
+    handle.__dict__.update(_pending=dict(spec), _undos=[], reverted=False)
+    return handle
+
+
+def _strip(model: nn.Module) -> list[tuple[nn.Module, type, dict[str, Any]]]:
+    """Take every O-class swap off ``model``; returns what :func:`_unstrip` puts back."""
+    taken = []
+    for module in model.modules():
+        state = module.__dict__.pop(_STATE, None)
+        if state is not None:
+            taken.append((module, type(module), state))
+            module.__class__ = state["original_class"]
+    return taken
+
+
+def _unstrip(taken: list[tuple[nn.Module, type, dict[str, Any]]]) -> None:
+    for module, cls, state in taken:
+        module.__class__ = cls
+        module.__dict__[_STATE] = state
+
+
+def rebind(handle: "Retrofit") -> None:
+    """Re-apply a loaded handle's spec to its model (module docstring); on failure the model is
+    left exactly as it was loaded."""
+    from ._registry import _ACTIVE, apply_spec
+    model, spec = handle.model, handle.__dict__.pop("_pending")
+    active = model.__dict__.pop(_ACTIVE, None)
+    taken = _strip(model)
+    try:
+        fresh = apply_spec(model, spec)
+    except BaseException:
+        _unstrip(taken)
+        if active is not None:
+            model.__dict__[_ACTIVE] = active
+        handle.__dict__["_pending"] = spec
+        raise
+    handle.__dict__.update(plan=fresh.plan, _host=fresh._host, _undos=fresh._undos,
+                           _swaps_only=True)
+    model.__dict__[_ACTIVE] = handle
+
+
+def check_spec(handle: "Retrofit", spec: Mapping[str, Any]) -> None:
+    """Refuse a spec whose host, host versions or site list differ from what applying it to this
+    model gave (a cut or edited spec, another host, other package versions)."""
+    from ._registry import RetrofitError
+    made = handle.spec()
+    for key, what in (("host", "host"), ("host_versions", "host package versions"),
+                      ("sites", "site list")):
+        if key in spec and spec[key] != made[key]:
+            mine, theirs = made[key], spec[key]
+            if key == "sites":
+                mine, theirs = _site_difference(made[key], spec[key])
+            raise RetrofitError(
+                f"the patch spec does not fit this model: its {what} is {theirs!r}, applying "
+                f"it here gives {mine!r}. Re-create the spec from this model and these "
+                "versions (Retrofit.spec(), or `oretrofit patch --out`)")
+
+
+def _site_difference(made: list[str], wanted: list[str]) -> tuple[str, str]:
+    extra, missing = sorted(set(made) - set(wanted)), sorted(set(wanted) - set(made))
+    return (f"{len(made)} sites, {len(extra)} more: {', '.join(extra[:6])}",
+            f"{len(wanted)} sites" + (f", {len(missing)} unknown: {', '.join(missing[:6])}"
+                                      if missing else ""))
+
+
+def save(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """``torch.save(obj, path)`` through a temporary file in the same folder and a rename, so
+    a failure while pickling leaves an existing file at ``path`` untouched."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
