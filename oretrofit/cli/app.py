@@ -22,4 +22,5 @@ patch.register(app)
 
 
 def main() -> None:
-    app()
+    from .errors import run
+    run(app)                    # errors print as plain text (no traceback, no rich markup)
