@@ -164,10 +164,12 @@ def shard_cells(cells: Sequence[Cell], index: int, count: int) -> list[Cell]:
 
 
 def _watch_driver(driver: int) -> None:
-    """In a worker process: exit at once when the driver process ``driver`` is gone (its
-    parent changes), instead of finishing a cell nobody will write."""
-    if os.getpid() == driver or os.getppid() != driver or _WATCHED:
+    """In a ``loky`` worker (a child of the driver process ``driver``): exit as soon as the
+    driver is gone (the worker's parent changes), instead of finishing a cell nobody writes."""
+    if os.getpid() == driver or _WATCHED:
         return
+    if os.getppid() != driver:                  # the driver died before this cell started
+        os._exit(1)
     _WATCHED.append(driver)
 
     def watch() -> None:

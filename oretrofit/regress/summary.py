@@ -30,6 +30,7 @@ from .reference import PAPER_DATASETS, paper_absolute, paper_delta, paper_mean_d
 __all__ = ["Row", "Summary", "summarize", "MEAN_ROW"]
 
 MEAN_ROW = "mean over cells"
+_ARM_ORDER = {arm: i for i, arm in enumerate(ARMS)}
 
 
 @dataclass
@@ -96,7 +97,7 @@ def _complete(cells: Sequence[Mapping[str, Any]], names: Mapping[str, str]
               ) -> tuple[list[Mapping[str, Any]], list[str]]:
     """The cells of complete (dataset, seed) groups, and one note per incomplete group."""
     wanted = sorted({(c["arm"], c["tau"]) for c in cells},
-                    key=lambda k: (ARMS_ORDER[k[0]], -1.0 if k[1] is None else k[1]))
+                    key=lambda k: (_ARM_ORDER[k[0]], -1.0 if k[1] is None else k[1]))
     groups: dict[tuple[str, int], set[tuple[str, float | None]]] = defaultdict(set)
     for c in cells:
         groups[(c["dataset"], c["seed"])].add((c["arm"], c["tau"]))
@@ -110,9 +111,6 @@ def _complete(cells: Sequence[Mapping[str, Any]], names: Mapping[str, str]
                          "Re-run the matrix into this folder to complete it.")
     keep = {g for g, have in groups.items() if len(have) == len(wanted)}
     return [c for c in cells if (c["dataset"], c["seed"]) in keep], notes
-
-
-ARMS_ORDER = {arm: i for i, arm in enumerate(ARMS)}
 
 
 def _changes(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]
