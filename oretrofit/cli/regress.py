@@ -80,8 +80,9 @@ def _progress_run(matrix: Any, model: Any, out: Path, **kwargs: Any) -> Any:
 
     from oretrofit.regress.runner import run_matrix
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True)) as bar:
+    # markup=False: a dataset path with [...] in a cell label is shown as typed
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True)) as bar:
         task = bar.add_task("loading datasets and checkpoint", total=None)
 
         def progress(event: str, cell: Any, done: int, total: int) -> None:

@@ -76,11 +76,14 @@ def test_a_refused_setting_writes_nothing(capsys, monkeypatch, tmp_path, table, 
 
 def test_the_corrected_rerun_works_after_a_refusal(capsys, monkeypatch, tmp_path, table):
     out = tmp_path / "run"
-    _refused(_cli(capsys, monkeypatch, "regress", "--data", table, "--target-column", "y",
+    odd = tmp_path / "d[/bold]" / "t.csv"                  # a markup-like folder name
+    odd.parent.mkdir(parents=True)
+    table.rename(odd)
+    _refused(_cli(capsys, monkeypatch, "regress", "--data", odd, "--target-column", "y",
                   "--out", out, "--device", "foo", *SMALL))
-    code, stdout, err = _cli(capsys, monkeypatch, "regress", "--data", table, "--target-column",
+    code, stdout, err = _cli(capsys, monkeypatch, "regress", "--data", odd, "--target-column",
                              "y", "--arms", "base", "--seeds", "1", "--out", out, *SMALL)
-    assert code == 0 and "Table 2 layout" in stdout
+    assert code == 0 and "Table 2 layout" in stdout           # no MarkupError on the way
 
 
 def test_a_second_regress_on_the_same_out_is_refused(capsys, monkeypatch, tmp_path, table):
@@ -109,6 +112,9 @@ def test_patch_refusals_name_the_pattern_and_the_fix(capsys, monkeypatch):
     _refused(_cli(capsys, monkeypatch, "patch", "--model-path", "demo", "--arm", "oa",
                   "--target", "re:icl.("),
              "site pattern 're:icl.(' is not a valid regular expression")
+    _refused(_cli(capsys, monkeypatch, "patch", "--model-path", "demo", "--arm", "oa",
+                  "--site-tau", "re:[=1e-3"),
+             "site pattern 're:[' is not a valid regular expression")
 
 
 def test_tables_names_a_corrupt_run_json(capsys, monkeypatch, tmp_path):
