@@ -22,10 +22,12 @@ __all__ = [
 ]
 
 from ._patching import SiteConfig
+from ._serialize import save
 from ._registry import (ARMS, KINDS, Host, PatchPlan, Retrofit, RetrofitError, Site, apply_spec,
                         plan_retrofit, register_host, registered_hosts, retrofit, retrofitted)
 
 __all__ += [
     "ARMS", "KINDS", "Host", "PatchPlan", "Retrofit", "RetrofitError", "Site", "SiteConfig",
     "apply_spec", "plan_retrofit", "register_host", "registered_hosts", "retrofit", "retrofitted",
+    "save",
 ]

@@ -277,9 +277,9 @@ class Retrofit:
                 "uncovered": plan.uncovered}
 
     def save_spec(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.spec(), indent=2))
-        return path
+        """Write :meth:`spec` as JSON (through a temporary file: never a torn file)."""
+        from ._provenance import write_json_atomic
+        return write_json_atomic(path, self.spec())
 
     def __repr__(self) -> str:
         if "_pending" in self.__dict__:
