@@ -123,7 +123,8 @@ def _emit(rendered: Any, json_out: bool, extra: dict[str, Any]) -> None:
         print(json.dumps({"schema_version": SCHEMA_VERSION, "kind": "oretrofit.regress",
                           **extra, "settings": rendered.settings,
                           "files": {k: str(v) for k, v in rendered.files.items()},
-                          "rows": [asdict(r) for r in rendered.summary.rows]}, default=str))
+                          "rows": [asdict(r) for r in rendered.summary.rows],
+                          "notes": rendered.summary.notes}, default=str))
     else:
         print(rendered.markdown)
 

@@ -160,7 +160,8 @@ def test_corrupt_files_are_named_with_the_fix(tmp_path):
     _run(out, [data])
     cell = next((out / "cells").glob("*.json"))
     cell.write_bytes(b"\x00\xff garbage")
-    with pytest.raises(RunMismatch, match=f"{cell} is unreadable or corrupt .*delete it and re-run"):
+    with pytest.raises(RunMismatch, match=f"{cell} is unreadable or corrupt .*delete it and "
+                                          "re-run"):
         _run(out, [data])
     cell.write_text('{"dataset": "x"}')
     with pytest.raises(RunMismatch, match="is not a complete cell record .*rmse"):
@@ -248,18 +249,20 @@ def test_a_regress_run_killed_at_random_moments_resumes_to_every_cell_once(tmp_p
             "sklearn:diabetes", "--seeds", "1,2", "--arms", "base,oa,full-o", "--tau", "1,0.01",
             "--model-path", "demo", "--out", str(out), "--max-train", "16", "--max-test", "8",
             "--no-plots", "--json"]
-    code = f"import sys; sys.argv = ['oretrofit', *{args!r}]; from oretrofit.cli.app import main; main()"
+    code = (f"import sys; sys.argv = ['oretrofit', *{args!r}]; "
+            "from oretrofit.cli.app import main; main()")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    rng, kills, counts = random.Random(33), 0, []
-    while kills < 5:
+    rng, counts = random.Random(33), []
+    for attempt in range(5):                    # each kill lands while cells run and are written
         run = subprocess.Popen([sys.executable, "-c", code], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.5, 5.0))
-        if run.poll() is None:
-            run.send_signal(signal.SIGKILL)
-            kills += 1
+        while len(list(out.glob("invocations/*.json"))) <= attempt and run.poll() is None:
+            time.sleep(0.02)                    # this run's receipt: its cells start now
+        time.sleep(rng.uniform(0.0, 1.5))
+        assert run.poll() is None, "the run finished before its kill; give it more cells"
+        run.send_signal(signal.SIGKILL)
         run.wait()
-        counts.append(len(list((out / "cells").glob("*.json"))) if out.exists() else 0)
+        counts.append(len(list((out / "cells").glob("*.json"))))
     final = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                            text=True, check=True)
     summary = json.loads(final.stdout)
@@ -267,4 +270,5 @@ def test_a_regress_run_killed_at_random_moments_resumes_to_every_cell_once(tmp_p
     keys = [(c["dataset"], c["seed"], c["arm"], c["tau"]) for c in cells]
     assert len(keys) == len(set(keys)) == 20                    # 2 datasets × 2 seeds × 5 arms
     assert summary["cells_in_shard"] == 20 and counts == sorted(counts)
+    assert summary["cells_skipped"] == counts[-1]               # nothing redone after the kills
     assert not [p for p in out.rglob(".*") if p.name != ".lock"]  # no temp files left
