@@ -4,6 +4,7 @@ tables, the worker watchdog, and a real `regress` run killed at random moments."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -20,6 +21,7 @@ import pandas as pd
 import pytest
 import torch
 
+from oretrofit.cli.app import main
 from oretrofit.regress import Matrix, ModelSettings, RunFolder, render, run_matrix
 from oretrofit.regress.data import DatasetUnavailable
 from oretrofit.regress.protocol import SplitProtocol
@@ -46,7 +48,8 @@ def _run(out: Path, specs, *, seeds=(11,), arms=("base", "oa"), model=None, **kw
 def _spawn(code: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
 
 
 # --- validated before anything is written ----------------------------------------------------
@@ -242,33 +245,110 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_regress_run_killed_at_random_moments_resumes_to_every_cell_once(tmp_path):
-    out = tmp_path / "run"
-    data = _csv(tmp_path / "t.csv", rows=60)
-    args = ["regress", "--data", str(data), "--target-column", "y", "--datasets",
-            "sklearn:diabetes", "--seeds", "1,2", "--arms", "base,oa,full-o", "--tau", "1,0.01",
-            "--model-path", "demo", "--out", str(out), "--max-train", "16", "--max-test", "8",
-            "--no-plots", "--json"]
-    code = (f"import sys; sys.argv = ['oretrofit', *{args!r}]; "
-            "from oretrofit.cli.app import main; main()")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+# A process that has imported everything and forks one real `regress` run per request, so
+# each run starts in well under a second: "pid N" when forked, "exit S" when it ended.
+_ZYGOTE = """
+import json, os, sys
+import oretrofit.regress.runner, oretrofit.tabpfn_v3, tabpfn, sklearn  # noqa: F401  (warm)
+from oretrofit.cli.app import main
+for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1), os.dup2(null, 2)
+        sys.argv = ["oretrofit", *json.loads(line)]
+        try:
+            main()
+        except SystemExit as exc:
+            os._exit(exc.code or 0)
+        os._exit(0)
+    print("pid", pid, flush=True)
+    print("exit", os.waitpid(pid, 0)[1], flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    process = _spawn(_ZYGOTE)
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _fork(zygote: subprocess.Popen, args: list[str]) -> int:
+    zygote.stdin.write(json.dumps(args) + "\n")
+    zygote.stdin.flush()
+    return int(zygote.stdout.readline().split()[1])
+
+
+def _ended(zygote: subprocess.Popen) -> int:
+    """The wait status of the last forked run, once it ended."""
+    return int(zygote.stdout.readline().split()[1])
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+    return found
+
+
+def _cell_files(out: Path) -> list[Path]:
+    return list((out / "cells").glob("*.json"))
+
+
+def _args(tmp_path: Path, *extra: str) -> list[str]:
+    return ["regress", "--data", str(_csv(tmp_path / "t.csv", rows=60)), "--target-column", "y",
+            "--datasets", "sklearn:diabetes", "--seeds", "1,2", "--arms", "base,oa,full-o",
+            "--tau", "1,0.1,0.01", "--model-path", "demo", "--out", str(tmp_path / "run"),
+            "--max-train", "16", "--max-test", "8", "--no-plots", "--json", *extra]
+
+
+def test_a_regress_run_killed_at_random_moments_resumes_to_every_cell_once(
+        tmp_path, capsys, monkeypatch, zygote):
+    out, args = tmp_path / "run", _args(tmp_path)
     rng, counts = random.Random(33), []
-    for attempt in range(5):                    # each kill lands while cells run and are written
-        run = subprocess.Popen([sys.executable, "-c", code], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while len(list(out.glob("invocations/*.json"))) <= attempt and run.poll() is None:
-            time.sleep(0.02)                    # this run's receipt: its cells start now
-        time.sleep(rng.uniform(0.0, 1.5))
-        assert run.poll() is None, "the run finished before its kill; give it more cells"
-        run.send_signal(signal.SIGKILL)
-        run.wait()
-        counts.append(len(list((out / "cells").glob("*.json"))))
-    final = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                           text=True, check=True)
-    summary = json.loads(final.stdout)
+    for attempt in range(5):                    # each kill lands while cells run or tables render
+        pid = _fork(zygote, args)
+        while len(list(out.glob("invocations/*.json"))) <= attempt:
+            time.sleep(0.01)                    # this run's receipt: its cells start now
+        # a random moment: after 0-3 more cells are written, plus 0-50 ms
+        wanted = len(_cell_files(out)) + rng.randint(0, 3)
+        while len(_cell_files(out)) < wanted:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.05))
+        with contextlib.suppress(ProcessLookupError):       # asserted just below
+            os.kill(pid, signal.SIGKILL)
+        assert _ended(zygote) == signal.SIGKILL, \
+            f"run {attempt} ended before its kill; {counts} cells after the earlier kills"
+        counts.append(len(_cell_files(out)))
+    monkeypatch.setattr(sys, "argv", ["oretrofit", *args])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 0
+    summary = json.loads(capsys.readouterr().out)
     cells = [json.loads(p.read_text()) for p in (out / "cells").iterdir()]
     keys = [(c["dataset"], c["seed"], c["arm"], c["tau"]) for c in cells]
-    assert len(keys) == len(set(keys)) == 20                    # 2 datasets × 2 seeds × 5 arms
-    assert summary["cells_in_shard"] == 20 and counts == sorted(counts)
+    assert len(keys) == len(set(keys)) == 28            # 2 datasets × 2 seeds × (1 + 2 × 3 τ)
+    assert summary["cells_in_shard"] == 28 and counts == sorted(counts)
     assert summary["cells_skipped"] == counts[-1]               # nothing redone after the kills
     assert not [p for p in out.rglob(".*") if p.name != ".lock"]  # no temp files left
+
+
+def test_killing_a_two_worker_driver_leaves_no_worker_running(tmp_path, zygote):
+    out = tmp_path / "run"
+    driver = _fork(zygote, _args(tmp_path, "--n-jobs", "2"))
+    while not _cell_files(out):
+        time.sleep(0.02)                        # the workers are up and computing
+    workers = _children(driver)
+    assert len(workers) >= 2
+    os.kill(driver, signal.SIGKILL)
+    assert _ended(zygote) == signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [w for w in workers if _alive(w)]
