@@ -24,8 +24,8 @@ import functools
 import math
 import os
 import socket
-import threading
 import sys
+import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -36,8 +36,8 @@ import joblib
 import numpy as np
 import torch
 
-from .._presence_profile import PresenceProfile, presence_by_module
 from .._presence import check_positive
+from .._presence_profile import PresenceProfile, presence_by_module
 from .._provenance import environment
 from .._registry import ARMS
 from .data import Dataset, canonical_spec, load_datasets
