@@ -207,7 +207,7 @@ class Retrofit:
         return model.__dict__.get(_ACTIVE)
 
     def _apply(self) -> None:
-        from ._serialize import footprint
+        from ._serialize import attach, footprint
         before = footprint(self.model)
         try:
             for site, config in self.plan.entries:
@@ -216,7 +216,7 @@ class Retrofit:
             self._undo_all()
             raise
         self._swaps_only = footprint(self.model) == before
-        self.model.__dict__[_ACTIVE] = self
+        attach(self.model, _ACTIVE, self)
 
     def _bound(self) -> "Retrofit":
         if "_pending" in self.__dict__:

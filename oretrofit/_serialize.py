@@ -25,7 +25,7 @@ from torch import nn
 if TYPE_CHECKING:
     from ._registry import Retrofit
 
-__all__ = ["footprint", "restore_retrofit", "rebind", "check_spec", "save"]
+__all__ = ["footprint", "attach", "restore_retrofit", "rebind", "check_spec", "save"]
 
 _STATE = "_oretrofit"                     # the per-module patch state set_site keeps
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
@@ -38,6 +38,16 @@ def footprint(model: nn.Module) -> list[tuple[int, tuple[str, ...], int]]:
     means the retrofit is class swaps only, and so serialisable."""
     return [(id(m), tuple(sorted(k for k in m.__dict__ if k != _STATE)),
              sum(len(getattr(m, h, ()) or ()) for h in _HOOKS)) for m in model.modules()]
+
+
+def attach(model: nn.Module, key: str, handle: "Retrofit") -> None:
+    """Store ``handle`` as the first entry of ``model.__dict__``: pickle and deepcopy walk that
+    dict in order, so the handle's ``__reduce__`` (and its refusal, for a retrofit that is not
+    serialisable) comes before any hook or submodule."""
+    rest = [(k, v) for k, v in model.__dict__.items() if k != key]
+    model.__dict__.clear()
+    model.__dict__[key] = handle
+    model.__dict__.update(rest)
 
 
 def restore_retrofit(spec: Mapping[str, Any]) -> "Retrofit":
@@ -82,7 +92,7 @@ def rebind(handle: "Retrofit") -> None:
         raise
     handle.__dict__.update(plan=fresh.plan, _host=fresh._host, _undos=fresh._undos,
                            _swaps_only=True)
-    model.__dict__[_ACTIVE] = handle
+    attach(model, _ACTIVE, handle)
 
 
 def check_spec(handle: "Retrofit", spec: Mapping[str, Any]) -> None:

@@ -66,6 +66,25 @@ def test_a_patched_module_round_trips_and_its_loaded_handle_acts_on_the_copy(hos
     assert torch.equal(_out(host), patched) and not r.reverted       # ... the original stays
 
 
+def test_torch_nn_hosts_round_trip_even_when_the_root_itself_is_patched():
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    models = [torch.nn.TransformerEncoder(layer, 2).eval(),
+              torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()]
+    x = torch.randn(2, 5, 16)
+
+    def run(model: torch.nn.Module) -> torch.Tensor:
+        return model(x) if isinstance(model, torch.nn.TransformerEncoder) else model(x, x, x)[0]
+
+    for model in models:
+        base = run(model)
+        retrofit(model, "full-o", 1.0)
+        patched = run(model)
+        loaded = pickle.loads(pickle.dumps(model))
+        assert torch.equal(run(loaded), patched) and not torch.equal(patched, base)
+        Retrofit.of(loaded).revert()
+        assert torch.equal(run(loaded), base) and torch.equal(run(model), patched)
+
+
 def test_a_fitted_patched_regressor_round_trips_through_pickle_and_joblib():
     X, y = _data()
     regressor, _ = make_regressor("demo", "full-o", 1.0, seed=0)
@@ -105,8 +124,9 @@ def test_a_hooked_retrofit_refuses_to_be_copied_with_the_fix():
     model = BertModel(BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=1,
                                  num_attention_heads=2, intermediate_size=32))
     retrofit(model, "full-o", 1.0)
-    with pytest.raises(RetrofitError, match=r"cannot be pickled or copied.*apply_spec"):
-        copy.deepcopy(model)
+    for dump in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(RetrofitError, match=r"cannot be pickled or copied.*apply_spec"):
+            dump(model)
 
 
 def test_save_leaves_a_good_file_whole_when_pickling_fails(tmp_path):
