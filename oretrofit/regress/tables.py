@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -46,7 +47,10 @@ class Rendered:
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "—" if value is None else f"{value:{spec}}{suffix}"
+    """``—`` where there is no value, ``undefined`` for NaN (R² of a constant target)."""
+    if value is None:
+        return "—"
+    return "undefined" if math.isnan(value) else f"{value:{spec}}{suffix}"
 
 
 def _pair(measured: float | None, paper: float | None, spec: str, suffix: str = "") -> str:

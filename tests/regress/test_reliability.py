@@ -182,7 +182,7 @@ def test_a_constant_target_renders_with_delta_rmse_undefined(tmp_path):
     _run(out, [f"file:{_csv(tmp_path / 'c.csv', y=np.full(40, 3.0))}#y",
                f"file:{_csv(tmp_path / 'v.csv')}#y"])
     rendered = render([out], plots=False)
-    assert "undefined (base RMSE 0) / —" in rendered.markdown
+    assert "undefined (base RMSE 0) / — | undefined / —" in rendered.markdown   # ΔRMSE %, ΔR²
     assert "ΔRMSE % is undefined where base RMSE is 0 (a constant target): c seed 11" \
         in rendered.markdown
     mean = next(r for r in rendered.summary.rows if r.dataset == "mean over cells")
