@@ -35,6 +35,7 @@ _HOMES = {
     "registered_hosts": "._registry", "retrofit": "._registry", "retrofitted": "._registry",
     "register_module_site": ".patches.torch_nn",
     "calibrate": "._calibrate", "CarrierNormProfile": "._calibrate",
+    "save": "._serialize",
 }
 
 __all__ = list(_HOMES)
@@ -64,5 +65,6 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ 
     from ._presence_profile import PresenceProfile, presence_by_module
     from ._registry import (ARMS, KINDS, Host, PatchPlan, Retrofit, RetrofitError, Site, apply_spec,
                             plan_retrofit, register_host, registered_hosts, retrofit, retrofitted)
+    from ._serialize import save
     from ._transformer import OTransformerBlock
     from .patches.torch_nn import register_module_site

@@ -5,10 +5,16 @@ an O-subclass of the original class, and per-site settings live in a plain insta
 (``module._oretrofit``), which ``state_dict`` never sees. Several sites may patch one module
 (e.g. the attention, norm and FFN sites of a block): the class is swapped by the first and
 restored by the last undo.
+
+The O-subclasses are importable by name, so a patched module pickles (``torch.save``, ``pickle``,
+``joblib.dump``, ``copy.deepcopy``): each is published here as ``O<Original>_<hex>``, the hex
+naming ``module:qualname`` of the original class and the mixin, and this module's
+``__getattr__`` rebuilds the class from that name in a fresh process.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -28,13 +34,42 @@ class SiteConfig:
     eps: float = 1e-6
 
 
+def _path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _import(path: str) -> type:
+    module, _, qualname = path.partition(":")
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
 def o_subclass(original: type, mixin: type) -> type:
-    """``class O<Original>(mixin, original)``, created once and cached, so ``isinstance`` holds."""
+    """``class O<Original>(mixin, original)``, created once and cached, so ``isinstance`` holds.
+
+    Its ``__qualname__`` encodes both bases (see module docstring), so pickle finds it by name.
+    """
     key = (original, mixin)
     if key not in _SUBCLASSES:
-        _SUBCLASSES[key] = type(f"O{original.__name__}", (mixin, original),
-                                {"__module__": mixin.__module__})
+        name = f"O{original.__name__}"
+        encoded = f"{name}_{f'{_path(original)}|{_path(mixin)}'.encode().hex()}"
+        _SUBCLASSES[key] = type(name, (mixin, original),
+                                {"__module__": __name__, "__qualname__": encoded})
     return _SUBCLASSES[key]
+
+
+def __getattr__(name: str) -> type:
+    """Rebuild a pickled O-subclass from its encoded name (module docstring)."""
+    head, sep, code = name.rpartition("_")
+    try:
+        original, mixin = bytes.fromhex(code).decode().split("|")
+        if not (sep and head.startswith("O")):
+            raise ValueError(name)
+        return o_subclass(_import(original), _import(mixin))
+    except (ValueError, ImportError, AttributeError):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 def set_site(module: nn.Module, mixin: type, key: str, config: Any) -> Undo:

@@ -62,7 +62,10 @@ def observe_carrier_norms(observer: Observer) -> contextlib.AbstractContextManag
 
 
 def check_positive(name: str, value: float) -> float:
-    """Return ``value`` as float if it is a finite number > 0, else raise a ValueError naming it."""
+    """Return ``value`` as float if it is a finite number > 0, else raise a ValueError naming it
+    (``True``/``False`` are refused: a flag is not a number)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r} (a bool)")
     try:
         value = float(value)
     except (TypeError, ValueError):

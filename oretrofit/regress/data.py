@@ -150,9 +150,30 @@ def _from_frame(spec: str, name: str, frame: pd.DataFrame, target: str,
     if X.shape[1] == 0 or keep.sum() < 2:
         raise DatasetUnavailable(f"{spec}: needs at least one feature column and two rows with a "
                                  f"numeric target (got {X.shape[1]} features, {keep.sum()} rows)")
+    _check_magnitude(spec, target, y[keep], X[keep], tuple(map(str, features.columns)))
     source = {**source, "rows_dropped_missing_target": int((~keep).sum())}
     return Dataset(spec, name, X[keep], y[keep], tuple(map(str, features.columns)), target,
                    source)
+
+
+# TabPFN standardises targets and features in floating point; squares of values beyond this
+# overflow float64 (its preprocessing then fails on inf/NaN), so larger values are refused.
+MAX_ABS_VALUE = 1e100
+
+
+def _check_magnitude(spec: str, target: str, y: np.ndarray, X: np.ndarray,
+                     names: tuple[str, ...]) -> None:
+    """Refuse infinite values and values beyond :data:`MAX_ABS_VALUE`, naming the column."""
+    columns = [(f"target column {target!r}", y), *((f"feature column {n!r}", X[:, i])
+                                                   for i, n in enumerate(names))]
+    for what, values in columns:
+        finite = values[~np.isnan(values)]
+        if finite.size and not np.all(np.abs(finite) <= MAX_ABS_VALUE):
+            worst = float(np.max(np.abs(finite)))
+            raise DatasetUnavailable(f"{spec}: {what} holds {worst:g}; values must be finite "
+                                     f"and at most {MAX_ABS_VALUE:g} in magnitude (TabPFN "
+                                     "squares them): rescale the column (e.g. divide it by a "
+                                     "power of ten, or take logs)")
 
 
 def openml_cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -311,12 +332,15 @@ def _load_file(rest: str) -> Dataset:
         raise DatasetUnavailable(f"data file {path} does not exist; pass an existing CSV or "
                                  "parquet file with --data FILE --target COLUMN")
     suffix = path.suffix.lower()
-    if suffix in {".parquet", ".pq"}:
-        frame = pd.read_parquet(path)
-    elif suffix in {".csv", ".txt"}:
-        frame = pd.read_csv(path)
-    else:
+    if suffix not in {".parquet", ".pq", ".csv", ".txt"}:
         raise DatasetUnavailable(f"data file {path}: use a .csv or .parquet file")
+    try:
+        frame = pd.read_parquet(path) if suffix in {".parquet", ".pq"} else pd.read_csv(path)
+    except Exception as exc:  # noqa: BLE001  (pandas/pyarrow raise many types for bad files)
+        raise DatasetUnavailable(f"data file {path} cannot be read as "
+                                 f"{'parquet' if suffix in {'.parquet', '.pq'} else 'CSV'} "
+                                 f"({type(exc).__name__}: {str(exc)[:160]}); pass a CSV with a "
+                                 "header row, or a parquet file") from None
     return _from_frame(f"file:{rest}", path.stem, frame, target,
                        {"kind": "file", "path": str(path),
                         "file_sha256": sha256_file(path)})

@@ -10,14 +10,22 @@ test rows:
 ``base`` is one cell per (dataset, seed), shared by every τ (no τ changes an unpatched host).
 Cells run through joblib (``loky`` processes when ``n_jobs > 1``) or, with ``backend="dask"``,
 on a Dask cluster; the driver writes each result as it arrives (see :mod:`.store`).
+
+Every setting is validated before the run folder is touched (device, estimators, the matrix,
+each dataset's split under every seed, the checkpoint loading into its architecture), so a bad
+setting leaves no ``run.json`` behind. The folder is written under its lock
+(:meth:`RunFolder.lock`). A ``loky`` worker watches the driver and exits when it is gone, so a
+killed driver leaves no worker computing on.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 import socket
 import sys
+import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -28,6 +36,7 @@ import joblib
 import numpy as np
 import torch
 
+from .._presence import check_positive
 from .._presence_profile import PresenceProfile, presence_by_module
 from .._provenance import environment
 from .._registry import ARMS
@@ -57,11 +66,20 @@ class Matrix:
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown:
             raise ValueError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
-        bad = [t for t in self.taus if not (math.isfinite(t) and t > 0)]
+        bad = [t for t in self.taus if isinstance(t, bool) or not isinstance(t, (int, float))
+               or not (math.isfinite(t) and t > 0)]
         if bad or not self.taus:
             raise ValueError(f"every τ must be a finite positive number, got {list(self.taus)}")
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
+            raise ValueError(f"seeds must be integers >= 0, got {list(self.seeds)}")
         if not (self.datasets and self.seeds and self.arms):
             raise ValueError("a matrix needs at least one dataset, seed and arm")
+        for what, values in (("--datasets/--data", self.datasets), ("--seeds", self.seeds),
+                             ("--arms", self.arms), ("--tau", self.taus)):
+            repeated = sorted({str(v) for v in values if values.count(v) > 1})
+            if repeated:
+                raise ValueError(f"{what} lists {', '.join(repeated)} more than once; list each "
+                                 "once (a repeat would be run and averaged twice)")
 
     def cells(self) -> list[Cell]:
         """Cells in a fixed order (the order shards are cut from)."""
@@ -81,6 +99,14 @@ class ModelSettings:
     inference_precision: str | None = None      # float32 | float16 | bfloat16 | auto |
                                                 # autocast; None: the retrofit's default
 
+    def __post_init__(self) -> None:
+        check_device(self.device)
+        if isinstance(self.n_estimators, bool) or not isinstance(self.n_estimators, int) \
+                or self.n_estimators < 1:
+            raise ValueError(f"--n-estimators must be an integer >= 1, got {self.n_estimators!r}")
+        check_positive("eps", self.eps)
+        self.regressor_kwargs()
+
     def regressor_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"eps": self.eps, "device": self.device,
                                   "n_estimators": self.n_estimators}
@@ -93,6 +119,26 @@ class ModelSettings:
                                  "use float32, float16, bfloat16, auto or autocast")
             kwargs["inference_precision"] = dtype
         return kwargs
+
+
+def check_device(device: str) -> torch.device:
+    """``device`` as a torch device this machine has: cpu, an available cuda device, or mps."""
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown --device {device!r}; use cpu, cuda or cuda:N") from None
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device is available to this torch "
+                         f"{torch.__version__} (built with CUDA {torch.version.cuda}); "
+                         "use --device cpu")
+    if found.type == "cuda" and (found.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA "
+                         "device(s); use cuda:0 .. cuda:N-1")
+    if found.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: Apple MPS is not available here; use --device cpu")
+    if found.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device {device}: regression runs use cpu, cuda or mps")
+    return found
 
 
 @dataclass
@@ -117,10 +163,33 @@ def shard_cells(cells: Sequence[Cell], index: int, count: int) -> list[Cell]:
     return list(cells[index - 1::count])
 
 
+def _watch_driver(driver: int) -> None:
+    """In a ``loky`` worker (a child of the driver process ``driver``): exit as soon as the
+    driver is gone (the worker's parent changes), instead of finishing a cell nobody writes."""
+    if os.getpid() == driver or _WATCHED:
+        return
+    if os.getppid() != driver:                  # the driver died before this cell started
+        os._exit(1)
+    _WATCHED.append(driver)
+
+    def watch() -> None:
+        while os.getppid() == driver:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="oretrofit-driver-watch", daemon=True).start()
+
+
+_WATCHED: list[int] = []
+
+
 def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
-             model: ModelSettings) -> tuple[Cell, dict[str, Any]]:
-    """Fit and score one cell on ``(X_train, y_train, X_test, y_test)``; runs in a worker."""
+             model: ModelSettings, driver: int | None = None) -> tuple[Cell, dict[str, Any]]:
+    """Fit and score one cell on ``(X_train, y_train, X_test, y_test)``; runs in a worker
+    (which watches ``driver``, the driver's pid, when given)."""
     from ..tabpfn_v3 import make_regressor
+    if driver is not None:
+        _watch_driver(driver)
     X_train, y_train, X_test, y_test = arrays
     start, cpu_start = time.perf_counter(), time.process_time()
     regressor, applied = make_regressor(checkpoint, arm=cell.arm,
@@ -148,6 +217,21 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
         "worker": socket.gethostname(), "torch_threads": torch.get_num_threads()}
 
 
+def _check_backend(backend: str, n_jobs: int, scheduler: str | None) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
+        raise ValueError(f"--n-jobs must be an integer >= 1, got {n_jobs!r}")
+    if backend == "dask" and not scheduler:
+        raise ValueError("--backend dask needs --scheduler ADDRESS (e.g. tcp://host:8786)")
+    if backend == "dask":
+        try:
+            import distributed  # noqa: F401
+        except ImportError as exc:
+            raise ValueError("--backend dask needs the distributed package: "
+                             "pip install 'oretrofit[dask]'") from exc
+
+
 @contextmanager
 def _backend(backend: str, n_jobs: int, scheduler: str | None) -> Iterator[None]:
     """joblib's own processes, or a Dask cluster through joblib's ``dask`` backend."""
@@ -156,15 +240,7 @@ def _backend(backend: str, n_jobs: int, scheduler: str | None) -> Iterator[None]
                                     n_jobs=n_jobs):
             yield
         return
-    if backend != "dask":
-        raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
-    if not scheduler:
-        raise ValueError("--backend dask needs --scheduler ADDRESS (e.g. tcp://host:8786)")
-    try:
-        from distributed import Client
-    except ImportError as exc:
-        raise ValueError("--backend dask needs the distributed package: "
-                         "pip install 'oretrofit[dask]'") from exc
+    from distributed import Client
     with Client(scheduler) as client, joblib.parallel_config(backend="dask", n_jobs=-1):
         client.wait_for_workers(1)
         yield
@@ -180,13 +256,57 @@ def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
     Every dataset is loaded before any cell runs, so a missing one fails fast with one error
     naming all of them. ``standins`` maps specs to offline replacements (recorded per dataset).
     """
-    from ..tabpfn_v3 import checkpoint_sha256, load_checkpoint, resolve_model_path, weights_label
-    model.regressor_kwargs()                    # bad settings fail before anything loads
+    from ..tabpfn_v3 import checkpoint_sha256, resolve_model_path
+    _check_backend(backend, n_jobs, scheduler)
     datasets = load_datasets(matrix.datasets, openml_cache=openml_cache, standins=standins)
+    for dataset in datasets.values():
+        for seed in matrix.seeds:
+            _check_split(dataset, seed, protocol)
     checkpoint = resolve_model_path(model.model_path)
+    weights = _check_builds(checkpoint)
     folder = RunFolder(out)
-    folder.bind({"checkpoint_sha256": checkpoint_sha256(checkpoint),
-                 "weights": weights_label(load_checkpoint(checkpoint)),
+    with folder.lock():
+        folder.sweep()
+        folder.check_cells()
+        return _run_locked(matrix, model, folder, datasets, checkpoint, weights,
+                           checkpoint_sha256(checkpoint), protocol=protocol, standins=standins,
+                           shard=shard, backend=backend, n_jobs=n_jobs, scheduler=scheduler,
+                           progress=progress)
+
+
+def _check_split(dataset: Dataset, seed: int, protocol: SplitProtocol) -> None:
+    """TabPFN fits on >= 2 train rows and scores >= 1 test row."""
+    try:
+        split = protocol.split(len(dataset.y), seed)
+    except ValueError as exc:
+        raise ValueError(f"dataset {dataset.spec}: {exc}") from None
+    if len(split.train) < 2:
+        raise ValueError(f"dataset {dataset.spec} has {len(dataset.y)} rows; the split leaves "
+                         f"{len(split.train)} train row(s) and TabPFN needs at least 2: use a "
+                         "table with at least 4 rows (or a smaller --test-fraction)")
+
+
+def _check_builds(checkpoint: Path) -> str:
+    """Build the host from the checkpoint once (a state_dict that does not fit its config fails
+    here, naming the file); returns the weights label."""
+    from ..tabpfn_v3 import build_model, load_checkpoint, weights_label
+    loaded = load_checkpoint(checkpoint)
+    try:
+        build_model(loaded)
+    except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"checkpoint {checkpoint} does not build a TabPFN v3 host "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); re-create "
+                         "or re-download it") from None
+    return weights_label(loaded)
+
+
+def _run_locked(matrix: Matrix, model: ModelSettings, folder: RunFolder,
+                datasets: Mapping[str, Dataset], checkpoint: Path, weights: str, sha256: str, *,
+                protocol: SplitProtocol, standins: Mapping[str, str] | None,
+                shard: tuple[int, int], backend: str, n_jobs: int, scheduler: str | None,
+                progress: Progress | None) -> RunResult:
+    folder.bind({"checkpoint_sha256": sha256,
+                 "weights": weights,
                  "device_type": torch.device(model.device).type,
                  "n_estimators": model.n_estimators, "eps": model.eps,
                  "inference_precision": model.inference_precision,
@@ -204,12 +324,15 @@ def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
         "scheduler": scheduler, "standins": dict(standins or {}),
         "cells_in_shard": len(cells), "cells_to_run": len(todo)})
 
+    driver = os.getpid() if backend == "joblib" and n_jobs > 1 else None
+
     def tasks() -> Iterator[Any]:               # consumed by joblib as it dispatches
         for c in todo:
             if progress:
                 progress("start", c, result.cells_skipped + len(result.cells_run), len(cells))
             yield joblib.delayed(run_cell)(c, _split_arrays(datasets[c.dataset], c.seed,
-                                                            protocol), str(checkpoint), model)
+                                                            protocol), str(checkpoint), model,
+                                           driver)
 
     with _backend(backend, n_jobs, scheduler):
         for cell, metrics in joblib.Parallel(return_as="generator_unordered")(tasks()):

@@ -8,28 +8,52 @@
 
 A cell file exists only once its cell has finished, so a killed run loses at most the cells in
 flight, and re-running skips every cell that has a file (no cell is ever written twice).
+
+One process at a time writes a folder: :meth:`RunFolder.lock` holds an exclusive ``flock`` on
+``DIR/.lock`` (the kernel drops it when the holder dies, so a killed run's lock is taken over)
+and records the holder (host, pid, command) for the refusal message. Under the lock, temporary
+files that a killed write left behind (``.<name>.<random>``) are swept.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
+import sys
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from .._provenance import write_json_atomic
 from .data import Dataset, spec_slug
 
-__all__ = ["SCHEMA_VERSION", "Cell", "RunFolder", "RunMismatch", "read_cells"]
+__all__ = ["SCHEMA_VERSION", "Cell", "RunFolder", "RunMismatch", "FolderBusy", "read_cells",
+           "read_json"]
 
 SCHEMA_VERSION = 1
+_WRITE_DIRS = ("", "cells", "datasets", "invocations")      # where write_json_atomic writes
 
 
 class RunMismatch(ValueError):
     """A run folder that holds results made with different settings than those requested."""
+
+
+class FolderBusy(RuntimeError):
+    """Another live process holds the run folder's lock."""
+
+
+def read_json(path: Path, fix: str) -> Any:
+    """A JSON file of a run folder; an unreadable one is an error naming it and ``fix``."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunMismatch(f"{path} is unreadable or corrupt ({type(exc).__name__}: {exc}); "
+                          f"{fix}") from None
 
 
 @dataclass(frozen=True, order=True)
@@ -58,11 +82,44 @@ class RunFolder:
         self.path = Path(path)
         self.cells_dir = self.path / "cells"
 
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the folder's lock for the block (module docstring); refuse a live holder."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        path = self.path / ".lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+                raise FolderBusy(f"{self.path} is in use by another run ({holder}); wait for "
+                                 "it to finish, or use another --out folder") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (f"host {socket.gethostname()}, pid {os.getpid()}, since "
+                           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, command "
+                           f"{' '.join(sys.argv)[:300]}").encode(), 0)
+            yield
+        finally:
+            os.close(fd)                        # releases the flock
+
+    def sweep(self) -> list[Path]:
+        """Delete temporary files of killed writes (call under :meth:`lock`); returns them."""
+        swept = [p for d in _WRITE_DIRS for p in (self.path / d).glob(".*.json.*")
+                 if p.is_file()]
+        for path in swept:
+            path.unlink(missing_ok=True)
+        return swept
+
+    def check_cells(self) -> None:
+        """Read every cell file, so a corrupt one is named before anything runs."""
+        self.cells()
+
     def bind(self, settings: Mapping[str, Any]) -> None:
         """Write ``run.json`` on first use; afterwards refuse different shared settings."""
         manifest = self.path / "run.json"
         if manifest.is_file():
-            found = json.loads(manifest.read_text())
+            found = read_json(manifest, "restore it or use a new --out folder")
             if found.get("settings") != json.loads(json.dumps(settings, default=str)):
                 raise RunMismatch(
                     f"{self.path} holds results made with other settings "
@@ -77,14 +134,18 @@ class RunFolder:
         if not manifest.is_file():
             raise FileNotFoundError(f"{self.path} is not a regression run folder (no run.json); "
                                     "run `oretrofit regress --out DIR ...` first")
-        return json.loads(manifest.read_text())["settings"]
+        found = read_json(manifest, "restore it or re-run into a new --out folder")
+        if not isinstance(found, dict) or not isinstance(found.get("settings"), dict):
+            raise RunMismatch(f"{manifest} has no settings object; restore it or re-run into a "
+                              "new --out folder")
+        return found["settings"]
 
     def record_dataset(self, dataset: Dataset) -> None:
         """Store a dataset's receipt; a different checksum under the same spec is refused."""
         path = self.path / "datasets" / f"{spec_slug(dataset.spec)}.json"
         receipt = dataset.receipt()
         if path.is_file():
-            known = json.loads(path.read_text())
+            known = read_json(path, "delete it; the next run records the dataset again")
             if known["sha256"] != receipt["sha256"]:
                 raise RunMismatch(f"dataset {dataset.spec} changed since this run folder was "
                                   f"made (SHA-256 {known['sha256'][:12]}… now "
@@ -93,7 +154,8 @@ class RunFolder:
         write_json_atomic(path, receipt)
 
     def datasets(self) -> dict[str, dict[str, Any]]:
-        return {r["spec"]: r for r in (json.loads(p.read_text())
+        fix = "delete it; the next run records the dataset again"
+        return {r["spec"]: r for r in (read_json(p, fix)
                                        for p in sorted((self.path / "datasets").glob("*.json")))}
 
     def record_invocation(self, record: Mapping[str, Any]) -> Path:
@@ -112,7 +174,16 @@ class RunFolder:
                                  {"schema_version": SCHEMA_VERSION, **asdict(cell), **result})
 
     def cells(self) -> list[dict[str, Any]]:
-        return [json.loads(p.read_text()) for p in sorted(self.cells_dir.glob("*.json"))]
+        fix = "delete it and re-run; the run recomputes that cell"
+        found = [(p, read_json(p, fix)) for p in sorted(self.cells_dir.glob("*.json"))]
+        for path, cell in found:
+            if not isinstance(cell, dict) or any(k not in cell for k in _CELL_KEYS):
+                raise RunMismatch(f"{path} is not a complete cell record (needs "
+                                  f"{', '.join(_CELL_KEYS)}); {fix}")
+        return [cell for _, cell in found]
+
+
+_CELL_KEYS = ("dataset", "seed", "arm", "tau", "rmse", "r2")
 
 
 def _difference(found: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:

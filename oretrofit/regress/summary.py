@@ -7,6 +7,12 @@ For dataset d, arm a and τ, over the seeds s that have both the arm's cell and 
 
 and the "mean over cells" row averages the per-(dataset, seed) changes (the paper's "mean over
 18 cells"). Absolute RMSE and R² are plain means over seeds (Table 2's layout).
+
+Arms are compared over the same seeds only: a (dataset, seed) group enters the rows only when it
+has every (arm, τ) cell present anywhere in the folders; an incomplete group (a shard, a killed
+run) is left out of every row and named in ``Summary.notes``. Where base's RMSE is 0 (a constant
+target) ΔRMSE % is undefined: the row says so (``d_rmse_undefined``) instead of averaging the
+other seeds, and the mean row leaves those cells out (also in the notes).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from .reference import PAPER_DATASETS, paper_absolute, paper_delta, paper_mean_d
 __all__ = ["Row", "Summary", "summarize", "MEAN_ROW"]
 
 MEAN_ROW = "mean over cells"
+_ARM_ORDER = {arm: i for i, arm in enumerate(ARMS)}
 
 
 @dataclass
@@ -49,6 +56,7 @@ class Row:
     presence_below_half: float | None = None  # mean over seeds of the fraction of presences < ½
     most_gated_module: str | None = None      # the module with the largest such mean fraction
     most_gated_below_half: float | None = None
+    d_rmse_undefined: bool = False          # base RMSE 0 on some seed: ΔRMSE % has no value
 
 
 @dataclass
@@ -58,6 +66,7 @@ class Summary:
     datasets: list[str]                    # specs, ordered by display name
     names: dict[str, str]
     rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)     # incomplete groups, undefined changes
 
     def row(self, dataset: str, arm: str, tau: float | None) -> Row | None:
         return next((r for r in self.rows
@@ -84,16 +93,46 @@ def _presence_means(cells: Sequence[Mapping[str, Any]]) -> dict[str, float | Non
             "most_gated_module": most, "most_gated_below_half": fractions.get(most)}
 
 
+def _complete(cells: Sequence[Mapping[str, Any]], names: Mapping[str, str]
+              ) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """The cells of complete (dataset, seed) groups, and one note per incomplete group."""
+    wanted = sorted({(c["arm"], c["tau"]) for c in cells},
+                    key=lambda k: (_ARM_ORDER[k[0]], -1.0 if k[1] is None else k[1]))
+    groups: dict[tuple[str, int], set[tuple[str, float | None]]] = defaultdict(set)
+    for c in cells:
+        groups[(c["dataset"], c["seed"])].add((c["arm"], c["tau"]))
+    notes = []
+    for (spec, seed), have in sorted(groups.items()):
+        missing = [k for k in wanted if k not in have]
+        if missing:
+            lacks = ", ".join(a if t is None else f"{a} τ={t:g}" for a, t in missing)
+            notes.append(f"Incomplete: {names[spec]} seed {seed} lacks {lacks}; its other cells "
+                         "are left out of every row (arms are compared over the same seeds). "
+                         "Re-run the matrix into this folder to complete it.")
+    keep = {g for g, have in groups.items() if len(have) == len(wanted)}
+    return [c for c in cells if (c["dataset"], c["seed"]) in keep], notes
+
+
+def _changes(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]
+             ) -> tuple[float | None, float | None, bool]:
+    """(mean ΔRMSE %, mean ΔR², undefined) over (cell, base cell) pairs; ΔRMSE % is undefined
+    when any base RMSE is 0."""
+    undefined = any(b["rmse"] == 0 for _, b in pairs)
+    d_rmse = None if undefined else _mean([100 * (c["rmse"] / b["rmse"] - 1) for c, b in pairs])
+    return d_rmse, _mean([c["r2"] - b["r2"] for c, b in pairs]), undefined
+
+
 def summarize(cells: Sequence[Mapping[str, Any]],
               datasets: Mapping[str, Mapping[str, Any]]) -> Summary:
     """Per-dataset means and changes against base for every τ present (module docstring)."""
+    names = {s: datasets.get(s, {}).get("name", s) for s in {c["dataset"] for c in cells}}
+    cells, notes = _complete(cells, names)
     by_key = {(c["dataset"], c["seed"], c["arm"], c["tau"]): c for c in cells}
     specs = sorted({c["dataset"] for c in cells},
                    key=lambda s: (datasets.get(s, {}).get("name", s), s))
-    names = {s: datasets.get(s, {}).get("name", s) for s in specs}
     taus = sorted({c["tau"] for c in cells if c["tau"] is not None})
     arms = [a for a in ARMS if any(c["arm"] == a for c in cells)]
-    summary = Summary(taus, arms, specs, names)
+    summary = Summary(taus, arms, specs, {s: names[s] for s in specs}, notes=notes)
     for spec in specs:
         seeds = sorted({c["seed"] for c in cells if c["dataset"] == spec})
         pid = openml_id(spec)
@@ -109,14 +148,19 @@ def summarize(cells: Sequence[Mapping[str, Any]],
                 pairs = [(c, by_key[(spec, c["seed"], "base", None)]) for c in own
                          if arm != "base" and (spec, c["seed"], "base", None) in by_key]
                 if pairs:
-                    row.d_rmse_pct = _mean([100 * (c["rmse"] / b["rmse"] - 1) for c, b in pairs])
-                    row.d_r2 = _mean([c["r2"] - b["r2"] for c, b in pairs])
+                    row.d_rmse_pct, row.d_r2, row.d_rmse_undefined = _changes(pairs)
                 # base is τ-free; the paper reports its absolute values in Table 2 (τ = 1e-8)
                 absolute = paper_absolute(pid, arm, 1e-8 if tau is None else tau)
                 delta = paper_delta(pid, arm, tau) if tau is not None else None
                 row.paper_rmse, row.paper_r2 = absolute or (None, None)
                 row.paper_d_rmse_pct, row.paper_d_r2 = delta or (None, None)
                 summary.rows.append(row)
+    zero = sorted({(names[c["dataset"]], c["seed"]) for c in cells
+                   if c["arm"] == "base" and c["rmse"] == 0})
+    if zero:
+        summary.notes.append("ΔRMSE % is undefined where base RMSE is 0 (a constant target): "
+                             + ", ".join(f"{n} seed {s}" for n, s in zero)
+                             + "; those cells are left out of the mean over cells.")
     for tau in taus:
         for arm in (a for a in arms if a != "base"):
             _add_mean_row(summary, cells, by_key, arm, tau)
@@ -125,16 +169,15 @@ def summarize(cells: Sequence[Mapping[str, Any]],
 
 def _add_mean_row(summary: Summary, cells: Sequence[Mapping[str, Any]],
                   by_key: Mapping[tuple, Mapping[str, Any]], arm: str, tau: float) -> None:
-    pairs = [(c, by_key[(c["dataset"], c["seed"], "base", None)]) for c in cells
-             if c["arm"] == arm and c["tau"] == tau
-             and (c["dataset"], c["seed"], "base", None) in by_key]
+    pairs = [(c, b) for c in cells if c["arm"] == arm and c["tau"] == tau
+             and (b := by_key.get((c["dataset"], c["seed"], "base", None))) is not None
+             and b["rmse"] != 0]
     if not pairs:
         return
     paper = paper_mean_delta(arm, tau) if _is_paper_grid(summary) else None
+    d_rmse, d_r2, _ = _changes(pairs)
     summary.rows.append(Row(
-        tau, MEAN_ROW, MEAN_ROW, arm, len(pairs),
-        d_rmse_pct=_mean([100 * (c["rmse"] / b["rmse"] - 1) for c, b in pairs]),
-        d_r2=_mean([c["r2"] - b["r2"] for c, b in pairs]),
+        tau, MEAN_ROW, MEAN_ROW, arm, len(pairs), d_rmse_pct=d_rmse, d_r2=d_r2,
         paper_d_rmse_pct=paper[0] if paper else None, paper_d_r2=paper[1] if paper else None))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -46,11 +47,20 @@ class Rendered:
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "—" if value is None else f"{value:{spec}}{suffix}"
+    """``—`` where there is no value, ``undefined`` for NaN (R² of a constant target)."""
+    if value is None:
+        return "—"
+    return "undefined" if math.isnan(value) else f"{value:{spec}}{suffix}"
 
 
 def _pair(measured: float | None, paper: float | None, spec: str, suffix: str = "") -> str:
     return f"{_fmt(measured, spec, suffix)} / {_fmt(paper, spec, suffix)}"
+
+
+def _d_rmse(row: Row) -> str:
+    if row.d_rmse_undefined:
+        return f"undefined (base RMSE 0) / {_fmt(row.paper_d_rmse_pct, '+.3f', '%')}"
+    return _pair(row.d_rmse_pct, row.paper_d_rmse_pct, "+.3f", "%")
 
 
 def _label(row: Row | None, summary: Summary, spec: str) -> str:
@@ -64,12 +74,15 @@ def _notes(summary: Summary) -> list[str]:
     standins = sorted({(r.name, r.standin_for) for r in summary.rows if r.standin_for})
     notes += [f"† {name}: offline stand-in for {spec}; the paper column is {spec}'s."
               for name, spec in standins]
-    return notes
+    return notes + summary.notes
 
 
 def build_tables(summary: Summary) -> list[Table]:
     """The Table 2 and Table 7 layouts for every τ (or one base table when only base ran)."""
     tables = []
+    if not summary.rows:
+        return [Table("No complete (dataset, seed) group", ["Dataset", "Seeds"], [],
+                      _notes(summary))]
     for tau in summary.taus or [None]:
         arms = [a for a in summary.arms if tau is not None or a == "base"]
         columns: list[tuple[str, Callable[[Row], str]]] = [
@@ -82,8 +95,7 @@ def build_tables(summary: Summary) -> list[Table]:
         o_arms = [a for a in arms if a != "base"]
         if tau is None or not o_arms or "base" not in summary.arms:
             continue
-        columns = [(f"{ARM_LABELS[a]} ΔRMSE %", lambda r: _pair(r.d_rmse_pct, r.paper_d_rmse_pct,
-                                                                   "+.3f", "%")) for a in o_arms]
+        columns = [(f"{ARM_LABELS[a]} ΔRMSE %", _d_rmse) for a in o_arms]
         columns += [(f"{ARM_LABELS[a]} ΔR²", lambda r: _pair(r.d_r2, r.paper_d_r2, "+.6f"))
                     for a in o_arms]
         tables.append(_grid(summary, f"τ = {tau:g}: change against base, means over seeds "

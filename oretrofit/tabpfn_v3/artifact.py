@@ -5,22 +5,52 @@ The file is the source checkpoint (same ``state_dict``, ``config``, ``architectu
 :meth:`oretrofit.Retrofit.spec` extended with the source checkpoint's SHA-256 and weights label.
 tabpfn still loads it as the unpatched model (it ignores the extra entry);
 :func:`load_patched_regressor` loads it back as a ready, retrofitted regressor.
+
+A second entry, ``oretrofit_patch_sha256``, is the checksum
+
+    sha256(spec JSON ‖ 0x00 ‖ weights digest),   weights digest = sha256 over the sorted
+                                                 state_dict of (name, dtype, shape, bytes)
+
+so an artifact whose spec (source SHA-256, site list, τ, …) or weights were changed after it was
+written is refused on load. Loading also re-applies the spec and checks the result against it
+(host, host package versions, site list: :func:`oretrofit.apply_spec`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+
 from .._registry import SPEC_VERSION, Retrofit, RetrofitError
-from .checkpoints import check_checkpoint_name, load_checkpoint, save_atomic
+from .checkpoints import check_checkpoint_name, checkpoint_sha256, load_checkpoint, save_atomic
 from .regressor import regressor_from_checkpoint, spec_patch
 
-__all__ = ["ARTIFACT_KEY", "write_patched_artifact", "read_patch_spec", "load_patched_regressor"]
+__all__ = ["ARTIFACT_KEY", "DIGEST_KEY", "write_patched_artifact", "read_patch_spec",
+           "load_patched_regressor", "weights_digest"]
 
 ARTIFACT_KEY = "oretrofit_patch"
+DIGEST_KEY = "oretrofit_patch_sha256"
+_RECREATE = "re-create the artifact with `oretrofit patch --out` from its source checkpoint"
+
+
+def weights_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over the sorted state_dict: each tensor's name, dtype, shape and bytes."""
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        h.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return h.hexdigest()
+
+
+def _checksum(spec_json: str, state_dict: Mapping[str, torch.Tensor]) -> str:
+    return hashlib.sha256(spec_json.encode() + b"\0" + weights_digest(state_dict).encode()
+                          ).hexdigest()
 
 
 def write_patched_artifact(out: str | os.PathLike[str], source: str | os.PathLike[str],
@@ -34,8 +64,14 @@ def write_patched_artifact(out: str | os.PathLike[str], source: str | os.PathLik
     if spec.get("schema_version") != SPEC_VERSION:
         raise RetrofitError(f"patch spec schema_version {spec.get('schema_version')!r} is not "
                             f"{SPEC_VERSION}; create it with Retrofit.spec()")
+    recorded = spec.get("source_checkpoint_sha256")
+    if recorded is not None and recorded != checkpoint_sha256(source):
+        raise RetrofitError(f"the spec names source checkpoint SHA-256 {str(recorded)[:12]}…, "
+                            f"but {source} has {checkpoint_sha256(source)[:12]}…; make the spec "
+                            "from this checkpoint")
     checkpoint = dict(load_checkpoint(source))
     checkpoint[ARTIFACT_KEY] = json.dumps(dict(spec), sort_keys=True)
+    checkpoint[DIGEST_KEY] = _checksum(checkpoint[ARTIFACT_KEY], checkpoint["state_dict"])
     return save_atomic(checkpoint, out)
 
 
@@ -47,11 +83,18 @@ def read_patch_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise RetrofitError(f"{path} is a plain TabPFN checkpoint without an oretrofit patch "
                             "spec; write one with `oretrofit patch --out`, or use "
                             "oretrofit.tabpfn_v3.make_regressor for an unpatched checkpoint")
+    if not isinstance(raw, str) or checkpoint.get(DIGEST_KEY) != _checksum(
+            raw, checkpoint["state_dict"]):
+        state = "has no checksum" if DIGEST_KEY not in checkpoint else "was modified after it " \
+            "was written (its spec or weights do not match the checksum written with them)"
+        raise RetrofitError(f"the patched artifact {path} {state}; {_RECREATE}")
     try:
         spec = json.loads(raw)
     except (TypeError, json.JSONDecodeError) as exc:
-        raise RetrofitError(f"the patch spec inside {path} is corrupt ({exc}); re-create the "
-                            "artifact with `oretrofit patch --out`") from exc
+        raise RetrofitError(f"the patch spec inside {path} is corrupt ({exc}); "
+                            f"{_RECREATE}") from exc
+    if not isinstance(spec, dict):
+        raise RetrofitError(f"the patch spec inside {path} is not a JSON object; {_RECREATE}")
     if spec.get("schema_version") != SPEC_VERSION:
         raise RetrofitError(f"the patch spec inside {path} has schema_version "
                             f"{spec.get('schema_version')!r}; this oretrofit reads {SPEC_VERSION}")
@@ -66,4 +109,7 @@ def load_patched_regressor(path: str | os.PathLike[str], **regressor_kwargs: Any
     fit_mode, inference_precision, other TabPFNRegressor options).
     """
     spec = read_patch_spec(path)
-    return regressor_from_checkpoint(path, spec_patch(spec), **regressor_kwargs)
+    try:
+        return regressor_from_checkpoint(path, spec_patch(spec), **regressor_kwargs)
+    except RetrofitError as exc:
+        raise RetrofitError(f"{path}: {exc}") from None

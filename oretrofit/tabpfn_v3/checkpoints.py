@@ -214,7 +214,17 @@ def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
         raise RetrofitError(f"checkpoint {path} holds architecture "
                             f"{checkpoint['architecture_name']!r}; only 'tabpfn_v3' is supported")
     _check_inference_fields(path, checkpoint["inference_config"])
+    _check_finite(path, checkpoint["state_dict"])
     return checkpoint
+
+
+def _check_finite(path: Path, state_dict: dict[str, Any]) -> None:
+    """Refuse NaN or infinite weights (they make every prediction the same, silently)."""
+    for name, tensor in state_dict.items():
+        if torch.is_tensor(tensor) and tensor.is_floating_point() \
+                and not bool(torch.isfinite(tensor).all()):
+            raise RetrofitError(f"checkpoint {path}: tensor {name!r} holds NaN or infinite "
+                                "values; re-download or re-create the checkpoint")
 
 
 def _check_inference_fields(path: Path, stored: dict[str, Any]) -> None:

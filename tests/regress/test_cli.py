@@ -41,7 +41,8 @@ def test_regress_json_then_tables(checkpoint, openml_cache, tmp_path):
     pd.DataFrame({"a": range(40), "b": [i % 7 for i in range(40)],
                   "y": [0.5 * i for i in range(40)]}).to_csv(tmp_path / "t.csv", index=False)
     out = tmp_path / "run"
-    result = _invoke("regress", "--datasets", "42", "--data", tmp_path / "t.csv", "--target", "y",
+    result = _invoke("regress", "--datasets", "42", "--data", tmp_path / "t.csv",
+                     "--target-column", "y",
                      "--seeds", "11", "--arms", "base,oa", "--tau", "1",
                      "--model-path", checkpoint, "--openml-cache", openml_cache, "--out", out,
                      "--no-plots", "--json", *CAPS)

@@ -1,0 +1,104 @@
+"""Serialising retrofitted models: pickle / ``torch.save`` / ``joblib.dump`` / ``copy.deepcopy``,
+and checking a saved patch spec against the model it is applied to.
+
+A patched module pickles as itself: its O-class is importable by name
+(:mod:`oretrofit._patching`) and its per-site settings are plain data. The :class:`Retrofit`
+handle stored on the model pickles as its *spec* only (``Retrofit.__reduce__``); the unpickled
+handle re-applies that spec on first use (``oretrofit._registry._rebind``): it takes the class
+swaps off the loaded model (:func:`strip`), applies the spec afresh and checks the result
+against the spec (:func:`check_spec`), so its ``revert()`` and ``report()`` act on the loaded
+(or copied) model and never on the original. This module imports no registry code.
+
+Only retrofits that consist of O-class swaps serialise this way; one that also added hooks or
+attributes (the transformers hosts) is refused with a :class:`RetrofitError` saying what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ._host import RetrofitError
+
+__all__ = ["footprint", "attach", "strip", "unstrip", "check_spec", "save"]
+
+_STATE = "_oretrofit"                     # the per-module patch state set_site keeps
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+          "_state_dict_hooks", "_load_state_dict_pre_hooks")
+
+
+def footprint(model: nn.Module) -> list[tuple[int, tuple[str, ...], int]]:
+    """What a retrofit may change on ``model`` besides O-class swaps: per module its attribute
+    names (without the patch state) and its number of hooks. Equal before and after applying
+    means the retrofit is class swaps only, and so serialisable."""
+    return [(id(m), tuple(sorted(k for k in m.__dict__ if k != _STATE)),
+             sum(len(getattr(m, h, ()) or ()) for h in _HOOKS)) for m in model.modules()]
+
+
+def attach(model: nn.Module, key: str, handle: object) -> None:
+    """Store ``handle`` as the first entry of ``model.__dict__``: pickle and deepcopy walk that
+    dict in order, so the handle's ``__reduce__`` (and its refusal, for a retrofit that is not
+    serialisable) comes before any hook or submodule."""
+    rest = [(k, v) for k, v in model.__dict__.items() if k != key]
+    model.__dict__.clear()
+    model.__dict__[key] = handle
+    model.__dict__.update(rest)
+
+
+def strip(model: nn.Module) -> list[tuple[nn.Module, type, dict[str, Any]]]:
+    """Take every O-class swap off ``model``; returns what :func:`unstrip` puts back."""
+    taken = []
+    for module in model.modules():
+        state = module.__dict__.pop(_STATE, None)
+        if state is not None:
+            taken.append((module, type(module), state))
+            module.__class__ = state["original_class"]
+    return taken
+
+
+def unstrip(taken: list[tuple[nn.Module, type, dict[str, Any]]]) -> None:
+    for module, cls, state in taken:
+        module.__class__ = cls
+        module.__dict__[_STATE] = state
+
+
+def check_spec(made: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
+    """Refuse a spec whose host, host versions or site list differ from ``made``, the spec that
+    applying it to this model gave (a cut or edited spec, another host, other versions)."""
+    for key, what in (("host", "host"), ("host_versions", "host package versions"),
+                      ("sites", "site list")):
+        if key in spec and spec[key] != made[key]:
+            mine, theirs = made[key], spec[key]
+            if key == "sites":
+                mine, theirs = _site_difference(made[key], spec[key])
+            raise RetrofitError(
+                f"the patch spec does not fit this model: its {what} is {theirs!r}, applying "
+                f"it here gives {mine!r}. Re-create the spec from this model and these "
+                "versions (Retrofit.spec(), or `oretrofit patch --out`)")
+
+
+def _site_difference(made: list[str], wanted: list[str]) -> tuple[str, str]:
+    extra, missing = sorted(set(made) - set(wanted)), sorted(set(wanted) - set(made))
+    return (f"{len(made)} sites, {len(extra)} more: {', '.join(extra[:6])}",
+            f"{len(wanted)} sites" + (f", {len(missing)} unknown: {', '.join(missing[:6])}"
+                                      if missing else ""))
+
+
+def save(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """``torch.save(obj, path)`` through a temporary file in the same folder and a rename, so
+    a failure while pickling leaves an existing file at ``path`` untouched."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,132 @@
+"""Issue 33's CLI cases through the real entry point (``oretrofit.cli.app:main``): every error
+is one plain ``error:`` line (no traceback, no rich markup) that names the fix, and a refused
+start writes nothing into ``--out``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from oretrofit.cli import errors
+from oretrofit.cli.app import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--model-path", "demo", "--max-train", "16", "--max-test", "8", "--no-plots"]
+
+
+def _cli(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, *args: object
+         ) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["oretrofit", *map(str, args)])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, " ".join(err.split())
+
+
+@pytest.fixture()
+def table(tmp_path: Path) -> Path:
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"a": range(40), "y": [0.5 * i for i in range(40)]}).to_csv(path, index=False)
+    return path
+
+
+def _refused(result: tuple[int, str, str], *fragments: str) -> str:
+    code, out, err = result
+    assert code == 2 and out == "" and "Traceback" not in err and "error: " in err
+    err = err[err.index("error: "):]                # after the progress line, if any
+    for fragment in fragments:
+        assert fragment in err
+    return err
+
+
+def test_brackets_in_paths_and_values_are_shown_verbatim(capsys, monkeypatch, tmp_path, table):
+    missing = tmp_path / "dir[x]" / "f.csv"
+    _refused(_cli(capsys, monkeypatch, "regress", "--data", missing, "--target-column", "y",
+                  "--out", tmp_path / "run", *SMALL), f"data file {missing} does not exist")
+    result = _cli(capsys, monkeypatch, "regress", "--data", table, "--target", "[/bold]",
+                  "--out", tmp_path / "run", *SMALL)
+    _refused(result, "target column '[/bold]' not found; columns are a, y")
+    assert "note: --target of `regress` is now --target-column" in result[2]
+    _refused(_cli(capsys, monkeypatch, "regress", "--data", table, "--target-column", "y",
+                  "--tau", "nan,inf", "--out", tmp_path / "run", *SMALL),
+             "every τ must be a finite positive number, got [nan, inf]")
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+@pytest.mark.parametrize("option", [
+    ["--device", "foo"], ["--device", "mps"], ["--device", "cuda"], ["--n-estimators", "0"],
+    ["--seeds", "11,11"], ["--arms", "base,oa,base"], ["--n-jobs", "0"]])
+def test_a_refused_setting_writes_nothing(capsys, monkeypatch, tmp_path, table, option):
+    if option[-1] in ("cuda", "mps") and (torch.cuda.is_available()
+                                          or torch.backends.mps.is_available()):
+        pytest.skip("this machine has the accelerator")        # the refusal needs its absence
+    out = tmp_path / "run"
+    err = _refused(_cli(capsys, monkeypatch, "regress", "--data", table, "--target-column", "y",
+                        "--out", out, *SMALL, *option))
+    assert any(word in err for word in ("use", "list each once", ">= 1"))   # names the fix
+    assert not (out / "run.json").exists()
+
+
+def test_the_corrected_rerun_works_after_a_refusal(capsys, monkeypatch, tmp_path, table):
+    out = tmp_path / "run"
+    odd = tmp_path / "d[/bold]" / "t.csv"                  # a markup-like folder name
+    odd.parent.mkdir(parents=True)
+    table.rename(odd)
+    _refused(_cli(capsys, monkeypatch, "regress", "--data", odd, "--target-column", "y",
+                  "--out", out, "--device", "foo", *SMALL))
+    code, stdout, err = _cli(capsys, monkeypatch, "regress", "--data", odd, "--target-column",
+                             "y", "--arms", "base", "--seeds", "1", "--out", out, *SMALL)
+    assert code == 0 and "Table 2 layout" in stdout           # no MarkupError on the way
+
+
+def test_a_second_regress_on_the_same_out_is_refused(capsys, monkeypatch, tmp_path, table):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import time
+            from oretrofit.regress import RunFolder
+            with RunFolder({str(out)!r}).lock():
+                print("locked", flush=True)
+                time.sleep(120)
+        """)], env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        _refused(_cli(capsys, monkeypatch, "regress", "--data", table, "--target-column", "y",
+                      "--out", out, *SMALL),
+                 f"{out} is in use by another run", f"pid {holder.pid}", "another --out folder")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_patch_refusals_name_the_pattern_and_the_fix(capsys, monkeypatch):
+    _refused(_cli(capsys, monkeypatch, "patch", "--model-path", "demo", "--arm", "base",
+                  "--site-tau", "icl.*=1e-3"), "arm 'base' patches no site")
+    _refused(_cli(capsys, monkeypatch, "patch", "--model-path", "demo", "--arm", "oa",
+                  "--target", "re:icl.("),
+             "site pattern 're:icl.(' is not a valid regular expression")
+    _refused(_cli(capsys, monkeypatch, "patch", "--model-path", "demo", "--arm", "oa",
+                  "--site-tau", "re:[=1e-3"),
+             "site pattern 're:[' is not a valid regular expression")
+
+
+def test_tables_names_a_corrupt_run_json(capsys, monkeypatch, tmp_path):
+    (tmp_path / "run.json").write_text("{oops")
+    _refused(_cli(capsys, monkeypatch, "tables", tmp_path, "--no-plots"),
+             f"{tmp_path / 'run.json'} is unreadable or corrupt")
+
+
+def test_an_unexpected_error_is_one_plain_line(capsys, monkeypatch):
+    def broken() -> None:
+        raise ZeroDivisionError("division by zero [bold]")
+    with pytest.raises(SystemExit) as exit_:
+        errors.run(broken)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "error: ZeroDivisionError: division by zero [bold]\n"

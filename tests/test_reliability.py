@@ -1,0 +1,220 @@
+"""Issue 33's fault catalogue through the Python API: each case gives a correct result or a
+clear error that names the fix. (The CLI cases: tests/cli/test_reliability.py; run folders:
+tests/regress/test_reliability.py.)"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import pickle
+
+import joblib
+import numpy as np
+import pytest
+import torch
+
+import oretrofit
+from oretrofit import Retrofit, RetrofitError, apply_spec, retrofit
+from oretrofit.tabpfn_v3 import (build_model, load_checkpoint, load_patched_regressor,
+                                 make_regressor, read_patch_spec, resolve_model_path,
+                                 write_patched_artifact)
+from oretrofit.tabpfn_v3.artifact import ARTIFACT_KEY
+from oretrofit.tabpfn_v3.checkpoints import save_atomic
+
+
+@pytest.fixture()
+def host() -> torch.nn.Module:
+    model, _, _ = build_model(load_checkpoint(resolve_model_path("demo")))
+    return model
+
+
+def _out(model: torch.nn.Module) -> torch.Tensor:
+    """The host's output on a fixed small table (train 12 rows, test 4)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 1, 3, generator=g)                               # (rows, batch, features)
+    y = torch.randn(12, 1, generator=g)
+    with torch.no_grad():
+        return model(x, y)
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 3))
+    return X, X[:, 0] - 0.5 * X[:, 1] + 0.1 * rng.normal(size=30)
+
+
+# --- serialising patched models --------------------------------------------------------------
+
+@pytest.mark.parametrize("dump", ["pickle", "torch.save", "joblib"])
+def test_a_patched_module_round_trips_and_its_loaded_handle_acts_on_the_copy(host, dump):
+    base = _out(host)
+    r = retrofit(host, "full-o", 1.0)
+    patched = _out(host)
+    assert not torch.equal(patched, base)
+    buffer = io.BytesIO()
+    {"pickle": lambda: pickle.dump(host, buffer), "torch.save": lambda: torch.save(host, buffer),
+     "joblib": lambda: joblib.dump(host, buffer)}[dump]()
+    buffer.seek(0)
+    loaded = {"pickle": pickle.load, "joblib": joblib.load,
+              "torch.save": lambda b: torch.load(b, weights_only=False)}[dump](buffer)
+    assert torch.equal(_out(loaded), patched)                        # identical outputs
+    handle = Retrofit.of(loaded)
+    assert handle is not r and handle.spec()["sites"] == r.spec()["sites"]
+    handle.revert()
+    assert torch.equal(_out(loaded), base)                           # the copy reverts ...
+    assert torch.equal(_out(host), patched) and not r.reverted       # ... the original stays
+
+
+def test_torch_nn_hosts_round_trip_even_when_the_root_itself_is_patched():
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    models = [torch.nn.TransformerEncoder(layer, 2).eval(),
+              torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()]
+    x = torch.randn(2, 5, 16)
+
+    def run(model: torch.nn.Module) -> torch.Tensor:
+        return model(x) if isinstance(model, torch.nn.TransformerEncoder) else model(x, x, x)[0]
+
+    for model in models:
+        base = run(model)
+        retrofit(model, "full-o", 1.0)
+        patched = run(model)
+        loaded = pickle.loads(pickle.dumps(model))
+        assert torch.equal(run(loaded), patched) and not torch.equal(patched, base)
+        Retrofit.of(loaded).revert()
+        assert torch.equal(run(loaded), base) and torch.equal(run(model), patched)
+
+
+def test_a_fitted_patched_regressor_round_trips_through_pickle_and_joblib():
+    X, y = _data()
+    regressor, _ = make_regressor("demo", "full-o", 1.0, seed=0)
+    regressor.fit(X[:20], y[:20])
+    expected = regressor.predict(X[20:])
+    base, _ = make_regressor("demo", "base", seed=0)
+    assert not np.allclose(base.fit(X[:20], y[:20]).predict(X[20:]), expected, atol=1e-4)
+    buffer = io.BytesIO()
+    joblib.dump(regressor, buffer)
+    buffer.seek(0)
+    for loaded in (pickle.loads(pickle.dumps(regressor)), joblib.load(buffer)):
+        np.testing.assert_array_equal(loaded.predict(X[20:]), expected)
+
+
+def test_deepcopy_is_independent_revertible_and_re_retrofittable(host):
+    base = _out(host)
+    r = retrofit(host, "oa", 1.0)
+    patched = _out(host)
+    twin = copy.deepcopy(host)
+    twin_handle = Retrofit.of(twin)
+    assert twin_handle is not r
+    twin_handle.revert()
+    assert torch.equal(_out(twin), base) and torch.equal(_out(host), patched)
+    again = retrofit(twin, "full-o", 1e-3)                      # the copy can be patched anew
+    assert again.plan.arm == "full-o" and torch.equal(_out(host), patched)
+    again.revert()
+    r.revert()
+    assert torch.equal(_out(host), base)
+    copied = copy.deepcopy(retrofit(host, "oa", 1.0))            # copying the handle copies
+    assert copied.model is not host                              # its model with it
+    copied.revert()
+    assert Retrofit.of(host) is not None and torch.equal(_out(host), patched)
+
+
+def test_a_hooked_retrofit_refuses_to_be_copied_with_the_fix():
+    from transformers import BertConfig, BertModel
+    model = BertModel(BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=32))
+    retrofit(model, "full-o", 1.0)
+    for dump in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(RetrofitError, match=r"cannot be pickled or copied.*apply_spec"):
+            dump(model)
+
+
+def test_save_leaves_a_good_file_whole_when_pickling_fails(tmp_path):
+    path = tmp_path / "model.pt"
+    oretrofit.save({"w": torch.ones(3)}, path)
+    good = path.read_bytes()
+    with pytest.raises(AttributeError, match="Can't pickle local object"):
+        oretrofit.save({"f": lambda: None}, path)
+    assert path.read_bytes() == good and sorted(tmp_path.iterdir()) == [path]
+
+
+# --- specs and requests that cannot be carried out -------------------------------------------
+
+def test_apply_spec_checks_the_spec_against_the_model(host):
+    spec = retrofit(host, "full-o", 1.0).spec()
+    Retrofit.of(host).revert()
+    cases = {"sites": (spec["sites"][:-3], "site list"),
+             "host": ("torch-nn", "host"),
+             "host_versions": ({"tabpfn": "0.0.1"}, "host package versions")}
+    for key, (value, what) in cases.items():
+        with pytest.raises(RetrofitError, match=f"its {what} is .*Re-create the spec"):
+            apply_spec(host, {**spec, key: value})
+        assert Retrofit.of(host) is None                         # left unpatched
+    no_arm = {k: v for k, v in spec.items() if k != "arm"}
+    with pytest.raises(RetrofitError, match="lacks arm; re-create it"):
+        apply_spec(host, no_arm)
+    with pytest.raises(RetrofitError, match=r"'re:icl\.\(' is not a valid regular expression"):
+        apply_spec(host, {**spec, "targets": ["re:icl.("]})
+
+
+def test_requests_that_cannot_be_carried_out_are_refused_by_name(host):
+    with pytest.raises(RetrofitError, match="needs a torch nn.Module .* got object"):
+        retrofit(object())
+    with pytest.raises(RetrofitError, match=r"'re:\[' is not a valid regular expression"):
+        retrofit(host, "oa", site_tau={"re:[": 1e-3})
+    with pytest.raises(RetrofitError, match="arm 'base' patches no site.*choose arm 'oa'"):
+        oretrofit.plan_retrofit(host, "base", site_tau={"icl.*": 1e-3})
+    with pytest.raises(ValueError, match=r"tau must be a positive finite number, got True \(a"):
+        retrofit(host, "oa", tau=True)
+    assert Retrofit.of(host) is None
+
+
+# --- artifacts and checkpoints ---------------------------------------------------------------
+
+def _artifact(tmp_path, host) -> tuple:
+    source = resolve_model_path("demo")
+    from oretrofit.tabpfn_v3 import checkpoint_sha256
+    spec = {**retrofit(host, "oa", 1.0).spec(), "source_checkpoint_sha256":
+            checkpoint_sha256(source)}
+    return source, spec, write_patched_artifact(tmp_path / "patched-v3.ckpt", source, spec)
+
+
+def test_a_patched_artifact_loads_only_as_written(tmp_path, host):
+    source, spec, path = _artifact(tmp_path, host)
+    regressor, handle = load_patched_regressor(path)
+    assert handle.spec()["sites"] == spec["sites"]
+    checkpoint = dict(load_checkpoint(path))
+    edits = {"spec": lambda c: c.__setitem__(ARTIFACT_KEY, json.dumps(
+                 {**spec, "source_checkpoint_sha256": "0" * 64}, sort_keys=True)),
+             "weights": lambda c: c.__setitem__("state_dict", {
+                 k: (v + 1e-3 if i == 0 else v) for i, (k, v) in enumerate(
+                     c["state_dict"].items())})}
+    for name, edit in edits.items():
+        tampered = dict(checkpoint)
+        edit(tampered)
+        bad = save_atomic(tampered, tmp_path / f"tampered-{name}-v3.ckpt")
+        with pytest.raises(RetrofitError, match="was modified after it was written.*re-create"):
+            read_patch_spec(bad)
+    with pytest.raises(RetrofitError, match="names source checkpoint SHA-256 000000000000"):
+        write_patched_artifact(tmp_path / "x-v3.ckpt", source,
+                               {**spec, "source_checkpoint_sha256": "0" * 64})
+    cut = write_patched_artifact(tmp_path / "cut-v3.ckpt", source,
+                                 {**spec, "sites": spec["sites"][:2]})
+    with pytest.raises(RetrofitError, match="cut-v3.ckpt: the patch spec does not fit"):
+        load_patched_regressor(cut)
+    versions = write_patched_artifact(tmp_path / "ver-v3.ckpt", source,
+                                      {**spec, "host_versions": {"tabpfn": "1.0"}})
+    with pytest.raises(RetrofitError, match="host package versions is"):
+        load_patched_regressor(versions)
+
+
+def test_a_nan_weight_is_refused_with_the_file_and_tensor(tmp_path):
+    checkpoint = dict(load_checkpoint(resolve_model_path("demo")))
+    state = dict(checkpoint["state_dict"])
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    poisoned = state[name].clone()
+    poisoned.view(-1)[0] = float("nan")
+    state[name] = poisoned
+    path = save_atomic({**checkpoint, "state_dict": state}, tmp_path / "nan-v3.ckpt")
+    with pytest.raises(RetrofitError, match=f"nan-v3.ckpt: tensor '{name}' holds NaN"):
+        resolve_model_path(str(path))
