@@ -1,4 +1,5 @@
-"""O-mixins for the TabPFN v3 block types (tabpfn 8.0.1–9.2.x, ``architectures/tabpfn_v3.py``).
+"""O-mixins for the TabPFN v3 block types (``architectures/tabpfn_v3.py``; one copy for every
+supported tabpfn release, see :mod:`oretrofit.patches.tabpfn_v3_releases`).
 
 Each mixin is swapped in by :func:`oretrofit._patching.set_site` as ``O<Block>(mixin, Block)``
 and reads its per-site settings with :func:`site_config`; an unpatched site keeps the host's
@@ -159,8 +160,11 @@ class OICLBlock:
     sources: rows ``< single_eval_pos``), softmax scaling on the presence mass."""
 
     def forward(self, x_BRE: Tensor, single_eval_pos: int,
-                save_peak_memory_factor: int | None = None, *, cached_kv: object | None = None, return_kv: bool = False
-                ) -> tuple[Tensor, object | None]:
+                save_peak_memory_factor: int | None = None, *, cached_kv: object | None = None,
+                return_kv: bool = False, **backend: object) -> tuple[Tensor, object | None]:
+        """``backend``: what the release passes besides (8.0.1: ``attention_backend``), handed
+        unchanged to the unpatched attention, so a site left unpatched keeps the caller's
+        backend; the O path runs :func:`oretrofit._attention.o_attention`."""
         attn_cfg, ffn_cfg = site_config(self, "attn"), site_config(self, "ffn")
         kv_entry = None
         if attn_cfg is not None:
@@ -172,12 +176,13 @@ class OICLBlock:
                 single_eval_pos=single_eval_pos)
         elif cached_kv is not None or return_kv:
             attn_out, kv_entry = self.icl_attention(self.layernorm(x_BRE), single_eval_pos,
-                                                    cached_kv=cached_kv, return_kv=return_kv)
+                                                    cached_kv=cached_kv, return_kv=return_kv,
+                                                    **backend)
             x_BRE = x_BRE + attn_out
         else:
             x_BRE = chunked_evaluate_maybe_inplace(
                 lambda x, single_eval_pos=None: self.icl_attention(self.layernorm(x),
-                                                                   single_eval_pos)[0],
+                                                                   single_eval_pos, **backend)[0],
                 x_BRE, save_peak_memory_factor, residual=True, batch_dims=1,
                 single_eval_pos=single_eval_pos)
         x_BRE = chunked_evaluate_maybe_inplace(

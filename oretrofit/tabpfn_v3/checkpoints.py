@@ -24,6 +24,7 @@ import torch
 
 from .._provenance import sha256_file
 from .._registry import RetrofitError
+from ..patches import tabpfn_v3_releases as releases
 
 __all__ = ["SIZES", "write_random_checkpoint", "resolve_model_path", "checkpoint_sha256",
            "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic", "check_checkpoint_name",
@@ -72,8 +73,7 @@ def save_atomic(checkpoint: dict[str, Any], path: Path) -> Path:
     try:
         if path.suffix == ".safetensors":
             os.close(fd)
-            from tabpfn.checkpoint import save_as_safetensors
-            save_as_safetensors(checkpoint, tmp)
+            releases.save_safetensors(checkpoint, tmp)
         else:
             buffer = io.BytesIO()
             torch.save(checkpoint, buffer)
@@ -141,7 +141,8 @@ def check_checkpoint_name(path: Path) -> None:
 
 
 def _random_host() -> Path:
-    path = cache_dir() / "tabpfn-v3-random-small-seed0.ckpt"
+    """The cached small random host, one file per tabpfn release (each writes its own config)."""
+    path = cache_dir() / f"tabpfn-v3-random-small-seed0-tabpfn{releases.installed_version()}.ckpt"
     if not path.exists():
         write_random_checkpoint(path, "small", seed=0)
     return path
@@ -262,7 +263,7 @@ def build_model(checkpoint: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
     state = {k: v for k, v in checkpoint["state_dict"].items() if "criterion." not in k}
     model.load_state_dict(state, strict=True)
     model.eval()
-    return model, config, InferenceConfig(**checkpoint["inference_config"])
+    return releases.ensure_config(model, config), config, InferenceConfig(**checkpoint["inference_config"])
 
 
 def weights_label(checkpoint: dict[str, Any]) -> str:

@@ -2,7 +2,7 @@
 
 ``TabPFNRegressor.fit`` rebuilds its model from ``model_path``, so a model patched before fit
 would be silently lost. The patched instance is therefore handed in through tabpfn's in-memory
-model spec (``tabpfn.ModelSpecs``) as ``model_path``; it is built fresh from the checkpoint, so
+model spec (``tabpfn_v3_releases.model_specs``) as ``model_path``; it is built fresh from the checkpoint, so
 no model shared through tabpfn's caches (``TABPFN_MODEL_CACHE_SIZE``) is ever patched.
 """
 
@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .._registry import ARMS, Retrofit, RetrofitError, apply_spec, retrofit
+from ..patches import tabpfn_v3_releases as releases
 from .checkpoints import build_model, load_checkpoint, resolve_model_path
 
 __all__ = ["make_regressor", "regressor_from_checkpoint", "spec_patch"]
@@ -27,14 +28,14 @@ def regressor_from_checkpoint(path: str | os.PathLike[str],
                               inference_precision: torch.dtype | str = torch.float32,
                               **tabpfn_kwargs: Any) -> tuple[Any, Retrofit | None]:
     """Build a fresh model from a validated checkpoint, ``patch`` it, wrap it in a regressor."""
-    from tabpfn import ModelSpecs, TabPFNRegressor
+    from tabpfn import TabPFNRegressor
     model, config, inference_config = build_model(load_checkpoint(path))
     result = patch(model)
     if result is not None and fit_mode == "fit_with_cache":
         from ..patches.tabpfn_v3_blocks import KV_CACHE_REFUSAL
         result.revert()
         raise RetrofitError(KV_CACHE_REFUSAL)
-    specs = ModelSpecs(model=model, architecture_config=config, inference_config=inference_config)
+    specs = releases.model_specs(model, config, inference_config, "regressor")
     regressor = TabPFNRegressor(model_path=specs, device=device, n_estimators=n_estimators,
                                 fit_mode=fit_mode, inference_precision=inference_precision,
                                 random_state=seed, **tabpfn_kwargs)

@@ -9,7 +9,7 @@ from tabpfn.architectures.interface import PerformanceOptions
 
 import oretrofit
 from oretrofit import RetrofitError
-from oretrofit.patches import tabpfn_v3 as host
+from oretrofit.patches import tabpfn_v3_releases as releases
 from oretrofit.tabpfn_v3 import load_checkpoint
 
 FULL_PATH = PerformanceOptions(use_chunkwise_inference=False)
@@ -140,13 +140,15 @@ def test_errors_name_the_fix(fresh_model, monkeypatch):
     with pytest.raises(RetrofitError, match="already retrofitted"):
         oretrofit.retrofit(model, "full-o")
     r.revert()
-    monkeypatch.setattr(host, "_tabpfn_version", lambda: "7.0.0")
-    with pytest.raises(RetrofitError, match=r"supported: tabpfn >=8\.0\.1,<9\.3"):
-        oretrofit.retrofit(model, "oa")
+    for untested in ("7.0.0", "8.0.0", "9.3.0", "9.2.0.dev1"):
+        monkeypatch.setattr(releases, "installed_version", lambda v=untested: v)
+        with pytest.raises(RetrofitError, match=rf"tabpfn {untested} is not supported.*"
+                                                r"8\.0\.1 to 9\.2\.0.*pip install 'tabpfn==9\.2\.0'"):
+            oretrofit.retrofit(model, "oa")
     assert "_oretrofit" not in model.icl_blocks[0].__dict__       # nothing half-patched
     other = type("TabPFNV3p5", (torch.nn.Module,),
                  {"__module__": "tabpfn.architectures.tabpfn_v3_5"})
-    with pytest.raises(RetrofitError, match=r"is not supported: .*TabPFN v3 .*8\.0\.1 to 9\.2"):
+    with pytest.raises(RetrofitError, match=r"is not supported: .*TabPFN v3 .*8\.0\.1 to 9\.2\.0"):
         oretrofit.retrofit(other(), "oa")
 
 
