@@ -175,14 +175,14 @@ class OICLBlock:
                 x_BRE, save_peak_memory_factor, residual=True, batch_dims=1,
                 single_eval_pos=single_eval_pos)
         elif cached_kv is not None or return_kv:
-            attn_out, kv_entry = self.icl_attention(self.layernorm(x_BRE), single_eval_pos,
-                                                    cached_kv=cached_kv, return_kv=return_kv,
-                                                    **backend)
+            attn_out, kv_entry = self.icl_attention(
+                self.layernorm(x_BRE), single_eval_pos=single_eval_pos, cached_kv=cached_kv,
+                return_kv=return_kv, **backend)
             x_BRE = x_BRE + attn_out
         else:
             x_BRE = chunked_evaluate_maybe_inplace(
-                lambda x, single_eval_pos=None: self.icl_attention(self.layernorm(x),
-                                                                   single_eval_pos, **backend)[0],
+                lambda x, single_eval_pos=None: self.icl_attention(
+                    self.layernorm(x), single_eval_pos=single_eval_pos, **backend)[0],
                 x_BRE, save_peak_memory_factor, residual=True, batch_dims=1,
                 single_eval_pos=single_eval_pos)
         x_BRE = chunked_evaluate_maybe_inplace(

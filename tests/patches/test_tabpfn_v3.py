@@ -158,3 +158,19 @@ def test_kv_cache_is_refused_under_o(fresh_model):
     x, y = _data()
     with pytest.raises(RetrofitError, match="fit_with_cache"), torch.no_grad():
         model(x, y, performance_options=FULL_PATH, return_kv_cache=True)
+
+
+def test_unpatched_icl_attention_keeps_the_callers_arguments(fresh_model):
+    """A block whose FFN alone is patched calls the vendor attention exactly as tabpfn does
+    (8.0.1 passes ``attention_backend``; later releases pass nothing extra)."""
+    model = fresh_model()
+    calls: list[dict] = []
+    attention = model.icl_blocks[0].icl_attention
+    forward = attention.forward
+    attention.forward = lambda *a, **k: (calls.append(k), forward(*a, **k))[1]
+    base = _predict(model)
+    vendor_kwargs = dict(calls[0])
+    calls.clear()
+    with oretrofit.retrofitted(model, "full-o", 1e-12, eps=1e-12, targets=["icl.*.ffn"]):
+        assert _rel(_predict(model), base) <= 1e-6
+    assert calls == [vendor_kwargs]
