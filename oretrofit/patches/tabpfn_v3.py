@@ -19,12 +19,15 @@ te.icl                 inject     row token (flattened CLS outputs) of a train r
 icl.k.attn             attention  receivers: all rows; sources: train rows
 icl.k.norm / .ffn      norm / ffn the ICL block's residual stream
 icl.out_norm           norm       row token after the last ICL block (``output_norm``)
+dec                    attention  classifiers only: test rows read the train rows' targets;
+                                  sources gated by the bias-free decoder key ``W_K e_j``
 =====================  =========  ===========================================================
 
 The stage norms ``out_ln`` and ``output_norm`` are gated under ``full-o`` (ONorm, like every
 other norm: an RMSNorm would lift a near-null carrier to unit scale). The regression decoder
-(``output_projection``) is a per-row read-out, not a token boundary, and is left as is; so is
-the classifier's many-class retrieval decoder.
+(``output_projection``) is a per-row read-out, not a token boundary, and is left as is. The
+classifier's many-class decoder is attention over the train rows, so its sources are gated
+(``dec``); its receivers, the test rows being read out, are not.
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ class TabPFNV3Host:
                      _patch(model, o.OTabPFNV3, "te.icl")),
                 *_icl_sites(model.icl_blocks),
                 Site("icl.out_norm", "norm", "row token after the last ICL block (output_norm)",
-                     _norms(model.output_norm))]
+                     _norms(model.output_norm)),
+                *_decoder_sites(getattr(model, "many_class_decoder", None))]
 
 
 def _norms(*modules: nn.Module) -> Callable[[SiteConfig], Undo]:
@@ -157,6 +161,15 @@ def _icl_sites(blocks: nn.ModuleList) -> list[Site]:
                   *_block_sites(f"icl.{k}", block, OICLBlock,
                                 (block.layernorm, block.layernorm_mlp))]
     return sites
+
+
+def _decoder_sites(decoder: nn.Module | None) -> list[Site]:
+    """The classifier's many-class decoder (a regressor has none)."""
+    if decoder is None:
+        return []
+    from .tabpfn_v3_blocks import OManyClassDecoder
+    return [Site("dec", "attention", "receivers: test rows (not gated); sources: train rows' "
+                 "bias-free decoder keys W_K e_j", _patch(decoder, OManyClassDecoder, "attn"))]
 
 
 HOST = register_host(TabPFNV3Host())

@@ -22,6 +22,7 @@ RMSNorm ‖h‖² is nearly constant, so presence is read before the norm):
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from tabpfn.architectures import tabpfn_v3 as v3
 from tabpfn.architectures.shared.chunked_evaluate import chunked_evaluate_maybe_inplace
 from torch import Tensor, nn
@@ -31,8 +32,9 @@ from .._components import o_gate
 from .._patching import SiteConfig, site_config
 from .._presence import presence
 from .._registry import RetrofitError
+from . import tabpfn_v3_releases as releases
 
-__all__ = ["OCrossAttentionBlock", "OColumnBlock", "OICLBlock", "OTabPFNV3",
+__all__ = ["OCrossAttentionBlock", "OColumnBlock", "OICLBlock", "OManyClassDecoder", "OTabPFNV3",
            "KV_CACHE_REFUSAL"]
 
 KV_CACHE_REFUSAL = (
@@ -213,6 +215,36 @@ class OICLBlock:
         else:
             out = _o_attend(q, k, v, p, p_k, config)
         return a.out_projection(out)
+
+
+class OManyClassDecoder:
+    """``ManyClassDecoder`` of a classifier: each test row reads the train rows' one-hot
+    targets by attention, ``P(c | i) = mean_h Σ_j w_ij 1[y_j = c]``. Under O the sources are
+    weighted by the presence of the train row's bias-free decoder key ``W_K e_j`` (zero exactly
+    when the row's embedding is), so a null train row adds no class mass:
+
+        w_ij = p_j e^{s_ij} / (ε + Σ_t p_t e^{s_it});  receivers (test rows) are not gated,
+        the decoder being the read-out (like the regressor's ``output_projection``).
+    """
+
+    def forward(self, train: Tensor, test_embeddings: Tensor, targets: Tensor, *args: object,
+                **kwargs: object) -> Tensor:
+        config = site_config(self, "attn")
+        b, m, _ = test_embeddings.shape
+        if config is None or m == 0:
+            return super().forward(train, test_embeddings, targets, *args, **kwargs)
+        q = self.q_projection(test_embeddings).view(b, m, self.num_heads, self.head_dim)
+        keys = releases.decoder_keys(self, train.to(q.dtype))                # (B, N, H, D)
+        bias = self.k_projection.bias.view(self.num_heads, self.head_dim)
+        p_k = presence((keys - bias).flatten(2), config.tau)                 # (B, N)
+        if self.softmax_scaling_layer is not None:
+            q = _mass_scaled_queries(self.softmax_scaling_layer, q, p_k.sum(-1))
+        one_hot = F.one_hot(targets.long(), self.max_num_classes).to(q.dtype)  # (B, N, T)
+        values = one_hot[:, None].expand(-1, self.num_heads, -1, -1)         # (B, H, N, T)
+        out, _ = o_attention(q.transpose(1, 2), keys.transpose(1, 2), values,
+                             q.new_ones(b, m), p_k, eps=config.eps)          # (B, H, M, T)
+        probabilities = out.mean(1).transpose(0, 1)                          # (M, B, T)
+        return torch.log(torch.clamp(probabilities, min=1e-5) + 3e-5)       # the vendor's logits
 
 
 class OTabPFNV3:

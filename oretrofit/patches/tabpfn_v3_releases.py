@@ -17,6 +17,7 @@ checkpoint writing     no ``tabpfn.checkpoint``: .ckpt only   ``save_as_safetens
 ``load_model``         no ``estimator_type`` (< 8.5.0)        ``estimator_type=``
 ``SoftmaxScalingMLP``  (B, H, S, D) (8.0.1)                   (B, S, H, D); the O path computes
                                                               the scale itself, on (B, S, H, D)
+classifier decoder     takes the train embeddings (< 8.5.0)   takes their projected keys
 =====================  =====================================  ==================================
 
 The gate admits exactly :data:`TESTED_RELEASES`, the rows of ``results/tabpfn-compat.md`` that
@@ -32,12 +33,13 @@ import inspect
 from pathlib import Path
 from typing import Any, Literal
 
-from torch import nn
+from torch import Tensor, nn
 
 from .._registry import RetrofitError
 
 __all__ = ["TESTED_RELEASES", "SUPPORTED_RANGE", "installed_version", "check_release",
-           "model_specs", "load_model_kwargs", "save_safetensors", "ensure_config"]
+           "model_specs", "load_model_kwargs", "save_safetensors", "ensure_config",
+           "decoder_keys"]
 
 TESTED_RELEASES: tuple[str, ...] = (
     "8.0.1", "8.0.2", "8.0.3", "8.0.4", "8.0.5", "8.0.6", "8.0.7", "8.0.8", "8.1.0", "8.2.0",
@@ -119,3 +121,12 @@ def ensure_config(model: nn.Module, config: Any) -> nn.Module:
     if getattr(model, "config", None) is None:
         model.config = config
     return model
+
+
+def decoder_keys(decoder: nn.Module, train: Tensor) -> Tensor:
+    """The many-class decoder's train keys ``(B, N, H, D)`` from what the release hands it:
+    the train embeddings ``(B, N, E)`` before 8.5.0, their projected keys from 8.5.0 on."""
+    if train.dim() == 4:
+        return train
+    keys = decoder.k_projection(train)                                       # (B, N, H·D)
+    return keys.view(*keys.shape[:2], decoder.num_heads, decoder.head_dim)

@@ -1,0 +1,125 @@
+"""make_classifier: a TabPFN v3 classifier checkpoint under every arm, and its decoder site."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import oretrofit
+from oretrofit import RetrofitError
+from oretrofit.tabpfn_v3 import (build_model, load_checkpoint, make_classifier, make_regressor,
+                                 write_random_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def classifier_ckpt(tmp_path_factory: pytest.TempPathFactory):
+    return write_random_checkpoint(tmp_path_factory.mktemp("hosts") / "tabpfn-v3-classifier.ckpt",
+                                   "small", seed=0, task="classifier")
+
+
+@pytest.fixture(scope="session")
+def classes() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """30 train rows of 3 classes, 10 test rows, 4 features."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 4))
+    y = np.digitize(x @ rng.normal(size=4), [-0.5, 0.5])
+    return x[:30], y[:30], x[30:]
+
+
+def _proba(classifier, data) -> np.ndarray:
+    x_train, y_train, x_test = data
+    return classifier.fit(x_train, y_train).predict_proba(x_test)
+
+
+def test_base_is_bit_identical_to_tabpfn(classifier_ckpt, classes):
+    from tabpfn import TabPFNClassifier
+    vendor = TabPFNClassifier(model_path=str(classifier_ckpt), device="cpu", n_estimators=1,
+                              inference_precision=torch.float32, random_state=0)
+    classifier, result = make_classifier(classifier_ckpt, "base")
+    assert result is None
+    np.testing.assert_array_equal(_proba(classifier, classes), _proba(vendor, classes))
+
+
+@pytest.mark.parametrize("arm", ["oa", "full-o"])
+def test_tau_limits_through_the_classifier(classifier_ckpt, classes, arm):
+    precision = {"inference_precision": torch.float64}
+    base = _proba(make_classifier(classifier_ckpt, "base", **precision)[0], classes)
+    near, result = make_classifier(classifier_ckpt, arm, 1e-12, eps=1e-12, **precision)
+    assert "dec" in {row["site"] for row in result.report()}
+    np.testing.assert_allclose(_proba(near, classes), base, rtol=0, atol=1e-6)
+    far, _ = make_classifier(classifier_ckpt, arm, 1.0, **precision)
+    assert np.abs(_proba(far, classes) - base).max() > 1e-3
+
+
+def _decoder_input(decoder: torch.nn.Module, train_emb: torch.Tensor) -> torch.Tensor:
+    """What this tabpfn release hands the decoder: projected keys (8.5.0+) or embeddings."""
+    return decoder.project_keys(train_emb) if hasattr(decoder, "project_keys") else train_emb
+
+
+@torch.no_grad()
+def _icl_probabilities(model, rows: torch.Tensor, targets: torch.Tensor, n: int) -> torch.Tensor:
+    """ICL blocks, output norm and many-class decoder on row tokens ``(1, R, D)`` whose first
+    ``n`` are train rows -> class probabilities of the test rows ``(R - n, T)``."""
+    x = rows.clone()
+    for block in model.icl_blocks:
+        x, _ = block(x, n)
+    x = model.output_norm(x)
+    decoder = model.many_class_decoder
+    logits = decoder(_decoder_input(decoder, x[:, :n]), x[:, n:], targets[None])
+    return torch.softmax(logits[:, 0], -1)
+
+
+@pytest.mark.parametrize("arm", ["oa", "full-o"])
+def test_null_train_row_leaves_the_other_rows_probabilities_unchanged(classifier_ckpt, arm):
+    """A zero row token inserted among the train rows (with any label) changes no test row's
+    probabilities under O (τ = 0.5, so presences are far from 1); unpatched, it does."""
+    model, _, _ = build_model(load_checkpoint(classifier_ckpt))
+    model = model.double()
+    g = torch.Generator().manual_seed(0)
+    n, m, width = 12, 5, model.output_norm.weight.shape[0]
+    rows = torch.randn(1, n + m, width, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 3, (n,), generator=g)
+    null_rows = torch.cat([rows[:, :4], rows.new_zeros(1, 1, width), rows[:, 4:]], dim=1)
+    null_targets = torch.cat([targets[:4], torch.tensor([2]), targets[4:]])
+
+    def shift() -> float:
+        return float((_icl_probabilities(model, null_rows, null_targets, n + 1)
+                      - _icl_probabilities(model, rows, targets, n)).abs().max())
+
+    assert shift() > 1e-4                                        # the law fails unpatched
+    with oretrofit.retrofitted(model, arm, 0.5):
+        assert shift() <= 1e-12
+
+
+def test_random_classifier_host(classes):
+    classifier, result = make_classifier("random", "full-o")
+    assert type(result.model.many_class_decoder).__name__ == "OManyClassDecoder"
+    proba = _proba(classifier, classes)
+    assert proba.shape == (10, 3) and np.allclose(proba.sum(1), 1, atol=1e-6)
+
+
+def test_patch_verb_takes_a_classifier_checkpoint(classifier_ckpt):
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from oretrofit.cli import patch as patch_verb
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    patch_verb.register(app)
+    result = CliRunner().invoke(app, ["patch", "--model-path", str(classifier_ckpt), "--arm",
+                                      "oa", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["task"] == "classifier" and summary["sites"][-1]["site"] == "dec"
+
+
+def test_tasks_are_not_mixed_up(classifier_ckpt, small_ckpt):
+    with pytest.raises(RetrofitError, match="classifier checkpoint, not a regressor; use "
+                                            "make_classifier"):
+        make_regressor(classifier_ckpt, "oa")
+    with pytest.raises(RetrofitError, match="regressor checkpoint, not a classifier; use "
+                                            "make_regressor"):
+        make_classifier(small_ckpt, "oa")
