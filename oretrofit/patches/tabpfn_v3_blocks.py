@@ -21,6 +21,8 @@ RMSNorm ‖h‖² is nearly constant, so presence is read before the norm):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from tabpfn.architectures import tabpfn_v3 as v3
@@ -35,12 +37,12 @@ from .._registry import RetrofitError
 from . import tabpfn_v3_releases as releases
 
 __all__ = ["OCrossAttentionBlock", "OColumnBlock", "OICLBlock", "OManyClassDecoder", "OTabPFNV3",
-           "KV_CACHE_REFUSAL"]
+           "QUANTIZED_CACHE_REFUSAL"]
 
-KV_CACHE_REFUSAL = (
-    "the TabPFN v3 KV cache (fit_mode='fit_with_cache') stores only the train rows' keys and "
-    "values, so their presences are gone at predict time and OAttention cannot be evaluated; "
-    "use fit_mode='fit_preprocessors' (or 'low_memory') with the 'oa' and 'full-o' arms")
+QUANTIZED_CACHE_REFUSAL = (
+    "this TabPFN v3 KV cache is quantized; the train rows' presences travel in it and must "
+    "keep their precision under 'oa'/'full-o': pass kv_cache_precision='auto' (tabpfn 8.2.0+), "
+    "or use fit_mode='fit_preprocessors' (tabpfn 8.0.2 to 8.1.x always quantize the cache)")
 _ICL_CARRIER = "_oretrofit_icl_carrier"      # stage-2 output kept for the te.icl gate
 
 
@@ -169,11 +171,16 @@ class OICLBlock:
         backend; the O path runs :func:`oretrofit._attention.o_attention`."""
         attn_cfg, ffn_cfg = site_config(self, "attn"), site_config(self, "ffn")
         kv_entry = None
-        if attn_cfg is not None:
-            if cached_kv is not None or return_kv:
-                raise RetrofitError(KV_CACHE_REFUSAL)
+        if attn_cfg is not None and cached_kv is not None:
+            x_BRE = x_BRE + self._o_icl_cached(x_BRE, cached_kv, attn_cfg)
+        elif attn_cfg is not None and return_kv:
+            attn_out, k, v, p_k = self._o_icl_attention(x_BRE, single_eval_pos, attn_cfg)
+            x_BRE = x_BRE + attn_out
+            kv_entry = self._o_kv_entry(k, v, p_k)
+        elif attn_cfg is not None:
             x_BRE = chunked_evaluate_maybe_inplace(
-                lambda x, single_eval_pos=None: self._o_icl_attention(x, single_eval_pos, attn_cfg),
+                lambda x, single_eval_pos=None: self._o_icl_attention(
+                    x, single_eval_pos, attn_cfg)[0],
                 x_BRE, save_peak_memory_factor, residual=True, batch_dims=1,
                 single_eval_pos=single_eval_pos)
         elif cached_kv is not None or return_kv:
@@ -192,8 +199,9 @@ class OICLBlock:
             save_peak_memory_factor, residual=True, batch_dims=2)
         return x_BRE, kv_entry
 
-    def _o_icl_attention(self, x_BRE: Tensor, single_eval_pos: int | None,
-                         config: SiteConfig) -> Tensor:
+    def _o_icl_attention(self, x_BRE: Tensor, single_eval_pos: int | None, config: SiteConfig
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """OAttention of all rows over the train rows -> (out, k, v, p_k) of the train rows."""
         a = self.icl_attention
         b, r, _ = x_BRE.shape
         n = r if single_eval_pos is None else single_eval_pos
@@ -214,7 +222,39 @@ class OICLBlock:
                           config)], dim=1)
         else:
             out = _o_attend(q, k, v, p, p_k, config)
-        return a.out_projection(out)
+        return a.out_projection(out), k, v, p_k
+
+    def _o_kv_entry(self, k_BNHD: Tensor, v_BNHD: Tensor, p_BN: Tensor) -> object:
+        """The release's KV cache entry for the test rows, with the train rows' presences as
+        one extra key channel ``(B, N, H, D + 1)``, so they travel wherever tabpfn moves,
+        concatenates or casts the cache."""
+        heads = self.icl_attention.num_kv_heads_test or k_BNHD.shape[2]
+        k, v = k_BNHD[:, :, :heads], v_BNHD[:, :, :heads]
+        channel = p_BN.to(k.dtype)[:, :, None, None].expand(-1, -1, heads, 1)
+        return releases.kv_cache_entry(torch.cat([k, channel], -1).detach(),
+                                       v.contiguous().detach())
+
+    def _o_icl_cached(self, x_BRE: Tensor, cached_kv: object, config: SiteConfig) -> Tensor:
+        """Test rows (all of ``x``) over the cached train rows: OAttention with the presences
+        read back from the cache's extra key channel."""
+        a = self.icl_attention
+        key, value = getattr(cached_kv, "key", None), getattr(cached_kv, "value", None)
+        if not (isinstance(key, Tensor) and key.is_floating_point()
+                and isinstance(value, Tensor) and value.is_floating_point()):
+            raise RetrofitError(QUANTIZED_CACHE_REFUSAL)
+        if key.shape[-1] != a.head_dim + 1:
+            raise RetrofitError(
+                "this TabPFN v3 KV cache was built without the train rows' presences (fitted "
+                "before the retrofit, or on another model); fit again after retrofitting")
+        b, r, _ = x_BRE.shape
+        p_q = presence(x_BRE, config.tau)                                    # (B, R)
+        h = self.layernorm(x_BRE)
+        q = a.q_projection(h).view(b, r, a.num_heads, a.head_dim)
+        p_k = key[:, :, 0, -1].to(q.dtype)                                   # (B, N)
+        if a.softmax_scaling_layer is not None:
+            q = _mass_scaled_queries(a.softmax_scaling_layer, q, p_k.sum(-1))
+        k, v = key[..., :-1].to(q.dtype), value.to(q.dtype)
+        return a.out_projection(_o_attend(q, k, v, p_q, p_k, config))
 
 
 class OManyClassDecoder:
@@ -257,6 +297,7 @@ class OTabPFNV3:
     embedding is gated in ``_embed_icl_y``, and dropped when ``forward`` returns.
     """
 
+    @functools.wraps(v3.TabPFNV3.forward)     # tabpfn reads the signature (return_kv_cache)
     def forward(self, *args: object, **kwargs: object) -> object:
         try:
             return super().forward(*args, **kwargs)

@@ -18,6 +18,9 @@ checkpoint writing     no ``tabpfn.checkpoint``: .ckpt only   ``save_as_safetens
 ``SoftmaxScalingMLP``  (B, H, S, D) (8.0.1)                   (B, S, H, D); the O path computes
                                                               the scale itself, on (B, S, H, D)
 classifier decoder     takes the train embeddings (< 8.5.0)   takes their projected keys
+KV cache quantization  none (8.0.1); always int8              the estimator's
+                       (8.0.2–8.1.x)                          ``kv_cache_precision``
+                                                              (8.2.0+; "auto" keeps the dtype)
 =====================  =====================================  ==================================
 
 The gate admits exactly :data:`TESTED_RELEASES`, the rows of ``results/tabpfn-compat.md`` that
@@ -39,7 +42,7 @@ from .._registry import RetrofitError
 
 __all__ = ["TESTED_RELEASES", "SUPPORTED_RANGE", "installed_version", "check_release",
            "model_specs", "load_model_kwargs", "save_safetensors", "ensure_config",
-           "decoder_keys"]
+           "decoder_keys", "kv_cache_entry", "always_quantizes_cache", "cache_options"]
 
 TESTED_RELEASES: tuple[str, ...] = (
     "8.0.1", "8.0.2", "8.0.3", "8.0.4", "8.0.5", "8.0.6", "8.0.7", "8.0.8", "8.1.0", "8.2.0",
@@ -130,3 +133,32 @@ def decoder_keys(decoder: nn.Module, train: Tensor) -> Tensor:
         return train
     keys = decoder.k_projection(train)                                       # (B, N, H·D)
     return keys.view(*keys.shape[:2], decoder.num_heads, decoder.head_dim)
+
+
+def kv_cache_entry(key: Tensor, value: Tensor) -> Any:
+    """The release's ``KVCacheEntry(key, value)``."""
+    from tabpfn.architectures.kv_cache import KVCacheEntry
+    return KVCacheEntry(key=key, value=value)
+
+
+def always_quantizes_cache(estimator: type) -> bool:
+    """Whether this release quantizes every v3 KV cache with no option to keep its dtype
+    (tabpfn 8.0.2–8.1.x: quantized entries exist, ``kv_cache_precision`` does not)."""
+    from tabpfn.architectures import kv_cache
+    return (hasattr(kv_cache, "QuantizedKVCacheEntry")
+            and "kv_cache_precision" not in inspect.signature(estimator.__init__).parameters)
+
+
+def cache_options(estimator: type, options: dict[str, Any]) -> dict[str, Any]:
+    """Estimator options for ``fit_mode='fit_with_cache'`` under O: the cache must keep its
+    dtype (the train rows' presences travel in it). ``kv_cache_precision`` defaults to "auto"
+    where the estimator has it (8.2.0+); a quantized choice, or a release that always
+    quantizes (8.0.2–8.1.x), is refused."""
+    from .tabpfn_v3_blocks import QUANTIZED_CACHE_REFUSAL
+    if always_quantizes_cache(estimator):
+        raise RetrofitError(f"tabpfn {installed_version()}: {QUANTIZED_CACHE_REFUSAL}")
+    if "kv_cache_precision" not in inspect.signature(estimator.__init__).parameters:
+        return options                                    # 8.0.1: no quantization at all
+    if options.get("kv_cache_precision", "auto") not in ("auto", None):
+        raise RetrofitError(QUANTIZED_CACHE_REFUSAL)
+    return {**options, "kv_cache_precision": "auto"}

@@ -40,13 +40,15 @@ def estimator_from_checkpoint(path: str | os.PathLike[str],
         raise RetrofitError(f"{path} is a TabPFN v3 {checkpoint_task(checkpoint)} checkpoint, "
                             f"not a {task}; use {maker} for it, or pass a {task} checkpoint "
                             f"(--model-path random gives a random {task})")
+    estimator = TabPFNClassifier if task == "classifier" else TabPFNRegressor
     model, config, inference_config = build_model(checkpoint)
     result = patch(model)
     if result is not None and fit_mode == "fit_with_cache":
-        from ..patches.tabpfn_v3_blocks import KV_CACHE_REFUSAL
-        result.revert()
-        raise RetrofitError(KV_CACHE_REFUSAL)
-    estimator = TabPFNClassifier if task == "classifier" else TabPFNRegressor
+        try:
+            tabpfn_kwargs = releases.cache_options(estimator, tabpfn_kwargs)
+        except RetrofitError:
+            result.revert()
+            raise
     specs = releases.model_specs(model, config, inference_config, task)
     return estimator(model_path=specs, device=device, n_estimators=n_estimators,
                      fit_mode=fit_mode, inference_precision=inference_precision,
@@ -89,8 +91,9 @@ def make_regressor(model_path: str | os.PathLike[str] | None, arm: str = "base",
         tau, eps, site_tau: presence scale, OAttention ε and per-site τ (see
             :func:`oretrofit.retrofit`).
         seed: the regressor's ``random_state``.
-        fit_mode: ``fit_with_cache`` is refused under ``oa``/``full-o`` (the KV cache drops the
-            train rows' presences).
+        fit_mode: under ``oa``/``full-o``, ``fit_with_cache`` keeps the train rows' presences
+            in tabpfn's KV cache, which must not be quantized (``kv_cache_precision="auto"`` is
+            set where tabpfn has it; releases that always quantize are refused).
         inference_precision: pinned (fp32 by default) so arms compare like for like.
     Returns:
         ``(regressor, retrofit)``; ``retrofit.model`` is the instance fit/predict use.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from tabpfn.architectures import tabpfn_v3 as v3
@@ -91,6 +93,14 @@ def test_revert_is_bit_identical_and_clean(fresh_model):
         r.revert()
 
 
+def test_patched_forward_keeps_the_vendor_signature(fresh_model):
+    """tabpfn picks its KV-cache engine from ``forward``'s parameters (return_kv_cache)."""
+    model = fresh_model()
+    vendor = inspect.signature(model.forward)
+    oretrofit.retrofit(model, "full-o", 1e-8)
+    assert type(model).__name__ == "OTabPFNV3" and inspect.signature(model.forward) == vendor
+
+
 def test_chunked_paths_agree(fresh_model):
     """Row chunking (inducing hiddens from column chunks) and memory-saving chunking give the
     unchunked result under full-o, and under base."""
@@ -150,14 +160,6 @@ def test_errors_name_the_fix(fresh_model, monkeypatch):
                  {"__module__": "tabpfn.architectures.tabpfn_v3_5"})
     with pytest.raises(RetrofitError, match=r"is not supported: .*TabPFN v3 .*8\.0\.1 to 9\.2\.0"):
         oretrofit.retrofit(other(), "oa")
-
-
-def test_kv_cache_is_refused_under_o(fresh_model):
-    model = fresh_model()
-    oretrofit.retrofit(model, "oa")
-    x, y = _data()
-    with pytest.raises(RetrofitError, match="fit_with_cache"), torch.no_grad():
-        model(x, y, performance_options=FULL_PATH, return_kv_cache=True)
 
 
 def test_unpatched_icl_attention_keeps_the_callers_arguments(fresh_model):

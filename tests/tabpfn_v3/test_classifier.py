@@ -8,6 +8,7 @@ import torch
 
 import oretrofit
 from oretrofit import RetrofitError
+from oretrofit.patches import tabpfn_v3_releases as releases
 from oretrofit.tabpfn_v3 import (build_model, load_checkpoint, make_classifier, make_regressor,
                                  write_random_checkpoint)
 
@@ -50,6 +51,19 @@ def test_tau_limits_through_the_classifier(classifier_ckpt, classes, arm):
     np.testing.assert_allclose(_proba(near, classes), base, rtol=0, atol=1e-6)
     far, _ = make_classifier(classifier_ckpt, arm, 1.0, **precision)
     assert np.abs(_proba(far, classes) - base).max() > 1e-3
+
+
+def test_fit_with_cache_equals_fit_preprocessors(classifier_ckpt, classes):
+    """The cached decoder keys carry the train rows' presences too (fp64, τ = 0.5)."""
+    from tabpfn import TabPFNClassifier
+    if releases.always_quantizes_cache(TabPFNClassifier):
+        with pytest.raises(RetrofitError, match="always quantize"):
+            make_classifier(classifier_ckpt, "full-o", 0.5, fit_mode="fit_with_cache")
+        return
+    fp64 = {"inference_precision": torch.float64}
+    uncached = _proba(make_classifier(classifier_ckpt, "full-o", 0.5, **fp64)[0], classes)
+    cached, _ = make_classifier(classifier_ckpt, "full-o", 0.5, fit_mode="fit_with_cache", **fp64)
+    np.testing.assert_allclose(_proba(cached, classes), uncached, rtol=1e-5, atol=0)
 
 
 def _decoder_input(decoder: torch.nn.Module, train_emb: torch.Tensor) -> torch.Tensor:
