@@ -95,7 +95,7 @@ def run_release(venv: Path, release: str) -> dict:
         diabetes = json.loads(checked.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         diabetes = {"error": (checked.stderr.strip().splitlines() or ["no output"])[-1]}
-    demo = _run([python, "-m", "oretrofit.cli.app", "patch", "--model-path", "demo", "--arm",
+    demo = _run([str(venv / "bin" / "oretrofit"), "patch", "--model-path", "demo", "--arm",
                  "full-o", "--tau", str(TAU), "--json"])
     traceback = "Traceback" in demo.stderr
     demo_outcome = ("runs" if demo.returncode == 0 else "traceback" if traceback else
