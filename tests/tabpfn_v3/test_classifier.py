@@ -9,48 +9,12 @@ import torch
 import oretrofit
 from oretrofit import RetrofitError
 from oretrofit.patches import tabpfn_v3_releases as releases
-from oretrofit.tabpfn_v3 import (build_model, load_checkpoint, make_classifier, make_regressor,
-                                 write_random_checkpoint)
-
-
-@pytest.fixture(scope="session")
-def classifier_ckpt(tmp_path_factory: pytest.TempPathFactory):
-    return write_random_checkpoint(tmp_path_factory.mktemp("hosts") / "tabpfn-v3-classifier.ckpt",
-                                   "small", seed=0, task="classifier")
-
-
-@pytest.fixture(scope="session")
-def classes() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """30 train rows of 3 classes, 10 test rows, 4 features."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(40, 4))
-    y = np.digitize(x @ rng.normal(size=4), [-0.5, 0.5])
-    return x[:30], y[:30], x[30:]
+from oretrofit.tabpfn_v3 import build_model, load_checkpoint, make_classifier, make_regressor
 
 
 def _proba(classifier, data) -> np.ndarray:
     x_train, y_train, x_test = data
     return classifier.fit(x_train, y_train).predict_proba(x_test)
-
-
-def test_base_is_bit_identical_to_tabpfn(classifier_ckpt, classes):
-    from tabpfn import TabPFNClassifier
-    vendor = TabPFNClassifier(model_path=str(classifier_ckpt), device="cpu", n_estimators=1,
-                              inference_precision=torch.float32, random_state=0)
-    classifier, result = make_classifier(classifier_ckpt, "base")
-    assert result is None
-    np.testing.assert_array_equal(_proba(classifier, classes), _proba(vendor, classes))
-
-
-@pytest.mark.parametrize("arm", ["oa", "full-o"])
-def test_tau_limits_through_the_classifier(classifier_ckpt, classes, arm):
-    precision = {"inference_precision": torch.float64}
-    base = _proba(make_classifier(classifier_ckpt, "base", **precision)[0], classes)
-    near, result = make_classifier(classifier_ckpt, arm, 1e-12, eps=1e-12, **precision)
-    assert "dec" in {row["site"] for row in result.report()}
-    np.testing.assert_allclose(_proba(near, classes), base, rtol=0, atol=1e-6)
-    far, _ = make_classifier(classifier_ckpt, arm, 1.0, **precision)
-    assert np.abs(_proba(far, classes) - base).max() > 1e-3
 
 
 def test_fit_with_cache_equals_fit_preprocessors(classifier_ckpt, classes):
