@@ -40,14 +40,13 @@ from torch import Tensor, nn
 
 from .._registry import RetrofitError
 
-__all__ = ["TESTED_RELEASES", "SUPPORTED_RANGE", "installed_version", "check_release",
+__all__ = ["TESTED_RELEASES", "installed_version", "check_release",
            "model_specs", "load_model_kwargs", "save_safetensors", "ensure_config",
            "decoder_keys", "kv_cache_entry", "always_quantizes_cache", "cache_options"]
 
 TESTED_RELEASES: tuple[str, ...] = (
     "8.0.1", "8.0.2", "8.0.3", "8.0.4", "8.0.5", "8.0.6", "8.0.7", "8.0.8", "8.1.0", "8.2.0",
     "8.3.0", "8.4.0", "8.5.0", "9.0.0", "9.1.0", "9.2.0")
-SUPPORTED_RANGE = ">=8.0.1,<9.3"          # the pip requirement; the gate is TESTED_RELEASES
 Task = Literal["regressor", "classifier"]
 
 
