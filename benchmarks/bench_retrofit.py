@@ -10,6 +10,9 @@ fp32, one thread, ``fit_mode='fit_preprocessors'``, τ = 1e-8.
 * Predict time: one regressor per arm, fitted once; the arms' ``predict`` calls run in
   interleaved rounds (load from other processes hits all of them alike); the table gives the
   median and its ratio to base's median in the same run.
+* Cached predict time: the same with ``fit_mode='fit_with_cache'`` (tabpfn's KV cache of the
+  train rows; under O it carries their presences), every arm with an unquantized cache
+  (``kv_cache_precision='auto'`` where tabpfn has it), ratio to base's cached median.
 * Peak memory: each arm runs once in a fresh subprocess (Linux). After fit the process resets
   its resident-set high-water mark (``/proc/self/clear_refs``) and reads
   ``VmHWM − VmRSS_before`` over its first ``predict`` (glibc's mmap threshold is fixed at
@@ -38,6 +41,7 @@ import torch
 import oretrofit
 from oretrofit._markdown import pipe_table
 from oretrofit._provenance import environment, write_json_atomic
+from oretrofit.patches import tabpfn_v3_releases as releases
 from oretrofit.tabpfn_v3 import (build_model, checkpoint_sha256, load_checkpoint, make_regressor,
                                  write_random_checkpoint)
 from oretrofit.tabpfn_v3.checkpoints import cache_dir
@@ -50,7 +54,8 @@ N_TRAIN, N_TEST, N_FEATURES = 512, 256, 10
 
 
 def host(size: str) -> Path:
-    path = cache_dir() / f"tabpfn-v3-random-{size}-seed{SEED}.ckpt"
+    path = (cache_dir()
+            / f"tabpfn-v3-random-{size}-seed{SEED}-tabpfn{releases.installed_version()}.ckpt")
     return path if path.exists() else write_random_checkpoint(path, size, SEED)
 
 
@@ -61,9 +66,13 @@ def table_data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:]
 
 
-def fitted(path: Path, arm: str):
+def fitted(path: Path, arm: str, fit_mode: str = "fit_preprocessors"):
+    from tabpfn import TabPFNRegressor
     x_train, y_train, _ = table_data()
-    regressor, _ = make_regressor(path, arm, TAU, seed=SEED, n_estimators=1)
+    options = (releases.cache_options(TabPFNRegressor, {}) if fit_mode == "fit_with_cache"
+               else {})
+    regressor, _ = make_regressor(path, arm, TAU, seed=SEED, n_estimators=1, fit_mode=fit_mode,
+                                  **options)
     return regressor.fit(x_train, y_train)
 
 
@@ -94,8 +103,8 @@ def patch_seconds(path: Path, arm: str, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def predict_seconds(path: Path, rounds: int) -> dict[str, list[float]]:
-    regressors = {arm: fitted(path, arm) for arm in ARMS}
+def predict_seconds(path: Path, rounds: int, fit_mode: str) -> dict[str, list[float]]:
+    regressors = {arm: fitted(path, arm, fit_mode) for arm in ARMS}
     x_test = table_data()[2]
     for regressor in regressors.values():
         regressor.predict(x_test)                               # warm-up
@@ -113,16 +122,19 @@ def markdown(rows: list[dict[str, Any]], size: str) -> str:
              f"test rows, n_estimators=1, fp32, τ={TAU:g}, 1 thread.",
              ""]
     header = ["arm", "sites", "predict s (median)", "time ratio (median)", "time ratio (min)",
-              "target", "peak MB (predict)", "memory ratio", "patch s"]
+              "target", "cached predict s (median)", "cached time ratio", "peak MB (predict)",
+              "memory ratio", "patch s"]
     base_min = min(rows[0]["predict_s"])
     table = [[r["arm"], r["sites"], f"{r['predict_s_median']:.3f}", f"{r['time_ratio']:.3f}×",
               f"{min(r['predict_s']) / base_min:.3f}×",
               f"≤ {TARGET[r['arm']]:.2f}×" if r["arm"] in TARGET else "-",
+              f"{r['cached_predict_s_median']:.3f}", f"{r['cached_time_ratio']:.3f}×",
               f"{r['peak_bytes'] / 2**20:.1f}", f"{r['memory_ratio']:.3f}×",
               "-" if r["arm"] == "base" else f"{r['patch_s']:.3f}"] for r in rows]
     lines.append(pipe_table(header, table, align=["left"] + ["right"] * (len(header) - 1)))
     lines.append(f"\nPatch-time target < {PATCH_TARGET_S} s. Ratios are to base in the same run "
-                 f"({len(rows[0]['predict_s'])} interleaved rounds).")
+                 f"({len(rows[0]['predict_s'])} interleaved rounds); cached: "
+                 "fit_mode='fit_with_cache', unquantized cache, ratio to base's cached median.")
     return "\n".join(lines)
 
 
@@ -155,15 +167,19 @@ def main() -> None:
                                     env=env).stdout.split()[-1])
             for arm in ARMS}
     print(f"peak memory {peak}", file=sys.stderr)
-    times = predict_seconds(path, rounds)
+    times = predict_seconds(path, rounds, "fit_preprocessors")
+    cached = predict_seconds(path, rounds, "fit_with_cache")
     model, _, _ = build_model(load_checkpoint(path))
     rows = []
     for arm in ARMS:
         median = statistics.median(times[arm])
+        cached_median = statistics.median(cached[arm])
         sites = 0 if arm == "base" else len(oretrofit.plan_retrofit(model, arm, TAU).entries)
         rows.append({"arm": arm, "sites": sites, "predict_s": times[arm],
                      "predict_s_median": median,
                      "time_ratio": median / statistics.median(times["base"]),
+                     "cached_predict_s": cached[arm], "cached_predict_s_median": cached_median,
+                     "cached_time_ratio": cached_median / statistics.median(cached["base"]),
                      "peak_bytes": peak[arm], "memory_ratio": peak[arm] / peak["base"],
                      "patch_s": 0.0 if arm == "base" else patch_seconds(path, arm)})
     table = markdown(rows, size)

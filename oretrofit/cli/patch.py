@@ -1,4 +1,5 @@
-"""`oretrofit patch`: retrofit a TabPFN v3 checkpoint, print its sites, write a patched artifact."""
+"""`oretrofit patch`: retrofit a TabPFN v3 checkpoint (regressor or classifier), print its sites,
+write a patched artifact."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _receivers_text(receivers: dict[str, float]) -> str:
 def _print_table(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
-    table = Table(title=f"TabPFN v3 · arm {summary['arm']} · τ={summary['tau']:g} · "
+    table = Table(title=f"TabPFN v3 {summary['task']} · arm {summary['arm']} · τ={summary['tau']:g} · "
                         f"{summary['weights']}")
     for column in ("site", "kind", "τ", "learned receivers: presence"):
         table.add_column(column)
@@ -56,6 +57,7 @@ def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
     from oretrofit._provenance import environment
     from oretrofit.tabpfn_v3 import (build_model, checkpoint_sha256, load_checkpoint,
                                      resolve_model_path, weights_label, write_patched_artifact)
+    from oretrofit.tabpfn_v3.checkpoints import checkpoint_task
 
     path = resolve_model_path(model_path)
     checkpoint = load_checkpoint(path)
@@ -76,7 +78,8 @@ def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
         if out is not None:
             write_patched_artifact(out, path, spec)
     return {"schema_version": SCHEMA_VERSION, "command": "patch", "model_path": str(path),
-            "checkpoint_sha256": sha, "weights": weights_label(checkpoint), "arm": arm,
+            "checkpoint_sha256": sha, "weights": weights_label(checkpoint),
+            "task": checkpoint_task(checkpoint), "arm": arm,
             "tau": tau, "eps": eps, "site_tau": site_tau, "dry_run": dry_run,
             "out": None if dry_run or out is None else str(out), "sites": sites, "spec": spec,
             "environment": environment()}
@@ -90,7 +93,8 @@ def register(app: typer.Typer) -> None:
         arm: str = typer.Option("full-o", "--arm", help="base, oa or full-o"),
         tau: float = typer.Option(1e-8, "--tau", help="presence scale τ > 0"),
         eps: float = typer.Option(1e-6, "--eps", help="OAttention ε > 0"),
-        model_path: str = typer.Option(None, "--model-path", help="TabPFN v3 checkpoint, 'demo' "
+        model_path: str = typer.Option(None, "--model-path", help="TabPFN v3 checkpoint "
+                                       "(regressor or classifier), 'demo' "
                                        "(trained demo host, random weights when not installed) "
                                        "or 'random'; default: tabpfn's download cache"),
         site_tau: list[str] = typer.Option(None, "--site-tau", help="PATTERN=TAU per-site τ "
@@ -104,7 +108,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(None, "--out", help="write the patched artifact (a *v3*.ckpt or "
                                  ".safetensors carrying its patch spec)"),
     ) -> None:
-        """Retrofit a TabPFN v3 host with an arm at τ and list every patched site."""
+        """Retrofit a TabPFN v3 host (regressor or classifier) with an arm at τ and list every
+        patched site."""
         from oretrofit._registry import RetrofitError
         overrides = parse_site_tau(site_tau)
         try:

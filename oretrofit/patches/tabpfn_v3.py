@@ -1,4 +1,5 @@
-"""The TabPFN v3 host: the named sites of a ``TabPFNV3`` model (tabpfn 8.0.1–9.2.x).
+"""The TabPFN v3 host: the named sites of a ``TabPFNV3`` model (tabpfn 8.0.1–9.2.0; what
+differs between those releases is in :mod:`oretrofit.patches.tabpfn_v3_releases`).
 
 Sites, in forward order (``i``/``k`` are block indices; the last column block is ``col.cls``):
 
@@ -18,19 +19,20 @@ te.icl                 inject     row token (flattened CLS outputs) of a train r
 icl.k.attn             attention  receivers: all rows; sources: train rows
 icl.k.norm / .ffn      norm / ffn the ICL block's residual stream
 icl.out_norm           norm       row token after the last ICL block (``output_norm``)
+dec                    attention  classifiers only: test rows read the train rows' targets;
+                                  sources gated by the bias-free decoder key ``W_K e_j``
 =====================  =========  ===========================================================
 
 The stage norms ``out_ln`` and ``output_norm`` are gated under ``full-o`` (ONorm, like every
 other norm: an RMSNorm would lift a near-null carrier to unit scale). The regression decoder
-(``output_projection``) is a per-row read-out, not a token boundary, and is left as is; so is
-the classifier's many-class retrieval decoder.
+(``output_projection``) is a per-row read-out, not a token boundary, and is left as is. The
+classifier's many-class decoder is attention over the train rows, so its sources are gated
+(``dec``); its receivers, the test rows being read out, are not.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata as _md
-import re
 import sys
 from typing import Callable
 
@@ -38,29 +40,13 @@ from torch import nn
 
 from .._patching import SiteConfig, Undo, set_site
 from .._presence import presence
-from .._registry import RetrofitError, Site, register_host
+from .._host import RetrofitError, Site, register_host
+from . import tabpfn_v3_releases as releases
 from .torch_nn import ONormSite, patch_all
 
-__all__ = ["TabPFNV3Host", "SUPPORTED_TABPFN"]
+__all__ = ["TabPFNV3Host"]
 
-SUPPORTED_TABPFN = (">=8.0.1", "<9.3")
 _ARCH_MODULE = "tabpfn.architectures.tabpfn_v3"
-
-
-def _tabpfn_version() -> str | None:
-    try:
-        return _md.version("tabpfn")
-    except _md.PackageNotFoundError:
-        return None
-
-
-def _version_supported(version: str) -> bool:
-    """8.0.1 <= version < 9.3 (release numbers only; pre-release tags are ignored)."""
-    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
-    if match is None:
-        return False
-    release = tuple(int(part or 0) for part in match.groups())
-    return (8, 0, 1) <= release < (9, 3, 0)
 
 
 def _patch(module: nn.Module, mixin: type, key: str) -> Callable[[SiteConfig], Undo]:
@@ -93,16 +79,12 @@ class TabPFNV3Host:
             raise RetrofitError(
                 f"{type(model).__module__}.{type(model).__name__} is not supported: oretrofit "
                 "retrofits TabPFN v3 (tabpfn.architectures.tabpfn_v3.TabPFNV3, checkpoints "
-                "named *v3*, not v2.x or v3.5) with tabpfn 8.0.1 to 9.2.x")
-        version = _tabpfn_version()
-        if version is None or not _version_supported(version):
-            raise RetrofitError(
-                f"tabpfn {version} is not supported by the TabPFN v3 host; supported: tabpfn "
-                f"{','.join(SUPPORTED_TABPFN)} (install 'oretrofit[tabpfn]' or "
-                "pip install 'tabpfn>=8.0.1,<9.3')")
+                f"named *v3*, not v2.x or v3.5) with tabpfn {releases.TESTED_RELEASES[0]} to "
+                f"{releases.TESTED_RELEASES[-1]}")
+        releases.check_release(releases.installed_version())
 
     def version(self) -> dict[str, str]:
-        return {"tabpfn": _tabpfn_version() or "missing", "architecture": "tabpfn_v3"}
+        return {"tabpfn": releases.installed_version() or "missing", "architecture": "tabpfn_v3"}
 
     def sites(self, model: nn.Module) -> list[Site]:
         from . import tabpfn_v3_blocks as o
@@ -114,7 +96,8 @@ class TabPFNV3Host:
                      _patch(model, o.OTabPFNV3, "te.icl")),
                 *_icl_sites(model.icl_blocks),
                 Site("icl.out_norm", "norm", "row token after the last ICL block (output_norm)",
-                     _norms(model.output_norm))]
+                     _norms(model.output_norm)),
+                *_decoder_sites(getattr(model, "many_class_decoder", None))]
 
 
 def _norms(*modules: nn.Module) -> Callable[[SiteConfig], Undo]:
@@ -179,6 +162,15 @@ def _icl_sites(blocks: nn.ModuleList) -> list[Site]:
                   *_block_sites(f"icl.{k}", block, OICLBlock,
                                 (block.layernorm, block.layernorm_mlp))]
     return sites
+
+
+def _decoder_sites(decoder: nn.Module | None) -> list[Site]:
+    """The classifier's many-class decoder (a regressor has none)."""
+    if decoder is None:
+        return []
+    from .tabpfn_v3_blocks import OManyClassDecoder
+    return [Site("dec", "attention", "receivers: test rows (not gated); sources: train rows' "
+                 "bias-free decoder keys W_K e_j", _patch(decoder, OManyClassDecoder, "attn"))]
 
 
 HOST = register_host(TabPFNV3Host())

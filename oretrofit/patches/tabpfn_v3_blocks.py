@@ -1,4 +1,5 @@
-"""O-mixins for the TabPFN v3 block types (tabpfn 8.0.1–9.2.x, ``architectures/tabpfn_v3.py``).
+"""O-mixins for the TabPFN v3 block types (``architectures/tabpfn_v3.py``; one copy for every
+supported tabpfn release, see :mod:`oretrofit.patches.tabpfn_v3_releases`).
 
 Each mixin is swapped in by :func:`oretrofit._patching.set_site` as ``O<Block>(mixin, Block)``
 and reads its per-site settings with :func:`site_config`; an unpatched site keeps the host's
@@ -20,7 +21,10 @@ RMSNorm ‖h‖² is nearly constant, so presence is read before the norm):
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 from tabpfn.architectures import tabpfn_v3 as v3
 from tabpfn.architectures.shared.chunked_evaluate import chunked_evaluate_maybe_inplace
 from torch import Tensor, nn
@@ -29,15 +33,11 @@ from .._attention import o_attention
 from .._components import o_gate
 from .._patching import SiteConfig, site_config
 from .._presence import presence
-from .._registry import RetrofitError
+from .._host import RetrofitError
+from . import tabpfn_v3_releases as releases
 
-__all__ = ["OCrossAttentionBlock", "OColumnBlock", "OICLBlock", "OTabPFNV3",
-           "KV_CACHE_REFUSAL"]
+__all__ = ["OCrossAttentionBlock", "OColumnBlock", "OICLBlock", "OManyClassDecoder", "OTabPFNV3"]
 
-KV_CACHE_REFUSAL = (
-    "the TabPFN v3 KV cache (fit_mode='fit_with_cache') stores only the train rows' keys and "
-    "values, so their presences are gone at predict time and OAttention cannot be evaluated; "
-    "use fit_mode='fit_preprocessors' (or 'low_memory') with the 'oa' and 'full-o' arms")
 _ICL_CARRIER = "_oretrofit_icl_carrier"      # stage-2 output kept for the te.icl gate
 
 
@@ -159,25 +159,34 @@ class OICLBlock:
     sources: rows ``< single_eval_pos``), softmax scaling on the presence mass."""
 
     def forward(self, x_BRE: Tensor, single_eval_pos: int,
-                save_peak_memory_factor: int | None = None, *, cached_kv: object | None = None, return_kv: bool = False
-                ) -> tuple[Tensor, object | None]:
+                save_peak_memory_factor: int | None = None, *, cached_kv: object | None = None,
+                return_kv: bool = False, **backend: object) -> tuple[Tensor, object | None]:
+        """``backend``: what the release passes besides (8.0.1: ``attention_backend``), handed
+        unchanged to the unpatched attention, so a site left unpatched keeps the caller's
+        backend; the O path runs :func:`oretrofit._attention.o_attention`."""
         attn_cfg, ffn_cfg = site_config(self, "attn"), site_config(self, "ffn")
         kv_entry = None
-        if attn_cfg is not None:
-            if cached_kv is not None or return_kv:
-                raise RetrofitError(KV_CACHE_REFUSAL)
+        if attn_cfg is not None and cached_kv is not None:
+            x_BRE = x_BRE + self._o_icl_cached(x_BRE, cached_kv, attn_cfg)
+        elif attn_cfg is not None and return_kv:
+            attn_out, k, v, p_k = self._o_icl_attention(x_BRE, single_eval_pos, attn_cfg)
+            x_BRE = x_BRE + attn_out
+            kv_entry = self._o_kv_entry(k, v, p_k)
+        elif attn_cfg is not None:
             x_BRE = chunked_evaluate_maybe_inplace(
-                lambda x, single_eval_pos=None: self._o_icl_attention(x, single_eval_pos, attn_cfg),
+                lambda x, single_eval_pos=None: self._o_icl_attention(
+                    x, single_eval_pos, attn_cfg)[0],
                 x_BRE, save_peak_memory_factor, residual=True, batch_dims=1,
                 single_eval_pos=single_eval_pos)
         elif cached_kv is not None or return_kv:
-            attn_out, kv_entry = self.icl_attention(self.layernorm(x_BRE), single_eval_pos,
-                                                    cached_kv=cached_kv, return_kv=return_kv)
+            attn_out, kv_entry = self.icl_attention(
+                self.layernorm(x_BRE), single_eval_pos=single_eval_pos, cached_kv=cached_kv,
+                return_kv=return_kv, **backend)
             x_BRE = x_BRE + attn_out
         else:
             x_BRE = chunked_evaluate_maybe_inplace(
-                lambda x, single_eval_pos=None: self.icl_attention(self.layernorm(x),
-                                                                   single_eval_pos)[0],
+                lambda x, single_eval_pos=None: self.icl_attention(
+                    self.layernorm(x), single_eval_pos=single_eval_pos, **backend)[0],
                 x_BRE, save_peak_memory_factor, residual=True, batch_dims=1,
                 single_eval_pos=single_eval_pos)
         x_BRE = chunked_evaluate_maybe_inplace(
@@ -185,8 +194,9 @@ class OICLBlock:
             save_peak_memory_factor, residual=True, batch_dims=2)
         return x_BRE, kv_entry
 
-    def _o_icl_attention(self, x_BRE: Tensor, single_eval_pos: int | None,
-                         config: SiteConfig) -> Tensor:
+    def _o_icl_attention(self, x_BRE: Tensor, single_eval_pos: int | None, config: SiteConfig
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """OAttention of all rows over the train rows -> (out, k, v, p_k) of the train rows."""
         a = self.icl_attention
         b, r, _ = x_BRE.shape
         n = r if single_eval_pos is None else single_eval_pos
@@ -207,7 +217,69 @@ class OICLBlock:
                           config)], dim=1)
         else:
             out = _o_attend(q, k, v, p, p_k, config)
-        return a.out_projection(out)
+        return a.out_projection(out), k, v, p_k
+
+    def _o_kv_entry(self, k_BNHD: Tensor, v_BNHD: Tensor, p_BN: Tensor) -> object:
+        """The release's KV cache entry for the test rows, with the train rows' presences as
+        one extra key channel ``(B, N, H, D + 1)``, so they travel wherever tabpfn moves,
+        concatenates or casts the cache."""
+        heads = self.icl_attention.num_kv_heads_test or k_BNHD.shape[2]
+        k, v = k_BNHD[:, :, :heads], v_BNHD[:, :, :heads]
+        channel = p_BN.to(k.dtype)[:, :, None, None].expand(-1, -1, heads, 1)
+        return releases.kv_cache_entry(torch.cat([k, channel], -1).detach(),
+                                       v.contiguous().detach())
+
+    def _o_icl_cached(self, x_BRE: Tensor, cached_kv: object, config: SiteConfig) -> Tensor:
+        """Test rows (all of ``x``) over the cached train rows: OAttention with the presences
+        read back from the cache's extra key channel."""
+        a = self.icl_attention
+        key, value = getattr(cached_kv, "key", None), getattr(cached_kv, "value", None)
+        if not (isinstance(key, Tensor) and key.is_floating_point()
+                and isinstance(value, Tensor) and value.is_floating_point()):
+            raise RetrofitError(releases.QUANTIZED_CACHE_REFUSAL)
+        if key.shape[-1] != a.head_dim + 1:
+            raise RetrofitError(
+                "this TabPFN v3 KV cache was built without the train rows' presences (fitted "
+                "before the retrofit, or on another model); fit again after retrofitting")
+        b, r, _ = x_BRE.shape
+        p_q = presence(x_BRE, config.tau)                                    # (B, R)
+        h = self.layernorm(x_BRE)
+        q = a.q_projection(h).view(b, r, a.num_heads, a.head_dim)
+        p_k = key[:, :, 0, -1].to(q.dtype)                                   # (B, N)
+        if a.softmax_scaling_layer is not None:
+            q = _mass_scaled_queries(a.softmax_scaling_layer, q, p_k.sum(-1))
+        k, v = key[..., :-1].to(q.dtype), value.to(q.dtype)
+        return a.out_projection(_o_attend(q, k, v, p_q, p_k, config))
+
+
+class OManyClassDecoder:
+    """``ManyClassDecoder`` of a classifier: each test row reads the train rows' one-hot
+    targets by attention, ``P(c | i) = mean_h Σ_j w_ij 1[y_j = c]``. Under O the sources are
+    weighted by the presence of the train row's bias-free decoder key ``W_K e_j`` (zero exactly
+    when the row's embedding is), so a null train row adds no class mass:
+
+        w_ij = p_j e^{s_ij} / (ε + Σ_t p_t e^{s_it});  receivers (test rows) are not gated,
+        the decoder being the read-out (like the regressor's ``output_projection``).
+    """
+
+    def forward(self, train: Tensor, test_embeddings: Tensor, targets: Tensor, *args: object,
+                **kwargs: object) -> Tensor:
+        config = site_config(self, "attn")
+        b, m, _ = test_embeddings.shape
+        if config is None or m == 0:
+            return super().forward(train, test_embeddings, targets, *args, **kwargs)
+        q = self.q_projection(test_embeddings).view(b, m, self.num_heads, self.head_dim)
+        keys = releases.decoder_keys(self, train.to(q.dtype))                # (B, N, H, D)
+        bias = self.k_projection.bias.view(self.num_heads, self.head_dim)
+        p_k = presence((keys - bias).flatten(2), config.tau)                 # (B, N)
+        if self.softmax_scaling_layer is not None:
+            q = _mass_scaled_queries(self.softmax_scaling_layer, q, p_k.sum(-1))
+        one_hot = F.one_hot(targets.long(), self.max_num_classes).to(q.dtype)  # (B, N, T)
+        values = one_hot[:, None].expand(-1, self.num_heads, -1, -1)         # (B, H, N, T)
+        out, _ = o_attention(q.transpose(1, 2), keys.transpose(1, 2), values,
+                             q.new_ones(b, m), p_k, eps=config.eps)          # (B, H, M, T)
+        probabilities = out.mean(1).transpose(0, 1)                          # (M, B, T)
+        return torch.log(torch.clamp(probabilities, min=1e-5) + 3e-5)       # the vendor's logits
 
 
 class OTabPFNV3:
@@ -220,6 +292,7 @@ class OTabPFNV3:
     embedding is gated in ``_embed_icl_y``, and dropped when ``forward`` returns.
     """
 
+    @functools.wraps(v3.TabPFNV3.forward)     # tabpfn reads the signature (return_kv_cache)
     def forward(self, *args: object, **kwargs: object) -> object:
         try:
             return super().forward(*args, **kwargs)

@@ -24,10 +24,12 @@ import torch
 
 from .._provenance import sha256_file
 from .._registry import RetrofitError
+from ..patches import tabpfn_v3_releases as releases
 
 __all__ = ["SIZES", "write_random_checkpoint", "resolve_model_path", "checkpoint_sha256",
            "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic", "check_checkpoint_name",
-           "default_inference_config", "DEMO_CHECKPOINT", "DEFAULT_CHECKPOINT_NAME"]
+           "default_inference_config", "checkpoint_task", "DEMO_CHECKPOINT", "DEFAULT_CHECKPOINT_NAME",
+           "DEFAULT_CHECKPOINT_NAMES", "RANDOM_CLASSIFIER_CLASSES"]
 
 # "default" is the vendor's v3 architecture (58.3M parameters with 5000 buckets); "small" a
 # ~1.6M-parameter version of it for tests, the random host and the demo.
@@ -40,6 +42,10 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 DEMO_CHECKPOINT = Path(__file__).resolve().parent.parent / "data" / "tabpfn-v3-demo.ckpt"
 DEFAULT_CHECKPOINT_NAME = "tabpfn-v3-regressor-v3_default.ckpt"
+DEFAULT_CHECKPOINT_NAMES = {"regressor": DEFAULT_CHECKPOINT_NAME,
+                            "classifier": "tabpfn-v3-classifier-v3_default.ckpt"}
+# A random classifier host reads out up to this many classes (the vendor's v3 default).
+RANDOM_CLASSIFIER_CLASSES = 10
 _REQUIRED_KEYS = ("state_dict", "config", "architecture_name", "inference_config")
 # Weights the vendor initialises to zero (out-projections, MLP outputs, the scaling MLPs'
 # query modulation): a fresh host would be near the identity and hide bugs.
@@ -72,8 +78,7 @@ def save_atomic(checkpoint: dict[str, Any], path: Path) -> Path:
     try:
         if path.suffix == ".safetensors":
             os.close(fd)
-            from tabpfn.checkpoint import save_as_safetensors
-            save_as_safetensors(checkpoint, tmp)
+            releases.save_safetensors(checkpoint, tmp)
         else:
             buffer = io.BytesIO()
             torch.save(checkpoint, buffer)
@@ -87,16 +92,23 @@ def save_atomic(checkpoint: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def default_inference_config() -> dict[str, Any]:
-    """tabpfn's v2.5 regression inference config as a dict (what v3 checkpoints carry)."""
+def default_inference_config(task: str = "regressor") -> dict[str, Any]:
+    """tabpfn's v2.5 inference config of ``task`` as a dict (what v3 checkpoints carry)."""
     from tabpfn.constants import ModelVersion
     from tabpfn.inference_config import InferenceConfig
-    return asdict(InferenceConfig.get_default("regression", ModelVersion.V2_5))
+    task_type = "multiclass" if task == "classifier" else "regression"
+    return asdict(InferenceConfig.get_default(task_type, ModelVersion.V2_5))
 
 
-def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", seed: int = 0
-                            ) -> Path:
-    """Write a random-init TabPFN v3 regressor checkpoint in tabpfn's format.
+def checkpoint_task(checkpoint: dict[str, Any]) -> str:
+    """``"classifier"`` when the architecture reads out classes (``max_num_classes >= 2``)."""
+    return "classifier" if checkpoint["config"].get("max_num_classes", -1) >= 2 else "regressor"
+
+
+def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", seed: int = 0,
+                            task: str = "regressor") -> Path:
+    """Write a random-init TabPFN v3 ``task`` (regressor or classifier) checkpoint in tabpfn's
+    format; a classifier reads out :data:`RANDOM_CLASSIFIER_CLASSES` classes.
 
     The zero-initialised weights (out-projections, MLP outputs, query modulation) are redrawn
     from N(0, 1/fan_in) (query modulation N(0, 0.02²)) so the host is far from the identity.
@@ -105,9 +117,12 @@ def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", s
     from tabpfn.architectures import tabpfn_v3 as v3
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    if task not in DEFAULT_CHECKPOINT_NAMES:
+        raise ValueError(f"task must be regressor or classifier, got {task!r}")
     path = Path(path)
     check_checkpoint_name(path)
-    config, _ = v3.parse_config(dict(SIZES[size]))
+    classes = {"max_num_classes": RANDOM_CLASSIFIER_CLASSES} if task == "classifier" else {}
+    config, _ = v3.parse_config({**SIZES[size], **classes})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = v3.get_architecture(config)
@@ -120,7 +135,7 @@ def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", s
         "state_dict": model.state_dict(),
         "config": asdict(config),
         "architecture_name": "tabpfn_v3",
-        "inference_config": default_inference_config(),
+        "inference_config": default_inference_config(task),
         "oretrofit": {"weights": "random", "size": size, "seed": int(seed)},
     }
     return save_atomic(checkpoint, path)
@@ -140,18 +155,23 @@ def check_checkpoint_name(path: Path) -> None:
                             "rename the file")
 
 
-def _random_host() -> Path:
-    path = cache_dir() / "tabpfn-v3-random-small-seed0.ckpt"
+def _random_host(task: str) -> Path:
+    """The cached small random host, one file per task and tabpfn release (each release writes
+    its own inference config)."""
+    kind = "" if task == "regressor" else f"{task}-"
+    path = (cache_dir()
+            / f"tabpfn-v3-random-{kind}small-seed0-tabpfn{releases.installed_version()}.ckpt")
     if not path.exists():
-        write_random_checkpoint(path, "small", seed=0)
+        write_random_checkpoint(path, "small", seed=0, task=task)
     return path
 
 
-def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:
-    """A validated TabPFN v3 checkpoint path.
+def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "regressor"
+                       ) -> Path:
+    """A validated TabPFN v3 checkpoint path (``task``: regressor or classifier).
 
-    * ``"random"``: a deterministic small random-init host (random weights), cached under
-      :func:`cache_dir`.
+    * ``"random"``: a deterministic small random-init host of ``task`` (random weights), cached
+      under :func:`cache_dir`.
     * ``"demo"``: the trained demo checkpoint shipped in ``oretrofit/data`` when present,
       otherwise the random host (with a warning on stderr).
     * ``None``: tabpfn's download cache (``tabpfn.model_loading.get_cache_dir()``).
@@ -160,24 +180,24 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:
     """
     if model_path is None:
         from tabpfn.model_loading import get_cache_dir
-        path = Path(get_cache_dir()) / DEFAULT_CHECKPOINT_NAME
+        path = Path(get_cache_dir()) / DEFAULT_CHECKPOINT_NAMES[task]
         if not path.exists():
             raise RetrofitError(
                 f"no TabPFN v3 checkpoint at {path}. Get one on a machine with internet access: "
                 "accept the licence at https://huggingface.co/Prior-Labs/tabpfn_3, then fit any "
                 "tabpfn.TabPFNRegressor once (tabpfn downloads it to that folder), or download "
-                f"{DEFAULT_CHECKPOINT_NAME} by hand and place it there (TABPFN_MODEL_CACHE_DIR "
+                f"{DEFAULT_CHECKPOINT_NAMES[task]} by hand and place it there (TABPFN_MODEL_CACHE_DIR "
                 "moves the folder). Or pass --model-path PATH, "
                 "or --model-path demo / random for a local host")
     elif str(model_path) == "random":
-        return _random_host()
+        return _random_host(task)
     elif str(model_path) == "demo":
         if DEMO_CHECKPOINT.exists():
             path = DEMO_CHECKPOINT
         else:
             print(f"oretrofit: the trained demo checkpoint {DEMO_CHECKPOINT} is not installed; "
                   "using the small RANDOM-WEIGHTS v3 host instead", file=sys.stderr)
-            return _random_host()
+            return _random_host(task)
     else:
         path = Path(model_path).expanduser()
         if path.parent == Path() and not path.exists():       # a bare name: tabpfn's cache, as
@@ -272,7 +292,7 @@ def build_model(checkpoint: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
     state = {k: v for k, v in checkpoint["state_dict"].items() if "criterion." not in k}
     model.load_state_dict(state, strict=True)
     model.eval()
-    return model, config, InferenceConfig(**checkpoint["inference_config"])
+    return releases.ensure_config(model, config), config, InferenceConfig(**checkpoint["inference_config"])
 
 
 def weights_label(checkpoint: dict[str, Any]) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from tabpfn.architectures import tabpfn_v3 as v3
@@ -9,7 +11,7 @@ from tabpfn.architectures.interface import PerformanceOptions
 
 import oretrofit
 from oretrofit import RetrofitError
-from oretrofit.patches import tabpfn_v3 as host
+from oretrofit.patches import tabpfn_v3_releases as releases
 from oretrofit.tabpfn_v3 import load_checkpoint
 
 FULL_PATH = PerformanceOptions(use_chunkwise_inference=False)
@@ -91,6 +93,14 @@ def test_revert_is_bit_identical_and_clean(fresh_model):
         r.revert()
 
 
+def test_patched_forward_keeps_the_vendor_signature(fresh_model):
+    """tabpfn picks its KV-cache engine from ``forward``'s parameters (return_kv_cache)."""
+    model = fresh_model()
+    vendor = inspect.signature(model.forward)
+    oretrofit.retrofit(model, "full-o", 1e-8)
+    assert type(model).__name__ == "OTabPFNV3" and inspect.signature(model.forward) == vendor
+
+
 def test_chunked_paths_agree(fresh_model):
     """Row chunking (inducing hiddens from column chunks) and memory-saving chunking give the
     unchunked result under full-o, and under base."""
@@ -140,19 +150,29 @@ def test_errors_name_the_fix(fresh_model, monkeypatch):
     with pytest.raises(RetrofitError, match="already retrofitted"):
         oretrofit.retrofit(model, "full-o")
     r.revert()
-    monkeypatch.setattr(host, "_tabpfn_version", lambda: "7.0.0")
-    with pytest.raises(RetrofitError, match=r"supported: tabpfn >=8\.0\.1,<9\.3"):
-        oretrofit.retrofit(model, "oa")
+    for untested in ("7.0.0", "8.0.0", "9.3.0", "9.2.0.dev1"):
+        monkeypatch.setattr(releases, "installed_version", lambda v=untested: v)
+        with pytest.raises(RetrofitError, match=rf"tabpfn {untested} is not supported.*"
+                                                r"8\.0\.1 to 9\.2\.0.*pip install 'tabpfn==9\.2\.0'"):
+            oretrofit.retrofit(model, "oa")
     assert "_oretrofit" not in model.icl_blocks[0].__dict__       # nothing half-patched
     other = type("TabPFNV3p5", (torch.nn.Module,),
                  {"__module__": "tabpfn.architectures.tabpfn_v3_5"})
-    with pytest.raises(RetrofitError, match=r"is not supported: .*TabPFN v3 .*8\.0\.1 to 9\.2"):
+    with pytest.raises(RetrofitError, match=r"is not supported: .*TabPFN v3 .*8\.0\.1 to 9\.2\.0"):
         oretrofit.retrofit(other(), "oa")
 
 
-def test_kv_cache_is_refused_under_o(fresh_model):
+def test_unpatched_icl_attention_keeps_the_callers_arguments(fresh_model):
+    """A block whose FFN alone is patched calls the vendor attention exactly as tabpfn does
+    (8.0.1 passes ``attention_backend``; later releases pass nothing extra)."""
     model = fresh_model()
-    oretrofit.retrofit(model, "oa")
-    x, y = _data()
-    with pytest.raises(RetrofitError, match="fit_with_cache"), torch.no_grad():
-        model(x, y, performance_options=FULL_PATH, return_kv_cache=True)
+    calls: list[dict] = []
+    attention = model.icl_blocks[0].icl_attention
+    forward = attention.forward
+    attention.forward = lambda *a, **k: (calls.append(k), forward(*a, **k))[1]
+    base = _predict(model)
+    vendor_kwargs = dict(calls[0])
+    calls.clear()
+    with oretrofit.retrofitted(model, "full-o", 1e-12, eps=1e-12, targets=["icl.*.ffn"]):
+        assert _rel(_predict(model), base) <= 1e-6
+    assert calls == [vendor_kwargs]

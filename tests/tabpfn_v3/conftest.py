@@ -30,3 +30,18 @@ def table() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     x = rng.normal(size=(40, 4))
     y = x @ rng.normal(size=4) + 0.1 * rng.normal(size=40)
     return x[:30], y[:30], x[30:]
+
+
+@pytest.fixture(scope="session")
+def classifier_ckpt(tmp_path_factory: pytest.TempPathFactory):
+    return write_random_checkpoint(tmp_path_factory.mktemp("hosts") / "tabpfn-v3-classifier.ckpt",
+                                   "small", seed=0, task="classifier")
+
+
+@pytest.fixture(scope="session")
+def classes() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """30 train rows of 3 classes, 10 test rows, 4 features."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 4))
+    y = np.digitize(x @ rng.normal(size=4), [-0.5, 0.5])
+    return x[:30], y[:30], x[30:]

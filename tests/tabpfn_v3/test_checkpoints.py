@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import shutil
 
 import pytest
@@ -11,12 +12,13 @@ import torch
 from oretrofit import RetrofitError
 from oretrofit.tabpfn_v3 import (checkpoint_sha256, load_checkpoint, resolve_model_path,
                                  weights_label, write_random_checkpoint)
+from oretrofit.patches import tabpfn_v3_releases as releases
 from oretrofit.tabpfn_v3 import checkpoints
 
 
 def test_random_checkpoint_is_a_tabpfn_checkpoint(small_ckpt):
     from tabpfn.model_loading import load_model
-    model, criterion, config, _ = load_model(path=small_ckpt, estimator_type="regressor")
+    model, _, config, _ = load_model(path=small_ckpt, **releases.load_model_kwargs("regressor"))
     n_params = sum(p.numel() for p in model.parameters())
     assert 1.0e6 < n_params < 2.5e6 and config.nlayers == 4
     state = model.state_dict()
@@ -34,7 +36,14 @@ def test_random_checkpoint_is_deterministic_in_seed(small_ckpt, tmp_path):
 
 
 def test_safetensors_checkpoint(tmp_path):
-    path = write_random_checkpoint(tmp_path / "tabpfn-v3-s.safetensors", "small", seed=0)
+    target = tmp_path / "tabpfn-v3-s.safetensors"
+    if importlib.util.find_spec("tabpfn.checkpoint") is None:      # e.g. tabpfn 8.0.1: .ckpt only
+        with pytest.raises(RetrofitError, match=rf"{releases.installed_version()} neither reads "
+                                                r"nor writes \.safetensors.*write a \.ckpt"):
+            write_random_checkpoint(target, "small", seed=0)
+        assert list(tmp_path.iterdir()) == []                       # no temporary file left
+        return
+    path = write_random_checkpoint(target, "small", seed=0)
     assert resolve_model_path(path) == path
     assert load_checkpoint(path)["architecture_name"] == "tabpfn_v3"
 
