@@ -2,6 +2,8 @@
 
     out_i = p_i · Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij}),   s_ij = scale · q_i·k_j
 
+With soft-capping (Gemma2) the score is ``s_ij = c·tanh(scale · q_i·k_j / c)``; a finite additive
+bias ``b_ij`` from a float mask (relative position biases, ALiBi) is added after the cap.
 ``p_i`` is the receiver presence, ``p_j`` the source presence, ``m_ij`` the visibility relation
 and ``ε`` the denominator stabiliser that totalises empty support.
 
@@ -128,8 +130,8 @@ def _split_mask(mask: Tensor | None, dtype: torch.dtype) -> tuple[Tensor | None,
 
 def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                           mask: Tensor | None = None, eps: float = 1e-6,
-                          scale: float | None = None, need_weights: bool = False
-                          ) -> tuple[Tensor, Tensor | None]:
+                          scale: float | None = None, need_weights: bool = False,
+                          softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
     """Materialised OAttention; see :func:`o_attention` for the arguments.
 
     The row maximum M_i over effective support is subtracted for stability and ε is carried
@@ -142,6 +144,8 @@ def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Ten
     kk = k.to(ct).repeat_interleave(group, dim=1) if group > 1 else k.to(ct)
     vv = v.to(ct).repeat_interleave(group, dim=1) if group > 1 else v.to(ct)
     scores = torch.matmul(q.to(ct), kk.transpose(-1, -2)) * shp.scale          # (B, H, Nq, Nk)
+    if softcap is not None:
+        scores = check_positive("softcap", softcap) * torch.tanh(scores / softcap)
     visible, bias = _split_mask(mask, ct)
     if bias is not None:
         scores = scores + bias
@@ -237,7 +241,8 @@ def _sdpa_mask(mask: Tensor | None, n_k: int, ct: torch.dtype) -> Tensor | None:
 
 def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                 mask: Tensor | None = None, eps: float = 1e-6, scale: float | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, softcap: float | None = None
+                ) -> tuple[Tensor, Tensor | None]:
     """OAttention: ``out_i = p_i Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij})``.
 
     Args:
@@ -251,11 +256,14 @@ def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
         eps: ε > 0, totalises empty support.
         scale: score scale, default ``1/sqrt(d)``.
         need_weights: also return ``w_ij`` ``(B, H, Nq, Nk)``; selects the reference path.
+        softcap: c > 0 caps the scores, ``s_ij = c·tanh(scale·q_i·k_j / c)`` (Gemma2's attention
+            logit soft-capping), before a float mask's finite bias is added; selects the
+            reference path (the cap is not linear in k, so no augmented SDPA call computes it).
 
     Returns:
         ``(out (B, H, Nq, dv), weights or None)`` in the dtype of ``q``. Half-precision inputs are
         computed in fp32. Empty or fully masked support gives exact zeros (output and weights).
     """
-    if need_weights:
-        return o_attention_reference(q, k, v, p_q, p_k, mask, eps, scale, need_weights=True)
+    if need_weights or softcap is not None:
+        return o_attention_reference(q, k, v, p_q, p_k, mask, eps, scale, need_weights, softcap)
     return o_attention_fused(q, k, v, p_q, p_k, mask, eps, scale), None

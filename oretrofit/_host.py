@@ -10,8 +10,7 @@ Hosts are matched most specific first (:func:`specificity`, ties in registration
 documented order of the built-ins:
 
     tabpfn-v3            20   TabPFN v3 models
-    transformers.bert    10   transformers BertModel backbones
-    transformers.llama   10   transformers LlamaModel backbones
+    transformers         10   transformers 5.x models routed through the attention interface
     torch.nn              0   the fallback: plain torch.nn modules, and whatever part of a model
                               the matched hosts do not own
 """
@@ -31,8 +30,8 @@ __all__ = ["KINDS", "BUILTIN_HOSTS", "DEFAULT_SPECIFICITY", "RetrofitError", "Si
 
 KINDS = ("attention", "norm", "ffn", "inject")
 DEFAULT_SPECIFICITY = 10
-BUILTIN_HOSTS = ("oretrofit.patches.tabpfn_v3", "oretrofit.patches.transformers_bert",
-                 "oretrofit.patches.transformers_llama", "oretrofit.patches.torch_nn")
+BUILTIN_HOSTS = ("oretrofit.patches.tabpfn_v3", "oretrofit.patches.transformers_host",
+                 "oretrofit.patches.torch_nn")
 
 
 class RetrofitError(ValueError):

@@ -301,3 +301,24 @@ def test_bad_input_raises_value_error_naming_the_argument(fn, message: str, over
 def test_default_scale_is_inverse_sqrt_head_size() -> None:
     args = make(d=9)
     assert torch.allclose(o_attention_fused(*args), o_attention_fused(*args, scale=1 / math.sqrt(9)))
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "additive_bias"])
+def test_softcap_caps_scores_before_the_bias(mask_kind: str) -> None:
+    """s_ij = c·tanh(scale·q·k/c) + b_ij: against the direct formula in fp64 (Gemma2's eager path)."""
+    q, k, v, p_q, p_k = make(h=4, hkv=2, dtype=torch.float64)
+    q = q * 4                                              # scores well past the cap
+    mask = mask_of(mask_kind, 2, 5, 7)
+    mask = None if mask is None else mask.double()
+    out, _ = o_attention(q, k, v, p_q, p_k, mask=mask, eps=1e-3, softcap=0.5)
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    scores = 0.5 * torch.tanh(q @ kk.transpose(-1, -2) / math.sqrt(8) / 0.5)
+    if mask is not None:
+        scores = scores + mask
+    u = p_k[:, None, None, :] * scores.exp()
+    expected = p_q[:, None, :, None] * (u / (1e-3 + u.sum(-1, keepdim=True))) @ vv
+    assert (out - expected).abs().max() <= 1e-12
+    capped_off, _ = o_attention(q, k, v, p_q, p_k, mask=mask, eps=1e-3)
+    assert (out - capped_off).abs().max() > 1e-2           # the cap changes the result
+    with pytest.raises(ValueError, match="softcap"):
+        o_attention(q, k, v, p_q, p_k, softcap=0.0)

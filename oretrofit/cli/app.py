@@ -10,7 +10,7 @@ from __future__ import annotations
 import typer
 import typer.core
 
-from . import calibrate, demo_host, experiment, patch, regress, reproduce, sweep
+from . import calibrate, check, demo_host, experiment, patch, regress, reproduce, sweep
 
 # The order `oretrofit --help` lists the verbs in; a verb not named here comes after these.
 ORDER = ("patch", "check", "calibrate", "regress", "reproduce", "tables", "sweep", "experiment",
@@ -27,7 +27,7 @@ app = typer.Typer(name="oretrofit", cls=_Verbs, no_args_is_help=True, add_comple
                   help="Retrofit O-components into pretrained transformer hosts.")
 
 patch.register(app)
-# `check` (oretrofit/cli/check.py) registers here, after `patch`.
+check.register(app)
 calibrate.register(app)
 
 # regress.py registers `regress`, `reproduce TABLE` and `tables`; the first and last are verbs of

@@ -1,23 +1,22 @@
-"""Shared transformers (5.x) plumbing for the BERT and Llama hosts.
+"""Shared transformers (5.x) plumbing of the generic transformers host: presence capture and
+branch gating with hooks.
 
-* One attention function and one mask function, both registered under the name ``oretrofit``
-  (``AttentionInterface`` / ``AttentionMaskInterface``). The mask function is required: for an
-  implementation name it does not know, transformers builds no mask at all and passes
-  ``attention_mask=None``, so padding and causality would silently be lost. Ours materialises
-  the boolean relation (``True`` = visible), never the ``is_causal`` shortcut.
 * transformers hands the attention function projected q/k/v, not the carrier. A forward
-  pre-hook on the module that receives the carrier (the residual stream entering the layer)
-  captures its presences; the attention function reads them from the attention module.
+  pre-hook on the module that receives the carrier (the residual stream entering the branch)
+  captures its presences (:class:`CarrierPresence`); the attention function
+  (:mod:`.transformers_attention`) reads them from the attention module. Cross-attention takes
+  its sources' presences from the encoder output the attention module is given.
 * With a KV cache the presences of cached keys are kept next to it, so generation after a
   prompt with null tokens still excludes them.
+* :func:`gate_branch`, :func:`gate_output_bias` and :func:`gate_table` gate residual branches,
+  biased output projections (``nn.Linear`` and GPT-2's ``Conv1D``) and additive position /
+  token-type tables by the presence of the stream they belong to.
 * :func:`zero_padded_inputs` builds a mask-free padded batch at the carrier boundary.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import sys
+import inspect
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -25,18 +24,14 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from .._attention import o_attention
 from .._components import o_gate
 from .._patching import SiteConfig, Undo, set_site, site_config
 from .._presence import presence
-from .._registry import RetrofitError, Site
-from .torch_nn import ATTENTION, gated_linear, patch_all, uncovered_attention
+from .._host import RetrofitError
+from .torch_nn import ATTENTION, gated_linear, patch_all
 
-__all__ = ["IMPLEMENTATION", "CarrierPresence", "TransformersHost", "attach_o_attention",
-           "gate_branch", "gate_output_bias", "zero_padded_inputs", "check_transformers"]
-
-IMPLEMENTATION = "oretrofit"
-_STATE = "_oretrofit_attention"          # attribute on a patched attention module
+__all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_output_bias", "gate_table",
+           "zero_padded_inputs", "check_transformers", "transformers_version"]
 
 
 def transformers_version() -> str:
@@ -45,26 +40,42 @@ def transformers_version() -> str:
 
 
 def check_transformers() -> None:
-    """The hosts follow the transformers 5.x module layout; refuse any other major version."""
+    """The host follows the transformers 5.x module layout; refuse any other major version."""
     version = transformers_version()
     if version.split(".")[0] != "5":
-        raise RetrofitError(f"the transformers hosts need transformers 5.x, found {version}; "
+        raise RetrofitError(f"the transformers host needs transformers 5.x, found {version}; "
                             "install 'oretrofit[hf]' (transformers>=5,<6)")
+
+
+def carrier_of(args: tuple, kwargs: dict) -> Tensor:
+    """The hidden-state input of a module call: its first positional argument or
+    ``hidden_states=``."""
+    if args and torch.is_tensor(args[0]):
+        return args[0]
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    raise RetrofitError("a carrier module was called without hidden states (first positional "
+                        "argument or hidden_states=); its layout names the wrong module")
 
 
 @dataclass
 class CarrierPresence:
     """Presences ρτ of one attention module's carriers: ``query`` (B, Nq) for the current tokens,
-    ``keys`` (B, Nk) for every key, cached ones included."""
+    ``keys`` (B, Nk) for every key, cached ones included. For cross-attention (``cross``) the keys
+    are the encoder output's presences, set by :meth:`capture_sources`."""
 
     config: SiteConfig
     layer_idx: int | None = None
+    cross: bool = False
     query: Tensor | None = None
     keys: Tensor | None = None
     _cache: Any = field(default=None, repr=False)
 
     def capture(self, carrier: Tensor, cache: Any = None) -> None:
         p = presence(carrier, self.config.tau)                                   # (B, N)
+        if self.cross:
+            self.query = p
+            return
         past = cache.get_seq_length(self.layer_idx or 0) if cache is not None else 0
         if past == 0:
             keys = p
@@ -79,123 +90,90 @@ class CarrierPresence:
         self.query, self.keys = p, keys
         self._cache = weakref.ref(cache) if cache is not None else None
 
-
-def _o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                          attention_mask: Tensor | None, scaling: float | None = None,
-                          dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, None]:
-    """transformers attention function: q ``(B, H, Nq, d)``, k/v ``(B, Hkv, Nk, d)`` ->
-    ``(B, Nq, H, d)``. A module without an O site (excluded by ``targets``) runs SDPA."""
-    state: CarrierPresence | None = module.__dict__.get(_STATE)
-    if state is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
-    if dropout > 0.0:
-        raise RetrofitError("OAttention has no attention-weight dropout: call model.eval() or set "
-                            "the config's attention dropout to 0")
-    if (state.query is None or state.query.shape[1] != query.shape[2]
-            or state.keys.shape[1] != key.shape[2]):
-        raise RetrofitError(f"{type(module).__name__} was called without its carrier presences "
-                            "(q/k lengths differ from the captured layer input); call the model, "
-                            "not the attention module alone")
-    out, _ = o_attention(query, key, value, state.query, state.keys, mask=attention_mask,
-                         eps=state.config.eps, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
-
-
-def _o_mask_function(*args: Any, **kwargs: Any) -> Tensor | None:
-    """SDPA's boolean mask (B, 1, Nq, Nk), always materialised for causal models."""
-    from transformers.masking_utils import sdpa_mask
-    kwargs["allow_is_causal_skip"] = False
-    return sdpa_mask(*args, **kwargs)
-
-
-@functools.cache
-def register_implementation() -> str:
-    """Register the ``oretrofit`` attention and mask functions with transformers (once)."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    AttentionInterface.register(IMPLEMENTATION, _o_attention_function)
-    AttentionMaskInterface.register(IMPLEMENTATION, _o_mask_function)
-    return IMPLEMENTATION
-
-
-_SWITCHED: dict[int, list[Any]] = {}     # id(config) -> [weakref(config), original, users]
-
-
-def _use_o_implementation(config: Any) -> Undo:
-    """Point ``config`` at the ``oretrofit`` implementation while any attention site uses it."""
-    register_implementation()
-    entry = _SWITCHED.get(id(config))
-    if entry is None or entry[0]() is not config:
-        entry = _SWITCHED[id(config)] = [weakref.ref(config), config._attn_implementation, 0]
-        config._attn_implementation_internal = IMPLEMENTATION
-    entry[2] += 1
-
-    def undo() -> None:
-        entry[2] -= 1
-        if entry[2] == 0:
-            config._attn_implementation_internal = entry[1]
-            _SWITCHED.pop(id(config), None)
-
-    return undo
-
-
-def attach_o_attention(attention: nn.Module, carrier_module: nn.Module, config: SiteConfig
-                       ) -> tuple[Undo, CarrierPresence]:
-    """OAttention on a transformers attention module (eq. 7 at the hidden-carrier boundary).
-
-    A forward pre-hook on ``carrier_module`` captures ρτ of its first input (the residual stream
-    entering the layer) and the KV cache it is given; ``attention`` reads them in
-    ``_o_attention_function``. Returns the undo and the captured state.
-    """
-    if _STATE in attention.__dict__:
-        raise RetrofitError(f"{type(attention).__name__} already has an OAttention site")
-    state = CarrierPresence(config, getattr(attention, "layer_idx", None))
-
-    def capture(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        carrier = args[0] if args else kwargs["hidden_states"]
-        state.capture(carrier, kwargs.get("cache", kwargs.get("past_key_values")))
-
-    def attach() -> Undo:
-        attention.__dict__[_STATE] = state
-        return lambda: attention.__dict__.pop(_STATE, None)
-
-    def hook() -> Undo:
-        return carrier_module.register_forward_pre_hook(capture, with_kwargs=True).remove
-
-    undo = patch_all(attach, hook, lambda: _use_o_implementation(attention.config))
-    return undo, state
+    def capture_sources(self, sources: Tensor) -> None:
+        self.keys = presence(sources, self.config.tau)                           # (B, Nk)
 
 
 class OGatedBias:
-    """Mixin for an attention output projection with a bias: ``W x + p·b`` (:func:`gated_linear`),
-    p = the receivers' presences captured for the attention module."""
+    """Mixin for an attention output projection with a bias, ``nn.Linear`` or transformers'
+    ``Conv1D`` (weight ``(in, out)``): ``W x + p·b``, p = the receivers' presences captured for
+    the attention module (:func:`gated_linear`)."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return gated_linear(self, x, site_config(self, ATTENTION).query)
+        p = site_config(self, ATTENTION).query                                   # (B, N)
+        if isinstance(self, nn.Linear):
+            return gated_linear(self, x, p)
+        return x @ self.weight + o_gate(p, self.bias)                            # Conv1D
 
 
-def gate_output_bias(linear: nn.Linear, state: CarrierPresence) -> Undo:
+def gate_output_bias(projection: nn.Module, state: CarrierPresence) -> Undo:
     """Gate the bias of an attention output projection (no-op when it has none)."""
-    if linear.bias is None:
+    if getattr(projection, "bias", None) is None:
         return lambda: None
-    return set_site(linear, OGatedBias, ATTENTION, state)
+    return set_site(projection, OGatedBias, ATTENTION, state)
 
 
-def gate_branch(carrier_module: nn.Module, branch: nn.Module, config: SiteConfig,
-                carrier_arg: int = 0) -> Undo:
-    """OFFN gate (eq. 15) with hooks: ``branch`` outputs ρτ(h)·branch(·), h = positional input
-    ``carrier_arg`` of ``carrier_module`` (the residual stream entering the branch)."""
+def _gate_output(p: Tensor, output: Any) -> Any:
+    """ρτ · branch output; a tuple output (MoE blocks: hidden, router logits) gates its first."""
+    if isinstance(output, tuple):
+        return (o_gate(p, output[0]), *output[1:])
+    return o_gate(p, output)
+
+
+def gate_branch(carrier_module: nn.Module, branch: nn.Module, config: SiteConfig) -> Undo:
+    """OFFN gate (eq. 15) with hooks: ``branch`` outputs ρτ(h)·branch(·), h = the hidden-state
+    input of ``carrier_module`` (the residual stream entering the branch)."""
     captured: dict[str, Tensor] = {}
 
-    def capture(module: nn.Module, args: tuple) -> None:
-        captured["p"] = presence(args[carrier_arg], config.tau)
+    def capture(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        captured["p"] = presence(carrier_of(args, kwargs), config.tau)
+
+    def gate(module: nn.Module, args: tuple, output: Any) -> Any:
+        return _gate_output(captured.pop("p"), output)
+
+    return patch_all(
+        lambda: carrier_module.register_forward_pre_hook(capture, with_kwargs=True).remove,
+        lambda: branch.register_forward_hook(gate).remove)
+
+
+def _inputs_embeds_index(owner: nn.Module) -> tuple[str, int]:
+    """Name and positional index of ``owner.forward``'s ``inputs_embeds`` (or ``input_embeds``)."""
+    names = list(inspect.signature(owner.forward).parameters)
+    name = next(n for n in ("inputs_embeds", "input_embeds") if n in names)
+    return name, names.index(name)
+
+
+def accepts_inputs_embeds(module: nn.Module) -> bool:
+    names = inspect.signature(module.forward).parameters
+    return "inputs_embeds" in names or "input_embeds" in names
+
+
+def gate_table(table: nn.Module, word: nn.Module, owner: nn.Module, config: SiteConfig) -> Undo:
+    """OInject (eq. 17) with hooks: a position / token-type lookup added to the word embedding
+    is gated by ρτ(word embedding) at the same position, h + ρτ(h)·e.
+
+    ``owner`` is the module that receives ``inputs_embeds`` (then the word embedding is skipped
+    and the given embeddings are the carrier); ``word`` is its word-embedding lookup.
+    """
+    state: dict[str, Tensor] = {}
+    name, index = _inputs_embeds_index(owner)
+
+    def from_inputs_embeds(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        given = kwargs.get(name, args[index] if len(args) > index else None)
+        state.pop("p", None)
+        if given is not None:
+            state["p"] = presence(given, config.tau)
+
+    def from_word_embedding(module: nn.Module, args: tuple, output: Tensor) -> None:
+        state["p"] = presence(output, config.tau)
 
     def gate(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        return o_gate(captured.pop("p"), output)
+        return o_gate(state["p"], output)                  # (B, N) x (B|1, N, d) -> (B, N, d)
 
-    return patch_all(lambda: carrier_module.register_forward_pre_hook(capture).remove,
-                     lambda: branch.register_forward_hook(gate).remove)
+    return patch_all(
+        lambda: owner.register_forward_pre_hook(from_inputs_embeds, with_kwargs=True).remove,
+        lambda: word.register_forward_hook(from_word_embedding).remove,
+        lambda: table.register_forward_hook(gate).remove)
 
 
 def zero_padded_inputs(model: nn.Module, sequences: Sequence[Sequence[int]],
@@ -221,55 +199,3 @@ def zero_padded_inputs(model: nn.Module, sequences: Sequence[Sequence[int]],
         inputs[row, start:start + len(ids)] = embed(ids_t)
         positions[row] = torch.arange(width, device=inputs.device) - start
     return {"inputs_embeds": inputs, "position_ids": positions}
-
-
-def find_modules(model: nn.Module, cls: type) -> list[tuple[str, nn.Module]]:
-    """``(path, module)`` of every ``cls`` instance in ``model``."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, cls)]
-
-
-def join(*parts: str) -> str:
-    """Dotted site name from path parts, skipping empty ones."""
-    return ".".join(p for p in parts if p)
-
-
-class TransformersHost:
-    """A transformers host: every instance of one backbone class (``BertModel``, ``LlamaModel``)
-    inside a model, wherever it sits (head models, wrappers), contributes its sites."""
-
-    name: str
-    supports: str
-    specificity = 10
-    backbone: tuple[str, str]            # (module, class name), imported only with transformers
-
-    def backbone_sites(self, name: str, backbone: nn.Module) -> list[Site]:
-        raise NotImplementedError
-
-    def _backbones(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
-        if "transformers" not in sys.modules:
-            return []                    # a transformers model cannot exist without it
-        cls = getattr(importlib.import_module(self.backbone[0]), self.backbone[1])
-        return find_modules(model, cls)
-
-    def matches(self, model: nn.Module) -> bool:
-        return bool(self._backbones(model))
-
-    def check(self, model: nn.Module) -> None:
-        check_transformers()
-
-    def sites(self, model: nn.Module) -> list[Site]:
-        return [s for name, backbone in self._backbones(model)
-                for s in self.backbone_sites(name, backbone)]
-
-    def owned(self, model: nn.Module) -> list[str]:
-        """A transformers model whole (its heads are read-outs), else the backbones it wraps."""
-        from transformers import PreTrainedModel
-        return [""] if isinstance(model, PreTrainedModel) else [n for n, _ in self._backbones(model)]
-
-    def uncovered(self, model: nn.Module) -> list[str]:
-        """Attention modules no attention site reaches (site names are module paths)."""
-        return uncovered_attention(model, [s.name for s in self.sites(model)
-                                           if s.kind == ATTENTION], self.owned(model))
-
-    def version(self) -> dict[str, str]:
-        return {"transformers": transformers_version()}

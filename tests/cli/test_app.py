@@ -18,7 +18,7 @@ from oretrofit.cli.app import app
 from oretrofit.cli.demo_host import RENAMED
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ["patch", "calibrate", "regress", "reproduce", "tables", "sweep", "experiment"]
+PRODUCT = ["patch", "check", "calibrate", "regress", "reproduce", "tables", "sweep", "experiment"]
 
 
 def _invoke(*args: str):

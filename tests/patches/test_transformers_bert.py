@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AttentionInterface, BertConfig, BertModel  # noqa: E402
 
-from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
+from oretrofit import retrofitted  # noqa: E402
 from oretrofit.hosts_report import (EPS, SENTENCES, TAU, embedding_cosines,  # noqa: E402
                                     hidden_readout, load_minilm, null_insertion, padding_deltas)
 
@@ -35,9 +35,14 @@ def test_sites_cover_inject_norms_attention_and_ffn() -> None:
         assert list(model.state_dict()) == keys
         assert model.config._attn_implementation == "oretrofit"
     assert model.config._attn_implementation == "sdpa"
-    assert kinds[:3] == [("embeddings.inject", "inject"), ("embeddings.LayerNorm", "norm"),
-                         ("encoder.layer.0.attention", "attention")]
-    assert len(kinds) == 2 + 2 * 4
+    assert kinds[:7] == [("embeddings.position_embeddings", "inject"),
+                         ("embeddings.token_type_embeddings", "inject"),
+                         ("embeddings.LayerNorm", "norm"),
+                         ("encoder.layer.0.attention.self", "attention"),
+                         ("encoder.layer.0.attention.output.LayerNorm", "norm"),
+                         ("encoder.layer.0.output.dense", "ffn"),
+                         ("encoder.layer.0.output.LayerNorm", "norm")]
+    assert len(kinds) == 3 + 2 * 4
 
 
 @pytest.mark.parametrize("arm", ["oa", "full-o"])
@@ -92,12 +97,21 @@ def test_null_insertion_and_mask_free_padding_tiny() -> None:
     assert max(deltas) < 1e-5
 
 
-def test_cross_attention_is_reported_as_partial() -> None:
+def test_cross_attention_takes_source_presences_from_the_encoder_output() -> None:
     model = _tiny_bert(is_decoder=True, add_cross_attention=True)
-    with pytest.raises(RetrofitError, match=r"crossattention \(BertAttention\)"):
-        retrofit(model, "full-o")
-    with retrofitted(model, "oa", TAU, allow_partial=True) as r:
-        assert len(r.spec()["uncovered"]) == 2
+    ids, memory = torch.randint(1, 120, (1, 5)), torch.randn(1, 6, 32)
+    inserted = torch.cat([memory[:, :3], torch.zeros(1, 2, 32), memory[:, 3:]], dim=1)
+    with torch.no_grad():
+        reference = model(ids, encoder_hidden_states=memory).last_hidden_state
+        with retrofitted(model, "full-o", TAU, eps=1e-12) as r:
+            assert r.spec()["uncovered"] == []
+            assert "encoder.layer.0.crossattention.self" in r.spec()["sites"]
+            out = model(ids, encoder_hidden_states=memory).last_hidden_state
+            null_sources = model(ids, encoder_hidden_states=inserted).last_hidden_state
+        unpatched_null = model(ids, encoder_hidden_states=inserted).last_hidden_state
+    torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
+    assert (null_sources - out).abs().max() < 1e-5             # null encoder tokens are excluded
+    assert (unpatched_null - reference).abs().max() > 1e-3
 
 
 def test_minilm_tau_to_zero_cosines(minilm: tuple) -> None:

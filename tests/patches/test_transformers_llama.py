@@ -34,8 +34,8 @@ def test_sites_and_state_dict() -> None:
     with retrofitted(model, "full-o", TAU) as r:
         sites = [row["site"] for row in r.report()]
         assert list(model.state_dict()) == keys
-    assert sites[:4] == ["model.layers.0.self_attn", "model.layers.0.input_layernorm",
-                         "model.layers.0.post_attention_layernorm", "model.layers.0.mlp"]
+    assert sites[:4] == ["model.layers.0.self_attn", "model.layers.0.mlp",
+                         "model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm"]
     assert sites[-1] == "model.norm" and len(sites) == 2 * 4 + 1
     assert model.config._attn_implementation == "sdpa"
 

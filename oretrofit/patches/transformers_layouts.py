@@ -1,0 +1,182 @@
+"""Where transformers layers really differ: the table of layouts, and the structure derived
+from a loaded model.
+
+Derived from the model, for every architecture:
+
+* **layers**: the elements of the outermost ``nn.ModuleList`` whose elements contain a module
+  that calls the attention interface (``ALL_ATTENTION_FUNCTIONS``);
+* **attention**: those modules; the first in a layer is its self-attention (carrier: the
+  residual stream entering the layer), later ones attend to the encoder output;
+* **output projection**: the attention module's ``o_proj`` / ``out_proj`` / ``c_proj`` /
+  ``dense`` / ``o`` / ``out_lin`` / ``Wo`` (``nn.Linear`` or ``Conv1D``), or its parent's
+  ``output.dense`` (BERT, whose self-attention module has none);
+* **norms**: leaf modules whose class name ends in ``Norm`` (LayerNorm, RMSNorm, T5LayerNorm, …),
+  except per-head query/key norms (``q_norm``, ``k_layernorm``, …: they act on q/k, inside the
+  attention site, not on the residual stream);
+* **tables**: ``nn.Embedding`` lookups outside the layers that are not the word embedding
+  (learned positions, token types), added to the word embedding inside the module that takes
+  ``inputs_embeds``.
+
+The table below says, per layout, which module is the FFN branch and which module's input is
+the residual stream entering it (and the cross-attention's). Rows are tried in order; the first
+whose ``applies`` holds wins. :func:`register_layout` puts a new row first.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+__all__ = ["Layout", "LAYOUTS", "register_layout", "unregister_layout", "layout_of",
+           "calls_attention_interface", "child", "is_norm", "is_qk_norm", "output_projection"]
+
+OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "c_proj", "dense", "o", "out_lin", "Wo", "wo")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one family of layers wires its branches.
+
+    ``ffn``: candidate paths (relative to the layer) of the module whose output is the FFN
+    branch, first present wins. ``ffn_carrier``: candidate paths of the module whose hidden-state
+    input is the residual stream entering the FFN branch (``""`` = the layer itself).
+    ``cross_carrier``: the same for cross-attention. ``applies(layer)``: whether the row
+    describes this layer. Paths may index module lists (``layer.-1``).
+    """
+
+    name: str
+    examples: str
+    applies: Callable[[nn.Module], bool]
+    ffn: tuple[str, ...]
+    ffn_carrier: tuple[str, ...]
+    cross_carrier: tuple[str, ...] = ()
+
+
+def child(module: nn.Module, path: str) -> nn.Module | None:
+    """``module``'s descendant at dotted ``path`` (integers index lists, negative from the end);
+    ``""`` is the module itself; None when absent."""
+    for part in filter(None, path.split(".")):
+        if part.lstrip("-").isdigit() and isinstance(module, (nn.ModuleList, nn.Sequential)):
+            index = int(part)
+            if not -len(module) <= index < len(module):
+                return None
+            module = module[index]
+        else:
+            module = getattr(module, part, None)
+            if not isinstance(module, nn.Module):
+                return None
+    return module
+
+
+def first_present(layer: nn.Module, paths: tuple[str, ...]) -> str | None:
+    return next((p for p in paths if child(layer, p) is not None), None)
+
+
+@functools.cache
+def _forward_source(cls: type) -> str:
+    try:
+        return inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return ""
+
+
+def calls_attention_interface(module: nn.Module) -> bool:
+    """Whether ``module``'s forward dispatches through transformers' attention interface."""
+    source = _forward_source(type(module))
+    return "ALL_ATTENTION_FUNCTIONS" in source or "attention_interface(" in source
+
+
+def _called_before(layer: nn.Module, first: str, second: str) -> bool:
+    """Whether the layer's forward calls ``self.first(`` before ``self.second(`` (source order)."""
+    source = _forward_source(type(layer))
+    a, b = source.find(f"self.{first}("), source.find(f"self.{second}(")
+    return 0 <= a < b
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A token-local normalisation: a leaf whose class name ends in ``Norm``."""
+    return type(module).__name__.endswith("Norm") and not any(True for _ in module.children())
+
+
+_QK_NORM = re.compile(r"(q|k|query|key)_?(norm|layernorm|layer_norm)", re.IGNORECASE)
+
+
+def is_qk_norm(path: str) -> bool:
+    """A per-head query/key norm (``q_norm``, ``k_layernorm``, …), by its attribute name."""
+    return _QK_NORM.fullmatch(path.rpartition(".")[2]) is not None
+
+
+def output_projection(attention: nn.Module, parent: nn.Module | None) -> nn.Module | None:
+    for name in OUTPUT_PROJECTIONS:
+        projection = getattr(attention, name, None)
+        if isinstance(projection, nn.Module):
+            return projection
+    return child(parent, "output.dense") if parent is not None else None
+
+
+def _has(*paths: str) -> Callable[[nn.Module], bool]:
+    return lambda layer: all(child(layer, p) is not None for p in paths)
+
+
+def _pre_norm_fc(layer: nn.Module) -> bool:
+    """fc1/fc2 layers: OPT says so in ``do_layer_norm_before``; others by call order."""
+    flag = getattr(layer, "do_layer_norm_before", None)
+    return bool(flag) if flag is not None else _called_before(layer, "final_layer_norm", "fc1")
+
+
+def _parallel(layer: nn.Module) -> bool:
+    """Attention and MLP both read the layer input: a config flag (GPT-NeoX, StableLM), or no
+    norm in front of the MLP of its own (GPT-J, Phi, Cohere)."""
+    flag = getattr(layer, "use_parallel_residual", None)
+    if flag is not None:
+        return bool(flag)
+    return first_present(layer, _PRE_FFN_NORMS) is None
+
+
+_PRE_FFN_NORMS = ("post_attention_layernorm", "ln_2", "layernorm_after", "mlp_norm", "ffn_norm")
+_MLPS = ("mlp", "feed_forward", "block_sparse_moe")
+
+LAYOUTS: list[Layout] = [
+    Layout("T5 sub-layers", "T5, mT5", _has("layer.-1.DenseReluDense"),
+           ffn=("layer.-1.DenseReluDense",), ffn_carrier=("layer.-1",), cross_carrier=("layer.1",)),
+    Layout("intermediate/output split", "BERT, RoBERTa, ELECTRA, XLM-R",
+           _has("intermediate", "output.dense"), ffn=("output.dense",),
+           ffn_carrier=("intermediate",), cross_carrier=("crossattention",)),
+    Layout("fc1/fc2 inline, pre-norm", "OPT, mBART",
+           lambda layer: _has("fc1", "fc2", "final_layer_norm")(layer) and _pre_norm_fc(layer),
+           ffn=("fc2",), ffn_carrier=("final_layer_norm",),
+           cross_carrier=("encoder_attn_layer_norm",)),
+    Layout("fc1/fc2 inline, post-norm", "BART", _has("fc1", "fc2"), ffn=("fc2",),
+           ffn_carrier=("fc1",), cross_carrier=("encoder_attn",)),
+    Layout("FFN module, post-norm", "DistilBERT", _has("ffn", "output_layer_norm"),
+           ffn=("ffn",), ffn_carrier=("ffn",)),
+    Layout("sandwich norms", "Gemma2, Gemma3", _has("mlp", "pre_feedforward_layernorm"),
+           ffn=("mlp",), ffn_carrier=("pre_feedforward_layernorm",)),
+    Layout("parallel residual", "GPT-J, Phi, Cohere, GPT-NeoX",
+           lambda layer: first_present(layer, _MLPS) is not None and _parallel(layer),
+           ffn=_MLPS, ffn_carrier=("",)),
+    Layout("pre-norm", "Llama, Qwen2, Mistral, Gemma, Phi-3, Mixtral, GPT-2, ViT, ModernBERT",
+           lambda layer: (first_present(layer, _MLPS) is not None
+                          and first_present(layer, _PRE_FFN_NORMS) is not None),
+           ffn=_MLPS, ffn_carrier=_PRE_FFN_NORMS, cross_carrier=("ln_cross_attn",)),
+]
+
+
+def register_layout(layout: Layout) -> Layout:
+    """Add a layout row ahead of the built-in ones (a row with the same name is replaced)."""
+    LAYOUTS[:] = [layout] + [row for row in LAYOUTS if row.name != layout.name]
+    return layout
+
+
+def unregister_layout(name: str) -> None:
+    """Remove the layout row called ``name`` (no error when there is none)."""
+    LAYOUTS[:] = [row for row in LAYOUTS if row.name != name]
+
+
+def layout_of(layer: nn.Module) -> Layout | None:
+    return next((row for row in LAYOUTS if row.applies(layer)), None)

@@ -1,0 +1,178 @@
+"""The transformers architectures the generic host is tested on (tiny, built from configs), and
+those it refuses. The test suite, ``docs/transformers.md``'s generated table and nothing else
+read this list: an architecture is listed as supported only because a test covers it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Architecture", "ARCHITECTURES", "REFUSED", "build", "example_inputs"]
+
+_COMMON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               intermediate_size=64, vocab_size=99, max_position_embeddings=64, pad_token_id=0,
+               bos_token_id=1, eos_token_id=2)
+_SEQ2SEQ = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                decoder_start_token_id=2)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One tiny model: ``AutoConfig.for_model(model_type, **common, **config)``, ``AutoModel``."""
+
+    name: str
+    model_type: str
+    family: str                  # decoder-only | encoder-only | encoder-decoder | MoE | vision
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+ARCHITECTURES = [
+    Architecture("GPT-2", "gpt2", "decoder-only"),
+    Architecture("GPT-NeoX (parallel residual)", "gpt_neox", "decoder-only"),
+    Architecture("GPT-NeoX (sequential)", "gpt_neox", "decoder-only",
+                 dict(use_parallel_residual=False)),
+    Architecture("GPT-J", "gptj", "decoder-only", dict(rotary_dim=4)),
+    Architecture("OPT", "opt", "decoder-only", dict(ffn_dim=64, word_embed_proj_dim=32)),
+    Architecture("OPT (post-norm)", "opt", "decoder-only",
+                 dict(ffn_dim=64, word_embed_proj_dim=32, do_layer_norm_before=False)),
+    Architecture("Llama", "llama", "decoder-only", dict(attention_bias=True, mlp_bias=True)),
+    Architecture("Qwen2", "qwen2", "decoder-only"),
+    Architecture("Qwen3", "qwen3", "decoder-only", dict(head_dim=8)),
+    Architecture("Mistral (sliding window 4)", "mistral", "decoder-only", dict(sliding_window=4)),
+    Architecture("Gemma", "gemma", "decoder-only", dict(head_dim=8)),
+    Architecture("Gemma2 (softcap 0.5, sliding window 4)", "gemma2", "decoder-only",
+                 dict(head_dim=8, attn_logit_softcapping=0.5, sliding_window=4)),
+    Architecture("Gemma3 (text)", "gemma3_text", "decoder-only", dict(head_dim=8, sliding_window=4)),
+    Architecture("Phi", "phi", "decoder-only"),
+    Architecture("Phi-3", "phi3", "decoder-only"),
+    Architecture("StableLM", "stablelm", "decoder-only"),
+    Architecture("OLMo", "olmo", "decoder-only"),
+    Architecture("Starcoder2", "starcoder2", "decoder-only"),
+    Architecture("Granite", "granite", "decoder-only"),
+    Architecture("Cohere", "cohere", "decoder-only"),
+    Architecture("Mixtral", "mixtral", "MoE", dict(num_local_experts=4, num_experts_per_tok=2)),
+    Architecture("Qwen2-MoE", "qwen2_moe", "MoE",
+                 dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=32)),
+    Architecture("BERT", "bert", "encoder-only"),
+    Architecture("RoBERTa", "roberta", "encoder-only"),
+    Architecture("XLM-RoBERTa", "xlm-roberta", "encoder-only"),
+    Architecture("ELECTRA", "electra", "encoder-only", dict(embedding_size=32)),
+    Architecture("DistilBERT", "distilbert", "encoder-only",
+                 dict(dim=32, hidden_dim=64, n_layers=2, n_heads=4)),
+    Architecture("ModernBERT (local window 4)", "modernbert", "encoder-only",
+                 dict(global_attn_every_n_layers=2, local_attention=4)),
+    Architecture("T5", "t5", "encoder-decoder",
+                 dict(d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4,
+                      decoder_start_token_id=0)),
+    Architecture("BART", "bart", "encoder-decoder", _SEQ2SEQ),
+    Architecture("mBART", "mbart", "encoder-decoder", _SEQ2SEQ),
+    Architecture("ViT", "vit", "vision", dict(image_size=8, patch_size=4, num_channels=3)),
+]
+
+REFUSED = [
+    Architecture("Falcon", "falcon", "decoder-only"),
+    Architecture("BLOOM", "bloom", "decoder-only"),
+    Architecture("DeBERTa-v2", "deberta-v2", "encoder-only"),
+    Architecture("ALBERT", "albert", "encoder-only", dict(embedding_size=32)),
+]
+
+
+def build(arch: Architecture, seed: int = 0) -> nn.Module:
+    """The tiny fp32 model in eval mode, every parameter jittered by N(0, 0.05²) so that biases
+    and norm affines are non-zero."""
+    from transformers import AutoConfig, AutoModel
+    from transformers.utils import logging
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        config = AutoConfig.for_model(arch.model_type, **{**_COMMON, **arch.config})
+        torch.manual_seed(seed)
+        model = AutoModel.from_config(config)
+    finally:
+        logging.set_verbosity(verbosity)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return model.eval()
+
+
+def example_inputs(model: nn.Module, batch: int = 2, tokens: int = 7, seed: int = 0
+                   ) -> dict[str, torch.Tensor]:
+    """Model inputs: pixels for vision models, token ids (+ decoder ids) otherwise."""
+    generator = torch.Generator().manual_seed(seed)
+    config = model.config
+    if getattr(config, "image_size", None) is not None:
+        size = config.image_size
+        return {"pixel_values": torch.randn(batch, config.num_channels, size, size,
+                                            generator=generator)}
+    ids = torch.randint(3, config.vocab_size, (batch, tokens), generator=generator)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if getattr(config, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = ids[:, : tokens - 2]
+    return inputs
+
+
+def describe(arch: Architecture) -> dict[str, Any]:
+    """What the host derives for ``arch``: model class, layouts, sites per kind (``full-o``) and
+    where null insertion happens (see :func:`oretrofit.transformers_contracts.null_insertion`)."""
+    from .._registry import plan_retrofit
+    from ..transformers_contracts import insertion_point
+    from .transformers_host import layers
+    from .transformers_layouts import layout_of
+    model = build(arch)
+    plan = plan_retrofit(model, "full-o")
+    kinds: dict[str, int] = {}
+    for site, _ in plan.entries:
+        kinds[site.kind] = kinds.get(site.kind, 0) + 1
+    return {"name": arch.name, "family": arch.family, "class": type(model).__name__,
+            "layouts": sorted({layout_of(layer).name for _, layer in layers(model)}),
+            "sites": kinds,
+            "insertion": insertion_point(model, 9)}
+
+
+def refusal(arch: Architecture) -> str:
+    """The :class:`RetrofitError` message the host gives for a refused architecture."""
+    from .._registry import RetrofitError, plan_retrofit
+    try:
+        plan_retrofit(build(arch), "full-o")
+    except RetrofitError as error:
+        return str(error)
+    raise AssertionError(f"{arch.name} is listed as refused but retrofits")
+
+
+def architectures_table() -> str:
+    """The supported / refused architecture tables of ``docs/transformers.md``."""
+    from .._markdown import pipe_table
+    rows = []
+    for arch in ARCHITECTURES:
+        d = describe(arch)
+        sites = ", ".join(f"{n} {k}" for k, n in sorted(d["sites"].items()))
+        rows.append([d["name"], d["family"], f"`{d['class']}`",
+                     ", ".join(d["layouts"]), sites, d["insertion"]])
+    supported = pipe_table(["architecture", "family", "class", "layout", "full-o sites",
+                            "null insertion"], rows)
+    refused = pipe_table(["architecture", "why (the RetrofitError it raises)"],
+                         [[a.name, refusal(a).replace("|", "\\|")] for a in REFUSED])
+    return (f"{supported}\n\nRefused, with the reason the host gives:\n\n{refused}\n\n"
+            "Generated from `oretrofit/patches/transformers_zoo.py` by `make docs` "
+            "(`scripts/transformers_docs.py`); `tests/patches/test_transformers_architectures.py` "
+            "runs the contracts on every row, `tests/test_docs_transformers.py` checks this table "
+            "is current.\n")
+
+
+def layouts_table() -> str:
+    """The built-in rows of :data:`LAYOUTS`, in the order they are tried."""
+    from .._markdown import pipe_table
+    from .transformers_layouts import LAYOUTS
+    code = lambda paths: " / ".join(f"`{p}`" if p else "the layer" for p in paths) or "–"  # noqa: E731
+    return pipe_table(["layout", "examples", "FFN branch", "its carrier enters", "cross-attention "
+                       "carrier enters"],
+                      [[row.name, row.examples, code(row.ffn), code(row.ffn_carrier),
+                        code(row.cross_carrier)] for row in LAYOUTS]) + "\n"

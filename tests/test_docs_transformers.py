@@ -1,0 +1,34 @@
+"""docs/transformers.md: its generated blocks are current and its Python examples run."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "transformers_docs.py"
+_spec = importlib.util.spec_from_file_location("transformers_docs", _SCRIPT)
+transformers_docs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(transformers_docs)
+DOC, render_into = transformers_docs.DOC, transformers_docs.render_into
+
+
+def test_generated_blocks_are_current() -> None:
+    text = DOC.read_text()
+    assert render_into(text) == text, "stale: run make docs (scripts/transformers_docs.py)"
+
+
+def test_python_examples_run_in_order() -> None:
+    code = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
+    assert len(code) == 3
+    namespace: dict[str, object] = {}
+    for block in code:
+        exec(compile(block, str(DOC), "exec"), namespace)                 # noqa: S102
+    assert [row["site"] for row in namespace["r"].report()[:4]] == [
+        "embeddings.position_embeddings", "embeddings.token_type_embeddings",
+        "embeddings.LayerNorm", "encoder.layer.0.attention.self"]   # as the first example prints
+    assert namespace["hidden"][1].abs().sum() > 0
+    assert namespace["embeddings"].shape == (2, 384)
