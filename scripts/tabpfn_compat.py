@@ -112,8 +112,10 @@ def run_release(venv: Path, release: str) -> dict:
     demo = _run([str(venv / "bin" / "oretrofit"), "patch", "--model-path", "demo", "--arm",
                  "full-o", "--tau", str(TAU), "--json"])
     traceback = "Traceback" in demo.stderr
+    # the export's temporary path is this machine's; the table names the checkout instead
+    refusal = (demo.stderr.strip().splitlines() or ["?"])[-1].replace(str(SOURCE), "<checkout>")
     demo_outcome = ("runs" if demo.returncode == 0 else "traceback" if traceback else
-                    "refused: " + (demo.stderr.strip().splitlines() or ["?"])[-1][:120])
+                    "refused: " + refusal[:120])
     rel = diabetes.get("rel", {})
     diabetes_ok = (diabetes.get("finite", False) and rel.get("base") == 0.0
                    and all(v <= MAX_REL for v in rel.values()))
@@ -188,7 +190,9 @@ def main() -> None:
                          "tests_rc": -1, "diabetes": {}, "demo": "-", "torch": "-", "wall_s": 0})
         print(f"{release}: {'pass' if rows[-1]['ok'] else 'FAIL'} ({rows[-1]['tests']})",
               flush=True)
-    command = "python scripts/tabpfn_compat.py " + shlex.join(sys.argv[1:])
+    # where the environments lived is this machine's business, not the receipt's
+    argv = ["VENVS" if Path(arg) == args.venvs else arg for arg in sys.argv[1:]]
+    command = "python scripts/tabpfn_compat.py " + shlex.join(argv)
     args.out.write_text(render(rows, command.strip(), commit))
     json_path = args.out.with_suffix(".json")
     json_path.write_text(json.dumps(rows, indent=1) + "\n")
