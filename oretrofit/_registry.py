@@ -298,9 +298,13 @@ def apply_spec(model: nn.Module, spec: Mapping[str, Any] | str | Path) -> Retrof
     that does not fit this model is refused and the model is left unpatched.
     """
     spec = read_spec(spec)
-    result = retrofit(model, spec["arm"], spec["tau"], spec["eps"], site_tau=spec.get("site_tau"),
-                      targets=spec.get("targets"), exclude=spec.get("exclude"),
-                      allow_partial=bool(spec.get("uncovered")))
+    try:
+        result = retrofit(model, spec["arm"], spec["tau"], spec["eps"],
+                          site_tau=spec.get("site_tau"), targets=spec.get("targets"),
+                          exclude=spec.get("exclude"), allow_partial=bool(spec.get("uncovered")))
+    except RetrofitError as exc:
+        raise RetrofitError(f"the patch spec (made for host {spec.get('host')!r}) does not apply "
+                            f"to this {type(model).__name__}: {exc}") from None
     try:
         check_spec(result.spec(), spec)
     except RetrofitError:

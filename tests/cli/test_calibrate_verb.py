@@ -76,3 +76,28 @@ def test_bad_settings_are_refused_and_write_nothing(cli, tmp_path, args, message
                                       "sklearn:diabetes", "--out", str(out), *args])
     assert result.exit_code == 2 and message in result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "minilm", "--dataset", "sklearn:diabetes"], "--dataset belong to the TabPFN v3"),
+    (["--model", "minilm", "--model-path", "demo", "--seed", "3"],
+     "--model-path, --seed belong to the TabPFN v3"),
+    (["--text-file", "lines.txt", "--dataset", "sklearn:diabetes"],
+     "--text-file belong to the transformers form"),
+    (["--model-path", "demo"], "give --dataset SPEC"),
+])
+def test_the_two_forms_do_not_mix(cli, tmp_path, args, message):
+    out = tmp_path / "spec.json"
+    result = CliRunner().invoke(cli, ["calibrate", "--out", str(out), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not out.exists()
+
+
+def test_a_transformers_folder_without_a_tokenizer_is_refused(cli, tmp_path):
+    from oretrofit.patches import transformers_zoo as zoo
+    folder = tmp_path / "bert"
+    zoo.build(next(a for a in zoo.ARCHITECTURES if a.name == "BERT")).save_pretrained(folder)
+    out = tmp_path / "spec.json"
+    result = CliRunner().invoke(cli, ["calibrate", "--model", str(folder), "--out", str(out)])
+    assert result.exit_code == 2 and "holds no tokenizer" in result.output, result.output
+    assert not out.exists()
