@@ -172,6 +172,7 @@ def check_calibrated_weights(spec: Mapping[str, Any], model: nn.Module) -> None:
     calibration = spec.get("calibration")
     recorded = calibration.get("weights_sha256") if isinstance(calibration, Mapping) else None
     if recorded is not None and recorded != weights_digest(model.state_dict()):
-        raise RetrofitError(f"the spec was calibrated on other weights (SHA-256 {str(recorded)[:12]}…) "
-                            "than this model's; calibrate this model (`oretrofit calibrate "
-                            "--model`), or pass the model it was calibrated on")
+        raise RetrofitError(f"the spec was calibrated on other weights (SHA-256 "
+                            f"{str(recorded)[:12]}…) than this model's; calibrate this model "
+                            "(`oretrofit calibrate --model`), or pass the model it was "
+                            "calibrated on")

@@ -164,7 +164,8 @@ def assert_calibrated(model, spec, run, delta, quantile):
     """Each site, patched alone at its spec τ over the calibration data, sees its own carriers
     (the host upstream is unpatched, as during calibration): every carrier at or above their
     q-quantile keeps presence ≥ 1−δ, and the quantile carrier itself is gated by δ within one
-    histogram bin (τ is as large as the rule allows, not a near-zero τ). Then the whole spec: at least a fraction 1−q of all real carriers keeps presence ≥ 1−δ."""
+    histogram bin (τ is as large as the rule allows, not a near-zero τ). Then the whole spec:
+    at least a fraction 1−q of all real carriers keeps presence ≥ 1−δ."""
     assert set(spec["site_tau"]) == {_exact(s) for s in spec["sites"]}
     bin_ratio = 10 ** (1 / CarrierNormProfile.BINS_PER_DECADE)
     for pattern, tau in spec["site_tau"].items():

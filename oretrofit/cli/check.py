@@ -2,7 +2,8 @@
 
 MODEL is a local transformers folder (``save_pretrained`` output, loaded with ``AutoModel``
 offline) or one of the shipped pretrained weights: ``minilm`` (all-MiniLM-L6-v2) or ``smollm2``
-(SmolLM2-135M-Instruct) (see :mod:`oretrofit.transformers_models`). Contracts (relative max differences, thresholds in ``LIMITS``):
+(SmolLM2-135M-Instruct); see :mod:`oretrofit.transformers_models`. Contracts (relative max
+differences, thresholds in ``LIMITS``):
 
     τ→0 agreement     every hidden state patched at τ = ε = 1e-12 vs unpatched, per arm;
                       revert() bit-identical; state_dict keys unchanged
@@ -29,7 +30,8 @@ LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4}
 
 
 @contextlib.contextmanager
-def _patched(model: Any, arm: str, tau: float, spec: Mapping[str, Any] | None) -> Iterator[Any]:
+def _patched(model: Any, arm: str, tau: float | None, spec: Mapping[str, Any] | None
+             ) -> Iterator[Any]:
     """``model`` under ``spec`` (checked against it by :func:`oretrofit.apply_spec`), or under
     ``arm`` at ``tau``; reverted on exit."""
     import oretrofit

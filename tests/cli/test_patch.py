@@ -127,7 +127,8 @@ def test_a_spec_file_patches_prints_each_sites_tau_and_is_recorded(cli, spec_fil
                                   direct.fit(x[:28], y[:28]).predict(x[28:]))
     table = _run(cli, "--spec", str(spec_file), "--dry-run", "--out", str(tmp_path / "n-v3.ckpt"))
     assert table.exit_code == 0, table.output
-    assert "spec spec.json (arm full-o)" in table.stdout and "│ fde.0.induce1.ffn  │ ffn       │ 2 " in table.stdout
+    assert "spec spec.json (arm full-o)" in table.stdout
+    assert "│ fde.0.induce1.ffn  │ ffn       │ 2 " in table.stdout
     assert "dry run" in table.stdout and not (tmp_path / "n-v3.ckpt").exists()
 
 
