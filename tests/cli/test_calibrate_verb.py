@@ -13,8 +13,6 @@ from oretrofit.cli import calibrate as calibrate_verb
 from oretrofit.regress.data import load_dataset
 from oretrofit.regress.protocol import PAPER_PROTOCOL
 from oretrofit.tabpfn_v3 import make_regressor
-from oretrofit.tabpfn_v3.regressor import regressor_from_checkpoint, spec_patch
-from oretrofit.tabpfn_v3.checkpoints import resolve_model_path
 
 DELTA = 1e-3
 
@@ -57,8 +55,9 @@ def test_the_calibrated_spec_keeps_predictions_near_base_on_held_out_rows(spec):
     split = PAPER_PROTOCOL.split(len(diabetes.y), 11)
     X, y = diabetes.X, diabetes.y
     base, _ = make_regressor("demo", "base")
-    calibrated, retrofit = regressor_from_checkpoint(resolve_model_path("demo"), spec_patch(spec))
+    calibrated, retrofit = make_regressor("demo", spec=spec)
     assert retrofit is not None and retrofit.plan.site_tau == spec["site_tau"]
+    assert len(spec["calibration"]["weights_sha256"]) == 64
     p_base = base.fit(X[split.train], y[split.train]).predict(X[split.test])
     p_cal = calibrated.fit(X[split.train], y[split.train]).predict(X[split.test])
     rmse = lambda p: float(np.sqrt(np.mean((p - y[split.test]) ** 2)))     # noqa: E731
