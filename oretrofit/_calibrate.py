@@ -26,9 +26,10 @@ import torch
 from torch import Tensor, nn
 
 from ._presence import observe_carrier_norms
+from ._provenance import weights_digest
 from ._registry import RetrofitError, plan_retrofit, retrofit, retrofitted
 
-__all__ = ["CarrierNormProfile", "calibrate", "PROBE_TAU"]
+__all__ = ["CarrierNormProfile", "calibrate", "check_calibrated_weights", "PROBE_TAU"]
 
 PROBE_TAU = 1e-30      # τ = ε while recording: presence 1 for any carrier fp32 can tell from 0
 
@@ -123,8 +124,9 @@ def calibrate(model: nn.Module, batches: Iterable[Any] | Callable[[nn.Module], A
             tensors in ``batches`` their count and SHA-256 are recorded without it.
     Returns:
         The ordinary patch spec of ``arm`` (``site_tau`` per site, ``tau`` their minimum) with a
-        ``calibration`` entry: δ, q, the data, and per site its τ, carrier quantile and counts.
-        :func:`oretrofit.apply_spec` applies it.
+        ``calibration`` entry: δ, q, the data, the SHA-256 of the model's weights
+        (``weights_sha256``, see :func:`check_calibrated_weights`) and per site its τ, carrier
+        quantile and counts. :func:`oretrofit.apply_spec` applies it.
     """
     if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
         raise ValueError(f"delta must be in (0, 1) (e.g. 1e-3), got {delta!r}")
@@ -156,7 +158,21 @@ def calibrate(model: nn.Module, batches: Iterable[Any] | Callable[[nn.Module], A
     finally:
         applied.revert()
     spec["calibration"] = {"delta": delta, "quantile": quantile, "probe_tau": PROBE_TAU,
-                           "data": {**recorded, **dict(data or {})}, "sites": per_site,
+                           "data": {**recorded, **dict(data or {})},
+                           "weights_sha256": weights_digest(model.state_dict()), "sites": per_site,
                            "rule": "tau_site = delta/(1-delta) * quantile_q(|h|^2)"}
     return spec
 
+
+
+def check_calibrated_weights(spec: Mapping[str, Any], model: nn.Module) -> None:
+    """Refuse a calibrated ``spec`` for ``model`` when the spec's τ were read from other weights
+    (its ``calibration.weights_sha256`` differs from ``model``'s); a spec without the record
+    passes."""
+    calibration = spec.get("calibration")
+    recorded = calibration.get("weights_sha256") if isinstance(calibration, Mapping) else None
+    if recorded is not None and recorded != weights_digest(model.state_dict()):
+        raise RetrofitError(f"the spec was calibrated on other weights (SHA-256 "
+                            f"{str(recorded)[:12]}…) than this model's; calibrate this model "
+                            "(`oretrofit calibrate --model`), or pass the model it was "
+                            "calibrated on")

@@ -15,11 +15,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
-__all__ = ["environment", "sha256_file", "write_json_atomic", "git_revision"]
+__all__ = ["environment", "sha256_file", "weights_digest", "write_json_atomic", "git_revision"]
 
 _PACKAGES = ("oretrofit", "torch", "numpy", "tabpfn", "transformers", "scikit-learn", "openml")
 
@@ -87,6 +87,16 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def weights_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over the sorted state_dict: each tensor's name, dtype, shape and bytes."""
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        h.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return h.hexdigest()
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:

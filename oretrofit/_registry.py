@@ -31,7 +31,7 @@ from ._version import __version__
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
            "register_host", "registered_hosts", "plan_retrofit", "retrofit", "retrofitted",
-           "apply_spec", "SPEC_VERSION"]
+           "apply_spec", "read_spec", "SPEC_VERSION"]
 
 ARMS: dict[str, frozenset[str]] = {
     "base": frozenset(),
@@ -297,6 +297,25 @@ def apply_spec(model: nn.Module, spec: Mapping[str, Any] | str | Path) -> Retrof
     The result is checked against the spec (host, host package versions, site list); a spec
     that does not fit this model is refused and the model is left unpatched.
     """
+    spec = read_spec(spec)
+    try:
+        result = retrofit(model, spec["arm"], spec["tau"], spec["eps"],
+                          site_tau=spec.get("site_tau"), targets=spec.get("targets"),
+                          exclude=spec.get("exclude"), allow_partial=bool(spec.get("uncovered")))
+    except RetrofitError as exc:
+        raise RetrofitError(f"the patch spec (made for host {spec.get('host')!r}) does not apply "
+                            f"to this {type(model).__name__}: {exc}") from None
+    try:
+        check_spec(result.spec(), spec)
+    except RetrofitError:
+        result.revert()
+        raise
+    return result
+
+
+def read_spec(spec: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
+    """A patch spec (a dict, or a path to its JSON) checked for its schema version and the
+    entries :func:`apply_spec` needs (arm, τ, ε); a clear :class:`RetrofitError` otherwise."""
     if not isinstance(spec, Mapping):
         try:
             spec = json.loads(Path(spec).read_text())
@@ -312,12 +331,4 @@ def apply_spec(model: nn.Module, spec: Mapping[str, Any] | str | Path) -> Retrof
     if missing:
         raise RetrofitError(f"the patch spec lacks {', '.join(missing)}; re-create it with "
                             "Retrofit.spec() (or `oretrofit patch --out`)")
-    result = retrofit(model, spec["arm"], spec["tau"], spec["eps"], site_tau=spec.get("site_tau"),
-                      targets=spec.get("targets"), exclude=spec.get("exclude"),
-                      allow_partial=bool(spec.get("uncovered")))
-    try:
-        check_spec(result.spec(), spec)
-    except RetrofitError:
-        result.revert()
-        raise
-    return result
+    return spec

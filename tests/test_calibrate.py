@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from oretrofit import RetrofitError, apply_spec, observe_presence, presence
+from oretrofit import (RetrofitError, apply_spec, observe_carrier_norms, observe_presence,
+                       presence, retrofitted)
 from oretrofit import CarrierNormProfile, calibrate
 
 DELTA, Q = 1e-3, 0.01
@@ -145,3 +146,99 @@ def test_profile_quantile_floor_bounds_the_carriers_from_below():
         # and it is tight: within one bin below the k-th smallest carrier, k = ⌈q·n⌉
         kth = values[max(math.ceil(q * values.numel()), 1) - 1].item()
         assert kth / 10 ** (1 / profile.BINS_PER_DECADE) * (1 - 1e-9) <= floor <= kth * (1 + 1e-9)
+
+
+# ---- every host: the rule holds for every carrier at or above the quantile, site by site ----
+
+def _carriers(model, run):
+    """(‖h‖², ρ) of every carrier whose presence is computed while ``run()`` runs (one
+    presence() call feeds both observers, so the two lists pair up)."""
+    sq, p = [], []
+    with observe_carrier_norms(lambda s: sq.append(s.flatten().double())), \
+            observe_presence(lambda x: p.append(x.flatten().double())), torch.no_grad():
+        run()
+    return torch.cat(sq), torch.cat(p)
+
+
+def assert_calibrated(model, spec, run, delta, quantile):
+    """Each site, patched alone at its spec τ over the calibration data, sees its own carriers
+    (the host upstream is unpatched, as during calibration): every carrier at or above their
+    q-quantile keeps presence ≥ 1−δ, and the quantile carrier itself is gated by δ within one
+    histogram bin (τ is as large as the rule allows, not a near-zero τ). Then the whole spec:
+    at least a fraction 1−q of all real carriers keeps presence ≥ 1−δ."""
+    assert set(spec["site_tau"]) == {_exact(s) for s in spec["sites"]}
+    bin_ratio = 10 ** (1 / CarrierNormProfile.BINS_PER_DECADE)
+    for pattern, tau in spec["site_tau"].items():
+        with retrofitted(model, spec["arm"], tau, targets=[pattern]):
+            sq, p = _carriers(model, run)
+        sq, p = sq[sq > 0], p[sq > 0]
+        kth = sq.sort().values[max(math.ceil(quantile * sq.numel()), 1) - 1]
+        assert p[sq >= kth].min() >= (1 - delta) * (1 - 1e-6), pattern
+        gate = 1 - p[sq == kth].max()
+        assert delta / bin_ratio * (1 - 1e-3) <= gate <= delta * (1 + 1e-3), pattern
+    with _applied(model, spec):
+        sq, p = _carriers(model, run)
+    real = sq > 0
+    assert (p[real] >= 1 - delta).double().mean() >= 1 - quantile
+
+
+def _exact(name):
+    from oretrofit._calibrate import _exact as exact
+    return exact(name)
+
+
+def test_two_scales_every_carrier_at_the_quantile_keeps_presence(host):
+    data = batches()
+    spec = calibrate(host, data, delta=DELTA, quantile=0.1)
+    assert_calibrated(host, spec, lambda: [host(x) for x in data], DELTA, 0.1)
+
+
+TEXT_Q = 0.1
+
+
+@pytest.mark.parametrize("name", ["BERT", "Llama"])
+def test_transformers_hosts_calibrate_per_site_and_stay_null_exact(name):
+    from oretrofit.patches import transformers_zoo as zoo
+    from oretrofit.transformers_contracts import null_insertion
+    model = zoo.build(next(a for a in zoo.ARCHITECTURES if a.name == name))
+    data = [zoo.example_inputs(model, batch=2, tokens=12, seed=seed) for seed in range(4)]
+    spec = calibrate(model, data, delta=DELTA, quantile=TEXT_Q)
+    taus = spec["site_tau"]
+    assert len(set(taus.values())) >= 4 and min(taus.values()) > 1e-6     # one τ per site
+    assert spec["calibration"]["data"]["batches"] == 4
+    assert_calibrated(model, spec, lambda: [model(**b) for b in data], DELTA, TEXT_Q)
+    with _applied(model, spec):
+        inserted = null_insertion(model, data[0])
+    assert inserted["inserted_max_abs"] == 0 and inserted["old_max_delta"] <= 1e-5
+
+
+def test_a_torch_nn_transformer_encoder_calibrates():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(16), enable_nested_tensor=False).eval()
+    g = torch.Generator().manual_seed(2)
+    data = [torch.randn(2, 10, 16, generator=g) * torch.rand(2, 10, 1, generator=g).add(0.1)
+            for _ in range(3)]
+    spec = calibrate(model, data, delta=DELTA, quantile=TEXT_Q)
+    assert spec["host"] == "torch.nn" and len(spec["sites"]) >= 5
+    assert len(set(spec["site_tau"].values())) >= 3
+    assert_calibrated(model, spec, lambda: [model(x) for x in data], DELTA, TEXT_Q)
+    x = data[0]
+    with_null = torch.cat([x[:, :4], torch.zeros(2, 1, 16), x[:, 4:]], dim=1)
+    with _applied(model, spec), torch.no_grad():
+        before, after = model(x), model(with_null)
+    assert torch.equal(after[:, 4], torch.zeros_like(after[:, 4]))
+    kept = torch.cat([after[:, :4], after[:, 5:]], dim=1)
+    assert (kept - before).abs().max() <= 1e-5 * before.abs().max()
+
+
+def test_the_spec_records_the_weights_it_was_calibrated_on(host):
+    from oretrofit._calibrate import check_calibrated_weights
+    spec = calibrate(host, batches())
+    assert len(spec["calibration"]["weights_sha256"]) == 64
+    check_calibrated_weights(spec, host)
+    check_calibrated_weights({**spec, "calibration": None}, host)        # nothing recorded
+    with torch.no_grad():
+        host.small.out_proj.weight[0, 0] += 1e-3
+    with pytest.raises(RetrofitError, match="calibrated on other weights"):
+        check_calibrated_weights(spec, host)

@@ -45,7 +45,7 @@ demo_host.register(app)
 
 # One line each in `oretrofit --help` (a verb's docstring may run past the 80 columns it gets there).
 SUMMARIES = {"patch": "Retrofit a TabPFN v3 checkpoint and list its patched sites.",
-             "calibrate": "Choose τ per site from a TabPFN v3 host's carriers on data.",
+             "calibrate": "Choose τ per site from a host's carriers on calibration data.",
              "regress": "Run a dataset × seed × arm × τ matrix of TabPFN v3 fits.",
              "tables": "Render run folders' tables and plots beside the paper's values.",
              "experiment": "Run or resume one of the paper's learned-model studies."}

@@ -1,11 +1,72 @@
-"""`oretrofit calibrate`: per-site τ for a TabPFN v3 host from regression data, as a patch spec."""
+"""`oretrofit calibrate`: per-site τ, τ_site = δ/(1−δ)·Q_q(‖h‖²) of each site's carriers on data,
+written as a patch spec. Two forms, never mixed:
+
+    TabPFN v3     --model-path CKPT --dataset SPEC [--seed N]   the splits' train rows
+    transformers  --model minilm|smollm2|DIR [--text-file FILE]  lines of text, the model's
+                                                                 tokenizer (built-in set without)
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 import typer
+
+DEFAULT_SEEDS = [11]
+DEFAULT_MAX_TOKENS = 128
+
+
+def _form(given_tabpfn: list[str], given_text: list[str], model: str | None,
+          datasets: list[str] | None) -> str:
+    """``"tabpfn"`` or ``"transformers"``, or exit 2 naming the flags that do not belong."""
+    if model is not None and given_tabpfn:
+        typer.echo(f"error: --model calibrates a transformers model from text; "
+                   f"{', '.join(given_tabpfn)} belong to the TabPFN v3 form (--model-path "
+                   "--dataset): use one form", err=True)
+        raise typer.Exit(2)
+    if model is not None:
+        return "transformers"
+    if given_text:
+        typer.echo(f"error: {', '.join(given_text)} belong to the transformers form; add --model "
+                   "minilm|smollm2|DIR (or drop them to calibrate TabPFN v3 with --dataset)",
+                   err=True)
+        raise typer.Exit(2)
+    if not datasets:
+        typer.echo("error: give --dataset SPEC (a TabPFN v3 host, with --model-path) or --model "
+                   "minilm|smollm2|DIR (a transformers model, with --text-file)", err=True)
+        raise typer.Exit(2)
+    return "tabpfn"
+
+
+def _calibrate_tabpfn(model_path: str | None, datasets: list[str], seeds: list[int],
+                      openml_cache: Path | None, offline_standins: bool, **settings: Any
+                      ) -> dict[str, Any]:
+    from oretrofit.regress.calibrate import calibrate_tabpfn
+    from oretrofit.regress.data import OFFLINE_STANDINS, load_datasets
+    if len(set(seeds)) != len(seeds) or len(set(datasets)) != len(datasets):
+        raise ValueError("--seed and --dataset values must not repeat")
+    loaded = load_datasets(datasets, openml_cache=openml_cache,
+                           standins=OFFLINE_STANDINS if offline_standins else None)
+    return calibrate_tabpfn(model_path, list(loaded.values()), seeds, **settings)
+
+
+def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int,
+                            **settings: Any) -> dict[str, Any]:
+    from oretrofit.transformers_calibrate import BUILTIN_TEXTS, builtin_texts, calibrate_text
+    from oretrofit.transformers_models import load_model_and_tokenizer
+    if text_file is None:
+        lines, source = builtin_texts(), BUILTIN_TEXTS
+    else:
+        try:
+            lines, source = text_file.read_text().splitlines(), str(text_file)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read --text-file {text_file}: {exc}") from None
+    host, tokenizer = load_model_and_tokenizer(model)
+    spec = calibrate_text(host, tokenizer, lines, source=source, max_tokens=max_tokens,
+                          **settings)
+    spec["calibration"]["data"]["model"] = model
+    return spec
 
 
 def register(app: typer.Typer) -> None:
@@ -14,38 +75,54 @@ def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate(
         out: Path = typer.Option(..., "--out", help="where to write the calibrated patch spec (JSON)"),
-        model_path: str = typer.Option(None, "--model-path", help="TabPFN v3 checkpoint, 'demo' or "
-                                       "'random'; default: tabpfn's download cache"),
-        datasets: list[str] = typer.Option(..., "--dataset", help="calibration dataset spec, e.g. "
-                                           "sklearn:diabetes (repeatable)"),
-        seeds: list[int] = typer.Option([11], "--seed", help="split seeds whose train rows are the "
-                                        "calibration data (repeatable)"),
+        model_path: str = typer.Option(None, "--model-path", help="TabPFN v3 form: checkpoint, "
+                                       "'demo' or 'random'; default: tabpfn's download cache"),
+        datasets: list[str] = typer.Option(None, "--dataset", help="TabPFN v3 form: calibration "
+                                           "dataset spec, e.g. sklearn:diabetes (repeatable)"),
+        seeds: list[int] = typer.Option(None, "--seed", help="TabPFN v3 form: split seeds whose "
+                                        "train rows are the calibration data (repeatable; "
+                                        "default 11)"),
+        openml_cache: Path = typer.Option(None, "--openml-cache", help="TabPFN v3 form: OpenML "
+                                          "cache folder"),
+        offline_standins: bool = typer.Option(False, "--offline-standins", help="TabPFN v3 form: "
+                                              "load the offline stand-ins for OpenML datasets "
+                                              "(as regress does)"),
+        model: str = typer.Option(None, "--model", help="transformers form: minilm, smollm2 or a "
+                                  "local transformers folder holding its tokenizer"),
+        text_file: Path = typer.Option(None, "--text-file", help="transformers form: calibration "
+                                       "text, one sample per line (default: a built-in set)"),
+        max_tokens: int = typer.Option(None, "--max-tokens", help="transformers form: tokens kept "
+                                       f"per line (default {DEFAULT_MAX_TOKENS})"),
         arm: str = typer.Option("full-o", "--arm", help="oa or full-o"),
         delta: float = typer.Option(1e-3, "--delta", help="largest gate δ a carrier at the quantile "
                                     "may get (presence ≥ 1−δ)"),
         quantile: float = typer.Option(0.01, "--quantile", help="low quantile q of each site's "
                                        "carriers ‖h‖² that keeps presence ≥ 1−δ"),
-        openml_cache: Path = typer.Option(None, "--openml-cache", help="OpenML cache folder"),
-        offline_standins: bool = typer.Option(False, "--offline-standins", help="load the offline "
-                                              "stand-ins for OpenML datasets (as regress does)"),
     ) -> None:
-        """Choose τ per site: τ_site = δ/(1−δ)·Q_q(‖h‖²) of its carriers on the train rows."""
+        """Choose τ per site: τ_site = δ/(1−δ)·Q_q(‖h‖²) of its carriers on the calibration data
+        (a TabPFN v3 host's train rows, or a transformers model's text)."""
+        from oretrofit._provenance import write_json_atomic
         from oretrofit._registry import RetrofitError
-        from oretrofit.regress.calibrate import calibrate_tabpfn
-        from oretrofit.regress.data import OFFLINE_STANDINS, load_datasets
 
-        if len(set(seeds)) != len(seeds) or len(set(datasets)) != len(datasets):
-            typer.echo("error: --seed and --dataset values must not repeat", err=True)
-            raise typer.Exit(2)
+        given_tabpfn = [flag for flag, value in (
+            ("--model-path", model_path), ("--dataset", datasets), ("--seed", seeds),
+            ("--openml-cache", openml_cache), ("--offline-standins", offline_standins or None))
+            if value not in (None, [], ())]
+        given_text = [flag for flag, value in (("--text-file", text_file),
+                                               ("--max-tokens", max_tokens)) if value is not None]
+        settings = dict(arm=arm, delta=delta, quantile=quantile)
         try:
-            loaded = load_datasets(datasets, openml_cache=openml_cache,
-                                   standins=OFFLINE_STANDINS if offline_standins else None)
-            spec = calibrate_tabpfn(model_path, list(loaded.values()), seeds, arm=arm, delta=delta, quantile=quantile)
-        except (RetrofitError, ValueError) as err:
+            if _form(given_tabpfn, given_text, model, datasets) == "tabpfn":
+                spec = _calibrate_tabpfn(model_path, datasets, seeds or DEFAULT_SEEDS,
+                                         openml_cache, offline_standins, **settings)
+            else:
+                spec = _calibrate_transformers(
+                    model, text_file, DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                    **settings)
+        except (RetrofitError, ValueError, OSError) as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(2) from None
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(spec, indent=2))
+        write_json_atomic(out, spec)
         taus = spec["site_tau"].values()
         typer.echo(f"{len(spec['site_tau'])} site(s), τ from {min(taus):.3g} to {max(taus):.3g}; "
                    f"spec written to {out}")

@@ -2,55 +2,76 @@
 
 MODEL is a local transformers folder (``save_pretrained`` output, loaded with ``AutoModel``
 offline) or one of the shipped pretrained weights: ``minilm`` (all-MiniLM-L6-v2) or ``smollm2``
-(SmolLM2-135M-Instruct). Contracts (relative max differences, thresholds in ``LIMITS``):
+(SmolLM2-135M-Instruct); see :mod:`oretrofit.transformers_models`. Contracts (relative max
+differences, thresholds in ``LIMITS``):
 
     τ→0 agreement     every hidden state patched at τ = ε = 1e-12 vs unpatched, per arm;
                       revert() bit-identical; state_dict keys unchanged
     null insertion    2 zero carriers inserted (old position ids kept) under the arm at τ:
                       old states' drift, inserted states exactly 0 in every layer
     mask-free padding right zero padding with no attention mask vs each sequence alone
+
+With ``--spec FILE`` (a saved or calibrated patch spec, e.g. ``oretrofit calibrate --out``) null
+insertion and padding run under that spec, each site at its own τ, and τ→0 agreement is measured
+for the spec's arm.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 import typer
 
 SCHEMA_VERSION = 1
-SHIPPED = ("minilm", "smollm2")
 LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4}
 
 
-def load_model(name: str) -> Any:
-    """A shipped model by name, or ``AutoModel`` from a local folder (offline), in eval mode."""
-    from oretrofit.hosts_report import load_minilm, load_smollm2
-    if name in SHIPPED:
-        return (load_minilm if name == "minilm" else load_smollm2)()[0]
-    path = Path(name)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"{name!r} is neither a transformers folder (no config.json) nor one of "
-                         f"{', '.join(SHIPPED)}")
-    from transformers import AutoModel
-    return AutoModel.from_pretrained(path, local_files_only=True).eval()
-
-
-def run_check(name: str, arms: list[str], tau: float) -> dict[str, Any]:
-    """Measure every contract; ``holds`` is True when all are within ``LIMITS``."""
+@contextlib.contextmanager
+def _patched(model: Any, arm: str, tau: float | None, spec: Mapping[str, Any] | None
+             ) -> Iterator[Any]:
+    """``model`` under ``spec`` (checked against it by :func:`oretrofit.apply_spec`), or under
+    ``arm`` at ``tau``; reverted on exit."""
     import oretrofit
+    applied = oretrofit.apply_spec(model, spec) if spec is not None else oretrofit.retrofit(
+        model, arm, tau)
+    try:
+        yield applied
+    finally:
+        applied.revert()
+
+
+def run_check(name: str, arms: list[str], tau: float | None,
+              spec_file: Path | None = None) -> dict[str, Any]:
+    """Measure every contract; ``holds`` is True when all are within ``LIMITS``.
+
+    With ``spec_file``, ``arms`` and ``tau`` are the spec's: pass ``[]`` and None.
+    """
+    import oretrofit
+    from oretrofit._calibrate import check_calibrated_weights
     from oretrofit._provenance import environment
     from oretrofit.patches.transformers_zoo import example_inputs
     from oretrofit.transformers_contracts import agreement, null_insertion, padding_delta
+    from oretrofit.transformers_models import load_model
+    spec = oretrofit.read_spec(spec_file) if spec_file is not None else None
+    if spec is not None:
+        if spec["arm"] == "base":
+            raise ValueError(f"the spec {spec_file} has arm 'base': it patches nothing, so there "
+                             "is nothing to check; pass a spec of arm oa or full-o")
+        arms = [spec["arm"]]
     model = load_model(name)
+    if spec is not None:                  # refused before anything is measured
+        with _patched(model, spec["arm"], None, spec):
+            check_calibrated_weights(spec, model)
     inputs = example_inputs(model, batch=2, tokens=12)
     agreements = [agreement(model, inputs, arm) for arm in arms]
     insertion_arm = "full-o" if "full-o" in arms else arms[-1]
     unpatched = null_insertion(model, inputs)
     sequences = ([inputs["input_ids"][0].tolist(), inputs["input_ids"][1, :7].tolist()]
                  if "input_ids" in inputs else [])
-    with oretrofit.retrofitted(model, insertion_arm, tau) as r:
+    with _patched(model, insertion_arm, tau, spec) as r:
         inserted = null_insertion(model, inputs)
         padding = padding_delta(model, sequences) if sequences else None
         host = r.plan.host
@@ -59,8 +80,10 @@ def run_check(name: str, arms: list[str], tau: float) -> dict[str, Any]:
              and inserted["inserted_max_abs"] == 0 and inserted["old_max_delta"] <= LIMITS["drift"]
              and (padding is None or padding <= LIMITS["padding"]))
     return {"schema_version": SCHEMA_VERSION, "command": "check", "model": name,
-            "class": type(model).__name__, "host": host, "tau": tau, "insertion_arm":
-            insertion_arm, "agreement": agreements, "null_insertion": inserted,
+            "class": type(model).__name__, "host": host, "tau": tau,
+            "spec": None if spec is None else {"file": str(spec_file),
+                                               "site_tau": spec.get("site_tau") or {}},
+            "insertion_arm": insertion_arm, "agreement": agreements, "null_insertion": inserted,
             "null_insertion_unpatched": unpatched, "padding_max_delta": padding,
             "limits": LIMITS, "holds": holds, "environment": environment()}
 
@@ -82,7 +105,8 @@ def _print_table(summary: dict[str, Any]) -> None:
         table.add_row(f"revert() bit-identical, {a['arm']}", str(a["revert_bit_identical"]),
                       "True", _mark(a["revert_bit_identical"]))
     n, u = summary["null_insertion"], summary["null_insertion_unpatched"]
-    label = f"{summary['insertion_arm']}, τ = {summary['tau']:g}"
+    label = (f"{summary['insertion_arm']}, spec {Path(summary['spec']['file']).name}"
+             if summary["spec"] else f"{summary['insertion_arm']}, τ = {summary['tau']:g}")
     table.add_row(f"null insertion ({n['where']}), old-state drift, {label}",
                   f"{n['old_max_delta']:.3g} (unpatched {u['old_max_delta']:.3g})",
                   f"≤ {LIMITS['drift']:g}", _mark(n["old_max_delta"] <= LIMITS["drift"]))
@@ -105,7 +129,11 @@ def register(app: typer.Typer) -> None:
     def check(
         model: str = typer.Argument(..., help="a local transformers folder, or minilm / smollm2"),
         arm: str = typer.Option(None, "--arm", help="oa or full-o (default: both)"),
-        tau: float = typer.Option(1e-6, "--tau", help="τ of null insertion and padding"),
+        tau: float = typer.Option(None, "--tau", help="τ of null insertion and padding "
+                                  "(default 1e-6)"),
+        spec: Path = typer.Option(None, "--spec", help="run null insertion and padding under a "
+                                  "saved or calibrated patch spec (JSON: per-site τ) instead of "
+                                  "--arm/--tau; agreement runs for the spec's arm"),
         json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Retrofit a transformers model and print the paper's contracts on it (exit 1 when one
@@ -113,8 +141,15 @@ def register(app: typer.Typer) -> None:
         from oretrofit._registry import RetrofitError
         if arm not in (None, "oa", "full-o"):
             raise typer.BadParameter("choose oa or full-o", param_hint="--arm")
+        given = [flag for flag, value in (("--arm", arm), ("--tau", tau)) if value is not None]
+        if spec is not None and given:
+            typer.echo(f"error: --spec sets the arm and every site's τ itself; drop "
+                       f"{', '.join(given)} (or drop --spec)", err=True)
+            raise typer.Exit(2)
         try:
-            summary = run_check(model, [arm] if arm else ["oa", "full-o"], tau)
+            summary = (run_check(model, [], None, spec) if spec is not None else
+                       run_check(model, [arm] if arm else ["oa", "full-o"],
+                                 1e-6 if tau is None else tau))
         except (RetrofitError, ValueError, OSError) as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(2) from None

@@ -34,8 +34,9 @@ def _receivers_text(receivers: dict[str, float]) -> str:
 def _print_table(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
-    table = Table(title=f"TabPFN v3 {summary['task']} · arm {summary['arm']} · τ={summary['tau']:g} · "
-                        f"{summary['weights']}")
+    how = (f"spec {Path(summary['spec_file']).name} (arm {summary['arm']})" if summary["spec_file"]
+           else f"arm {summary['arm']} · τ={summary['tau']:g}")
+    table = Table(title=f"TabPFN v3 {summary['task']} · {how} · {summary['weights']}")
     for column in ("site", "kind", "τ", "learned receivers: presence"):
         table.add_column(column)
     for row in summary["sites"]:
@@ -49,38 +50,62 @@ def _print_table(summary: dict[str, Any]) -> None:
                   + ("; dry run, nothing patched" if summary["dry_run"] else ""))
 
 
+def _spec_settings(spec: dict[str, Any]) -> dict[str, Any]:
+    """The retrofit arguments a patch spec records (see :func:`oretrofit.apply_spec`)."""
+    return {"arm": spec["arm"], "tau": spec["tau"], "eps": spec["eps"],
+            "site_tau": spec.get("site_tau") or {}, "targets": spec.get("targets"),
+            "exclude": spec.get("exclude")}
+
+
 def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
               site_tau: dict[str, float], targets: list[str] | None, exclude: list[str] | None,
-              dry_run: bool, out: Path | None) -> dict[str, Any]:
-    """Plan (dry run) or apply the retrofit and write the artifact; return the JSON summary."""
+              dry_run: bool, out: Path | None, spec_file: Path | None = None) -> dict[str, Any]:
+    """Plan (dry run) or apply the retrofit and write the artifact; return the JSON summary.
+
+    With ``spec_file`` (a saved or calibrated patch spec) the retrofit is that spec's, applied
+    with :func:`oretrofit.apply_spec` (which refuses a spec that does not fit the checkpoint),
+    and the other retrofit arguments are ignored; the artifact records the spec's own entries
+    (its ``calibration`` record among them) with the checkpoint's SHA-256.
+    """
     import oretrofit
     from oretrofit._provenance import environment
     from oretrofit.tabpfn_v3 import (build_model, checkpoint_sha256, load_checkpoint,
                                      resolve_model_path, weights_label, write_patched_artifact)
     from oretrofit.tabpfn_v3.checkpoints import checkpoint_task
+    from oretrofit.tabpfn_v3.regressor import check_spec_checkpoint
 
     path = resolve_model_path(model_path)
     checkpoint = load_checkpoint(path)
     model, _, _ = build_model(checkpoint)
-    options = dict(site_tau=site_tau, targets=targets, exclude=exclude)
     sha = checkpoint_sha256(path)
+    given = dict(oretrofit.read_spec(spec_file)) if spec_file is not None else None
+    if given is not None:
+        check_spec_checkpoint(given, path)
+        settings = _spec_settings(given)
+    else:
+        settings = dict(arm=arm, tau=tau, eps=eps, site_tau=site_tau, targets=targets,
+                        exclude=exclude)
     spec = None
-    if dry_run:
-        plan = oretrofit.plan_retrofit(model, arm, tau, eps, **options)
+    if dry_run and given is None:
+        plan = oretrofit.plan_retrofit(model, **settings)
         sites = [{"site": s.name, "kind": s.kind, "carrier": s.carrier, "tau": c.tau,
                   "receivers": s.receivers(c.tau) if s.receivers else {}}
                  for s, c in plan.entries]
     else:
-        result = oretrofit.retrofit(model, arm, tau, eps, **options)
+        result = (oretrofit.apply_spec(model, given) if given is not None
+                  else oretrofit.retrofit(model, **settings))
         sites = result.report()
-        spec = {**result.spec(), "source_checkpoint_sha256": sha,
-                "weights": weights_label(checkpoint)}
-        if out is not None:
-            write_patched_artifact(out, path, spec)
+        if dry_run:                       # a spec is checked against the model in full
+            result.revert()
+        else:
+            spec = {**(given or {}), **result.spec(), "source_checkpoint_sha256": sha,
+                    "weights": weights_label(checkpoint)}
+            if out is not None:
+                write_patched_artifact(out, path, spec)
     return {"schema_version": SCHEMA_VERSION, "command": "patch", "model_path": str(path),
             "checkpoint_sha256": sha, "weights": weights_label(checkpoint),
-            "task": checkpoint_task(checkpoint), "arm": arm,
-            "tau": tau, "eps": eps, "site_tau": site_tau, "dry_run": dry_run,
+            "task": checkpoint_task(checkpoint), **settings, "dry_run": dry_run,
+            "spec_file": None if spec_file is None else str(spec_file),
             "out": None if dry_run or out is None else str(out), "sites": sites, "spec": spec,
             "environment": environment()}
 
@@ -90,9 +115,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("patch")
     def patch(
-        arm: str = typer.Option("full-o", "--arm", help="base, oa or full-o"),
-        tau: float = typer.Option(1e-8, "--tau", help="presence scale τ > 0"),
-        eps: float = typer.Option(1e-6, "--eps", help="OAttention ε > 0"),
+        arm: str = typer.Option(None, "--arm", help="base, oa or full-o (default full-o)"),
+        tau: float = typer.Option(None, "--tau", help="presence scale τ > 0 (default 1e-8)"),
+        eps: float = typer.Option(None, "--eps", help="OAttention ε > 0 (default 1e-6)"),
         model_path: str = typer.Option(None, "--model-path", help="TabPFN v3 checkpoint "
                                        "(regressor or classifier), 'demo' "
                                        "(trained demo host, random weights when not installed) "
@@ -102,19 +127,31 @@ def register(app: typer.Typer) -> None:
         target: list[str] = typer.Option(None, "--target", help="only sites matching (repeatable)"),
         exclude: list[str] = typer.Option(None, "--exclude",
                                           help="drop sites matching (repeatable)"),
+        spec: Path = typer.Option(None, "--spec", help="retrofit with a saved or calibrated "
+                                  "patch spec (JSON, e.g. from `oretrofit calibrate --out`) "
+                                  "instead of --arm/--tau/--eps/--site-tau/--target/--exclude"),
         dry_run: bool = typer.Option(False, "--dry-run", help="plan and print; patch and write "
                                      "nothing"),
         json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
         out: Path = typer.Option(None, "--out", help="write the patched artifact (a *v3*.ckpt or "
                                  ".safetensors carrying its patch spec)"),
     ) -> None:
-        """Retrofit a TabPFN v3 host (regressor or classifier) with an arm at τ and list every
-        patched site."""
+        """Retrofit a TabPFN v3 host (regressor or classifier) with an arm at τ, or with a patch
+        spec, and list every patched site with its τ."""
         from oretrofit._registry import RetrofitError
         overrides = parse_site_tau(site_tau)
+        if spec is not None:
+            settings = (("--arm", arm), ("--tau", tau), ("--eps", eps), ("--site-tau", site_tau),
+                        ("--target", target), ("--exclude", exclude))
+            given = [flag for flag, value in settings if value not in (None, [], ())]
+            if given:
+                typer.echo(f"error: --spec sets the arm and every site's τ itself; drop "
+                           f"{', '.join(given)} (or drop --spec)", err=True)
+                raise typer.Exit(2)
         try:
-            summary = run_patch(model_path, arm, tau, eps, overrides, target or None,
-                                exclude or None, dry_run, out)
+            summary = run_patch(model_path, arm or "full-o", 1e-8 if tau is None else tau,
+                                1e-6 if eps is None else eps, overrides, target or None,
+                                exclude or None, dry_run, out, spec)
         except (RetrofitError, ValueError) as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(2) from None

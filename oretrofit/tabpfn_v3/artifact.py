@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 import torch
 
+from .._provenance import weights_digest
 from .._registry import SPEC_VERSION, Retrofit, RetrofitError
 from .checkpoints import check_checkpoint_name, checkpoint_sha256, load_checkpoint, save_atomic
 from .regressor import regressor_from_checkpoint, spec_patch
@@ -36,16 +37,6 @@ __all__ = ["ARTIFACT_KEY", "DIGEST_KEY", "write_patched_artifact", "read_patch_s
 ARTIFACT_KEY = "oretrofit_patch"
 DIGEST_KEY = "oretrofit_patch_sha256"
 _RECREATE = "re-create the artifact with `oretrofit patch --out` from its source checkpoint"
-
-
-def weights_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
-    """SHA-256 over the sorted state_dict: each tensor's name, dtype, shape and bytes."""
-    h = hashlib.sha256()
-    for name in sorted(state_dict):
-        tensor = state_dict[name].detach().cpu().contiguous().reshape(-1)
-        h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        h.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return h.hexdigest()
 
 
 def _checksum(spec_json: str, state_dict: Mapping[str, torch.Tensor]) -> str:

@@ -13,8 +13,6 @@ from oretrofit.cli import calibrate as calibrate_verb
 from oretrofit.regress.data import load_dataset
 from oretrofit.regress.protocol import PAPER_PROTOCOL
 from oretrofit.tabpfn_v3 import make_regressor
-from oretrofit.tabpfn_v3.regressor import regressor_from_checkpoint, spec_patch
-from oretrofit.tabpfn_v3.checkpoints import resolve_model_path
 
 DELTA = 1e-3
 
@@ -57,8 +55,9 @@ def test_the_calibrated_spec_keeps_predictions_near_base_on_held_out_rows(spec):
     split = PAPER_PROTOCOL.split(len(diabetes.y), 11)
     X, y = diabetes.X, diabetes.y
     base, _ = make_regressor("demo", "base")
-    calibrated, retrofit = regressor_from_checkpoint(resolve_model_path("demo"), spec_patch(spec))
+    calibrated, retrofit = make_regressor("demo", spec=spec)
     assert retrofit is not None and retrofit.plan.site_tau == spec["site_tau"]
+    assert len(spec["calibration"]["weights_sha256"]) == 64
     p_base = base.fit(X[split.train], y[split.train]).predict(X[split.test])
     p_cal = calibrated.fit(X[split.train], y[split.train]).predict(X[split.test])
     rmse = lambda p: float(np.sqrt(np.mean((p - y[split.test]) ** 2)))     # noqa: E731
@@ -75,4 +74,29 @@ def test_bad_settings_are_refused_and_write_nothing(cli, tmp_path, args, message
     result = CliRunner().invoke(cli, ["calibrate", "--model-path", "demo", "--dataset",
                                       "sklearn:diabetes", "--out", str(out), *args])
     assert result.exit_code == 2 and message in result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "minilm", "--dataset", "sklearn:diabetes"], "--dataset belong to the TabPFN v3"),
+    (["--model", "minilm", "--model-path", "demo", "--seed", "3"],
+     "--model-path, --seed belong to the TabPFN v3"),
+    (["--text-file", "lines.txt", "--dataset", "sklearn:diabetes"],
+     "--text-file belong to the transformers form"),
+    (["--model-path", "demo"], "give --dataset SPEC"),
+])
+def test_the_two_forms_do_not_mix(cli, tmp_path, args, message):
+    out = tmp_path / "spec.json"
+    result = CliRunner().invoke(cli, ["calibrate", "--out", str(out), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not out.exists()
+
+
+def test_a_transformers_folder_without_a_tokenizer_is_refused(cli, tmp_path):
+    from oretrofit.patches import transformers_zoo as zoo
+    folder = tmp_path / "bert"
+    zoo.build(next(a for a in zoo.ARCHITECTURES if a.name == "BERT")).save_pretrained(folder)
+    out = tmp_path / "spec.json"
+    result = CliRunner().invoke(cli, ["calibrate", "--model", str(folder), "--out", str(out)])
+    assert result.exit_code == 2 and "holds no tokenizer" in result.output, result.output
     assert not out.exists()

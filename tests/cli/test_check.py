@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 import typer  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
+from oretrofit.cli import calibrate as calibrate_verb  # noqa: E402
 from oretrofit.cli import check as check_verb  # noqa: E402
 from oretrofit.patches import transformers_zoo as zoo  # noqa: E402
 
@@ -21,12 +22,30 @@ def cli() -> typer.Typer:
     app = typer.Typer()
     app.callback()(lambda: None)          # keep `check` a sub-command
     check_verb.register(app)
+    calibrate_verb.register(app)
     return app
 
 
-def _saved(name: str, folder: Path) -> Path:
+def _saved(name: str, folder: Path, seed: int = 0) -> Path:
     arch = next(a for a in zoo.ARCHITECTURES + zoo.REFUSED if a.name == name)
-    zoo.build(arch).save_pretrained(folder)
+    zoo.build(arch, seed).save_pretrained(folder)
+    return folder
+
+
+def _with_tokenizer(folder: Path) -> Path:
+    """Save a word-level tokenizer beside a tiny model: the built-in calibration text's first
+    words (ids 4…) within the model's vocabulary of 99, every other word [UNK]."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from oretrofit.transformers_calibrate import builtin_texts
+    words = sorted({w for line in builtin_texts() for w in line.split()})[:90]
+    vocab = {"[PAD]": 0, "[BOS]": 1, "[EOS]": 2, "[UNK]": 3,
+             **{w: i + 4 for i, w in enumerate(words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]",
+                            pad_token="[PAD]").save_pretrained(folder)
     return folder
 
 
@@ -64,3 +83,49 @@ def test_refused_and_missing_models_exit_2_with_the_reason(cli: typer.Typer,
     assert refused.exit_code == 2 and "attention interface" in refused.output
     missing = CliRunner().invoke(cli, ["check", str(tmp_path / "nowhere")])
     assert missing.exit_code == 2 and "minilm, smollm2" in missing.output
+
+
+def test_calibrate_then_check_under_the_spec(cli: typer.Typer, tmp_path: Path) -> None:
+    folder = _with_tokenizer(_saved("Llama", tmp_path / "llama"))
+    spec_file = tmp_path / "spec.json"
+    made = CliRunner().invoke(cli, ["calibrate", "--model", str(folder), "--out", str(spec_file)])
+    assert made.exit_code == 0, made.output
+    spec = json.loads(spec_file.read_text())
+    data = spec["calibration"]["data"]
+    assert data["texts"] == "built-in" and data["rows"] == data["batches"] >= 30
+    assert len(data["texts_sha256"]) == 64 and data["tokens"] > data["rows"]
+    assert spec["host"] == "transformers" and set(spec["site_tau"]) == set(spec["sites"])
+    assert min(spec["site_tau"].values()) > 1e-6 and len(set(spec["site_tau"].values())) > 3
+
+    result = CliRunner().invoke(cli, ["check", str(folder), "--spec", str(spec_file), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["spec"]["site_tau"] == spec["site_tau"] and summary["holds"]
+    assert [a["arm"] for a in summary["agreement"]] == ["full-o"]
+    assert summary["null_insertion"]["inserted_max_abs"] == 0
+    assert summary["null_insertion"]["old_max_delta"] <= 1e-4
+    table = CliRunner().invoke(cli, ["check", str(folder), "--spec", str(spec_file)])
+    assert table.exit_code == 0 and "spec spec.json" in table.output
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("The cat sits outside.\n\nA man is playing a guitar on the street.\n")
+    own = tmp_path / "own.json"
+    made = CliRunner().invoke(cli, ["calibrate", "--model", str(folder), "--text-file", str(lines),
+                                    "--max-tokens", "4", "--out", str(own)])
+    assert made.exit_code == 0, made.output
+    data = json.loads(own.read_text())["calibration"]["data"]
+    assert data["texts"] == str(lines) and data["rows"] == 2 and data["tokens"] == 8
+
+
+def test_a_spec_for_another_model_is_refused(cli: typer.Typer, tmp_path: Path) -> None:
+    folder = _with_tokenizer(_saved("Llama", tmp_path / "llama"))
+    spec_file = tmp_path / "spec.json"
+    made = CliRunner().invoke(cli, ["calibrate", "--model", str(folder), "--out", str(spec_file)])
+    assert made.exit_code == 0, made.output
+    for other, message in ((_saved("Llama", tmp_path / "other", seed=1), "other weights"),
+                           (_saved("BERT", tmp_path / "bert"), "does not apply to this BertModel")):
+        refused = CliRunner().invoke(cli, ["check", str(other), "--spec", str(spec_file)])
+        assert refused.exit_code == 2 and message in refused.output, refused.output
+    for flags in (["--tau", "1e-6"], ["--arm", "full-o"]):
+        mixed = CliRunner().invoke(cli, ["check", str(folder), "--spec", str(spec_file), *flags])
+        assert mixed.exit_code == 2 and f"drop {flags[0]}" in mixed.output

@@ -86,3 +86,71 @@ def test_plain_checkpoint_is_not_an_artifact():
     from oretrofit.tabpfn_v3 import resolve_model_path
     with pytest.raises(RetrofitError, match="without an oretrofit patch spec"):
         load_patched_regressor(resolve_model_path("random"))
+
+
+SITE_TAU = {"icl.*": 0.3, "fde.*": 2.0, "te.*": 0.05}
+
+
+@pytest.fixture()
+def spec_file(tmp_path):
+    """A spec as `oretrofit calibrate` writes one: per-site τ and a calibration record."""
+    import oretrofit
+    from oretrofit.tabpfn_v3 import checkpoint_sha256, resolve_model_path
+    from oretrofit.tabpfn_v3.checkpoints import build_model, load_checkpoint
+    path = resolve_model_path("random")
+    model, _, _ = build_model(load_checkpoint(path))
+    spec = oretrofit.retrofit(model, "full-o", 0.5, site_tau=SITE_TAU).spec()
+    spec["calibration"] = {"delta": 1e-3, "data": {"checkpoint_sha256": checkpoint_sha256(path)}}
+    out = tmp_path / "spec.json"
+    out.write_text(json.dumps(spec))
+    return out
+
+
+def test_a_spec_file_patches_prints_each_sites_tau_and_is_recorded(cli, spec_file, tmp_path):
+    given = json.loads(spec_file.read_text())
+    out = tmp_path / "calibrated-tabpfn-v3.ckpt"
+    result = _run(cli, "--spec", str(spec_file), "--json", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["arm"] == "full-o" and summary["site_tau"] == SITE_TAU
+    taus = {row["site"]: row["tau"] for row in summary["sites"]}
+    assert taus["icl.0.attn"] == 0.3 and taus["fde.0.induce1"] == 2.0 and taus["te.col"] == 0.05
+    from oretrofit.tabpfn_v3 import read_patch_spec
+    recorded = read_patch_spec(out)
+    assert recorded["calibration"] == given["calibration"] and recorded["site_tau"] == SITE_TAU
+    assert recorded["source_checkpoint_sha256"] == summary["checkpoint_sha256"]
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(36, 3)), rng.normal(size=36)
+    loaded, _ = load_patched_regressor(out)
+    direct, _ = make_regressor("random", spec=spec_file)
+    np.testing.assert_array_equal(loaded.fit(x[:28], y[:28]).predict(x[28:]),
+                                  direct.fit(x[:28], y[:28]).predict(x[28:]))
+    table = _run(cli, "--spec", str(spec_file), "--dry-run", "--out", str(tmp_path / "n-v3.ckpt"))
+    assert table.exit_code == 0, table.output
+    assert "spec spec.json (arm full-o)" in table.stdout
+    assert "│ fde.0.induce1.ffn  │ ffn       │ 2 " in table.stdout
+    assert "dry run" in table.stdout and not (tmp_path / "n-v3.ckpt").exists()
+
+
+@pytest.mark.parametrize("flags", [["--tau", "1e-6"], ["--arm", "full-o"], ["--eps", "1e-6"],
+                                   ["--site-tau", "icl.*=1"], ["--target", "icl.*"]])
+def test_a_spec_file_with_retrofit_flags_is_refused(cli, spec_file, tmp_path, flags):
+    out = tmp_path / "x-v3.ckpt"
+    result = _run(cli, "--spec", str(spec_file), *flags, "--out", str(out))
+    assert result.exit_code == 2 and f"drop {flags[0]}" in result.output
+    assert not out.exists()
+
+
+def test_a_spec_that_does_not_fit_the_checkpoint_is_refused(cli, spec_file, tmp_path):
+    spec = json.loads(spec_file.read_text())
+    for changed, message in (({"sites": spec["sites"][:-1]}, "site list"),
+                             ({"calibration": {"data": {"checkpoint_sha256": "0" * 64}}},
+                              "make the spec from this checkpoint")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({**spec, **changed}))
+        out = tmp_path / "x-v3.ckpt"
+        result = _run(cli, "--spec", str(bad), "--out", str(out))
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert not out.exists()
+    missing = _run(cli, "--spec", str(tmp_path / "nowhere.json"))
+    assert missing.exit_code == 2 and "cannot read the patch spec" in missing.output
