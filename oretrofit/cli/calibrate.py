@@ -13,6 +13,8 @@ from typing import Any
 
 import typer
 
+from .errors import fail
+
 DEFAULT_SEEDS = [11]
 DEFAULT_MAX_TOKENS = 128
 
@@ -21,21 +23,17 @@ def _form(given_tabpfn: list[str], given_text: list[str], model: str | None,
           datasets: list[str] | None) -> str:
     """``"tabpfn"`` or ``"transformers"``, or exit 2 naming the flags that do not belong."""
     if model is not None and given_tabpfn:
-        typer.echo(f"error: --model calibrates a transformers model from text; "
+        raise fail(f"--model calibrates a transformers model from text; "
                    f"{', '.join(given_tabpfn)} belong to the TabPFN v3 form (--model-path "
-                   "--dataset): use one form", err=True)
-        raise typer.Exit(2)
+                   "--dataset): use one form")
     if model is not None:
         return "transformers"
     if given_text:
-        typer.echo(f"error: {', '.join(given_text)} belong to the transformers form; add --model "
-                   "minilm|smollm2|DIR (or drop them to calibrate TabPFN v3 with --dataset)",
-                   err=True)
-        raise typer.Exit(2)
+        raise fail(f"{', '.join(given_text)} belong to the transformers form; add --model "
+                   "minilm|smollm2|DIR (or drop them to calibrate TabPFN v3 with --dataset)")
     if not datasets:
-        typer.echo("error: give --dataset SPEC (a TabPFN v3 host, with --model-path) or --model "
-                   "minilm|smollm2|DIR (a transformers model, with --text-file)", err=True)
-        raise typer.Exit(2)
+        raise fail("give --dataset SPEC (a TabPFN v3 host, with --model-path) or --model "
+                   "minilm|smollm2|DIR (a transformers model, with --text-file)")
     return "tabpfn"
 
 
@@ -120,8 +118,7 @@ def register(app: typer.Typer) -> None:
                     model, text_file, DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                     **settings)
         except (RetrofitError, ValueError, OSError) as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(2) from None
+            raise fail(err) from None
         write_json_atomic(out, spec)
         taus = spec["site_tau"].values()
         typer.echo(f"{len(spec['site_tau'])} site(s), τ from {min(taus):.3g} to {max(taus):.3g}; "

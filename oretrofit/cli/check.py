@@ -25,6 +25,8 @@ from typing import Any, Iterator, Mapping
 
 import typer
 
+from .errors import fail
+
 SCHEMA_VERSION = 1
 LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4}
 
@@ -143,16 +145,14 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("choose oa or full-o", param_hint="--arm")
         given = [flag for flag, value in (("--arm", arm), ("--tau", tau)) if value is not None]
         if spec is not None and given:
-            typer.echo(f"error: --spec sets the arm and every site's τ itself; drop "
-                       f"{', '.join(given)} (or drop --spec)", err=True)
-            raise typer.Exit(2)
+            raise fail(f"--spec sets the arm and every site's τ itself; drop "
+                       f"{', '.join(given)} (or drop --spec)")
         try:
             summary = (run_check(model, [], None, spec) if spec is not None else
                        run_check(model, [arm] if arm else ["oa", "full-o"],
                                  1e-6 if tau is None else tau))
         except (RetrofitError, ValueError, OSError) as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(2) from None
+            raise fail(err) from None
         if json_out:
             print(json.dumps(summary, default=str))
         else:

@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from .errors import fail
+
 from oretrofit.pretrain.inference import DEFAULT_PRESET, PRESETS
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -57,12 +59,6 @@ def parse_host_overrides(items: list[str]) -> Any:
     from oretrofit.pretrain.train import HostConfig
 
     return parse_overrides(items, HostConfig(), "--host")
-
-
-def _fail(exc: Exception | str) -> typer.Exit:
-    """Print ``exc`` as one error line on stderr; exit status 2."""
-    print(f"error: {exc}", file=sys.stderr)
-    return typer.Exit(2)
 
 
 demo_app = typer.Typer(name="demo-host", no_args_is_help=True, add_completion=False,
@@ -112,7 +108,7 @@ def train(
         summary = (train_curriculum(out, cfg, resume=resume) if curriculum
                    else train(out, cfg, resume=resume, init_from=init_from))
     except ValueError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     summary["command"] = " ".join(["oretrofit", *sys.argv[1:]])
     if json_out:
         print(json.dumps({"schema_version": 1, **summary}, default=str))
@@ -134,7 +130,7 @@ def export(
     try:
         print(str(export_checkpoint(run, out, inference)))
     except ValueError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
 
 
 @demo_app.command("average")
@@ -148,7 +144,7 @@ def average(
     try:
         print(str(average_checkpoints(checkpoints, out)))
     except ValueError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
 
 
 @demo_app.command("eval")
@@ -183,7 +179,7 @@ def evaluate(
         receipt = evaluate(hosts, names, n_seeds=seeds, receipt_path=out, reuse_baselines=reuse_baselines,
                            max_train_rows=max_train_rows, inference=inference)
     except ValueError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     if json_out:
         print(json.dumps(receipt, default=str))
     else:
@@ -208,7 +204,7 @@ def card(
         path = write_card(run, evaluation, out, training_command=command,
                           evaluation_command=eval_command, notes=note)
     except ValueError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     print(str(path))
 
 
@@ -224,7 +220,7 @@ def compare(
     try:
         print(compare_runs(labelled_receipts(receipt)))
     except ValueError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
 
 
 def refresh_docs(
@@ -238,7 +234,7 @@ def refresh_docs(
     try:
         stale = refresh_documents(documents, check=check, report=print)
     except (OSError, ValueError) as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     if check and stale:
         raise typer.Exit(1)
 

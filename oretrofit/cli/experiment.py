@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from .errors import fail
+
 
 def _split_list(values: list[str] | None) -> tuple[str, ...] | None:
     """``--datasets a,b --datasets c`` -> ("a", "b", "c"); None when not given."""
@@ -54,8 +56,7 @@ def experiment(
         result = run_study(study, options, out, execute=not report_only,
                            merge_from=merge_from or ())
     except ValueError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
+        raise fail(err) from None
     if json_out:
         print(json.dumps({"schema_version": 1, "study": name, "receipt": str(result.receipt_path),
                           "table": str(result.table_path), "complete": result.complete,

@@ -9,6 +9,8 @@ from typing import Any
 
 import typer
 
+from .errors import fail
+
 SCHEMA_VERSION = 1
 
 
@@ -145,16 +147,14 @@ def register(app: typer.Typer) -> None:
                         ("--target", target), ("--exclude", exclude))
             given = [flag for flag, value in settings if value not in (None, [], ())]
             if given:
-                typer.echo(f"error: --spec sets the arm and every site's τ itself; drop "
-                           f"{', '.join(given)} (or drop --spec)", err=True)
-                raise typer.Exit(2)
+                raise fail(f"--spec sets the arm and every site's τ itself; drop "
+                           f"{', '.join(given)} (or drop --spec)")
         try:
             summary = run_patch(model_path, arm or "full-o", 1e-8 if tau is None else tau,
                                 1e-6 if eps is None else eps, overrides, target or None,
                                 exclude or None, dry_run, out, spec)
         except (RetrofitError, ValueError) as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(2) from None
+            raise fail(err) from None
         if json_out:
             print(json.dumps(summary, default=str))
         else:
