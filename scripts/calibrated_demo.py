@@ -80,13 +80,13 @@ def main() -> None:
     settings = read_cells([OUT / "run"])[0]
     env = environment()
     provenance = [
-        f"Written by `scripts/calibrated_demo.py` at commit {git_revision()} "
+        f"* Written by `scripts/calibrated_demo.py` at commit {git_revision()} "
         f"(oretrofit {env['packages'].get('oretrofit')}, tabpfn {env['packages'].get('tabpfn')}, "
         f"torch {env['packages'].get('torch')}); checkpoint SHA-256 "
         f"`{settings['checkpoint_sha256'][:16]}…` ({settings['weights']}).",
-        *(f"Spec `spec-{arm}.json` SHA-256 `{sha256_file(OUT / f'spec-{arm}.json')[:16]}…`."
+        *(f"* Spec `spec-{arm}.json` SHA-256 `{sha256_file(OUT / f'spec-{arm}.json')[:16]}…`."
           for arm in specs),
-        "Tables, plots and every cell: `run/tables/` (τ grid and calibrated specs) and "
+        "* Tables, plots and every cell: `run/tables/` (τ grid and calibrated specs) and "
         "`ablation/tables/`; commands and timings: `receipt.json`."]
     (OUT / "README.md").write_text(calibrated_reading(specs, *summaries, provenance))
     write_json_atomic(OUT / "receipt.json", {

@@ -125,20 +125,20 @@ def calibrated_reading(specs: Mapping[str, Mapping[str, Any]], curve: Summary,
     first = specs[arms[0]]["calibration"]
     data = first["data"]
     standins = sorted({(r.name, r.standin_for) for r in curve.rows if r.standin_for})
-    lines = ["# Calibrated τ on the demo host", "",
+    lines = ["## Calibrated τ on the demo host (generated reading)", "",
              f"Calibrated with δ = {first['delta']:g}, q = {first['quantile']:g} "
              f"(τ_site = δ/(1−δ)·Q_q(‖h‖²)) on the train rows of {len(data['splits'])} "
              f"(dataset, seed) splits ({data['rows']} rows); scored on their test rows.", "",
-             "## Per-site τ", "", *(_tau_summary(a, specs[a]) for a in arms), "",
+             "### Per-site τ", "", *(_tau_summary(a, specs[a]) for a in arms), "",
              _site_table({a: specs[a] for a in arms}), "",
-             f"## Within {TOLERANCE_PCT:g} % of base RMSE?", "",
+             f"### Within {TOLERANCE_PCT:g} % of base RMSE?", "",
              f"Means over seeds {', '.join(map(str, sorted({s['seed'] for s in data['splits']})))}"
              f" of the change against base; the last columns are one global τ = "
              f"{_contrast_tau(curve):g} at every site, for contrast.", "",
              *_acceptance(curve, arms), "",
              *(f"† {name}: offline stand-in for {spec}." for name, spec in standins),
              *([""] if standins else []),
-             "## Where the host breaks: site families at the stress τ", "",
+             "### Where the host breaks: site families at the stress τ", "",
              *_ranking(ablation),
-             "## Provenance", "", *provenance, ""]
+             "### Provenance", "", *provenance, ""]
     return "\n".join(lines)

@@ -209,3 +209,24 @@ def test_the_committed_demo_host_folder_renders_as_committed(tmp_path):
     render([folder], tmp_path, plots=False)
     for name in ("tables.md", "tables.tex", "cells.csv", "timings.csv", "timings.md"):
         assert (tmp_path / name).read_text() == (folder / "tables" / name).read_text(), name
+
+
+def test_the_calibrated_reading_restates_the_rows(env):
+    from oretrofit.regress.calibrated_reading import TOLERANCE_PCT, calibrated_reading
+    from oretrofit.regress.store import read_cells, read_variants
+    from oretrofit.regress.summary import summarize
+    _, datasets, cells = read_cells([env["out"]])
+    summary = summarize(cells, datasets, read_variants([env["out"]]))
+    specs = {arm: json.loads(p.read_text()) for arm, p in env["specs"].items()}
+    text = calibrated_reading(specs, summary, summary, ["made by the test"])
+    for arm, label in (("oa", "OA"), ("full-o", "Full-O")):
+        taus = sorted(specs[arm]["site_tau"].values())
+        assert f"* {label}: {len(taus)} sites, τ min {taus[0]:.3g}" in text
+        value = summary.variant_row(DATASET, f"{arm}/calibrated-d0.001-q0.01").d_rmse_pct
+        verdict = "met" if abs(value) <= TOLERANCE_PCT else "NOT met"
+        assert f"* {label}: {verdict} — the calibrated spec's largest |ΔRMSE %|" in text
+        assert f"{abs(value):.3f}%" in text
+    assert "| `icl.out_norm` | — |" in text                     # a Full-O-only site
+    assert "**Full-O: site families ranked by the RMSE they cost" in text
+    assert "* Every site of Full-O at τ = 1 at once: ΔRMSE %" in text
+    assert text.rstrip().endswith("made by the test")
