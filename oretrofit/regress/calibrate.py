@@ -50,7 +50,8 @@ def calibrate_tabpfn(model_path: str | Path | None, datasets: Sequence[Dataset],
         for X, y in splits:
             regressor.fit(X, y).predict(X)
 
-    data = {"checkpoint": str(path), "checkpoint_sha256": checkpoint_sha256(path),
+    # the checkpoint's file name and hash (no machine-local path: specs are committed)
+    data = {"checkpoint": path.name, "checkpoint_sha256": checkpoint_sha256(path),
             "protocol": protocol.describe(), "splits": record,
             "rows": int(np.sum([r["rows"] for r in record])), "n_estimators": n_estimators}
     return calibrate(built[0], run, delta, quantile, arm=arm, data=data)

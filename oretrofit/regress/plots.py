@@ -1,4 +1,6 @@
-"""Matplotlib PNGs of ΔRMSE % against base: per dataset and arm, and against τ when several τ."""
+"""Matplotlib PNGs of the change against base: ΔRMSE % per dataset and arm at each τ, and, with
+several τ or a calibrated variant, ΔRMSE % and ΔR² against τ (log x) per arm and dataset over the
+whole grid, each calibrated spec drawn as a star at x = the median of its per-site τ."""
 
 from __future__ import annotations
 
@@ -6,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .summary import MEAN_ROW, Summary
+from .summary import MEAN_ROW, Row, Summary
 
 __all__ = ["plot_delta_rmse"]
 
 _ARM_LABELS = {"oa": "OA", "full-o": "Full-O"}
+_PANELS_PER_ROW = 4
 
 
 def _o_arms(summary: Summary) -> list[str]:
@@ -26,7 +29,8 @@ def _scale(ax, values: list[float]) -> None:
 
 
 def plot_delta_rmse(summary: Summary, out: Path) -> dict[str, Path]:
-    """Write ``delta_rmse.png`` (and ``delta_rmse_vs_tau.png`` for several τ); returns paths.
+    """Write ``delta_rmse.png`` (and ``delta_rmse_vs_tau.png`` for several τ or a calibrated
+    variant); returns paths.
 
     Bars are measured means over seeds; black crosses are the paper's values where it has them.
     Nothing is drawn without base cells (there is no change to show).
@@ -42,9 +46,13 @@ def plot_delta_rmse(summary: Summary, out: Path) -> dict[str, Path]:
     names = [summary.names[s] for s in summary.datasets]
     x = np.arange(len(names))
     width = 0.8 / len(arms)
-    fig, axes = plt.subplots(1, len(summary.taus), figsize=(max(5, 1.3 * len(names)) *
-                             len(summary.taus), 4), squeeze=False)
-    for ax, tau in zip(axes[0], summary.taus):
+    columns = min(len(summary.taus), _PANELS_PER_ROW)
+    lines = -(-len(summary.taus) // columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(max(5, 1.3 * len(names)) * columns,
+                                                      4 * lines), squeeze=False)
+    for ax in axes.flat[len(summary.taus):]:
+        ax.set_visible(False)
+    for ax, tau in zip(axes.flat, summary.taus):
         shown = []
         for i, arm in enumerate(arms):
             rows = [summary.row(s, arm, tau) for s in summary.datasets]
@@ -65,31 +73,61 @@ def plot_delta_rmse(summary: Summary, out: Path) -> dict[str, Path]:
     files["delta_rmse.png"] = out / "delta_rmse.png"
     fig.savefig(files["delta_rmse.png"], dpi=120, metadata={"Software": None})
     plt.close(fig)
-    if len(summary.taus) > 1:
+    if len(summary.taus) > 1 or _calibrated(summary):
         files["delta_rmse_vs_tau.png"] = _plot_against_tau(plt, summary, arms, out)
     return files
 
 
+def _calibrated(summary: Summary) -> dict[str, float]:
+    """``<arm>/<name>`` -> median site τ of each calibrated variant (its marker's x)."""
+    found = {}
+    for key, record in summary.variants.items():
+        if record.get("kind") == "calibrated":
+            values = sorted((record.get("site_tau") or {}).values()) or [record["tau"]]
+            found[key] = float(np.median(values))
+    return found
+
+
 def _plot_against_tau(plt, summary: Summary, arms: list[str], out: Path) -> Path:
-    fig, axes = plt.subplots(1, len(arms), figsize=(5.5 * len(arms), 4), squeeze=False)
-    for ax, arm in zip(axes[0], arms):
-        shown = []
-        for spec in [*summary.datasets, MEAN_ROW]:
-            values = [(r.d_rmse_pct if (r := summary.row(spec, arm, t)) else None)
-                      for t in summary.taus]
-            mean = spec == MEAN_ROW
-            ax.plot(summary.taus, [np.nan if v is None else v for v in values], marker="o",
-                    color="black" if mean else None, linewidth=2.5 if mean else 1.2,
-                    label=MEAN_ROW if mean else summary.names[spec])
-            shown += values
-        ax.set_xscale("log")
-        _scale(ax, shown)
-        ax.set_xlabel("τ")
-        ax.set_ylabel("ΔRMSE % vs base")
-        ax.set_title(_ARM_LABELS.get(arm, arm))
-        ax.legend(fontsize="small")
+    """One column per O arm; ΔRMSE % on top, ΔR² below; one line per dataset and the mean over
+    cells (black), a star per calibrated variant in its dataset's colour."""
+    metrics = (("ΔRMSE % vs base", lambda r: r.d_rmse_pct), ("ΔR² vs base", lambda r: r.d_r2))
+    calibrated = _calibrated(summary)
+    fig, axes = plt.subplots(2, len(arms), figsize=(6 * len(arms), 8), squeeze=False)
+    for column, arm in enumerate(arms):
+        for line, (label, value) in enumerate(metrics):
+            ax = axes[line][column]
+            shown = []
+            for spec in [*summary.datasets, MEAN_ROW]:
+                values = [_value(summary.row(spec, arm, t), value) for t in summary.taus]
+                mean = spec == MEAN_ROW
+                drawn = ax.plot(summary.taus, values, marker="o", markersize=3,
+                                color="black" if mean else None, linewidth=2.5 if mean else 1.2,
+                                label=MEAN_ROW if mean else summary.names[spec])[0]
+                shown += values
+                for key, x in calibrated.items():
+                    if key.startswith(f"{arm}/"):
+                        y = _value(summary.variant_row(spec, key), value)
+                        ax.scatter([x], [y], marker="*", s=160, color=drawn.get_color(),
+                                   edgecolors="black", linewidths=0.6, zorder=4)
+                        shown.append(y)
+            if any(k.startswith(f"{arm}/") for k in calibrated):
+                ax.scatter([], [], marker="*", s=160, color="white", edgecolors="black",
+                           label="calibrated spec (x = its median site τ)")
+            ax.set_xscale("log")
+            _scale(ax, shown) if line == 0 else ax.axhline(0.0, color="0.4", linewidth=0.8)
+            ax.set_xlabel("τ (every site of the arm)")
+            ax.set_ylabel(label)
+            ax.set_title(f"{_ARM_LABELS.get(arm, arm)}: {label}")
+            ax.legend(fontsize="x-small")
     fig.tight_layout()
     path = out / "delta_rmse_vs_tau.png"
     fig.savefig(path, dpi=120, metadata={"Software": None})
     plt.close(fig)
     return path
+
+
+def _value(row: Row | None, value) -> float:
+    """``value(row)`` as a float, NaN where there is no row or no value."""
+    found = value(row) if row is not None else None
+    return np.nan if found is None else float(found)

@@ -8,6 +8,8 @@ test rows:
     R²   = 1 - Σ(ŷ - y)² / Σ(y - ȳ)²       ȳ the mean of the test targets
 
 ``base`` is one cell per (dataset, seed), shared by every τ (no τ changes an unpatched host).
+Each per-site τ variant (:mod:`.variants`: a calibrated spec, a site-family ablation) adds one
+cell per (dataset, seed) of its arm.
 Cells run through joblib (``loky`` processes when ``n_jobs > 1``) or, with ``backend="dask"``,
 on a Dask cluster; the driver writes each result as it arrives (see :mod:`.store`).
 
@@ -43,6 +45,7 @@ from .._registry import ARMS
 from .data import Dataset, canonical_spec, load_datasets
 from .protocol import PAPER_PROTOCOL, SplitProtocol, rmse_r2
 from .store import Cell, RunFolder
+from .variants import Variant, check_variants
 
 __all__ = ["Matrix", "ModelSettings", "RunResult", "run_matrix", "run_cell", "parse_shard",
            "shard_cells", "BACKENDS"]
@@ -54,12 +57,14 @@ Progress = Callable[[str, Cell, int, int], None]
 
 @dataclass(frozen=True)
 class Matrix:
-    """The grid: every dataset × seed × arm, with O arms once per τ and ``base`` once."""
+    """The grid: every dataset × seed × arm, with O arms once per τ and once per variant of the
+    arm, and ``base`` once."""
 
     datasets: tuple[str, ...]
     seeds: tuple[int, ...]
     arms: tuple[str, ...] = tuple(ARMS)
     taus: tuple[float, ...] = (1e-8,)
+    variants: tuple[Variant, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "datasets", tuple(map(canonical_spec, self.datasets)))
@@ -80,12 +85,29 @@ class Matrix:
             if repeated:
                 raise ValueError(f"{what} lists {', '.join(repeated)} more than once; list each "
                                  "once (a repeat would be run and averaged twice)")
+        object.__setattr__(self, "variants", tuple(self.variants))
+        keys = [v.key for v in self.variants]
+        repeated = sorted({k for k in keys if keys.count(k) > 1})
+        if repeated:
+            raise ValueError(f"variant {', '.join(repeated)} is given more than once (e.g. two "
+                             "--tau-spec files with the same δ and q for one arm); give one")
+        outside = [v.key for v in self.variants if v.arm not in self.arms]
+        if outside:
+            raise ValueError(f"variant {', '.join(outside)} runs an arm that --arms leaves out; "
+                             "add its arm to --arms")
+
+    def variant(self, cell: Cell) -> Variant | None:
+        """The variant ``cell`` runs (None for a plain τ)."""
+        return next((v for v in self.variants
+                     if (v.arm, v.name) == (cell.arm, cell.variant)), None)
 
     def cells(self) -> list[Cell]:
         """Cells in a fixed order (the order shards are cut from)."""
-        return [Cell(d, s, arm, None if arm == "base" else tau)
-                for d in self.datasets for s in self.seeds for arm in self.arms
-                for tau in ((None,) if arm == "base" else self.taus)]
+        return [cell for d in self.datasets for s in self.seeds for arm in self.arms
+                for cell in (*(Cell(d, s, arm, None if arm == "base" else tau)
+                               for tau in ((None,) if arm == "base" else self.taus)),
+                             *(Cell(d, s, arm, v.tau, v.name)
+                               for v in self.variants if v.arm == arm))]
 
 
 @dataclass(frozen=True)
@@ -184,17 +206,23 @@ _WATCHED: list[int] = []
 
 
 def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
-             model: ModelSettings, driver: int | None = None) -> tuple[Cell, dict[str, Any]]:
+             model: ModelSettings, driver: int | None = None,
+             variant: Variant | None = None) -> tuple[Cell, dict[str, Any]]:
     """Fit and score one cell on ``(X_train, y_train, X_test, y_test)``; runs in a worker
-    (which watches ``driver``, the driver's pid, when given)."""
+    (which watches ``driver``, the driver's pid, when given). ``variant``: the per-site τ
+    (and ε) the cell's variant runs."""
     from ..tabpfn_v3 import make_regressor
     if driver is not None:
         _watch_driver(driver)
     X_train, y_train, X_test, y_test = arrays
     start, cpu_start = time.perf_counter(), time.process_time()
-    regressor, applied = make_regressor(checkpoint, arm=cell.arm,
-                                        **({} if cell.tau is None else {"tau": cell.tau}),
-                                        seed=cell.seed, **model.regressor_kwargs())
+    kwargs = model.regressor_kwargs()
+    if cell.tau is not None:
+        kwargs["tau"] = cell.tau
+    if variant is not None:
+        kwargs["site_tau"] = variant.site_tau
+        kwargs["eps"] = variant.eps if variant.eps is not None else model.eps
+    regressor, applied = make_regressor(checkpoint, arm=cell.arm, seed=cell.seed, **kwargs)
     # Every presence the O sites compute in fit + predict, per module (base computes none).
     where = presence_by_module(applied.model) if applied is not None else nullcontext({})
     with where as by_module:
@@ -263,13 +291,15 @@ def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
         for seed in matrix.seeds:
             _check_split(dataset, seed, protocol)
     checkpoint = resolve_model_path(model.model_path)
-    weights = _check_builds(checkpoint)
+    weights, host = _check_builds(checkpoint)
+    sha256 = checkpoint_sha256(checkpoint)
+    check_variants(host, matrix.variants, model.eps, sha256)
     folder = RunFolder(out)
     with folder.lock():
         folder.sweep()
         folder.check_cells()
         return _run_locked(matrix, model, folder, datasets, checkpoint, weights,
-                           checkpoint_sha256(checkpoint), protocol=protocol, standins=standins,
+                           sha256, protocol=protocol, standins=standins,
                            shard=shard, backend=backend, n_jobs=n_jobs, scheduler=scheduler,
                            progress=progress)
 
@@ -286,18 +316,18 @@ def _check_split(dataset: Dataset, seed: int, protocol: SplitProtocol) -> None:
                          "table with at least 4 rows (or a smaller --test-fraction)")
 
 
-def _check_builds(checkpoint: Path) -> str:
+def _check_builds(checkpoint: Path) -> tuple[str, torch.nn.Module]:
     """Build the host from the checkpoint once (a state_dict that does not fit its config fails
-    here, naming the file); returns the weights label."""
+    here, naming the file); returns the weights label and the built host."""
     from ..tabpfn_v3 import build_model, load_checkpoint, weights_label
     loaded = load_checkpoint(checkpoint)
     try:
-        build_model(loaded)
+        host = build_model(loaded)[0]
     except (RuntimeError, ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"checkpoint {checkpoint} does not build a TabPFN v3 host "
                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); re-create "
                          "or re-download it") from None
-    return weights_label(loaded)
+    return weights_label(loaded), host
 
 
 def _run_locked(matrix: Matrix, model: ModelSettings, folder: RunFolder,
@@ -311,6 +341,7 @@ def _run_locked(matrix: Matrix, model: ModelSettings, folder: RunFolder,
                  "n_estimators": model.n_estimators, "eps": model.eps,
                  "inference_precision": model.inference_precision,
                  "protocol": protocol.describe()})
+    folder.bind_variants({v.key: v.record() for v in matrix.variants})
     for dataset in datasets.values():
         folder.record_dataset(dataset)
     cells = shard_cells(matrix.cells(), *shard)
@@ -332,7 +363,7 @@ def _run_locked(matrix: Matrix, model: ModelSettings, folder: RunFolder,
                 progress("start", c, result.cells_skipped + len(result.cells_run), len(cells))
             yield joblib.delayed(run_cell)(c, _split_arrays(datasets[c.dataset], c.seed,
                                                             protocol), str(checkpoint), model,
-                                           driver)
+                                           driver, matrix.variant(c))
 
     with _backend(backend, n_jobs, scheduler):
         for cell, metrics in joblib.Parallel(return_as="generator_unordered")(tasks()):

@@ -4,7 +4,11 @@
                                   device type, estimator settings); written once, checked after
     DIR/datasets/<slug>.json      each dataset's receipt (source, rows, SHA-256 of its content)
     DIR/invocations/<id>.json     one per command: environment, command line, grid, shard, backend
-    DIR/cells/<key>.json          one per (dataset, seed, arm, τ) cell: metrics and timings
+    DIR/cells/<key>.json          one per (dataset, seed, arm, τ[, variant]) cell: metrics and
+                                  timings
+
+``run.json`` also binds each per-site τ variant (:mod:`.variants`) under ``variants``: a later
+run may add variants, never redefine one.
 
 A cell file exists only once its cell has finished, so a killed run loses at most the cells in
 flight, and re-running skips every cell that has a file (no cell is ever written twice).
@@ -33,7 +37,7 @@ from .._provenance import write_json_atomic
 from .data import Dataset, spec_slug
 
 __all__ = ["SCHEMA_VERSION", "Cell", "RunFolder", "RunMismatch", "FolderBusy", "read_cells",
-           "read_json"]
+           "read_json", "read_variants", "cell_id"]
 
 SCHEMA_VERSION = 1
 _WRITE_DIRS = ("", "cells", "datasets", "invocations")      # where write_json_atomic writes
@@ -58,21 +62,38 @@ def read_json(path: Path, fix: str) -> Any:
 
 @dataclass(frozen=True, order=True)
 class Cell:
-    """One fit-and-predict: ``tau`` is None for ``base``, which no τ changes."""
+    """One fit-and-predict: ``tau`` is None for ``base``, which no τ changes; ``variant`` names a
+    per-site τ variant of the arm (its default τ is ``tau``), "" for a plain τ."""
 
     dataset: str
     seed: int
     arm: str
     tau: float | None
+    variant: str = ""
 
     @property
     def key(self) -> str:
         tau = "" if self.tau is None else f"__tau{self.tau!r}"
-        return f"{spec_slug(self.dataset)}__s{self.seed}__{self.arm}{tau}"
+        variant = f"__{self.variant}" if self.variant else ""
+        return f"{spec_slug(self.dataset)}__s{self.seed}__{self.arm}{tau}{variant}"
 
     def label(self) -> str:
         tau = "" if self.tau is None else f" τ={self.tau:g}"
-        return f"{self.dataset} · seed {self.seed} · {self.arm}{tau}"
+        variant = f" [{self.variant}]" if self.variant else ""
+        return f"{self.dataset} · seed {self.seed} · {self.arm}{tau}{variant}"
+
+    def record(self) -> dict[str, Any]:
+        """The cell's identity as its file stores it (no ``variant`` key for a plain τ, as
+        before variants existed)."""
+        found = asdict(self)
+        if not self.variant:
+            del found["variant"]
+        return found
+
+
+def cell_id(cell: Mapping[str, Any]) -> tuple[str, float | None, str | None]:
+    """``(arm, τ, variant)`` of a stored cell; None for a plain τ (whose file has no variant)."""
+    return cell["arm"], cell["tau"], cell.get("variant") or None
 
 
 class RunFolder:
@@ -166,12 +187,37 @@ class RunFolder:
         return write_json_atomic(self.path / "invocations" / name,
                                  {"schema_version": SCHEMA_VERSION, **record})
 
+    def bind_variants(self, records: Mapping[str, Mapping[str, Any]]) -> None:
+        """Add the variants (``<arm>/<name>`` -> record) to ``run.json``; one already there with a
+        different record is refused (call after :meth:`bind`, under :meth:`lock`)."""
+        if not records:
+            return
+        manifest = self.path / "run.json"
+        found = read_json(manifest, "restore it or use a new --out folder")
+        known = found.setdefault("variants", {})
+        wanted = json.loads(json.dumps(dict(records), default=str))
+        for key, record in wanted.items():
+            if key in known and known[key] != record:
+                raise RunMismatch(
+                    f"{self.path} already ran variant {key} with another definition "
+                    f"({_difference(known[key], record)}); use a new --out folder, or keep the "
+                    "spec this folder was run with")
+        if any(key not in known for key in wanted):
+            known.update(wanted)
+            write_json_atomic(manifest, found)
+
+    def variants(self) -> dict[str, dict[str, Any]]:
+        """The variants bound in ``run.json`` (``<arm>/<name>`` -> record)."""
+        self.settings()
+        found = read_json(self.path / "run.json", "restore it or re-run into a new --out folder")
+        return dict(found.get("variants") or {})
+
     def done(self, cell: Cell) -> bool:
         return (self.cells_dir / f"{cell.key}.json").is_file()
 
     def write_cell(self, cell: Cell, result: Mapping[str, Any]) -> Path:
         return write_json_atomic(self.cells_dir / f"{cell.key}.json",
-                                 {"schema_version": SCHEMA_VERSION, **asdict(cell), **result})
+                                 {"schema_version": SCHEMA_VERSION, **cell.record(), **result})
 
     def cells(self) -> list[dict[str, Any]]:
         fix = "delete it and re-run; the run recomputes that cell"
@@ -192,11 +238,25 @@ def _difference(found: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:
     return "; ".join(f"{k}: {found.get(k)!r} there, {wanted.get(k)!r} now" for k in keys)
 
 
+def read_variants(folders: Iterable[str | os.PathLike[str]]) -> dict[str, dict[str, Any]]:
+    """The variants of run folders merged; one defined differently in two folders is refused."""
+    merged: dict[str, dict[str, Any]] = {}
+    for folder in map(RunFolder, folders):
+        for key, record in folder.variants().items():
+            if key in merged and merged[key] != record:
+                raise RunMismatch(f"variant {key} is defined differently in {folder.path} than "
+                                  f"in an earlier folder ({_difference(merged[key], record)}); "
+                                  "render them separately")
+            merged[key] = record
+    return merged
+
+
 def read_cells(folders: Iterable[str | os.PathLike[str]]
                ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """Merge run folders (e.g. shards): their settings must agree; cells are unioned by key.
 
-    Returns ``(settings, dataset receipts by spec, cells sorted by (dataset, τ, arm, seed))``.
+    Returns ``(settings, dataset receipts by spec, cells sorted by (dataset, τ, arm, variant,
+    seed))``.
     """
     settings: dict[str, Any] | None = None
     datasets: dict[str, dict[str, Any]] = {}
@@ -212,12 +272,13 @@ def read_cells(folders: Iterable[str | os.PathLike[str]]
                 raise RunMismatch(f"dataset {spec} differs between run folders")
             datasets[spec] = receipt
         for cell in folder.cells():
-            key = (cell["dataset"], cell["seed"], cell["arm"], cell["tau"])
+            key = (cell["dataset"], cell["seed"], *cell_id(cell))
             if key in cells and (cells[key]["rmse"], cells[key]["r2"]) != (cell["rmse"],
                                                                             cell["r2"]):
                 raise RunMismatch(f"cell {key} has different results in two run folders")
             cells[key] = cell
     if settings is None:
         raise ValueError("no run folder given")
-    order = sorted(cells, key=lambda k: (k[0], -1.0 if k[3] is None else k[3], k[2], k[1]))
+    order = sorted(cells, key=lambda k: (k[0], -1.0 if k[3] is None else k[3], k[2],
+                                         k[4] or "", k[1]))
     return settings, datasets, [cells[k] for k in order]

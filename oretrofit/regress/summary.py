@@ -13,6 +13,9 @@ has every (arm, τ) cell present anywhere in the folders; an incomplete group (a
 run) is left out of every row and named in ``Summary.notes``. Where base's RMSE is 0 (a constant
 target) ΔRMSE % is undefined: the row says so (``d_rmse_undefined``) instead of averaging the
 other seeds, and the mean row leaves those cells out (also in the notes).
+
+A per-site τ variant of an arm (:mod:`.variants`) is its own row (``Row.variant``), computed the
+same way against base over the same seeds; ``Summary.taus`` lists only the plain τ values.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 from .._registry import ARMS
 from .data import openml_id
 from .reference import PAPER_DATASETS, paper_absolute, paper_delta, paper_mean_delta
+from .store import cell_id
 
 __all__ = ["Row", "Summary", "summarize", "MEAN_ROW"]
 
@@ -57,6 +61,7 @@ class Row:
     most_gated_module: str | None = None      # the module with the largest such mean fraction
     most_gated_below_half: float | None = None
     d_rmse_undefined: bool = False          # base RMSE 0 on some seed: ΔRMSE % has no value
+    variant: str | None = None              # the per-site τ variant (``tau``: its default τ)
 
 
 @dataclass
@@ -67,10 +72,20 @@ class Summary:
     names: dict[str, str]
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)     # incomplete groups, undefined changes
+    # "<arm>/<name>" -> the variant's run.json record, for the variants that have rows
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def row(self, dataset: str, arm: str, tau: float | None) -> Row | None:
+    def row(self, dataset: str, arm: str, tau: float | None,
+            variant: str | None = None) -> Row | None:
         return next((r for r in self.rows
-                     if (r.dataset, r.arm, r.tau) == (dataset, arm, tau)), None)
+                     if (r.dataset, r.arm, r.tau, r.variant) == (dataset, arm, tau, variant)),
+                    None)
+
+    def variant_row(self, dataset: str, key: str) -> Row | None:
+        """The row of variant ``<arm>/<name>`` on ``dataset`` (or MEAN_ROW)."""
+        arm, _, name = key.partition("/")
+        return next((r for r in self.rows if (r.dataset, r.arm, r.variant) == (dataset, arm,
+                                                                                 name)), None)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -96,16 +111,17 @@ def _presence_means(cells: Sequence[Mapping[str, Any]]) -> dict[str, float | Non
 def _complete(cells: Sequence[Mapping[str, Any]], names: Mapping[str, str]
               ) -> tuple[list[Mapping[str, Any]], list[str]]:
     """The cells of complete (dataset, seed) groups, and one note per incomplete group."""
-    wanted = sorted({(c["arm"], c["tau"]) for c in cells},
-                    key=lambda k: (_ARM_ORDER[k[0]], -1.0 if k[1] is None else k[1]))
-    groups: dict[tuple[str, int], set[tuple[str, float | None]]] = defaultdict(set)
+    wanted = sorted({cell_id(c) for c in cells},
+                    key=lambda k: (_ARM_ORDER[k[0]], k[2] or "", -1.0 if k[1] is None else k[1]))
+    groups: dict[tuple[str, int], set[tuple[str, float | None, str | None]]] = defaultdict(set)
     for c in cells:
-        groups[(c["dataset"], c["seed"])].add((c["arm"], c["tau"]))
+        groups[(c["dataset"], c["seed"])].add(cell_id(c))
     notes = []
     for (spec, seed), have in sorted(groups.items()):
         missing = [k for k in wanted if k not in have]
         if missing:
-            lacks = ", ".join(a if t is None else f"{a} τ={t:g}" for a, t in missing)
+            lacks = ", ".join(a if t is None else f"{a} τ={t:g}" if v is None else f"{a} [{v}]"
+                              for a, t, v in missing)
             notes.append(f"Incomplete: {names[spec]} seed {seed} lacks {lacks}; its other cells "
                          "are left out of every row (arms are compared over the same seeds). "
                          "Re-run the matrix into this folder to complete it.")
@@ -123,37 +139,47 @@ def _changes(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]
 
 
 def summarize(cells: Sequence[Mapping[str, Any]],
-              datasets: Mapping[str, Mapping[str, Any]]) -> Summary:
-    """Per-dataset means and changes against base for every τ present (module docstring)."""
+              datasets: Mapping[str, Mapping[str, Any]],
+              variants: Mapping[str, Mapping[str, Any]] | None = None) -> Summary:
+    """Per-dataset means and changes against base for every τ and variant present (module
+    docstring); ``variants``: the run folders' variant records (``<arm>/<name>`` -> record)."""
     names = {s: datasets.get(s, {}).get("name", s) for s in {c["dataset"] for c in cells}}
     cells, notes = _complete(cells, names)
-    by_key = {(c["dataset"], c["seed"], c["arm"], c["tau"]): c for c in cells}
+    by_key = {(c["dataset"], c["seed"], *cell_id(c)): c for c in cells}
     specs = sorted({c["dataset"] for c in cells},
                    key=lambda s: (datasets.get(s, {}).get("name", s), s))
-    taus = sorted({c["tau"] for c in cells if c["tau"] is not None})
+    taus = sorted({c["tau"] for c in cells if c["tau"] is not None and c.get("variant") is None})
     arms = [a for a in ARMS if any(c["arm"] == a for c in cells)]
-    summary = Summary(taus, arms, specs, {s: names[s] for s in specs}, notes=notes)
+    runs = sorted({(c["arm"], c["tau"], c["variant"]) for c in cells if c.get("variant")},
+                  key=lambda k: (_ARM_ORDER[k[0]], k[2]))
+    summary = Summary(taus, arms, specs, {s: names[s] for s in specs}, notes=notes,
+                      variants={f"{a}/{v}": dict((variants or {}).get(f"{a}/{v}", {}))
+                                for a, _, v in runs})
     for spec in specs:
         seeds = sorted({c["seed"] for c in cells if c["dataset"] == spec})
         pid = openml_id(spec)
         standin = datasets.get(spec, {}).get("source", {}).get("standin_for")
         for arm in arms:
-            for tau in ((None,) if arm == "base" else taus):
-                own = [by_key[k] for s in seeds if (k := (spec, s, arm, tau)) in by_key]
+            for tau, variant in (*(((None, None),) if arm == "base" else
+                                   ((t, None) for t in taus)),
+                                 *((t, v) for a, t, v in runs if a == arm)):
+                own = [by_key[k] for s in seeds if (k := (spec, s, arm, tau, variant)) in by_key]
                 if not own:
                     continue
                 row = Row(tau, spec, names[spec], arm, len(own),
                           rmse=_mean([c["rmse"] for c in own]), r2=_mean([c["r2"] for c in own]),
-                          standin_for=standin, **_presence_means(own))
-                pairs = [(c, by_key[(spec, c["seed"], "base", None)]) for c in own
-                         if arm != "base" and (spec, c["seed"], "base", None) in by_key]
+                          standin_for=standin, variant=variant, **_presence_means(own))
+                base = (spec, "base", None, None)
+                pairs = [(c, by_key[(spec, c["seed"], *base[1:])]) for c in own
+                         if arm != "base" and (spec, c["seed"], *base[1:]) in by_key]
                 if pairs:
                     row.d_rmse_pct, row.d_r2, row.d_rmse_undefined = _changes(pairs)
-                # base is τ-free; the paper reports its absolute values in Table 2 (τ = 1e-8)
-                absolute = paper_absolute(pid, arm, 1e-8 if tau is None else tau)
-                delta = paper_delta(pid, arm, tau) if tau is not None else None
-                row.paper_rmse, row.paper_r2 = absolute or (None, None)
-                row.paper_d_rmse_pct, row.paper_d_r2 = delta or (None, None)
+                if variant is None:
+                    # base is τ-free; the paper reports its absolute values in Table 2 (τ = 1e-8)
+                    absolute = paper_absolute(pid, arm, 1e-8 if tau is None else tau)
+                    delta = paper_delta(pid, arm, tau) if tau is not None else None
+                    row.paper_rmse, row.paper_r2 = absolute or (None, None)
+                    row.paper_d_rmse_pct, row.paper_d_r2 = delta or (None, None)
                 summary.rows.append(row)
     zero = sorted({(names[c["dataset"]], c["seed"]) for c in cells
                    if c["arm"] == "base" and c["rmse"] == 0})
@@ -163,22 +189,26 @@ def summarize(cells: Sequence[Mapping[str, Any]],
                              + "; those cells are left out of the mean over cells.")
     for tau in taus:
         for arm in (a for a in arms if a != "base"):
-            _add_mean_row(summary, cells, by_key, arm, tau)
+            _add_mean_row(summary, cells, by_key, arm, tau, None)
+    for arm, tau, variant in runs:
+        _add_mean_row(summary, cells, by_key, arm, tau, variant)
     return summary
 
 
 def _add_mean_row(summary: Summary, cells: Sequence[Mapping[str, Any]],
-                  by_key: Mapping[tuple, Mapping[str, Any]], arm: str, tau: float) -> None:
-    pairs = [(c, b) for c in cells if c["arm"] == arm and c["tau"] == tau
-             and (b := by_key.get((c["dataset"], c["seed"], "base", None))) is not None
+                  by_key: Mapping[tuple, Mapping[str, Any]], arm: str, tau: float,
+                  variant: str | None) -> None:
+    pairs = [(c, b) for c in cells if cell_id(c) == (arm, tau, variant)
+             and (b := by_key.get((c["dataset"], c["seed"], "base", None, None))) is not None
              and b["rmse"] != 0]
     if not pairs:
         return
-    paper = paper_mean_delta(arm, tau) if _is_paper_grid(summary) else None
+    paper = paper_mean_delta(arm, tau) if variant is None and _is_paper_grid(summary) else None
     d_rmse, d_r2, _ = _changes(pairs)
     summary.rows.append(Row(
         tau, MEAN_ROW, MEAN_ROW, arm, len(pairs), d_rmse_pct=d_rmse, d_r2=d_r2,
-        paper_d_rmse_pct=paper[0] if paper else None, paper_d_r2=paper[1] if paper else None))
+        paper_d_rmse_pct=paper[0] if paper else None, paper_d_r2=paper[1] if paper else None,
+        variant=variant))
 
 
 def _is_paper_grid(summary: Summary) -> bool:

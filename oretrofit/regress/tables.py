@@ -2,7 +2,9 @@
 
 For every τ run: the Table 2 layout (means over seeds of RMSE and R² per arm) and the Table 7
 layout (ΔRMSE % and ΔR² against base, with the mean over cells). Each entry reads
-``measured / paper``, with ``—`` where the paper reports no value. The rendered text and CSVs
+``measured / paper``, with ``—`` where the paper reports no value. A grid of three or more τ adds
+the curve (ΔRMSE % and ΔR² against τ); per-site τ variants add their own rows and the site-family
+ablation its ranking (:mod:`.variant_tables`). The rendered text and CSVs
 hold no timings (those go to ``timings.csv``), so re-rendering the same cells, however they were
 produced (one run, a resumed run, shards), gives identical files.
 """
@@ -18,8 +20,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .._markdown import pipe_table
 from .reading import reading
-from .store import read_cells
+from .store import read_cells, read_variants
 from .summary import MEAN_ROW, Row, Summary, summarize
+from .variant_tables import ablation_tables, curve_tables, variant_table
 
 __all__ = ["Table", "Rendered", "build_tables", "to_markdown", "to_latex", "render"]
 
@@ -69,12 +72,15 @@ def _label(row: Row | None, summary: Summary, spec: str) -> str:
     return summary.names[spec] + (" †" if row and row.standin_for else "")
 
 
-def _notes(summary: Summary) -> list[str]:
-    notes = ["Each entry: measured / paper (— where the paper reports none)."]
+def _standins(summary: Summary) -> list[str]:
     standins = sorted({(r.name, r.standin_for) for r in summary.rows if r.standin_for})
-    notes += [f"† {name}: offline stand-in for {spec}; the paper column is {spec}'s."
-              for name, spec in standins]
-    return notes + summary.notes
+    return [f"† {name}: offline stand-in for {spec}; the paper column is {spec}'s."
+            for name, spec in standins]
+
+
+def _notes(summary: Summary) -> list[str]:
+    return ["Each entry: measured / paper (— where the paper reports none).",
+            *_standins(summary), *summary.notes]
 
 
 def build_tables(summary: Summary) -> list[Table]:
@@ -100,7 +106,10 @@ def build_tables(summary: Summary) -> list[Table]:
                     for a in o_arms]
         tables.append(_grid(summary, f"τ = {tau:g}: change against base, means over seeds "
                                      "(Table 7 layout)", o_arms * 2, tau, columns, with_mean=True))
-    return tables
+    variants = variant_table(summary)
+    extra = [*curve_tables(summary), *([variants] if variants else []), *ablation_tables(summary)]
+    return tables + [Table(title, header, rows, _standins(summary))
+                     for title, header, rows in extra]
 
 
 def _grid(summary: Summary, title: str, arms: Sequence[str], tau: float | None,
@@ -179,14 +188,23 @@ def _csv(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
     return buffer.getvalue()
 
 
+def _with_variant(columns: Iterable[str], shown: bool) -> list[str]:
+    """``columns`` with ``variant`` after ``tau`` where variants ran (none otherwise: folders
+    without variants render exactly as before they existed)."""
+    columns = [c for c in columns if c != "variant"]
+    return [*columns[:columns.index("tau") + 1], "variant",
+            *columns[columns.index("tau") + 1:]] if shown else columns
+
+
 def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
            plots: bool = True) -> Rendered:
     """Render one or more run folders (shards are merged) into ``out`` (default
     ``<first folder>/tables``): tables.md, tables.tex, summary.csv, cells.csv, timings.csv,
     timings.md and the ΔRMSE % plots."""
     settings, datasets, cells = read_cells(folders)
-    summary = summarize(cells, datasets)
+    summary = summarize(cells, datasets, read_variants(folders))
     tables = build_tables(summary)
+    variants = any(c.get("variant") for c in cells)
     out = Path(out) if out is not None else Path(folders[0]) / "tables"
     out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(tables)
@@ -194,9 +212,10 @@ def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
     if lines:
         markdown += "\n".join(["", "### Reading (generated from the rows above)", "", *lines, ""])
     texts = {"tables.md": markdown, "tables.tex": to_latex(tables),
-             "summary.csv": _csv(map(asdict, summary.rows), Row.__dataclass_fields__),
-             "cells.csv": _csv(cells, _CELL_COLUMNS),
-             "timings.csv": _csv(cells, _TIMING_COLUMNS),
+             "summary.csv": _csv(map(asdict, summary.rows), _with_variant(
+                 Row.__dataclass_fields__, any(r.variant for r in summary.rows))),
+             "cells.csv": _csv(cells, _with_variant(_CELL_COLUMNS, variants)),
+             "timings.csv": _csv(cells, _with_variant(_TIMING_COLUMNS, variants)),
              "timings.md": to_markdown([timing_table(cells, summary, settings)])}
     files = {}
     for name, text in texts.items():

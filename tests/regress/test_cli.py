@@ -105,7 +105,7 @@ def test_reproduce_over_a_chosen_dataset_list_keeps_the_preset_grid(checkpoint, 
     invocation = json.loads(next((tmp_path / "run" / "invocations").glob("*.json")).read_text())
     assert invocation["matrix"] == {"datasets": ["openml:560", "sklearn:diabetes"],
                                     "seeds": [11, 23, 37], "arms": ["base", "oa", "full-o"],
-                                    "taus": [1.0]}
+                                    "taus": [1.0], "variants": []}
 
 
 def test_bad_options_fail_with_a_message(checkpoint, tmp_path):
