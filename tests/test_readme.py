@@ -132,6 +132,13 @@ def test_the_readme_benchmark_headline_is_lines_of_the_reports() -> None:
     assert len(quoted) >= 10 and all(line in reports for line in quoted)
 
 
+def test_the_readme_calibration_reading_is_lines_of_the_generated_reading() -> None:
+    section = README.split("\n## Calibrated τ\n", 1)[1].split("\n## ", 1)[0]
+    reading = (ROOT / "results/demo-host/calibrated/README.md").read_text().splitlines()
+    quoted = [line for line in section.splitlines() if line.startswith("* ")]
+    assert len(quoted) >= 4 and all(line in reading for line in quoted)
+
+
 def test_the_demo_host_page_names_the_shipped_checkpoint_and_its_size() -> None:
     # the shipped host's sentence is prose, so its hash and parameter count are checked here
     from oretrofit._provenance import sha256_file
