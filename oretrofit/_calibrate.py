@@ -26,8 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from ._presence import observe_carrier_norms
-from ._provenance import weights_digest
 from ._registry import RetrofitError, plan_retrofit, retrofit, retrofitted
+from ._serialize import calibrated_weights_digest, check_calibrated_weights
 
 __all__ = ["CarrierNormProfile", "calibrate", "check_calibrated_weights", "PROBE_TAU"]
 
@@ -68,6 +68,18 @@ class CarrierNormProfile:
 
     def summary(self) -> dict[str, Any]:
         return {"count": self.count, "null": self.null, "nonfinite": self.nonfinite}
+
+
+def _fraction(name: str, value: Any, interval: str, inside: Callable[[float], bool]) -> float:
+    """``value`` as a float when it is a real number (a numpy or 0-d torch scalar too) for which
+    ``inside`` holds; a bool, a string or anything else is a ValueError naming ``interval``."""
+    try:
+        number = None if isinstance(value, (bool, str, bytes)) else float(value)
+    except (TypeError, ValueError, RuntimeError):
+        number = None
+    if number is None or not inside(number):
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+    return number
 
 
 def _exact(name: str) -> str:
@@ -128,10 +140,8 @@ def calibrate(model: nn.Module, batches: Iterable[Any] | Callable[[nn.Module], A
         (``weights_sha256``, see :func:`check_calibrated_weights`) and per site its τ, carrier
         quantile and counts. :func:`oretrofit.apply_spec` applies it.
     """
-    if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
-        raise ValueError(f"delta must be in (0, 1) (e.g. 1e-3), got {delta!r}")
-    if not (isinstance(quantile, (int, float)) and 0.0 <= quantile < 1.0):
-        raise ValueError(f"quantile must be in [0, 1) (e.g. 0.01), got {quantile!r}")
+    delta = _fraction("delta", delta, "(0, 1) (e.g. 1e-3)", lambda v: 0.0 < v < 1.0)
+    quantile = _fraction("quantile", quantile, "[0, 1) (e.g. 0.01)", lambda v: 0.0 <= v < 1.0)
     run, recorded = _runner(batches)
     plan = plan_retrofit(model, arm, PROBE_TAU, PROBE_TAU, targets=targets, exclude=exclude,
                          allow_partial=allow_partial)
@@ -159,20 +169,6 @@ def calibrate(model: nn.Module, batches: Iterable[Any] | Callable[[nn.Module], A
         applied.revert()
     spec["calibration"] = {"delta": delta, "quantile": quantile, "probe_tau": PROBE_TAU,
                            "data": {**recorded, **dict(data or {})},
-                           "weights_sha256": weights_digest(model.state_dict()), "sites": per_site,
+                           "weights_sha256": calibrated_weights_digest(model), "sites": per_site,
                            "rule": "tau_site = delta/(1-delta) * quantile_q(|h|^2)"}
     return spec
-
-
-
-def check_calibrated_weights(spec: Mapping[str, Any], model: nn.Module) -> None:
-    """Refuse a calibrated ``spec`` for ``model`` when the spec's τ were read from other weights
-    (its ``calibration.weights_sha256`` differs from ``model``'s); a spec without the record
-    passes."""
-    calibration = spec.get("calibration")
-    recorded = calibration.get("weights_sha256") if isinstance(calibration, Mapping) else None
-    if recorded is not None and recorded != weights_digest(model.state_dict()):
-        raise RetrofitError(f"the spec was calibrated on other weights (SHA-256 "
-                            f"{str(recorded)[:12]}…) than this model's; calibrate this model "
-                            "(`oretrofit calibrate --model`), or pass the model it was "
-                            "calibrated on")

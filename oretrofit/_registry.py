@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,8 @@ from ._compose import compose, uncovered_error
 from ._host import KINDS, Host, RetrofitError, Site, register_host, registered_hosts
 from ._patching import SiteConfig, Undo
 from ._presence import TAU_RETROFIT, check_positive
-from ._serialize import attach, check_spec, footprint, strip, unstrip
+from ._serialize import (attach, check_calibrated_weights, check_spec, check_spec_entries,
+                         footprint, strip, unstrip)
 from ._version import __version__
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
@@ -294,8 +296,9 @@ def retrofitted(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT
 def apply_spec(model: nn.Module, spec: Mapping[str, Any] | str | Path) -> Retrofit:
     """Re-apply a patch spec (a dict, or a path to its JSON) saved by :meth:`Retrofit.spec`.
 
-    The result is checked against the spec (host, host package versions, site list); a spec
-    that does not fit this model is refused and the model is left unpatched.
+    The result is checked against the spec (host, host package versions, site list, and for a
+    calibrated spec the weights its τ were read from); a spec that does not fit this model is
+    refused and the model is left unpatched.
     """
     spec = read_spec(spec)
     try:
@@ -303,19 +306,42 @@ def apply_spec(model: nn.Module, spec: Mapping[str, Any] | str | Path) -> Retrof
                           site_tau=spec.get("site_tau"), targets=spec.get("targets"),
                           exclude=spec.get("exclude"), allow_partial=bool(spec.get("uncovered")))
     except RetrofitError as exc:
-        raise RetrofitError(f"the patch spec (made for host {spec.get('host')!r}) does not apply "
-                            f"to this {type(model).__name__}: {exc}") from None
+        raise _misfit(model, spec, exc) from None
     try:
         check_spec(result.spec(), spec)
+        check_calibrated_weights(spec, model)
     except RetrofitError:
         result.revert()
         raise
     return result
 
 
+def _misfit(model: nn.Module, spec: Mapping[str, Any], exc: RetrofitError) -> RetrofitError:
+    """Why ``spec`` does not apply to ``model``: another host when the hosts differ, else the
+    retrofit's own reason; either way, re-create the spec from this model."""
+    fix = ("A spec fits the model it was made from: re-create it from this model (`oretrofit "
+           "calibrate`, Retrofit.spec())")
+    made_for = spec.get("host")
+    model_class = ((spec.get("calibration") or {}).get("data") or {}).get("model_class")
+    try:
+        host = compose(model)[0].host.name
+    except RetrofitError:
+        host = None
+    if made_for and host and made_for != host:
+        return RetrofitError(f"the patch spec was made for host {made_for!r}, but this "
+                             f"{type(model).__name__} is patched by host {host!r}. {fix}")
+    about = f"host {made_for!r}" + (f", a {model_class}" if model_class else "")
+    return RetrofitError(f"the patch spec (made for {about}) does not apply to this "
+                         f"{type(model).__name__}: {exc}. {fix}")
+
+
 def read_spec(spec: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
-    """A patch spec (a dict, or a path to its JSON) checked for its schema version and the
-    entries :func:`apply_spec` needs (arm, τ, ε); a clear :class:`RetrofitError` otherwise."""
+    """A patch spec (a dict, or a path to its JSON) checked for its schema version, the entries
+    :func:`apply_spec` needs (arm, τ, ε) and their types; a clear :class:`RetrofitError`
+    otherwise."""
+    if not isinstance(spec, (Mapping, str, os.PathLike)):
+        raise RetrofitError(f"a patch spec is a dict or the path of its JSON file, got "
+                            f"{type(spec).__name__}; pass Retrofit.spec() or a saved spec's path")
     if not isinstance(spec, Mapping):
         try:
             spec = json.loads(Path(spec).read_text())
@@ -331,4 +357,5 @@ def read_spec(spec: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
     if missing:
         raise RetrofitError(f"the patch spec lacks {', '.join(missing)}; re-create it with "
                             "Retrofit.spec() (or `oretrofit patch --out`)")
+    check_spec_entries(spec)
     return spec

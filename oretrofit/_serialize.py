@@ -24,8 +24,11 @@ import torch
 from torch import nn
 
 from ._host import RetrofitError
+from ._presence import check_positive
+from ._provenance import weights_digest
 
-__all__ = ["footprint", "attach", "strip", "unstrip", "check_spec", "save"]
+__all__ = ["footprint", "attach", "strip", "unstrip", "check_spec", "check_spec_entries",
+           "calibrated_weights_digest", "check_calibrated_weights", "save"]
 
 _STATE = "_oretrofit"                     # the per-module patch state set_site keeps
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
@@ -80,6 +83,60 @@ def check_spec(made: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
                 f"the patch spec does not fit this model: its {what} is {theirs!r}, applying "
                 f"it here gives {mine!r}. Re-create the spec from this model and these "
                 "versions (Retrofit.spec(), or `oretrofit patch --out`)")
+
+
+def check_spec_entries(spec: Mapping[str, Any]) -> None:
+    """Refuse a spec whose entries have the wrong type or value: ``arm`` a string, ``tau`` and
+    ``eps`` positive finite numbers, ``site_tau`` an object of pattern -> positive τ,
+    ``targets`` / ``exclude`` / ``sites`` lists of strings (or null), ``calibration`` and its
+    ``data`` objects. (A string where a list belongs would be read letter by letter.)"""
+    fix = "re-create the spec (`oretrofit calibrate --out`, Retrofit.save_spec)"
+
+    def refuse(what: str) -> RetrofitError:
+        return RetrofitError(f"the patch spec's {what}; {fix}")
+
+    if not isinstance(spec["arm"], str):
+        raise refuse(f"arm must be a string (oa, full-o, base), got {spec['arm']!r}")
+    site_tau = spec.get("site_tau") or {}
+    if not isinstance(site_tau, Mapping):
+        raise refuse(f"site_tau must be an object of pattern -> τ, got {site_tau!r}")
+    try:
+        for name, value in (("tau", spec["tau"]), ("eps", spec["eps"]),
+                            *((f"site_tau[{k!r}]", v) for k, v in site_tau.items())):
+            check_positive(name, value)
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
+    for key in ("targets", "exclude", "sites"):
+        value = spec.get(key)
+        if value is not None and not (isinstance(value, list)
+                                      and all(isinstance(v, str) for v in value)):
+            raise refuse(f"{key} must be a list of site names or patterns, got {value!r}")
+    calibration = spec.get("calibration")
+    if calibration is not None and not (isinstance(calibration, Mapping) and isinstance(
+            calibration.get("data") or {}, Mapping)):
+        raise refuse("calibration record must be an object (with a data object), got "
+                     f"{calibration!r:.80}")
+
+
+def calibrated_weights_digest(model: nn.Module) -> str:
+    """The SHA-256 of ``model``'s weights a calibrated spec records (``weights_sha256``): its
+    state_dict with floating tensors in float32, so the same weights in float64 (or moved to
+    another device) keep the digest."""
+    return weights_digest({name: value.float() if value.is_floating_point() else value
+                           for name, value in model.state_dict().items()})
+
+
+def check_calibrated_weights(spec: Mapping[str, Any], model: nn.Module) -> None:
+    """Refuse a calibrated ``spec`` for ``model`` when the spec's τ were read from other weights
+    (its ``calibration.weights_sha256`` differs from :func:`calibrated_weights_digest`); a spec
+    without the record passes."""
+    calibration = spec.get("calibration")
+    recorded = calibration.get("weights_sha256") if isinstance(calibration, Mapping) else None
+    if recorded is not None and recorded != calibrated_weights_digest(model):
+        raise RetrofitError(f"the spec was calibrated on other weights (SHA-256 "
+                            f"{str(recorded)[:12]}…) than this model's; calibrate this model "
+                            "(`oretrofit calibrate --model`), or pass the model it was "
+                            "calibrated on")
 
 
 def _site_difference(made: list[str], wanted: list[str]) -> tuple[str, str]:

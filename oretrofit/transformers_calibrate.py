@@ -17,9 +17,11 @@ from torch import nn
 
 from ._calibrate import calibrate
 
-__all__ = ["BUILTIN_TEXTS", "builtin_texts", "text_batches", "calibrate_text"]
+__all__ = ["BUILTIN_TEXTS", "DEFAULT_MAX_TOKENS", "builtin_texts", "token_cap", "text_batches",
+           "calibrate_text"]
 
 BUILTIN_TEXTS = "built-in"          # the data name of :func:`builtin_texts`
+DEFAULT_MAX_TOKENS = 128            # tokens kept per line unless the model has fewer positions
 
 
 def builtin_texts() -> list[str]:
@@ -29,16 +31,33 @@ def builtin_texts() -> list[str]:
     return [*SENTENCES, *PROMPTS]
 
 
-def text_batches(model: nn.Module, tokenizer: Any, lines: Sequence[str], max_tokens: int
-                 ) -> list[dict[str, torch.Tensor]]:
-    """One input dict per non-blank line: its token ids ``(1, n)``, n ≤ ``max_tokens``
+def token_cap(model: nn.Module, tokenizer: Any, max_tokens: int | None) -> int:
+    """The tokens kept per line: ``max_tokens``, or :data:`DEFAULT_MAX_TOKENS` when None, never
+    more than the model takes: its position table (``config.max_position_embeddings``) and the
+    tokenizer's ``model_max_length``, whichever is smaller (the default shrinks to it; a larger
+    ``max_tokens`` is an error)."""
+    limits = [getattr(model.config, "max_position_embeddings", None),
+              getattr(tokenizer, "model_max_length", None)]
+    limit = min([int(n) for n in limits if isinstance(n, int) and 0 < n < 10**9], default=None)
+    if max_tokens is None:
+        return min(DEFAULT_MAX_TOKENS, limit or DEFAULT_MAX_TOKENS)
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    if limit is not None and max_tokens > limit:
+        raise ValueError(f"max_tokens {max_tokens} exceeds the {limit} positions "
+                         f"{type(model).__name__} takes; use --max-tokens {limit} or fewer")
+    return max_tokens
+
+
+def text_batches(model: nn.Module, tokenizer: Any, lines: Sequence[str],
+                 max_tokens: int | None = None) -> list[dict[str, torch.Tensor]]:
+    """One input dict per non-blank line: its token ids ``(1, n)``, n ≤ :func:`token_cap`
     (``decoder_input_ids`` too for an encoder-decoder model)."""
     config = model.config
     if getattr(config, "image_size", None) is not None:
         raise ValueError(f"{type(model).__name__} reads images, not text; calibrate it from "
                          "Python with oretrofit.calibrate(model, [{'pixel_values': ...}, ...])")
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    max_tokens = token_cap(model, tokenizer, max_tokens)
     batches = []
     for line in lines:
         if not line.strip():
@@ -55,9 +74,11 @@ def text_batches(model: nn.Module, tokenizer: Any, lines: Sequence[str], max_tok
 
 def calibrate_text(model: nn.Module, tokenizer: Any, lines: Sequence[str], *, source: str,
                    arm: str = "full-o", delta: float = 1e-3, quantile: float = 0.01,
-                   max_tokens: int = 128) -> dict[str, Any]:
+                   max_tokens: int | None = None) -> dict[str, Any]:
     """The calibrated patch spec of ``arm`` for ``model`` over ``lines`` (``source`` names where
-    they came from: a file, or :data:`BUILTIN_TEXTS`): ``τ_site = δ/(1−δ)·Q_q(‖h‖²)``."""
+    they came from: a file, or :data:`BUILTIN_TEXTS`): ``τ_site = δ/(1−δ)·Q_q(‖h‖²)``; each line
+    cut to ``max_tokens`` tokens (see :func:`text_batches`)."""
+    max_tokens = token_cap(model, tokenizer, max_tokens)
     batches = text_batches(model, tokenizer, lines, max_tokens)
     text = "\n".join(line for line in lines if line.strip())
     data = {"texts": source, "texts_sha256": hashlib.sha256(text.encode()).hexdigest(),

@@ -16,7 +16,6 @@ import typer
 from .errors import fail
 
 DEFAULT_SEEDS = [11]
-DEFAULT_MAX_TOKENS = 128
 
 
 def _form(given_tabpfn: list[str], given_text: list[str], model: str | None,
@@ -37,6 +36,26 @@ def _form(given_tabpfn: list[str], given_text: list[str], model: str | None,
     return "tabpfn"
 
 
+def _check_out(out: Path) -> None:
+    """Refuse, before calibrating, an ``--out`` the spec cannot be written to (a folder, a path
+    under a file) or must not replace (an existing file that is not a patch spec)."""
+    import json
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give the spec's file path, e.g. "
+                         f"{out / 'spec.json'}")
+    if out.exists():
+        try:
+            found = json.loads(out.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            found = None
+        if not (isinstance(found, dict) and "schema_version" in found and "arm" in found):
+            raise ValueError(f"--out {out} exists and is not a patch spec, so calibrate would "
+                             "replace it; choose another path (or move that file first)")
+    above = next(p for p in out.absolute().parents if p.exists())
+    if not above.is_dir():
+        raise ValueError(f"--out {out}: {above} is a file, not a folder; choose another path")
+
+
 def _calibrate_tabpfn(model_path: str | None, datasets: list[str], seeds: list[int],
                       openml_cache: Path | None, offline_standins: bool, **settings: Any
                       ) -> dict[str, Any]:
@@ -49,7 +68,7 @@ def _calibrate_tabpfn(model_path: str | None, datasets: list[str], seeds: list[i
     return calibrate_tabpfn(model_path, list(loaded.values()), seeds, **settings)
 
 
-def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int,
+def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int | None,
                             **settings: Any) -> dict[str, Any]:
     from oretrofit.transformers_calibrate import BUILTIN_TEXTS, builtin_texts, calibrate_text
     from oretrofit.transformers_models import load_model_and_tokenizer
@@ -58,8 +77,11 @@ def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int,
     else:
         try:
             lines, source = text_file.read_text().splitlines(), str(text_file)
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
             raise ValueError(f"cannot read --text-file {text_file}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"--text-file {text_file} is not UTF-8 text ({exc}); give a UTF-8 "
+                             "text file, one calibration sample per line") from None
     host, tokenizer = load_model_and_tokenizer(model)
     spec = calibrate_text(host, tokenizer, lines, source=source, max_tokens=max_tokens,
                           **settings)
@@ -90,7 +112,8 @@ def register(app: typer.Typer) -> None:
         text_file: Path = typer.Option(None, "--text-file", help="transformers form: calibration "
                                        "text, one sample per line (default: a built-in set)"),
         max_tokens: int = typer.Option(None, "--max-tokens", help="transformers form: tokens kept "
-                                       f"per line (default {DEFAULT_MAX_TOKENS})"),
+                                       "per line (default 128, or the model's positions when "
+                                       "fewer)"),
         arm: str = typer.Option("full-o", "--arm", help="oa or full-o"),
         delta: float = typer.Option(1e-3, "--delta", help="largest gate δ a carrier at the quantile "
                                     "may get (presence ≥ 1−δ)"),
@@ -110,16 +133,16 @@ def register(app: typer.Typer) -> None:
                                                ("--max-tokens", max_tokens)) if value is not None]
         settings = dict(arm=arm, delta=delta, quantile=quantile)
         try:
-            if _form(given_tabpfn, given_text, model, datasets) == "tabpfn":
+            form = _form(given_tabpfn, given_text, model, datasets)
+            _check_out(out)
+            if form == "tabpfn":
                 spec = _calibrate_tabpfn(model_path, datasets, seeds or DEFAULT_SEEDS,
                                          openml_cache, offline_standins, **settings)
             else:
-                spec = _calibrate_transformers(
-                    model, text_file, DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-                    **settings)
+                spec = _calibrate_transformers(model, text_file, max_tokens, **settings)
+            write_json_atomic(out, spec)
         except (RetrofitError, ValueError, OSError) as err:
             raise fail(err) from None
-        write_json_atomic(out, spec)
         taus = spec["site_tau"].values()
         typer.echo(f"{len(spec['site_tau'])} site(s), τ from {min(taus):.3g} to {max(taus):.3g}; "
                    f"spec written to {out}")

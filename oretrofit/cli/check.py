@@ -52,7 +52,6 @@ def run_check(name: str, arms: list[str], tau: float | None,
     With ``spec_file``, ``arms`` and ``tau`` are the spec's: pass ``[]`` and None.
     """
     import oretrofit
-    from oretrofit._calibrate import check_calibrated_weights
     from oretrofit._provenance import environment
     from oretrofit.patches.transformers_zoo import example_inputs
     from oretrofit.transformers_contracts import agreement, null_insertion, padding_delta
@@ -64,9 +63,9 @@ def run_check(name: str, arms: list[str], tau: float | None,
                              "is nothing to check; pass a spec of arm oa or full-o")
         arms = [spec["arm"]]
     model = load_model(name)
-    if spec is not None:                  # refused before anything is measured
-        with _patched(model, spec["arm"], None, spec):
-            check_calibrated_weights(spec, model)
+    if spec is not None:                  # refused before anything is measured (apply_spec
+        with _patched(model, spec["arm"], None, spec):      # checks host, sites and weights)
+            pass
     inputs = example_inputs(model, batch=2, tokens=12)
     agreements = [agreement(model, inputs, arm) for arm in arms]
     insertion_arm = "full-o" if "full-o" in arms else arms[-1]

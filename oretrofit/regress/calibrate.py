@@ -41,14 +41,20 @@ def calibrate_tabpfn(model_path: str | Path | None, datasets: Sequence[Dataset],
     splits, record = [], []
     for dataset in datasets:
         for seed in seeds:
+            protocol.check_fits(dataset.spec, len(dataset.y), seed)
             split = protocol.split(len(dataset.y), seed)
             splits.append((dataset.X[split.train], dataset.y[split.train]))
             record.append({"dataset": dataset.spec, "sha256": dataset.checksum, "seed": int(seed),
                            "split_sha256": split.digest(), "rows": int(len(split.train))})
 
     def run(_model: nn.Module) -> None:
-        for X, y in splits:
-            regressor.fit(X, y).predict(X)
+        for (X, y), row in zip(splits, record):
+            try:
+                regressor.fit(X, y).predict(X)
+            except ValueError as exc:       # tabpfn's refusal of the data (constant features …)
+                raise ValueError(f"TabPFN cannot fit the train rows of {row['dataset']} (seed "
+                                 f"{row['seed']}): {exc}; calibrate on a dataset it can fit") \
+                    from None
 
     # the checkpoint's file name and hash (no machine-local path: specs are committed)
     data = {"checkpoint": path.name, "checkpoint_sha256": checkpoint_sha256(path),

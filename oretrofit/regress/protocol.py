@@ -58,6 +58,8 @@ class SplitProtocol:
 
     def split(self, n_rows: int, seed: int) -> Split:
         """The train/test indices for ``n_rows`` rows under ``seed`` (see module docstring)."""
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"a split seed is an integer >= 0, got {seed!r}")
         n_pool_test = math.ceil(self.test_fraction * n_rows)
         if n_rows < 2 or n_pool_test >= n_rows:
             raise ValueError(f"a dataset needs at least 2 rows with a non-empty train pool; got "
@@ -65,6 +67,18 @@ class SplitProtocol:
         perm = np.random.default_rng(seed).permutation(n_rows)
         return Split(train=perm[n_pool_test:][:self.max_train],
                      test=perm[:n_pool_test][:self.max_test])
+
+    def check_fits(self, name: str, n_rows: int, seed: int) -> None:
+        """Refuse a dataset (``name``, ``n_rows`` rows) whose split under ``seed`` leaves TabPFN
+        fewer than 2 train rows (it fits on >= 2 and scores >= 1 test row)."""
+        try:
+            split = self.split(n_rows, seed)
+        except ValueError as exc:
+            raise ValueError(f"dataset {name}: {exc}") from None
+        if len(split.train) < 2:
+            raise ValueError(f"dataset {name} has {n_rows} rows; the split leaves "
+                             f"{len(split.train)} train row(s) and TabPFN needs at least 2: use a "
+                             "table with at least 4 rows (or a smaller --test-fraction)")
 
     def describe(self) -> dict[str, Any]:
         """The rule and its parameters, as stored in every receipt."""

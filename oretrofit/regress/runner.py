@@ -289,7 +289,7 @@ def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
     datasets = load_datasets(matrix.datasets, openml_cache=openml_cache, standins=standins)
     for dataset in datasets.values():
         for seed in matrix.seeds:
-            _check_split(dataset, seed, protocol)
+            protocol.check_fits(dataset.spec, len(dataset.y), seed)
     checkpoint = resolve_model_path(model.model_path)
     weights, host = _check_builds(checkpoint)
     sha256 = checkpoint_sha256(checkpoint)
@@ -302,18 +302,6 @@ def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
                            sha256, protocol=protocol, standins=standins,
                            shard=shard, backend=backend, n_jobs=n_jobs, scheduler=scheduler,
                            progress=progress)
-
-
-def _check_split(dataset: Dataset, seed: int, protocol: SplitProtocol) -> None:
-    """TabPFN fits on >= 2 train rows and scores >= 1 test row."""
-    try:
-        split = protocol.split(len(dataset.y), seed)
-    except ValueError as exc:
-        raise ValueError(f"dataset {dataset.spec}: {exc}") from None
-    if len(split.train) < 2:
-        raise ValueError(f"dataset {dataset.spec} has {len(dataset.y)} rows; the split leaves "
-                         f"{len(split.train)} train row(s) and TabPFN needs at least 2: use a "
-                         "table with at least 4 rows (or a smaller --test-fraction)")
 
 
 def _check_builds(checkpoint: Path) -> tuple[str, torch.nn.Module]:

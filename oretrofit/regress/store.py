@@ -8,7 +8,8 @@
                                   timings
 
 ``run.json`` also binds each per-site τ variant (:mod:`.variants`) under ``variants``: a later
-run may add variants, never redefine one.
+run may add variants, never redefine one; each record is checked when read, and a variant cell
+without a record is refused by :func:`read_variants`.
 
 A cell file exists only once its cell has finished, so a killed run loses at most the cells in
 flight, and re-running skips every cell that has a file (no cell is ever written twice).
@@ -35,6 +36,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from .._provenance import write_json_atomic
 from .data import Dataset, spec_slug
+from .variants import check_record
 
 __all__ = ["SCHEMA_VERSION", "Cell", "RunFolder", "RunMismatch", "FolderBusy", "read_cells",
            "read_json", "read_variants", "cell_id"]
@@ -192,9 +194,7 @@ class RunFolder:
         different record is refused (call after :meth:`bind`, under :meth:`lock`)."""
         if not records:
             return
-        manifest = self.path / "run.json"
-        found = read_json(manifest, "restore it or use a new --out folder")
-        known = found.setdefault("variants", {})
+        known = self.variants()
         wanted = json.loads(json.dumps(dict(records), default=str))
         for key, record in wanted.items():
             if key in known and known[key] != record:
@@ -203,14 +203,28 @@ class RunFolder:
                     f"({_difference(known[key], record)}); use a new --out folder, or keep the "
                     "spec this folder was run with")
         if any(key not in known for key in wanted):
-            known.update(wanted)
+            manifest = self.path / "run.json"
+            found = read_json(manifest, "restore it or use a new --out folder")
+            found["variants"] = {**known, **wanted}
             write_json_atomic(manifest, found)
 
     def variants(self) -> dict[str, dict[str, Any]]:
-        """The variants bound in ``run.json`` (``<arm>/<name>`` -> record)."""
+        """The variants bound in ``run.json`` (``<arm>/<name>`` -> record), each checked
+        (:func:`.variants.check_record`): an edited record is an error naming the file."""
         self.settings()
-        found = read_json(self.path / "run.json", "restore it or re-run into a new --out folder")
-        return dict(found.get("variants") or {})
+        manifest = self.path / "run.json"
+        fix = "restore it or re-run into a new --out folder"
+        found = read_json(manifest, fix).get("variants") or {}
+        if not isinstance(found, dict):
+            raise RunMismatch(f"{manifest}: variants must be an object of <arm>/<name> -> "
+                              f"record, got {found!r:.60}; {fix}")
+        for key, record in found.items():
+            try:
+                check_record(key, record)
+            except (ValueError, TypeError) as exc:
+                raise RunMismatch(f"{manifest}: variant {key} is not as a run binds it ({exc}); "
+                                  f"{fix}") from None
+        return found
 
     def done(self, cell: Cell) -> bool:
         return (self.cells_dir / f"{cell.key}.json").is_file()
@@ -238,9 +252,12 @@ def _difference(found: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:
     return "; ".join(f"{k}: {found.get(k)!r} there, {wanted.get(k)!r} now" for k in keys)
 
 
-def read_variants(folders: Iterable[str | os.PathLike[str]]) -> dict[str, dict[str, Any]]:
-    """The variants of run folders merged; one defined differently in two folders is refused."""
+def read_variants(folders: Iterable[str | os.PathLike[str]],
+                  cells: Iterable[Mapping[str, Any]] = ()) -> dict[str, dict[str, Any]]:
+    """The variants of run folders merged; one defined differently in two folders is refused,
+    and so is a variant cell of ``cells`` whose variant no folder defines."""
     merged: dict[str, dict[str, Any]] = {}
+    folders = list(folders)
     for folder in map(RunFolder, folders):
         for key, record in folder.variants().items():
             if key in merged and merged[key] != record:
@@ -248,6 +265,11 @@ def read_variants(folders: Iterable[str | os.PathLike[str]]) -> dict[str, dict[s
                                   f"in an earlier folder ({_difference(merged[key], record)}); "
                                   "render them separately")
             merged[key] = record
+    unbound = sorted({f"{c['arm']}/{c['variant']}" for c in cells if c.get("variant")} - {*merged})
+    if unbound:
+        raise RunMismatch(f"cells of variant {', '.join(unbound)} are in "
+                          f"{', '.join(map(str, folders))} but its run.json defines no such "
+                          "variant; restore run.json or re-run into a new --out folder")
     return merged
 
 

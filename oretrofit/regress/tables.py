@@ -202,7 +202,7 @@ def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
     ``<first folder>/tables``): tables.md, tables.tex, summary.csv, cells.csv, timings.csv,
     timings.md and the ΔRMSE % plots."""
     settings, datasets, cells = read_cells(folders)
-    summary = summarize(cells, datasets, read_variants(folders))
+    summary = summarize(cells, datasets, read_variants(folders, cells))
     tables = build_tables(summary)
     variants = any(c.get("variant") for c in cells)
     out = Path(out) if out is not None else Path(folders[0]) / "tables"

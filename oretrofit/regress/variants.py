@@ -18,7 +18,9 @@ site takes the τ of the first ``site_tau`` pattern naming it, else ``tau``. It 
 
 A variant's :meth:`Variant.record` (the full ``site_tau``, and a spec's SHA-256) is bound in the
 run folder's ``run.json`` under ``<arm>/<name>``, so resuming with a different definition under
-the same name is refused (:meth:`RunFolder.bind_variants`).
+the same name is refused (:meth:`RunFolder.bind_variants`); a record edited afterwards (its
+kind, arm, τ, or a δ/q or family its name no longer follows from) is refused when the folder is
+read (:func:`check_record`).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .._presence import check_positive
-from .._registry import ARMS, KINDS, RetrofitError, plan_retrofit
+from .._registry import ARMS, KINDS, RetrofitError, plan_retrofit, read_spec
+from .._serialize import calibrated_weights_digest
 
-__all__ = ["Variant", "spec_variant", "ablation_variants", "check_variants", "site_families",
-           "parse_families", "arm_sites", "checkpoint_arm_sites"]
+__all__ = ["Variant", "check_record", "spec_variant", "ablation_variants", "check_variants",
+           "site_families", "parse_families", "arm_sites", "checkpoint_arm_sites"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 CALIBRATED, ABLATION, SPEC = "calibrated", "ablation", "spec"
@@ -52,6 +55,7 @@ class Variant:
     eps: float | None = None                 # None: the run's --eps
     kind: str = SPEC                         # calibrated | ablation | spec
     details: dict[str, Any] = field(default_factory=dict)   # spec SHA-256, δ, q / family, sites
+    weights_sha256: str | None = field(default=None, compare=False)  # a calibrated spec's host
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -83,16 +87,25 @@ class Variant:
 
 
 def _read_spec(path: Path) -> tuple[dict[str, Any], str]:
+    """The patch spec at ``path`` (checked by :func:`oretrofit.read_spec`) and its SHA-256."""
     try:
-        raw = Path(path).read_bytes()
-        spec = json.loads(raw)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--tau-spec {path}: cannot read it as JSON ({exc}); pass a spec written "
-                         "by `oretrofit calibrate --out` or `oretrofit patch --out`") from None
-    if not isinstance(spec, dict) or any(k not in spec for k in ("arm", "tau", "eps")):
-        raise ValueError(f"--tau-spec {path} is not a patch spec (needs arm, tau, eps); write one "
-                         "with `oretrofit calibrate --out`")
-    return spec, hashlib.sha256(raw).hexdigest()
+        return dict(read_spec(path)), hashlib.sha256(path.read_bytes()).hexdigest()
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--tau-spec {path}: {exc}") from None
+
+
+def _calibrated_name(delta: Any, quantile: Any) -> str:
+    """``calibrated-d<δ>-q<q>`` of a calibration's δ ∈ (0, 1) and q ∈ [0, 1) (else an error)."""
+    for what, value, low in (("delta", delta, 0.0), ("quantile", quantile, None)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                (value > low if low is not None else value >= 0.0) and value < 1.0):
+            raise ValueError(f"its calibration record's {what} must be a number in "
+                             f"{'(0, 1)' if low is not None else '[0, 1)'}, got {value!r}")
+    return f"{CALIBRATED}-d{delta:g}-q{quantile:g}"
+
+
+def _ablation_name(family: str) -> str:
+    return "ablate-" + family.removesuffix(".*")
 
 
 def spec_variant(path: str | Path, arms: Sequence[str]) -> Variant:
@@ -109,20 +122,57 @@ def spec_variant(path: str | Path, arms: Sequence[str]) -> Variant:
         raise ValueError(f"--tau-spec {path} restricts its sites (targets/exclude); the matrix "
                          "runs every site of the arm, so use a spec without targets or exclude")
     site_tau = spec.get("site_tau") or {}
-    if not isinstance(site_tau, dict):
-        raise ValueError(f"--tau-spec {path}: site_tau must be an object of pattern -> τ")
     calibration = spec.get("calibration")
     details: dict[str, Any] = {"spec_sha256": sha256}
-    if isinstance(calibration, dict):
+    if calibration is not None:
         data = calibration.get("data") or {}
         details.update(delta=calibration.get("delta"), quantile=calibration.get("quantile"),
                        checkpoint_sha256=data.get("checkpoint_sha256"))
-        name = f"{CALIBRATED}-d{calibration.get('delta'):g}-q{calibration.get('quantile'):g}"
+        try:
+            name = _calibrated_name(details["delta"], details["quantile"])
+        except ValueError as exc:
+            raise ValueError(f"--tau-spec {path}: {exc}; re-create it with `oretrofit "
+                             "calibrate --out`") from None
         kind = CALIBRATED
     else:
         name, kind = "spec-" + re.sub(r"[^A-Za-z0-9._+-]", "-", Path(path).stem), SPEC
     return Variant(name, arm, float(spec["tau"]), {str(k): float(v) for k, v in site_tau.items()},
-                   float(spec["eps"]), kind, details)
+                   float(spec["eps"]), kind, details,
+                   calibration.get("weights_sha256") if calibration is not None else None)
+
+
+def check_record(key: str, record: Any) -> None:
+    """Refuse a variant record of ``run.json`` (``<arm>/<name>`` -> :meth:`Variant.record`) that
+    is not one a run could have bound: a wrong type or value, an unknown kind, or a name that
+    does not follow from it (a calibrated δ/q or an ablated family edited afterwards)."""
+    if not isinstance(record, Mapping):
+        raise ValueError(f"its record must be an object, got {record!r:.60}")
+    own = ("kind", "arm", "tau", "eps", "site_tau")
+    missing = [k for k in own if k not in record]
+    if missing:
+        raise ValueError(f"its record lacks {', '.join(missing)}")
+    if not isinstance(record["site_tau"], Mapping):
+        raise ValueError(f"its site_tau must be an object, got {record['site_tau']!r:.60}")
+    arm, _, name = key.partition("/")
+    details = {k: v for k, v in record.items() if k not in own}
+    variant = Variant(name, record["arm"], record["tau"], dict(record["site_tau"]),
+                      record["eps"], record["kind"], details)
+    if variant.key != key:
+        raise ValueError(f"its record names arm {record['arm']!r}")
+    kind = record["kind"]
+    if kind == CALIBRATED:
+        expected = _calibrated_name(record.get("delta"), record.get("quantile"))
+    elif kind == ABLATION:
+        family, stress = record.get("family"), record.get("stress_tau")
+        if not isinstance(family, str) or set(record["site_tau"].values()) != {stress}:
+            raise ValueError("its family and stress_tau do not match its site_tau")
+        expected = _ablation_name(family)
+    elif kind == SPEC:
+        expected = name if name.startswith("spec-") else "spec-<file stem>"
+    else:
+        raise ValueError(f"its kind {kind!r} is none of {CALIBRATED}, {ABLATION}, {SPEC}")
+    if name != expected:
+        raise ValueError(f"its record defines variant {expected}, not {name}")
 
 
 def site_families(sites: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
@@ -169,7 +219,7 @@ def ablation_variants(arm_sites: Mapping[str, Sequence[tuple[str, str]]], arms: 
                 raise ValueError(f"site family {family} matches no site of arm {arm} (its "
                                  f"families: {', '.join(found)}); ablate it in a run whose "
                                  "--arms leave that arm out")
-            name = "ablate-" + family.removesuffix(".*")
+            name = _ablation_name(family)
             variants.append(Variant(name, arm, tau, {s: stress_tau for s in found[family]},
                                     kind=ABLATION, details={"family": family,
                                                             "stress_tau": stress_tau}))
@@ -179,7 +229,9 @@ def ablation_variants(arm_sites: Mapping[str, Sequence[tuple[str, str]]], arms: 
 def check_variants(model: Any, variants: Sequence[Variant], eps: float,
                    checkpoint_sha256: str) -> None:
     """Plan every variant on the host ``model`` (unchanged) before anything runs: a site pattern
-    that matches no site, or a spec calibrated on another checkpoint, is an error."""
+    that matches no site, or a spec calibrated on another checkpoint or other weights, is an
+    error."""
+    weights = None
     for variant in variants:
         made_on = variant.details.get("checkpoint_sha256")
         if made_on and made_on != checkpoint_sha256:
@@ -187,6 +239,13 @@ def check_variants(model: Any, variants: Sequence[Variant], eps: float,
                              f"{made_on[:12]}…, this run uses {checkpoint_sha256[:12]}…; "
                              "calibrate on this run's checkpoint (oretrofit calibrate "
                              "--model-path ...)")
+        if variant.weights_sha256 is not None:
+            weights = weights or calibrated_weights_digest(model)
+            if variant.weights_sha256 != weights:
+                raise ValueError(f"variant {variant.key} was calibrated on other weights (SHA-256 "
+                                 f"{variant.weights_sha256[:12]}…) than this run's host "
+                                 f"({weights[:12]}…); calibrate on this run's checkpoint "
+                                 "(oretrofit calibrate --model-path ...)")
         try:
             plan_retrofit(model, variant.arm, variant.tau, variant.eps or eps,
                           site_tau=variant.site_tau)

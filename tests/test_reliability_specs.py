@@ -1,0 +1,149 @@
+"""The reliability sweep of the calibrated-τ surfaces through the Python API (issue 33's kind of
+catalogue, for ``oretrofit.calibrate``, ``read_spec`` / ``apply_spec`` and ``make_regressor(...,
+spec=)``): each case gives a correct result or a clear error that names the fix, and a refused
+spec leaves the model unpatched. (CLI: tests/cli/test_reliability_calibrate.py; run folders:
+tests/regress/test_reliability_variants.py.)"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from oretrofit import Retrofit, RetrofitError, apply_spec, calibrate, read_spec, retrofit
+from oretrofit.tabpfn_v3 import build_model, load_checkpoint, make_regressor, resolve_model_path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_SPEC = ROOT / "results" / "demo-host" / "calibrated" / "spec-full-o.json"
+
+
+class TwoBranches(nn.Module):
+    """Two attention blocks; ``forward`` runs ``a`` only, so ``b`` never sees a carrier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.b = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x, x, x)[0]
+
+
+def _batches() -> list[torch.Tensor]:
+    return [torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))]
+
+
+def _calibrated(model: nn.Module, *args, **kwargs) -> dict:
+    return calibrate(model, _batches(), *args, exclude=["b"], allow_partial=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def demo_spec() -> dict:
+    return json.loads(DEMO_SPEC.read_text())
+
+
+# --- calibrate: δ and q ------------------------------------------------------------------
+
+def test_numpy_and_torch_scalars_are_numbers_like_floats():
+    model = TwoBranches()
+    want = _calibrated(model, 1e-3, 0.01)["site_tau"]
+    assert _calibrated(model, np.float32(1e-3), np.float64(0.01))["site_tau"] == pytest.approx(
+        want, rel=1e-6)
+    assert _calibrated(model, torch.tensor(1e-3), torch.tensor(0.01))["site_tau"] == pytest.approx(
+        want, rel=1e-6)
+
+
+@pytest.mark.parametrize("delta, quantile, message", [
+    (True, 0.01, "delta must be in (0, 1)"), (1e-3, False, "quantile must be in [0, 1)"),
+    (torch.tensor([1e-3, 2e-3]), 0.01, "delta must be in (0, 1)"),
+    (float("nan"), 0.01, "delta must be in (0, 1)"), (0.0, 0.01, "delta must be in (0, 1)"),
+    (1e-3, 1.0, "quantile must be in [0, 1)"), (1e-3, "0.01", "quantile must be in [0, 1)")])
+def test_a_bool_or_out_of_range_delta_or_quantile_is_refused(delta, quantile, message):
+    with pytest.raises(ValueError) as refused:
+        _calibrated(TwoBranches(), delta, quantile)
+    assert message in str(refused.value)
+
+
+def test_a_site_without_carriers_is_named_with_the_fix():
+    model = TwoBranches()
+    with pytest.raises(RetrofitError, match=r"site 'b' saw no non-zero carrier.*exclude="):
+        calibrate(model, _batches(), allow_partial=True)
+    with pytest.raises(RetrofitError, match=r"site 'a' saw no non-zero carrier"):
+        calibrate(model, [torch.zeros(2, 5, 8)], exclude=["b"], allow_partial=True)
+    assert Retrofit.of(model) is None
+
+
+# --- read_spec: the entries' types -----------------------------------------------------------
+
+@pytest.mark.parametrize("edit, message", [
+    ({"site_tau": [1, 2]}, "site_tau must be an object of pattern -> τ"),
+    ({"site_tau": {"te.col": "abc"}}, "site_tau['te.col'] must be a positive finite number"),
+    ({"site_tau": {"te.col": 0}}, "site_tau['te.col'] must be a positive finite number"),
+    ({"site_tau": {"te.col": float("nan")}}, "must be a positive finite number"),
+    ({"targets": "icl.*"}, "targets must be a list of site names or patterns"),
+    ({"exclude": "icl.*"}, "exclude must be a list"), ({"sites": "te.col"}, "sites must be a list"),
+    ({"arm": 1}, "arm must be a string"), ({"tau": "abc"}, "tau must be a positive finite number"),
+    ({"eps": True}, "eps must be a positive finite number"), ({"eps": None}, "eps must be"),
+    ({"calibration": "x"}, "calibration record must be an object"),
+    ({"calibration": {"data": "x"}}, "calibration record must be an object")])
+def test_a_spec_entry_of_the_wrong_type_is_refused_before_patching(demo_spec, edit, message):
+    """A string where a list belongs was read letter by letter (``targets: "icl.*"`` patched
+    every site, through ``'*'``); a list where an object belongs was an AttributeError."""
+    model = build_model(load_checkpoint(resolve_model_path("demo")))[0]
+    with pytest.raises(RetrofitError, match="re-create the spec") as refused:
+        apply_spec(model, {**demo_spec, **edit})
+    assert message in str(refused.value)
+    assert Retrofit.of(model) is None
+
+
+@pytest.mark.parametrize("given", [[1, 2], None, 42])
+def test_something_that_is_not_a_spec_is_named(given):
+    with pytest.raises(RetrofitError, match="a patch spec is a dict or the path of its JSON"):
+        read_spec(given)
+
+
+# --- apply_spec: the model the spec was made for --------------------------------------------
+
+def test_a_calibrated_spec_is_refused_on_other_weights_and_fits_its_own():
+    model = TwoBranches()
+    spec = _calibrated(model)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.a.out_proj.weight[0, 0] += 1e-3
+    with pytest.raises(RetrofitError, match="calibrated on other weights"):
+        apply_spec(other, spec)
+    assert Retrofit.of(other) is None
+    apply_spec(model, spec).revert()
+    apply_spec(model.double(), spec).revert()        # the same weights in float64 fit
+
+
+def test_a_spec_of_another_host_names_both_hosts(demo_spec):
+    with pytest.raises(RetrofitError, match="made for host 'tabpfn-v3', but this TwoBranches is "
+                                            "patched by host 'torch.nn'.*re-create it"):
+        apply_spec(TwoBranches(), demo_spec)
+
+
+def test_a_spec_of_another_model_of_the_same_host_says_so():
+    spec = retrofit(TwoBranches(), "full-o", site_tau={"b": 1e-3}).spec()
+
+    class OneBranch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    with pytest.raises(RetrofitError, match="does not apply to this OneBranch.*re-create it"):
+        apply_spec(OneBranch(), spec)
+
+
+def test_make_regressor_applies_the_calibrated_demo_spec_and_refuses_it_for_another_host(
+        demo_spec):
+    _, applied = make_regressor("demo", spec=demo_spec)
+    assert applied.plan.site_tau == demo_spec["site_tau"]
+    with pytest.raises(RetrofitError, match="calibrated on the checkpoint with SHA-256"):
+        make_regressor("random", spec=demo_spec)
