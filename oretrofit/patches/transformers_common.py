@@ -101,6 +101,13 @@ class OGatedBias:
 
     def forward(self, x: Tensor) -> Tensor:
         p = site_config(self, ATTENTION).query                                   # (B, N)
+        if p.shape != x.shape[:-1]:
+            raise RetrofitError(
+                f"{type(self).__name__} (an attention output projection) got {tuple(x.shape)} "
+                f"for a carrier of {tuple(p.shape)} tokens: this model's attention does not keep "
+                "the (batch, tokens, hidden) layout of its residual stream, so the host cannot "
+                "gate it; exclude the model's attention sites or register a site for its class "
+                "with oretrofit.patches.torch_nn.register_module_site")
         if isinstance(self, nn.Linear):
             return gated_linear(self, x, p)
         return x @ self.weight + o_gate(p, self.bias)                            # Conv1D
