@@ -14,6 +14,8 @@
     position_bias, alibi                        additive score biases b_ij (T5 relative
                                                 positions, ALiBi): s_ij + b_ij
     softcap                                     s_ij = c·tanh(scale·q·k / c) (Gemma2)
+    s_aux                                       attention sinks (GPT-OSS): one more key of
+                                                logit s_h, value 0, presence 1
     scaling                                     the score scale
     dropout                                     refused when > 0 (no O form)
     position_ids, use_cache, cache_position,    metadata for other kernels and outputs (packed
@@ -73,6 +75,23 @@ def _score_mask(attention_mask: Tensor | None, query: Tensor, key: Tensor, is_ca
     return bias + mask
 
 
+def _with_sinks(sinks: Tensor, key: Tensor, value: Tensor, p_keys: Tensor, mask: Tensor | None,
+                n_q: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Attention sinks (``s_aux``, GPT-OSS): softmax over ``[s_i1 … s_iN, s_h]`` with the sink
+    column dropped is one extra key of logit s_h, value 0 and presence 1, always visible:
+    w_ij = p_j e^{s_ij} / (ε + e^{s_h} + Σ_t p_t e^{s_it}). Returns k, v, p_k and the float mask
+    (additive b_ij, −inf where hidden) with that key appended."""
+    b, heads, n_k = key.shape[0], sinks.shape[0], key.shape[2]
+    bias = key.new_zeros(1, 1, n_q, n_k) if mask is None else mask
+    if bias.dtype == torch.bool:
+        bias = key.new_zeros(bias.shape).masked_fill(~bias, float("-inf"))
+    bias = bias.to(key.dtype).expand(bias.shape[0], heads, n_q, n_k)
+    sink = sinks.to(key.dtype).reshape(1, heads, 1, 1).expand(bias.shape[0], heads, n_q, 1)
+    zero = lambda t: torch.cat([t, t.new_zeros(*t.shape[:2], 1, t.shape[3])], dim=2)  # noqa: E731
+    p_keys = torch.cat([p_keys, p_keys.new_ones(b, 1)], dim=1)
+    return zero(key), zero(value), p_keys, torch.cat([bias, sink], dim=-1)
+
+
 def _run_original(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                   attention_mask: Tensor | None, **kwargs: Any) -> tuple[Tensor, Any]:
     """The attention function the module's config used before the switch. Eager (the modeling
@@ -104,7 +123,7 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
         raise RetrofitError("OAttention has no attention-weight dropout: call model.eval() or set "
                             "the config's attention dropout to 0")
     is_causal, sliding_window = kwargs.pop("is_causal", None), kwargs.pop("sliding_window", None)
-    softcap = kwargs.pop("softcap", None)
+    softcap, sinks = kwargs.pop("softcap", None), kwargs.pop("s_aux", None)
     biases = [kwargs.pop(name) for name in ADDITIVE_BIASES if kwargs.get(name) is not None]
     if kwargs.pop("output_attentions", None):
         raise RetrofitError("output_attentions=True: the O attention function returns no weights; "
@@ -122,7 +141,10 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
                             "(q/k lengths differ from the captured layer input); call the model, "
                             "not the attention module alone")
     mask = _score_mask(attention_mask, query, key, is_causal, sliding_window, biases)
-    out, _ = o_attention(query, key, value, state.query, state.keys, mask=mask,
+    p_keys = state.keys
+    if sinks is not None:
+        key, value, p_keys, mask = _with_sinks(sinks, key, value, p_keys, mask, query.shape[2])
+    out, _ = o_attention(query, key, value, state.query, p_keys, mask=mask,
                          eps=state.config.eps, scale=scaling, softcap=softcap)
     return out.transpose(1, 2).contiguous(), None                              # (B, Nq, H, d)
 

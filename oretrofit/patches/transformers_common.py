@@ -101,6 +101,13 @@ class OGatedBias:
 
     def forward(self, x: Tensor) -> Tensor:
         p = site_config(self, ATTENTION).query                                   # (B, N)
+        if p.shape != x.shape[:-1]:
+            raise RetrofitError(
+                f"{type(self).__name__} (an attention output projection) got {tuple(x.shape)} "
+                f"for a carrier of {tuple(p.shape)} tokens: this model's attention does not keep "
+                "the (batch, tokens, hidden) layout of its residual stream, so the host cannot "
+                "gate it; exclude the model's attention sites or register a site for its class "
+                "with oretrofit.patches.torch_nn.register_module_site")
         if isinstance(self, nn.Linear):
             return gated_linear(self, x, p)
         return x @ self.weight + o_gate(p, self.bias)                            # Conv1D
@@ -113,11 +120,23 @@ def gate_output_bias(projection: nn.Module, state: CarrierPresence) -> Undo:
     return set_site(projection, OGatedBias, ATTENTION, state)
 
 
-def _gate_output(p: Tensor, output: Any) -> Any:
+def _gate(p: Tensor, y: Tensor, branch: nn.Module) -> Tensor:
+    """ρτ (B, N) · y (B, N, d); an MoE block that returns its tokens flattened (B·N, d), as
+    Llama4's does, is gated row for row (the flattening is row-major over (B, N))."""
+    if y.shape[:-1] != p.shape and y.shape[:-1].numel() == p.numel() and y.dim() == 2:
+        return o_gate(p.reshape(-1), y)
+    if y.shape[:-1] != p.shape:
+        raise RetrofitError(f"{type(branch).__name__} returned {tuple(y.shape)} for a residual "
+                            f"stream of {tuple(p.shape)} tokens; its layout names the wrong FFN "
+                            "branch (register a layout, docs/transformers.md)")
+    return o_gate(p, y)
+
+
+def _gate_output(p: Tensor, output: Any, branch: nn.Module) -> Any:
     """ρτ · branch output; a tuple output (MoE blocks: hidden, router logits) gates its first."""
     if isinstance(output, tuple):
-        return (o_gate(p, output[0]), *output[1:])
-    return o_gate(p, output)
+        return (_gate(p, output[0], branch), *output[1:])
+    return _gate(p, output, branch)
 
 
 def gate_branch(carrier_module: nn.Module, branch: nn.Module, config: SiteConfig) -> Undo:
@@ -129,7 +148,7 @@ def gate_branch(carrier_module: nn.Module, branch: nn.Module, config: SiteConfig
         captured["p"] = presence(carrier_of(args, kwargs), config.tau)
 
     def gate(module: nn.Module, args: tuple, output: Any) -> Any:
-        return _gate_output(captured.pop("p"), output)
+        return _gate_output(captured.pop("p"), output, module)
 
     return patch_all(
         lambda: carrier_module.register_forward_pre_hook(capture, with_kwargs=True).remove,

@@ -22,6 +22,7 @@ final hidden states and are not residual branches; they are left as they are.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -37,15 +38,23 @@ from .transformers_attention import attach_o_attention
 from .transformers_common import (accepts_inputs_embeds, check_transformers, gate_branch,
                                   gate_output_bias, gate_table, transformers_version)
 from .transformers_layouts import (LAYOUTS, Layout, calls_attention_interface, child, first_present,
-                                   is_norm, is_qk_norm, layout_of, output_projection)
+                                   is_norm, is_qk_norm, layout_of, output_projection,
+                                   token_mixers, is_additive_table)
 
 __all__ = ["TransformersHost", "INJECT", "backbones", "layers", "forget_structures"]
 
 INJECT = "inject"
+_ATTENTION_NAME = re.compile(r"Attention|Attn")
 _CACHE: dict[int, tuple[Any, tuple, list]] = {}     # id(model) -> (weakref, fingerprint, result)
 _HOWTO = ("register a layout with oretrofit.patches.transformers_layouts.register_layout("
           "Layout(...)) naming the FFN branch and the module whose input is the residual stream "
           "entering it (docs/transformers.md, 'Registering a layout')")
+_REFUSED_HOWTO = ("this host has no O form for it, so the model cannot be retrofitted by it "
+                  "(a layout registered for this layer with register_layout would be tried first)")
+_UNGATED = ("the transformers host cannot gate (a null token would move its neighbours): no O "
+            "form for this mixer exists here, so the model is refused; only models whose "
+            "layers all mix tokens through the attention interface are covered "
+            "(docs/transformers.md, 'Supported architectures')")
 
 
 def forget_structures() -> None:
@@ -102,6 +111,23 @@ def _layer_lists(backbone: nn.Module) -> list[tuple[str, nn.ModuleList]]:
     return lists
 
 
+def _self_attending_lists(backbone: nn.Module, interface_lists: list[str]
+                          ) -> list[tuple[str, list[str]]]:
+    """Outermost module lists outside ``interface_lists`` whose elements hold attention-named
+    modules (e.g. an encoder stack that computes attention itself), with those class names."""
+    found: list[tuple[str, list[str]]] = []
+    for name, module in backbone.named_modules():
+        if (not isinstance(module, nn.ModuleList)
+                or any(name == f or name.startswith(f + ".")
+                       for f in interface_lists + [f for f, _ in found])):
+            continue
+        own = sorted({type(m).__name__ for layer in module for m in layer.modules()
+                      if _ATTENTION_NAME.search(type(m).__name__)})
+        if own:
+            found.append((name, own))
+    return found
+
+
 def layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(path, layer)`` of every layer the host finds in ``model``'s backbones."""
     return [(_join(prefix, list_path, str(i)), layer) for prefix, backbone in backbones(model)
@@ -131,15 +157,35 @@ def _attention_sites(s: _Structure, path: str, layer: nn.Module, layout: Layout,
                               cross)))
 
 
+def _layer_problem(path: str, layer: nn.Module,
+                   attentions: list[tuple[str, nn.Module]]) -> str | None:
+    """Why the host cannot cover ``layer`` at all (None when it may): a token mixer outside the
+    attention interface, a layout row that refuses it, or no layout."""
+    cls, names = type(layer).__name__, ", ".join(n for n, _ in layer.named_children())
+    if not attentions:
+        return (f"{path} ({cls}, children: {names}) has no module that calls the attention "
+                f"interface: it mixes tokens some other way (a state-space, convolution or "
+                f"linear-attention mixer), which {_UNGATED}")
+    mixers = token_mixers(layer)
+    if mixers:
+        return (f"{path} ({cls}) mixes tokens outside the attention interface in "
+                f"{', '.join(_join(path, m) for m in mixers)}, which {_UNGATED}")
+    layout = layout_of(layer)
+    if layout is None:
+        return f"{cls} (children: {names}): no layout describes this layer; {_HOWTO}"
+    if layout.refused:
+        return f"{cls} (layout {layout.name!r}): {layout.refused}; {_REFUSED_HOWTO}"
+    return None
+
+
 def _layer_sites(s: _Structure, path: str, layer: nn.Module) -> None:
     named = list(layer.named_modules())
     attentions = [(n, m) for n, m in named if calls_attention_interface(m)]
-    layout = layout_of(layer)
-    if layout is None:
-        names = ", ".join(n for n, _ in layer.named_children())
-        s.problems.append(f"{type(layer).__name__} (children: {names}): no layout describes "
-                          f"this layer; {_HOWTO}")
+    problem = _layer_problem(path, layer, attentions)
+    if problem is not None:
+        s.problems.append(problem)
         return
+    layout = layout_of(layer)
     if len(attentions) > 2:
         s.problems.append(f"{type(layer).__name__}: {len(attentions)} attention modules in one "
                           f"layer (self + cross is the most a layout describes); {_HOWTO}")
@@ -177,20 +223,38 @@ def _attention(attention: nn.Module, carrier: nn.Module, projection: nn.Module |
 def _outer_sites(s: _Structure, prefix: str, backbone: nn.Module, layer_paths: list[str]) -> None:
     """Norms and additive tables outside the layers (embeddings, final norms)."""
     inner = lambda n: any(n == p or n.startswith(p + ".") for p in layer_paths)   # noqa: E731
-    word = backbone.get_input_embeddings() if hasattr(backbone, "get_input_embeddings") else None
+    word = _word_embedding(backbone)
     named = dict(backbone.named_modules())
     first_layer = list(named).index(f"{layer_paths[0]}.0")
     for index, (name, module) in enumerate(named.items()):
         if inner(name):
             continue
+        index = len(named) if _in_pooler(name) else index    # a head, whatever its order
         if index < first_layer and _biased_projection(module):
             s.uncovered.append(f"{_join(prefix, name)} ({type(module).__name__} with a bias "
                                "between the embedding and the first layer: a zero embedding "
                                "does not stay a zero carrier)")
         elif is_norm(module):
             s.add(module, _norm_site(_join(prefix, name), module))
-        elif isinstance(module, nn.Embedding) and not _is_word(module, word):
+        elif is_additive_table(module) and not _is_word(module, word):
             _table_site(s, prefix, name, module, named, word)
+        elif index < first_layer and "Rotary" not in type(module).__name__:
+            s.uncovered += [f"{_join(prefix, name, b)} (float buffer of {type(module).__name__}: "
+                            "a table added inline, no module to gate it by the carrier)"
+                            for b, buffer in module.named_buffers(recurse=False)
+                            if buffer.is_floating_point() and buffer.dim() == 2]
+
+
+def _word_embedding(backbone: nn.Module) -> nn.Module | None:
+    """The backbone's word embedding (None when it has none, e.g. a vision model)."""
+    try:
+        return backbone.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+
+
+def _in_pooler(name: str) -> bool:
+    return "pooler" in name.split(".")
 
 
 def _biased_projection(module: nn.Module) -> bool:
@@ -198,11 +262,12 @@ def _biased_projection(module: nn.Module) -> bool:
             and module.bias is not None)
 
 
-def _is_word(embedding: nn.Embedding, word: nn.Module | None) -> bool:
-    return word is not None and (embedding is word or embedding.weight is word.weight)
+def _is_word(embedding: nn.Module, word: nn.Module | None) -> bool:
+    return word is not None and (embedding is word or (
+        getattr(embedding, "weight", None) is not None and embedding.weight is word.weight))
 
 
-def _table_site(s: _Structure, prefix: str, name: str, table: nn.Embedding,
+def _table_site(s: _Structure, prefix: str, name: str, table: nn.Module,
                 named: dict[str, nn.Module], word: nn.Module | None) -> None:
     parts = name.split(".")
     owners = [".".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)]
@@ -225,15 +290,25 @@ def _structure(prefix: str, backbone: nn.Module) -> _Structure:
     if not lists:
         own = sorted({type(m).__name__ for m in backbone.modules()
                       if "Attention" in type(m).__name__})
+        why = (f"{', '.join(own)} computes attention itself, so the O attention function "
+               "cannot be installed" if own else "it has no attention module at all (a "
+               "state-space or recurrent model), so there is no attention to take the O form")
         s.problems.append(
             f"{type(backbone).__name__}: no module calls transformers' attention interface "
-            f"(ALL_ATTENTION_FUNCTIONS); {', '.join(own) or 'its attention'} computes attention "
-            "itself, so the O attention function cannot be installed. Register a site for that "
-            "class with oretrofit.patches.torch_nn.register_module_site (docs/transformers.md)")
+            f"(ALL_ATTENTION_FUNCTIONS); {why}. Register a site for that class with "
+            "oretrofit.patches.torch_nn.register_module_site (docs/transformers.md)")
         return s
     for list_path, layers in lists:
         for i, layer in enumerate(layers):
             _layer_sites(s, _join(prefix, list_path, str(i)), layer)
+    for list_path, attentions in _self_attending_lists(backbone, [p for p, _ in lists]):
+        s.problems.append(
+            f"{_join(prefix, list_path)}: {', '.join(attentions)} computes attention itself (no "
+            "attention interface) while other layers use it, so the O attention function cannot "
+            "be installed there. Register a site for that class with "
+            "oretrofit.patches.torch_nn.register_module_site (docs/transformers.md)")
+    if s.problems:
+        return s
     _outer_sites(s, prefix, backbone, [p for p, _ in lists])
     covered = [site.name for sites in s.sites.values() for site in sites if site.kind == ATTENTION]
     s.uncovered += uncovered_attention(backbone, [n[len(prefix) + 1:] if prefix else n

@@ -10,22 +10,30 @@ Derived from the model, for every architecture:
 * **output projection**: the attention module's ``o_proj`` / ``out_proj`` / ``c_proj`` /
   ``dense`` / ``o`` / ``out_lin`` / ``Wo`` (``nn.Linear`` or ``Conv1D``), or its parent's
   ``output.dense`` (BERT, whose self-attention module has none);
-* **norms**: leaf modules whose class name ends in ``Norm`` (LayerNorm, RMSNorm, T5LayerNorm, …),
+* **norms**: leaf modules whose class name ends in ``Norm`` (LayerNorm, RMSNorm, T5LayerNorm,
+  Nemotron's LayerNorm1P, …),
   except per-head query/key norms (``q_norm``, ``k_layernorm``, …: they act on q/k, inside the
   attention site, not on the residual stream);
 * **tables**: ``nn.Embedding`` lookups outside the layers that are not the word embedding
-  (learned positions, token types), added to the word embedding inside the module that takes
-  ``inputs_embeds``.
+  (learned positions, token types), and leaf modules named ``…PositionalEmbedding`` that are
+  not rotary (M2M100's sinusoidal table, a buffer), added to the word embedding inside the module that takes
+  ``inputs_embeds``;
+* **token mixers outside attention**: convolutions over more than one position and recurrent
+  modules inside a layer (Mamba, short convolutions, linear attention), and layers with no
+  attention module at all; the host cannot gate them, so a model holding one is refused.
 
 The table below says, per layout, which module is the FFN branch and which module's input is
 the residual stream entering it (and the cross-attention's). Rows are tried in order; the first
-whose ``applies`` holds wins. :func:`register_layout` puts a new row first.
+whose ``applies`` holds wins. A row with ``refused`` set describes a family the host knows it
+cannot cover; a layer it applies to is refused with that reason. :func:`register_layout` puts a
+new row first.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -33,7 +41,8 @@ from typing import Callable
 from torch import nn
 
 __all__ = ["Layout", "LAYOUTS", "register_layout", "unregister_layout", "layout_of",
-           "calls_attention_interface", "child", "is_norm", "is_qk_norm", "output_projection"]
+           "calls_attention_interface", "child", "is_norm", "is_qk_norm", "output_projection",
+           "token_mixers", "is_additive_table"]
 
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "c_proj", "dense", "o", "out_lin", "Wo", "wo")
 
@@ -46,7 +55,8 @@ class Layout:
     branch, first present wins. ``ffn_carrier``: candidate paths of the module whose hidden-state
     input is the residual stream entering the FFN branch (``""`` = the layer itself).
     ``cross_carrier``: the same for cross-attention. ``applies(layer)``: whether the row
-    describes this layer. Paths may index module lists (``layer.-1``).
+    describes this layer. Paths may index module lists (``layer.-1``). ``refused``: why the host
+    cannot cover this family (then ``ffn`` / ``ffn_carrier`` are empty and the layer is refused).
     """
 
     name: str
@@ -55,6 +65,7 @@ class Layout:
     ffn: tuple[str, ...]
     ffn_carrier: tuple[str, ...]
     cross_carrier: tuple[str, ...] = ()
+    refused: str = ""
 
 
 def child(module: nn.Module, path: str) -> nn.Module | None:
@@ -98,9 +109,14 @@ def _called_before(layer: nn.Module, first: str, second: str) -> bool:
     return 0 <= a < b
 
 
+_NORM_CLASS = re.compile(r"Norm(1P)?$")
+
+
 def is_norm(module: nn.Module) -> bool:
-    """A token-local normalisation: a leaf whose class name ends in ``Norm``."""
-    return type(module).__name__.endswith("Norm") and not any(True for _ in module.children())
+    """A token-local normalisation: a leaf whose class name ends in ``Norm`` (or Nemotron's
+    ``LayerNorm1P``, weight stored as w − 1)."""
+    return (_NORM_CLASS.search(type(module).__name__) is not None
+            and not any(True for _ in module.children()))
 
 
 _QK_NORM = re.compile(r"(q|k|query|key)_?(norm|layernorm|layer_norm)", re.IGNORECASE)
@@ -117,6 +133,32 @@ def output_projection(attention: nn.Module, parent: nn.Module | None) -> nn.Modu
         if isinstance(projection, nn.Module):
             return projection
     return child(parent, "output.dense") if parent is not None else None
+
+
+_POSITION_TABLE = re.compile(r"Positional?Embeddings?$")
+
+
+def is_additive_table(module: nn.Module) -> bool:
+    """A per-token lookup added to the word embedding: an ``nn.Embedding``, or a leaf module
+    whose class name ends in ``PositionalEmbedding`` and is not rotary (sinusoidal tables held
+    as buffers)."""
+    if isinstance(module, nn.Embedding):
+        return True
+    name = type(module).__name__
+    return (_POSITION_TABLE.search(name) is not None and "Rotary" not in name
+            and not any(True for _ in module.children()))
+
+
+def token_mixers(layer: nn.Module) -> list[str]:
+    """``'path (Class, kernel k)'`` of modules in ``layer`` that mix tokens outside the attention
+    interface: convolutions whose kernel spans more than one position, recurrent modules."""
+    found = []
+    for name, module in layer.named_modules():
+        if isinstance(module, nn.modules.conv._ConvNd) and math.prod(module.kernel_size) > 1:
+            found.append(f"{name} ({type(module).__name__}, kernel {tuple(module.kernel_size)})")
+        elif isinstance(module, nn.RNNBase):
+            found.append(f"{name} ({type(module).__name__})")
+    return found
 
 
 def _has(*paths: str) -> Callable[[nn.Module], bool]:
@@ -140,10 +182,30 @@ def _parallel(layer: nn.Module) -> bool:
 
 _PRE_FFN_NORMS = ("post_attention_layernorm", "ln_2", "layernorm_after", "mlp_norm", "ffn_norm")
 _MLPS = ("mlp", "feed_forward", "block_sparse_moe")
+_T5_FFNS = ("layer.-1.DenseReluDense", "layer.-1.mlp")
+
+_PER_LAYER_INPUTS = (
+    "every layer adds a per-layer embedding looked up from the token ids (per_layer_input_gate / "
+    "per_layer_projection), which no carrier presence gates, and Gemma3n's AltUp keeps several "
+    "copies of the residual stream; a null token would not stay inert")
+_PARALLEL_EXPERTS = (
+    "the layer runs a router and experts next to its MLP (two FFN branches the layout cannot "
+    "gate as one); a null token would not stay inert")
 
 LAYOUTS: list[Layout] = [
-    Layout("T5 sub-layers", "T5, mT5", _has("layer.-1.DenseReluDense"),
-           ffn=("layer.-1.DenseReluDense",), ffn_carrier=("layer.-1",), cross_carrier=("layer.1",)),
+    Layout("per-layer inputs / AltUp", "Gemma3n, Gemma4 (hidden_size_per_layer_input > 0)",
+           lambda layer: (child(layer, "per_layer_input_gate") is not None
+                          or child(layer, "altup") is not None),
+           ffn=(), ffn_carrier=(), refused=_PER_LAYER_INPUTS),
+    Layout("MLP with parallel experts", "Gemma4 (enable_moe_block)",
+           _has("mlp", "router", "experts"), ffn=(), ffn_carrier=(), refused=_PARALLEL_EXPERTS),
+    Layout("language adapters", "X-MOD", _has("output.adapter_modules"), ffn=(), ffn_carrier=(),
+           refused="a per-language bottleneck adapter with biases runs on the residual stream "
+                   "after the FFN (output.adapter_modules), outside every gate; a null token "
+                   "would not stay inert"),
+    Layout("T5 sub-layers", "T5, mT5, UMT5, Switch Transformers",
+           lambda layer: first_present(layer, _T5_FFNS) is not None,
+           ffn=_T5_FFNS, ffn_carrier=("layer.-1",), cross_carrier=("layer.1",)),
     Layout("intermediate/output split", "BERT, RoBERTa, ELECTRA, XLM-R",
            _has("intermediate", "output.dense"), ffn=("output.dense",),
            ffn_carrier=("intermediate",), cross_carrier=("crossattention",)),
