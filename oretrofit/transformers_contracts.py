@@ -4,7 +4,9 @@ agreement, exact revert, null insertion and mask-free padding. The architecture 
 
 Hidden states are the residual streams the host sees: the input of each layer list's first
 layer and the output of every layer (read with forward hooks, so every architecture is measured
-the same way, encoder and decoder stacks included).
+the same way, encoder and decoder stacks included), and what the backbone returns after its
+last layer (``last_hidden_state``, and ``encoder_last_hidden_state`` of an encoder–decoder), so
+a final norm outside the layers is measured too.
 """
 
 from __future__ import annotations
@@ -36,11 +38,20 @@ def _recording(model: nn.Module) -> Iterator[dict[str, Tensor]]:
         handles.append(layer.register_forward_hook(
             lambda m, args, output, key=path: states.__setitem__(
                 key, output[0] if isinstance(output, tuple) else output)))
+    handles.append(model.base_model.register_forward_hook(
+        lambda m, args, output: states.update(_backbone_outputs(output))))
     try:
         yield states
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _backbone_outputs(output: Any) -> dict[str, Tensor]:
+    """The final states a backbone returns: ``{"output": (B, N, d)[, "encoder_output": …]}``."""
+    found = {"output": getattr(output, "last_hidden_state", None),
+             "encoder_output": getattr(output, "encoder_last_hidden_state", None)}
+    return {key: state for key, state in found.items() if isinstance(state, Tensor)}
 
 
 @torch.no_grad()

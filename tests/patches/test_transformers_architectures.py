@@ -52,6 +52,15 @@ def test_null_insertion_is_exact_under_full_o(tiny: tuple) -> None:
     assert result["where"] == arch.insertion
 
 
+def test_null_insertion_measures_the_final_norm_after_the_layers() -> None:
+    # GPT-2's ln_f sits after the last layer: left ungated, a zero carrier leaves it as β ≠ 0
+    model = zoo.build(next(a for a in zoo.ARCHITECTURES if a.name == "GPT-2"))
+    inputs = zoo.example_inputs(model)
+    with retrofitted(model, "full-o", 1e-6, exclude=["ln_f"], allow_partial=True):
+        result = null_insertion(model, inputs)
+    assert result["inserted_max_abs"] > 1e-3
+
+
 @pytest.mark.parametrize("arch", zoo.REFUSED, ids=[a.name for a in zoo.REFUSED])
 def test_refused_architectures_name_class_reason_and_fix(arch: zoo.Architecture) -> None:
     model = zoo.build(arch)
