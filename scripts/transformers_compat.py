@@ -77,8 +77,9 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "environment per release: the main environment (torch and the rest of "
         "`[all,models,test]`) underneath, `transformers==X` and the packages that release pins "
         "installed on top (column *layer*). A release passes when the transformers host's tests "
-        f"pass ({', '.join(f'`{t}`' for t in TESTS)}). The host's version gate admits exactly "
-        "the passing releases (`oretrofit/patches/transformers_common.py`).",
+        f"pass ({', '.join(f'`{t}`' for t in TESTS)}). The host's version gate "
+        "(`oretrofit/patches/transformers_common.py`) admits the passing releases and the later "
+        "patch releases of their minors, and refuses every other release.",
         "",
         *provenance_lines(command, commit),
         "",
@@ -89,7 +90,7 @@ def render(rows: list[dict], command: str, commit: str) -> str:
     for row in rows:
         failure = (row["failures"] or ["-"])[0][:160].replace("|", "\\|")
         lines.append(f"| {row['release']} | {'pass' if row['ok'] else 'FAIL'} | {row['tests']} | "
-                     f"{failure} | {', '.join(row['layer'])} | {row['torch']} | "
+                     f"{failure} | {', '.join(row['layer']) or 'none'} | {row['torch']} | "
                      f"{row['wall_s']} |")
     return "\n".join(lines) + "\n"
 
