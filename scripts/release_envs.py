@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 __all__ = ["export_head", "head_commit", "layered_venv", "layer_packages", "pytest_summary",
-           "receipt_command", "provenance_lines"]
+           "receipt_command", "provenance_lines", "markdown_table"]
 
 _PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 
@@ -109,3 +109,10 @@ def provenance_lines(command: str, commit: str) -> list[str]:
         f"- date (UTC): {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M')}",
         f"- python: {platform.python_version()}, platform: {platform.platform()}",
     ]
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    """A markdown table's lines: the header, its rule, one line a row (``|`` in a cell escaped)."""
+    def line(cells: Sequence[object]) -> str:
+        return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
+    return [line(header), "| " + " | ".join("---" for _ in header) + " |", *map(line, rows)]

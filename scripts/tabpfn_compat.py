@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from release_envs import (export_head, head_commit, provenance_lines, pytest_summary,
-                          receipt_command)
+from release_envs import (export_head, head_commit, markdown_table, provenance_lines,
+                          pytest_summary, receipt_command)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/patches/test_tabpfn_v3.py", "tests/patches/test_tabpfn_v3_closure.py",
@@ -132,13 +132,12 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "",
         *provenance_lines(command, commit),
         "",
-        "| tabpfn | outcome | TabPFN tests | diabetes oa Δ | diabetes full-o Δ | demo | torch | wall s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *markdown_table(
+            ["tabpfn", "outcome", "TabPFN tests", "diabetes oa Δ", "diabetes full-o Δ", "demo",
+             "torch", "wall s"],
+            [[row["release"], "pass" if row["ok"] else "FAIL", row["tests"], rel(row, "oa"),
+              rel(row, "full-o"), row["demo"], row["torch"], row["wall_s"]] for row in rows]),
     ]
-    for row in rows:
-        lines.append(f"| {row['release']} | {'pass' if row['ok'] else 'FAIL'} | {row['tests']} | "
-                     f"{rel(row, 'oa')} | {rel(row, 'full-o')} | {row['demo']} | {row['torch']} | "
-                     f"{row['wall_s']} |")
     return "\n".join(lines) + "\n"
 
 

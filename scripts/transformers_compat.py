@@ -9,7 +9,8 @@ release pins (huggingface-hub, tokenizers, ...) with it (:func:`release_envs.lay
 host's tests (:data:`TESTS`: tiny random configs of every architecture in the zoo, the real
 all-MiniLM-L6-v2 and SmolLM2-135M-Instruct weights, composition with the other hosts and
 ``oretrofit check``) run there on an export of the committed HEAD. A release passes when they all
-pass. The table is rewritten after every release, so an interrupted sweep leaves its rows.
+pass. The releases run newest first and the table (oldest first) is rewritten after every
+one, so an interrupted sweep leaves the rows that bound the supported range.
 
 Usage: ``python scripts/transformers_compat.py [--venvs DIR] [--releases 5.0.0,5.25.0]
 [--out FILE] [--min-free-gib N]``.
@@ -27,8 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from packaging.version import Version
 from release_envs import (export_head, head_commit, layer_packages, layered_venv,
-                          provenance_lines, pytest_summary, receipt_command)
+                          markdown_table, provenance_lines, pytest_summary, receipt_command)
 
 ROOT = Path(__file__).resolve().parent.parent
 # the host's behaviour; tests/test_docs_transformers.py (the docs' generated blocks) is not
@@ -83,15 +85,13 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "",
         *provenance_lines(command, commit),
         "",
-        "| transformers | outcome | host tests | first failure (all in the .json) | layer | torch "
-        "| wall s |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        *markdown_table(
+            ["transformers", "outcome", "host tests", "first failure (all in the .json)", "layer",
+             "torch", "wall s"],
+            [[row["release"], "pass" if row["ok"] else "FAIL", row["tests"],
+              (row["failures"] or ["-"])[0][:160], ", ".join(row["layer"]) or "none",
+              row["torch"], row["wall_s"]] for row in rows]),
     ]
-    for row in rows:
-        failure = (row["failures"] or ["-"])[0][:160].replace("|", "\\|")
-        lines.append(f"| {row['release']} | {'pass' if row['ok'] else 'FAIL'} | {row['tests']} | "
-                     f"{failure} | {', '.join(row['layer']) or 'none'} | {row['torch']} | "
-                     f"{row['wall_s']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -112,11 +112,12 @@ def main() -> None:
     command = receipt_command("scripts/transformers_compat.py", sys.argv[1:],
                               {args.venvs: "VENVS"})
     rows: list[dict] = []
-    for release in args.releases.split(","):
+    for release in sorted(args.releases.split(","), key=Version, reverse=True):
         venv = args.venvs / f"transformers-{release}"
         rows.append(run_release(venv, release, source))
         print(f"{release}: {'pass' if rows[-1]['ok'] else 'FAIL'} ({rows[-1]['tests']}, "
               f"{rows[-1]['wall_s']} s)", flush=True)
+        rows.sort(key=lambda row: Version(row["release"]))
         args.out.write_text(render(rows, command, commit))
         args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
         if shutil.disk_usage(args.venvs).free < args.min_free_gib * 2**30:
