@@ -114,10 +114,10 @@ def main() -> None:
     rows: list[dict] = []
     for release in sorted(args.releases.split(","), key=Version, reverse=True):
         venv = args.venvs / f"transformers-{release}"
-        rows.append(run_release(venv, release, source))
-        print(f"{release}: {'pass' if rows[-1]['ok'] else 'FAIL'} ({rows[-1]['tests']}, "
-              f"{rows[-1]['wall_s']} s)", flush=True)
-        rows.sort(key=lambda row: Version(row["release"]))
+        row = run_release(venv, release, source)
+        print(f"{release}: {'pass' if row['ok'] else 'FAIL'} ({row['tests']}, {row['wall_s']} s)",
+              flush=True)
+        rows = sorted([*rows, row], key=lambda done: Version(done["release"]))
         args.out.write_text(render(rows, command, commit))
         args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
         if shutil.disk_usage(args.venvs).free < args.min_free_gib * 2**30:
