@@ -17,17 +17,17 @@ Usage: ``python scripts/tabpfn_compat.py [--venvs DIR] [--releases 8.0.1,9.2.0] 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
-import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from release_envs import (export_head, head_commit, markdown_table, provenance_lines,
+                          pytest_summary, receipt_command)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/patches/test_tabpfn_v3.py", "tests/patches/test_tabpfn_v3_closure.py",
@@ -68,15 +68,6 @@ def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=SOURCE, env=env, capture_output=True, text=True, **kwargs)
 
 
-def export_head(dest: Path) -> Path:
-    """The committed HEAD as plain files in ``dest``: edits to the checkout during a run (and
-    uncommitted files) do not reach the checks, and the table names the commit it ran."""
-    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True,
-                             check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return dest
-
-
 def ensure_venv(venv: Path, release: str) -> None:
     """Create ``venv`` with tabpfn ``release`` and this checkout (skipped when it has them)."""
     python = venv / "bin" / "python"
@@ -92,11 +83,6 @@ def ensure_venv(venv: Path, release: str) -> None:
         done = _run(step)
         if done.returncode:
             raise RuntimeError(f"{shlex.join(step)} failed:\n{done.stderr[-2000:]}")
-
-
-def _pytest_summary(text: str) -> str:
-    lines = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
-    return lines[-1].strip("= ").split(" in ")[0] if lines else "no summary"
 
 
 def run_release(venv: Path, release: str) -> dict:
@@ -120,14 +106,9 @@ def run_release(venv: Path, release: str) -> dict:
     diabetes_ok = (diabetes.get("finite", False) and rel.get("base") == 0.0
                    and all(v <= MAX_REL for v in rel.values()))
     ok = tests.returncode == 0 and diabetes_ok and not traceback
-    return {"release": release, "ok": ok, "tests": _pytest_summary(tests.stdout),
+    return {"release": release, "ok": ok, "tests": pytest_summary(tests.stdout),
             "tests_rc": tests.returncode, "diabetes": diabetes, "demo": demo_outcome,
             "torch": diabetes.get("torch", "?"), "wall_s": round(time.monotonic() - start)}
-
-
-def _commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip()
 
 
 def render(rows: list[dict], command: str, commit: str) -> str:
@@ -149,18 +130,14 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "and (3) `oretrofit patch --model-path demo` runs or refuses with a message, never a "
         "traceback. The host's version gate admits exactly the passing releases.",
         "",
-        f"- command: `{command}`",
-        f"- oretrofit commit: `{commit}` (the checks ran on an export of it)",
-        f"- date (UTC): {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M')}",
-        f"- python: {platform.python_version()}, platform: {platform.platform()}",
+        *provenance_lines(command, commit),
         "",
-        "| tabpfn | outcome | TabPFN tests | diabetes oa Δ | diabetes full-o Δ | demo | torch | wall s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *markdown_table(
+            ["tabpfn", "outcome", "TabPFN tests", "diabetes oa Δ", "diabetes full-o Δ", "demo",
+             "torch", "wall s"],
+            [[row["release"], "pass" if row["ok"] else "FAIL", row["tests"], rel(row, "oa"),
+              rel(row, "full-o"), row["demo"], row["torch"], row["wall_s"]] for row in rows]),
     ]
-    for row in rows:
-        lines.append(f"| {row['release']} | {'pass' if row['ok'] else 'FAIL'} | {row['tests']} | "
-                     f"{rel(row, 'oa')} | {rel(row, 'full-o')} | {row['demo']} | {row['torch']} | "
-                     f"{row['wall_s']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -177,8 +154,8 @@ def main() -> None:
         print(json.dumps(check()))
         return
     global SOURCE
-    SOURCE = export_head(Path(tempfile.mkdtemp(prefix="tabpfn-compat-")))
-    commit = _commit()
+    SOURCE = export_head(ROOT, Path(tempfile.mkdtemp(prefix="tabpfn-compat-")))
+    commit = head_commit(ROOT)
     rows = []
     for release in args.releases.split(","):
         venv = args.venvs / f"tabpfn-{release}"
@@ -191,9 +168,8 @@ def main() -> None:
         print(f"{release}: {'pass' if rows[-1]['ok'] else 'FAIL'} ({rows[-1]['tests']})",
               flush=True)
     # where the environments lived is this machine's business, not the receipt's
-    argv = ["VENVS" if Path(arg) == args.venvs else arg for arg in sys.argv[1:]]
-    command = "python scripts/tabpfn_compat.py " + shlex.join(argv)
-    args.out.write_text(render(rows, command.strip(), commit))
+    command = receipt_command("scripts/tabpfn_compat.py", sys.argv[1:], {args.venvs: "VENVS"})
+    args.out.write_text(render(rows, command, commit))
     json_path = args.out.with_suffix(".json")
     json_path.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"wrote {args.out} and {json_path}")

@@ -12,6 +12,9 @@ branch gating with hooks.
   biased output projections (``nn.Linear`` and GPT-2's ``Conv1D``) and additive position /
   token-type tables by the presence of the stream they belong to.
 * :func:`zero_padded_inputs` builds a mask-free padded batch at the carrier boundary.
+* :func:`check_transformers` is the version gate: it admits the releases
+  ``results/transformers-compat.md`` shows passing (:data:`TESTED_RELEASES`) and the later patch
+  releases of their minors, and refuses any other release naming the ``pip install`` that fixes it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,13 @@ from .._host import RetrofitError
 from .torch_nn import ATTENTION, gated_linear, patch_all
 
 __all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_output_bias", "gate_table",
-           "zero_padded_inputs", "check_transformers", "transformers_version"]
+           "zero_padded_inputs", "check_transformers", "transformers_version", "TESTED_RELEASES",
+           "supported_range", "supported_text", "admits"]
+
+
+# The passing rows of results/transformers-compat.md (scripts/transformers_compat.py runs the
+# host's tests on every 5.x minor's newest patch release, each in its own environment).
+TESTED_RELEASES: tuple[str, ...] = ("5.24.0",)
 
 
 def transformers_version() -> str:
@@ -39,12 +48,47 @@ def transformers_version() -> str:
     return transformers.__version__
 
 
+def _minor(version: str) -> tuple[int, int]:
+    from packaging.version import Version
+    return Version(version).release[:2]
+
+
+def supported_range() -> tuple[str, str]:
+    """The admitted releases as pip bounds ``(oldest, below)``: from the oldest tested release
+    up to, not including, the minor after the newest tested one (``"5.24.0", "5.25"``)."""
+    major, minor = _minor(TESTED_RELEASES[-1])
+    return TESTED_RELEASES[0], f"{major}.{minor + 1}"
+
+
+def admits(version: str) -> bool:
+    """Whether the gate admits transformers ``version``: at least the oldest tested release and
+    of a minor no newer than the newest tested one, so later patch releases of a tested minor
+    are admitted and a pre-release of the next minor is not."""
+    from packaging.version import InvalidVersion, Version
+    oldest, below = supported_range()
+    try:
+        return Version(version) >= Version(oldest) and _minor(version) < _minor(below)
+    except InvalidVersion:
+        return False
+
+
+def supported_text() -> str:
+    """The admitted releases as the docs and refusals say them, e.g. ``5.24.0 to 5.24.x``."""
+    major, minor = _minor(TESTED_RELEASES[-1])
+    return f"{TESTED_RELEASES[0]} to {major}.{minor}.x"
+
+
 def check_transformers() -> None:
-    """The host follows the transformers 5.x module layout; refuse any other major version."""
+    """Refuse a transformers release the host has not been shown to work with, naming the fix
+    (the tested releases are results/transformers-compat.md's passing rows)."""
     version = transformers_version()
-    if version.split(".")[0] != "5":
-        raise RetrofitError(f"the transformers host needs transformers 5.x, found {version}; "
-                            "install 'oretrofit[hf]' (transformers>=5,<6)")
+    if admits(version):
+        return
+    oldest, below = supported_range()
+    raise RetrofitError(
+        f"transformers {version} is not supported by the transformers host; it is tested on "
+        f"{supported_text()} (results/transformers-compat.md): "
+        f'pip install "transformers>={oldest},<{below}"')
 
 
 def carrier_of(args: tuple, kwargs: dict) -> Tensor:
