@@ -10,7 +10,7 @@ Hosts are matched most specific first (:func:`specificity`, ties in registration
 documented order of the built-ins:
 
     tabpfn-v3            20   TabPFN v3 models
-    transformers         10   transformers 5.x models routed through the attention interface
+    transformers         10   transformers models routed through the attention interface
     torch.nn              0   the fallback: plain torch.nn modules, and whatever part of a model
                               the matched hosts do not own
 """

@@ -1,6 +1,6 @@
-"""The transformers host: one host for every transformers 5.x model whose attention goes through
-the attention interface, its sites derived from the loaded model (see
-:mod:`.transformers_layouts`).
+"""The transformers host: one host for every transformers model (of the releases the version gate
+admits) whose attention goes through the attention interface, its sites derived from the loaded
+model (see :mod:`.transformers_layouts`).
 
 Sites, named by module path (``<layer>`` = one element of the layer list):
 
@@ -36,7 +36,8 @@ from .._host import RetrofitError, Site, register_host
 from .torch_nn import ATTENTION, FFN, NORM, ONormSite, patch_all, uncovered_attention
 from .transformers_attention import attach_o_attention
 from .transformers_common import (accepts_inputs_embeds, check_transformers, gate_branch,
-                                  gate_output_bias, gate_table, transformers_version)
+                                  gate_output_bias, gate_table, supported_text,
+                                  transformers_version)
 from .transformers_layouts import (LAYOUTS, Layout, calls_attention_interface, child, first_present,
                                    is_norm, is_qk_norm, layout_of, output_projection,
                                    token_mixers, is_additive_table)
@@ -317,7 +318,8 @@ def _structure(prefix: str, backbone: nn.Module) -> _Structure:
 
 
 class TransformersHost:
-    """Every transformers 5.x model routed through the attention interface (module docstring).
+    """Every model of the tested transformers releases routed through the attention interface
+    (module docstring).
 
     ``owned(model)`` lists the transformers models (module paths) whose subtrees this host
     answers for; the rest of a wrapping model is left to other hosts.
@@ -325,8 +327,9 @@ class TransformersHost:
 
     name = "transformers"
     specificity = 10
-    supports = ("transformers 5.x models whose attention goes through the AttentionInterface "
-                "(decoder-only, encoder-only, encoder-decoder, MoE, ViT; docs/transformers.md)")
+    supports = (f"transformers {supported_text()} models whose attention goes through the "
+                "AttentionInterface (decoder-only, encoder-only, encoder-decoder, MoE, ViT; "
+                "docs/transformers.md)")
 
     def matches(self, model: nn.Module) -> bool:
         return bool(backbones(model))

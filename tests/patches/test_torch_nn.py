@@ -217,7 +217,7 @@ def test_unsupported_model_error_names_class_why_and_how_to_register() -> None:
     assert "no registered host matches Sequential: no host recognises its class" in message
     assert "'torch.nn' found no attention module it has a site for" in message
     assert "torch.nn (nn.MultiheadAttention" in message
-    assert "transformers (transformers 5.x" in message
+    assert "transformers (transformers 5.24.0 to 5.24.x" in message
     assert "oretrofit.register_module_site(MyAttention, 'attention', apply)" in message
     assert "register_module_site" in oretrofit.__all__
 
