@@ -156,7 +156,7 @@ def calibrate(model: nn.Module, batches: Iterable[Any] | Callable[[nn.Module], A
             run(model)
         if not profile.count:
             raise RetrofitError(f"site {site.name!r} saw no non-zero carrier in the calibration data; "
-                                "give data that reaches it, or leave it out with exclude=")
+                                "give data that reaches it, or leave it out with exclude= (--exclude)")
         floor = profile.quantile_floor(quantile)
         per_site[site.name] = {"tau": delta / (1.0 - delta) * floor, "carrier_sq_quantile": floor,
                                **profile.summary()}

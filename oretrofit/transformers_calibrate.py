@@ -74,7 +74,8 @@ def text_batches(model: nn.Module, tokenizer: Any, lines: Sequence[str],
 
 def calibrate_text(model: nn.Module, tokenizer: Any, lines: Sequence[str], *, source: str,
                    arm: str = "full-o", delta: float = 1e-3, quantile: float = 0.01,
-                   max_tokens: int | None = None) -> dict[str, Any]:
+                   max_tokens: int | None = None, exclude: Sequence[str] | None = None
+                   ) -> dict[str, Any]:
     """The calibrated patch spec of ``arm`` for ``model`` over ``lines`` (``source`` names where
     they came from: a file, or :data:`BUILTIN_TEXTS`): ``τ_site = δ/(1−δ)·Q_q(‖h‖²)``; each line
     cut to ``max_tokens`` tokens (see :func:`text_batches`)."""
@@ -85,4 +86,4 @@ def calibrate_text(model: nn.Module, tokenizer: Any, lines: Sequence[str], *, so
             "rows": len(batches), "tokens": int(sum(b["input_ids"].numel() for b in batches)),
             "max_tokens": max_tokens, "tokenizer": type(tokenizer).__name__,
             "model_class": type(model).__name__}
-    return calibrate(model, batches, delta, quantile, arm=arm, data=data)
+    return calibrate(model, batches, delta, quantile, arm=arm, exclude=exclude, data=data)

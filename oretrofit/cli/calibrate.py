@@ -119,6 +119,8 @@ def register(app: typer.Typer) -> None:
                                     "may get (presence ≥ 1−δ)"),
         quantile: float = typer.Option(0.01, "--quantile", help="low quantile q of each site's "
                                        "carriers ‖h‖² that keeps presence ≥ 1−δ"),
+        exclude: list[str] = typer.Option(None, "--exclude", help="leave sites matching this "
+                                          "pattern unpatched (glob or 're:' regex; repeatable)"),
     ) -> None:
         """Choose τ per site: τ_site = δ/(1−δ)·Q_q(‖h‖²) of its carriers on the calibration data
         (a TabPFN v3 host's train rows, or a transformers model's text)."""
@@ -131,7 +133,7 @@ def register(app: typer.Typer) -> None:
             if value not in (None, [], ())]
         given_text = [flag for flag, value in (("--text-file", text_file),
                                                ("--max-tokens", max_tokens)) if value is not None]
-        settings = dict(arm=arm, delta=delta, quantile=quantile)
+        settings = dict(arm=arm, delta=delta, quantile=quantile, exclude=exclude or None)
         try:
             form = _form(given_tabpfn, given_text, model, datasets)
             _check_out(out)

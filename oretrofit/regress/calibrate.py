@@ -23,6 +23,7 @@ __all__ = ["calibrate_tabpfn"]
 
 def calibrate_tabpfn(model_path: str | Path | None, datasets: Sequence[Dataset], seeds: Sequence[int],
                      *, arm: str = "full-o", delta: float = 1e-3, quantile: float = 0.01,
+                     exclude: Sequence[str] | None = None,
                      protocol: SplitProtocol = PAPER_PROTOCOL, n_estimators: int = 1,
                      device: str = "cpu") -> dict[str, Any]:
     """The calibrated patch spec of ``arm`` for the TabPFN v3 checkpoint at ``model_path``.
@@ -60,4 +61,4 @@ def calibrate_tabpfn(model_path: str | Path | None, datasets: Sequence[Dataset],
     data = {"checkpoint": path.name, "checkpoint_sha256": checkpoint_sha256(path),
             "protocol": protocol.describe(), "splits": record,
             "rows": int(np.sum([r["rows"] for r in record])), "n_estimators": n_estimators}
-    return calibrate(built[0], run, delta, quantile, arm=arm, data=data)
+    return calibrate(built[0], run, delta, quantile, arm=arm, exclude=exclude, data=data)

@@ -116,6 +116,16 @@ def test_calibrate_then_check_under_the_spec(cli: typer.Typer, tmp_path: Path) -
     data = json.loads(own.read_text())["calibration"]["data"]
     assert data["texts"] == str(lines) and data["rows"] == 2 and data["tokens"] == 8
 
+    # --exclude leaves sites out of the calibration and the spec, which records the pattern
+    fewer = tmp_path / "fewer.json"
+    made = CliRunner().invoke(cli, ["calibrate", "--model", str(folder), "--text-file", str(lines),
+                                    "--exclude", "*.mlp", "--out", str(fewer)])
+    assert made.exit_code == 0, made.output
+    excluded = json.loads(fewer.read_text())
+    assert excluded["exclude"] == ["*.mlp"]
+    assert set(excluded["site_tau"]) == {s for s in spec["site_tau"] if not s.endswith(".mlp")}
+    assert len(excluded["site_tau"]) < len(spec["site_tau"])
+
 
 def test_a_spec_for_another_model_is_refused(cli: typer.Typer, tmp_path: Path) -> None:
     folder = _with_tokenizer(_saved("Llama", tmp_path / "llama"))
