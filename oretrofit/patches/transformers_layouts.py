@@ -199,6 +199,14 @@ LAYOUTS: list[Layout] = [
            ffn=(), ffn_carrier=(), refused=_PER_LAYER_INPUTS),
     Layout("MLP with parallel experts", "Gemma4 (enable_moe_block)",
            _has("mlp", "router", "experts"), ffn=(), ffn_carrier=(), refused=_PARALLEL_EXPERTS),
+    # The attention module hands its output projection a (tokens, batch, hidden) tensor, so the
+    # projection's bias cannot be gated by the (batch, tokens) presences (when batch == tokens
+    # no shape check could tell); no structure of the layer shows it, hence the class name.
+    Layout("sequence-first attention output", "MLCD",
+           lambda layer: type(layer).__name__.startswith("MLCD"), ffn=(), ffn_carrier=(),
+           refused="the attention module permutes its output to (tokens, batch, hidden) before "
+                   "the biased output projection, so the projection's bias cannot be gated per "
+                   "token; a null token would not stay inert"),
     Layout("language adapters", "X-MOD", _has("output.adapter_modules"), ffn=(), ffn_carrier=(),
            refused="a per-language bottleneck adapter with biases runs on the residual stream "
                    "after the FFN (output.adapter_modules), outside every gate; a null token "

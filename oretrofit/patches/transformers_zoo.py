@@ -207,6 +207,7 @@ REFUSED = [
                       layer_types=["linear_attention", "full_attention"])),
     Architecture("JetMoE (mixture of attention heads)", "jetmoe", "MoE",
                  dict(num_local_experts=4, num_experts_per_tok=2, kv_channels=8)),
+    Architecture("MLCD (vision)", "mlcd", "vision", _IMAGE),
 ]
 
 
