@@ -31,7 +31,8 @@ _HOMES = {
     "SiteConfig": "._patching",
     "ARMS": "._registry", "KINDS": "._registry", "Host": "._registry", "PatchPlan": "._registry",
     "Retrofit": "._registry", "RetrofitError": "._registry", "Site": "._registry",
-    "apply_spec": "._registry", "read_spec": "._registry", "plan_retrofit": "._registry", "register_host": "._registry",
+    "apply_spec": "._registry", "read_spec": "._registry", "plan_retrofit": "._registry",
+    "register_host": "._registry",
     "registered_hosts": "._registry", "retrofit": "._registry", "retrofitted": "._registry",
     "register_module_site": ".patches.torch_nn",
     "calibrate": "._calibrate", "CarrierNormProfile": "._calibrate",
@@ -64,7 +65,8 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ 
     from ._presence import TAU_MODULES, TAU_RETROFIT, observe_carrier_norms, observe_presence, presence
     from ._presence_profile import PresenceProfile, presence_by_module
     from ._registry import (ARMS, KINDS, Host, PatchPlan, Retrofit, RetrofitError, Site, apply_spec,
-                            plan_retrofit, read_spec, register_host, registered_hosts, retrofit, retrofitted)
+                            plan_retrofit, read_spec, register_host, registered_hosts, retrofit,
+                            retrofitted)
     from ._serialize import save
     from ._transformer import OTransformerBlock
     from .patches.torch_nn import register_module_site

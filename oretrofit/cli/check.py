@@ -63,19 +63,18 @@ def run_check(name: str, arms: list[str], tau: float | None,
                              "is nothing to check; pass a spec of arm oa or full-o")
         arms = [spec["arm"]]
     model = load_model(name)
-    if spec is not None:                  # refused before anything is measured (apply_spec
-        with _patched(model, spec["arm"], None, spec):      # checks host, sites and weights)
-            pass
     inputs = example_inputs(model, batch=2, tokens=12)
-    agreements = [agreement(model, inputs, arm) for arm in arms]
     insertion_arm = "full-o" if "full-o" in arms else arms[-1]
-    unpatched = null_insertion(model, inputs)
     sequences = ([inputs["input_ids"][0].tolist(), inputs["input_ids"][1, :7].tolist()]
                  if "input_ids" in inputs else [])
+    # first, so a spec that does not fit (apply_spec checks host, sites and weights) is refused
+    # before anything is measured
     with _patched(model, insertion_arm, tau, spec) as r:
         inserted = null_insertion(model, inputs)
         padding = padding_delta(model, sequences) if sequences else None
         host = r.plan.host
+    agreements = [agreement(model, inputs, arm) for arm in arms]
+    unpatched = null_insertion(model, inputs)
     holds = (all(a["relative_max_diff"] <= LIMITS["agreement"] and a["revert_bit_identical"]
                  and a["state_dict_keys_unchanged"] for a in agreements)
              and inserted["inserted_max_abs"] == 0 and inserted["old_max_delta"] <= LIMITS["drift"]

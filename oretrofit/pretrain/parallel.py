@@ -16,7 +16,6 @@ between workers stops the run instead of going unnoticed.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import socket
 import sys
@@ -26,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from .._provenance import weights_digest as state_digest
 
 __all__ = ["SOLO", "Workers", "spawn", "weights_digest"]
 
@@ -85,11 +86,7 @@ SOLO = Workers()
 
 def weights_digest(model: torch.nn.Module) -> str:
     """sha256 of the model's state, bit for bit: equal digests mean equal weights."""
-    h = hashlib.sha256()
-    for name, value in model.state_dict().items():
-        h.update(name.encode())
-        h.update(value.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
+    return state_digest(model.state_dict())
 
 
 def _free_port() -> int:

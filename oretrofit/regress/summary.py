@@ -169,9 +169,9 @@ def summarize(cells: Sequence[Mapping[str, Any]],
                 row = Row(tau, spec, names[spec], arm, len(own),
                           rmse=_mean([c["rmse"] for c in own]), r2=_mean([c["r2"] for c in own]),
                           standin_for=standin, variant=variant, **_presence_means(own))
-                base = (spec, "base", None, None)
-                pairs = [(c, by_key[(spec, c["seed"], *base[1:])]) for c in own
-                         if arm != "base" and (spec, c["seed"], *base[1:]) in by_key]
+                pairs = [(c, by_key[base]) for c in own
+                         if arm != "base" and (base := (spec, c["seed"], "base", None, None))
+                         in by_key]
                 if pairs:
                     row.d_rmse_pct, row.d_r2, row.d_rmse_undefined = _changes(pairs)
                 if variant is None:
