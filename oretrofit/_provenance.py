@@ -13,11 +13,12 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+
+from ._atomic import atomic_file
 
 __all__ = ["environment", "sha256_file", "weights_digest", "write_json_atomic", "git_revision"]
 
@@ -100,17 +101,8 @@ def weights_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Write JSON to a temporary file in the same folder, then rename: never a torn file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
-        os.chmod(tmp, 0o644)                # mkstemp creates 0600; receipts are for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write JSON whole or not at all, never through a symbolic link (:mod:`oretrofit._atomic`)."""
+    with atomic_file(path, "w") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=False, default=str)
+        fh.write("\n")
+    return Path(path)

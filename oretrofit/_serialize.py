@@ -16,13 +16,13 @@ attributes (the transformers hosts) is refused with a :class:`RetrofitError` say
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 from torch import nn
 
+from ._atomic import atomic_file
 from ._host import RetrofitError
 from ._presence import check_positive
 from ._provenance import weights_digest
@@ -147,15 +147,10 @@ def _site_difference(made: list[str], wanted: list[str]) -> tuple[str, str]:
 
 
 def save(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """``torch.save(obj, path)`` through a temporary file in the same folder and a rename, so
-    a failure while pickling leaves an existing file at ``path`` untouched."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """``torch.save(obj, path)`` through a temporary file in the same folder and a rename
+    (:mod:`oretrofit._atomic`), so a failure while pickling leaves an existing file at ``path``
+    untouched. Load it with ``torch.load(path, weights_only=False)``, for files you trust only:
+    unpickling runs code."""
+    with atomic_file(path, "wb") as fh:
+        torch.save(obj, fh)
+    return Path(path)

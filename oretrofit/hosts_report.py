@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._atomic import write_text_atomic
 from ._markdown import pipe_table
 from ._provenance import environment, sha256_file, write_json_atomic
 from ._registry import retrofitted
@@ -302,7 +303,7 @@ def run(out: Path, new_tokens: int = 16) -> dict[str, Any]:
     report["seconds"] = time.perf_counter() - start
     report["environment"] = environment("cpu")
     write_json_atomic(out / "hosts.json", report)
-    (out / "hosts.md").write_text(markdown(report))
+    write_text_atomic(out / "hosts.md", markdown(report))
     return report
 
 

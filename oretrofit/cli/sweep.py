@@ -23,6 +23,7 @@ def operators(
     """Max errors per property over seeds × shapes × dtypes; writes a JSON receipt and a table."""
     import torch
 
+    from .._atomic import write_text_atomic
     from .._provenance import environment, write_json_atomic
     from ..sweep import SweepConfig, operators_markdown, run_operator_sweep
 
@@ -39,7 +40,7 @@ def operators(
     stem = "operators-quick" if quick else "operators"
     json_path = write_json_atomic(out / f"{stem}.json", receipt)
     md_path = out / f"{stem}.md"
-    md_path.write_text(table)
+    write_text_atomic(md_path, table)
     _err.print(f"wrote {json_path} and {md_path} in {receipt['seconds']:.1f} s")
     typer.echo(json.dumps(receipt, default=str) if as_json else table)
 

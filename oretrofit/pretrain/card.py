@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .._atomic import atomic_file, write_text_atomic
 from .._markdown import pipe_table
 from . import prior as prior_module
 from .evaluate import markdown_table, split_key
@@ -47,7 +48,8 @@ def plot_loss(stage_logs: list[list[tuple]], path: Path) -> Path:
         ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_file(path) as fh:
+        fig.savefig(fh, format="png")
     plt.close(fig)
     return path
 
@@ -219,5 +221,5 @@ Targets of issue 7 for a ≤ 2 h CPU budget (host ≥ baseline, mean R²):
 ```
 """
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    write_text_atomic(out, text)
     return out

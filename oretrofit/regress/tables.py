@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from .._atomic import write_text_atomic
 from .._markdown import pipe_table
 from .reading import reading
 from .store import read_cells, read_variants
@@ -219,8 +220,7 @@ def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
              "timings.md": to_markdown([timing_table(cells, summary, settings)])}
     files = {}
     for name, text in texts.items():
-        (out / name).write_text(text)
-        files[name] = out / name
+        files[name] = write_text_atomic(out / name, text)
     if plots:
         from .plots import plot_delta_rmse
         files.update(plot_delta_rmse(summary, out))

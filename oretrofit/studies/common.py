@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Protocol
 import torch
 from torch import nn
 
+from .._atomic import write_text_atomic
 from .data import SEEDS, TASKS as REGISTRY, Split
 from .models import FTHost, HostSpec, build_host
 from .receipts import PlannedRun, Receipt, run_plan
@@ -103,7 +104,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, quiet: bool 
     receipt.save(options=options.as_dict(), planned=ids, table_markdown=markdown, coverage=counts,
                  complete=done == len(ids))
     table_path = out / f"{stem}.md"
-    table_path.write_text(markdown + "\n")
+    write_text_atomic(table_path, markdown + "\n")
     return StudyResult(receipt.path, table_path, markdown, done == len(ids), done, len(ids),
                        time.perf_counter() - start)
 

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import torch
 
+from .._atomic import atomic_file
 from .._provenance import sha256_file
 from .._registry import RetrofitError
 from ..patches import tabpfn_v3_releases as releases
@@ -73,22 +74,15 @@ def save_atomic(checkpoint: dict[str, Any], path: Path) -> Path:
     the file's name as its archive name and the random temporary name would change the bytes
     (and the sha256) of identical weights. ``.safetensors``: tabpfn's ``save_as_safetensors``.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    try:
-        if path.suffix == ".safetensors":
-            os.close(fd)
-            releases.save_safetensors(checkpoint, tmp)
+    with atomic_file(path, "wb") as fh:
+        if path.suffix == ".safetensors":             # tabpfn's writer takes a path only
+            with tempfile.TemporaryDirectory(prefix="oretrofit-safetensors-") as scratch:
+                releases.save_safetensors(checkpoint, Path(scratch) / path.name)
+                fh.write((Path(scratch) / path.name).read_bytes())
         else:
             buffer = io.BytesIO()
             torch.save(checkpoint, buffer)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(buffer.getbuffer())
-        os.chmod(tmp, 0o644)                # mkstemp creates 0600; checkpoints are shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            fh.write(buffer.getbuffer())
     return path
 
 

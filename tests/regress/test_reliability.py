@@ -9,6 +9,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ import pandas as pd
 import pytest
 import torch
 
+from oretrofit._atomic import TEMP_SUFFIX
 from oretrofit.cli.app import main
 from oretrofit.regress import Matrix, ModelSettings, RunFolder, render, run_matrix
 from oretrofit.regress.data import DatasetUnavailable
@@ -148,12 +150,17 @@ def test_temp_files_of_killed_writes_are_swept_on_start(tmp_path):
     out = tmp_path / "run"
     data = f"file:{_csv(tmp_path / 't.csv')}#y"
     _run(out, [data], arms=("base",))
-    leftovers = [out / "cells" / ".x.json.ab12", out / ".run.json.cd34",
-                 out / "invocations" / ".y.json.ef56"]
-    for path in leftovers:
+    dead = subprocess.Popen(["true"])
+    dead.wait()                                                 # a writer that was killed
+    tag = f"{socket.gethostname().replace('.', '-')}.{dead.pid}.ab12{TEMP_SUFFIX}"
+    leftovers = [out / "cells" / f".x.json.{tag}", out / f".run.json.{tag}",
+                 out / "invocations" / f".y.json.{tag}"]
+    live = out / "cells" / f".z.json.{tag.replace(str(dead.pid), str(os.getpid()))}"
+    for path in (*leftovers, live):
         path.write_text("{")
     _run(out, [data])
     assert not any(p.exists() for p in leftovers)
+    assert live.exists()                                        # a live writer's is kept
     assert len(list((out / "cells").glob("*.json"))) == 2
 
 
@@ -250,6 +257,7 @@ def _alive(pid: int) -> bool:
 _ZYGOTE = """
 import json, os, sys
 import oretrofit.regress.runner, oretrofit.tabpfn_v3, tabpfn, sklearn  # noqa: F401  (warm)
+from oretrofit._atomic import TEMP_SUFFIX
 from oretrofit.cli.app import main
 for line in sys.stdin:
     pid = os.fork()
