@@ -10,17 +10,24 @@ The O-subclasses are importable by name, so a patched module pickles (``torch.sa
 ``joblib.dump``, ``copy.deepcopy``): each is published here as ``O<Original>_<hex>``, the hex
 naming ``module:qualname`` of the original class and the mixin, and this module's
 ``__getattr__`` rebuilds the class from that name in a fresh process.
+
+Undos are objects, not closures (:class:`SiteUndo`, :class:`UndoAll`, :class:`PopAttribute`,
+:func:`noop`, a hook's ``RemovableHandle.remove``), so the undos of a retrofit that also adds
+hooks and attributes pickle with the model (:func:`portable`), and a loaded copy can take its
+retrofit off exactly as it was put on.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
-__all__ = ["SiteConfig", "Undo", "o_subclass", "set_site", "site_config"]
+__all__ = ["SiteConfig", "Undo", "o_subclass", "set_site", "site_config", "SiteUndo", "UndoAll",
+           "PopAttribute", "noop", "portable"]
 
 Undo = Callable[[], None]
 _SUBCLASSES: dict[tuple[type, type], type] = {}
@@ -88,14 +95,58 @@ def set_site(module: nn.Module, mixin: type, key: str, config: Any) -> Undo:
     if key in state["sites"]:
         raise RuntimeError(f"site {key!r} is already patched on this module")
     state["sites"][key] = config
+    return SiteUndo(module, key)
 
-    def undo() -> None:
-        del state["sites"][key]
+
+class SiteUndo:
+    """The undo of :func:`set_site`: removes the key, and with the last key restores the class."""
+
+    def __init__(self, module: nn.Module, key: str) -> None:
+        self.module, self.key = module, key
+
+    def __call__(self) -> None:
+        state = self.module.__dict__["_oretrofit"]
+        del state["sites"][self.key]
         if not state["sites"]:
-            module.__class__ = state["original_class"]
-            del module.__dict__["_oretrofit"]
+            self.module.__class__ = state["original_class"]
+            del self.module.__dict__["_oretrofit"]
 
-    return undo
+
+class UndoAll:
+    """Several undos as one, run in reverse order."""
+
+    def __init__(self, undos: Sequence[Undo]) -> None:
+        self.undos = list(undos)
+
+    def __call__(self) -> None:
+        for undo in reversed(self.undos):
+            undo()
+
+
+class PopAttribute:
+    """Undo of an attribute a site set on a module: removes ``key`` from its ``__dict__``."""
+
+    def __init__(self, module: nn.Module, key: str) -> None:
+        self.module, self.key = module, key
+
+    def __call__(self) -> None:
+        self.module.__dict__.pop(self.key, None)
+
+
+def noop() -> None:
+    """The undo of a site that changed nothing."""
+
+
+def portable(undo: Undo) -> bool:
+    """True when ``undo`` pickles with its model: one of this module's undos (an
+    :class:`UndoAll` of portable undos), a hook handle's ``remove``, or a method of an object
+    whose class says so (``portable_undo = True``)."""
+    if isinstance(undo, UndoAll):
+        return all(map(portable, undo.undos))
+    if isinstance(undo, (SiteUndo, PopAttribute)) or undo is noop:
+        return True
+    owner = getattr(undo, "__self__", None)
+    return isinstance(owner, RemovableHandle) or getattr(owner, "portable_undo", False)
 
 
 def site_config(module: nn.Module, key: str) -> Any:

@@ -25,7 +25,7 @@ from torch import nn
 
 from ._compose import compose, uncovered_error
 from ._host import KINDS, Host, RetrofitError, Site, register_host, registered_hosts
-from ._patching import SiteConfig, Undo
+from ._patching import SiteConfig, Undo, portable
 from ._presence import TAU_RETROFIT, check_positive
 from ._serialize import (attach, check_calibrated_weights, check_spec, check_spec_entries,
                          footprint, strip, unstrip)
@@ -68,6 +68,7 @@ class PatchPlan:
     exclude: list[str] | None = None
     uncovered: list[str] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)    # every host taking part, ``host`` first
+    calibration: Mapping[str, Any] | None = None       # the record of an applied calibrated spec
 
 
 def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT, eps: float = 1e-6,
@@ -101,7 +102,16 @@ def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROF
     if arm == "base":
         return plan
     kinds = ARMS[arm]
-    candidates = [s for part in parts for s in part.sites if s.kind in kinds]
+    every = [s for part in parts for s in part.sites]
+    for option, patterns in (("targets", targets), ("exclude", exclude)):
+        for pattern in patterns or ():
+            if not any(_matches(pattern, s.name) for s in every):
+                raise RetrofitError(
+                    f"{option} pattern {pattern!r} matches no site of host {plan.host!r} (a "
+                    "typo would otherwise pass silently); sites: "
+                    f"{', '.join(s.name for s in every[:12])}{' …' if len(every) > 12 else ''}; "
+                    "use a glob like 'icl.*' or 're:' for a regular expression")
+    candidates = [s for s in every if s.kind in kinds]
     chosen = [s for s in candidates
               if (not targets or any(_matches(t, s.name) for t in targets))
               and not (exclude and any(_matches(x, s.name) for x in exclude))]
@@ -162,14 +172,20 @@ class Retrofit:
         raise AttributeError(name)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        if not self.__dict__.get("_swaps_only", True):
-            raise RetrofitError(
-                f"a model retrofitted by host {self.plan.host!r} cannot be pickled or copied: "
-                "its sites add hooks or attributes besides O-class swaps. Save the unpatched "
-                "model (or its state_dict) with Retrofit.spec(), and apply_spec(model, spec) "
-                "after loading (or retrofit a fresh copy)")
+        state = {"model": self.model, "reverted": self.reverted}
+        if not self.__dict__.get("_swaps_only", True) and not self.reverted:
+            # hooks and attributes pickle with the model; so do the undos that take them off
+            undos = self.__dict__.get("_loaded_undos", self._undos)
+            if not all(map(portable, undos)):
+                raise RetrofitError(
+                    f"a model retrofitted by host {self.plan.host!r} cannot be pickled or copied: "
+                    "a site's undo is a closure (a site registered with a plain function?). "
+                    "Save the unpatched model (or its state_dict) with Retrofit.spec(), and "
+                    "apply_spec(model, spec) after loading; or make the site's undos objects "
+                    "(oretrofit._patching.portable)")
+            state["_loaded_undos"] = undos
         spec = self.__dict__.get("_pending") or self.spec()
-        return _restore_retrofit, (spec,), {"model": self.model, "reverted": self.reverted}
+        return _restore_retrofit, (spec,), state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -204,7 +220,7 @@ class Retrofit:
                 "tau": plan.tau, "eps": plan.eps, "site_tau": plan.site_tau,
                 "targets": plan.targets, "exclude": plan.exclude,
                 "sites": [s.name for s, _ in plan.entries],
-                "uncovered": plan.uncovered}
+                "uncovered": plan.uncovered, "calibration": plan.calibration}
 
     def save_spec(self, path: str | Path) -> Path:
         """Write :meth:`spec` as JSON (through a temporary file: never a torn file)."""
@@ -227,11 +243,27 @@ def _restore_retrofit(spec: Mapping[str, Any]) -> Retrofit:
 
 
 def _rebind(handle: Retrofit) -> None:
-    """Re-apply a loaded handle's spec to its model: take the loaded O-class swaps off, apply
-    the spec afresh and check it (:mod:`oretrofit._serialize`); on failure the model is left
-    exactly as it was loaded."""
+    """Re-apply a loaded handle's spec to its model: take the loaded retrofit off, apply the
+    spec afresh and check it (:mod:`oretrofit._serialize`). A retrofit of O-class swaps only is
+    taken off by :func:`strip`, and on failure the model is left exactly as it was loaded; one
+    that also added hooks and attributes is taken off by its own loaded undos, and on failure
+    the model is left unpatched (the error says so)."""
     model, spec = handle.model, handle.__dict__.pop("_pending")
     active = model.__dict__.pop(_ACTIVE, None)
+    loaded_undos = handle.__dict__.pop("_loaded_undos", None)
+    if loaded_undos is not None:
+        for undo in reversed(loaded_undos):
+            undo()
+        try:
+            fresh = apply_spec(model, spec)
+        except RetrofitError as exc:
+            handle.__dict__["reverted"] = True
+            raise RetrofitError(f"{exc} (the loaded model's retrofit was taken off to re-apply "
+                                "its spec: the model is now unpatched)") from None
+        handle.__dict__.update(plan=fresh.plan, _host=fresh._host, _undos=fresh._undos,
+                               _swaps_only=fresh._swaps_only)
+        attach(model, _ACTIVE, handle)
+        return
     taken = strip(model)
     try:
         fresh = apply_spec(model, spec)
@@ -313,6 +345,7 @@ def apply_spec(model: nn.Module, spec: Mapping[str, Any] | str | Path) -> Retrof
     except RetrofitError:
         result.revert()
         raise
+    result.plan.calibration = spec["calibration"]
     return result
 
 
@@ -353,9 +386,5 @@ def read_spec(spec: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
     if spec.get("schema_version") != SPEC_VERSION:
         raise RetrofitError(f"patch spec schema_version {spec.get('schema_version')!r} is not "
                             f"supported (this oretrofit reads {SPEC_VERSION}); re-create the spec")
-    missing = [k for k in ("arm", "tau", "eps") if k not in spec]
-    if missing:
-        raise RetrofitError(f"the patch spec lacks {', '.join(missing)}; re-create it with "
-                            "Retrofit.spec() (or `oretrofit patch --out`)")
     check_spec_entries(spec)
     return spec

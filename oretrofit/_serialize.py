@@ -9,8 +9,11 @@ swaps off the loaded model (:func:`strip`), applies the spec afresh and checks t
 against the spec (:func:`check_spec`), so its ``revert()`` and ``report()`` act on the loaded
 (or copied) model and never on the original. This module imports no registry code.
 
-Only retrofits that consist of O-class swaps serialise this way; one that also added hooks or
-attributes (the transformers hosts) is refused with a :class:`RetrofitError` saying what to do.
+A retrofit that also adds hooks and attributes (the transformers host) pickles them with the
+model, and with them its undos (:func:`oretrofit._patching.portable`): the loaded model runs
+retrofitted as it is, and its handle takes the loaded retrofit off with those undos before
+re-applying the spec. One whose undos are closures (a user's site) is refused with a
+:class:`RetrofitError` saying what to do.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def check_spec(made: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
     applying it to this model gave (a cut or edited spec, another host, other versions)."""
     for key, what in (("host", "host"), ("host_versions", "host package versions"),
                       ("sites", "site list")):
-        if key in spec and spec[key] != made[key]:
+        if spec[key] != made[key]:
             mine, theirs = made[key], spec[key]
             if key == "sites":
                 mine, theirs = _site_difference(made[key], spec[key])
@@ -85,16 +88,34 @@ def check_spec(made: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
                 "versions (Retrofit.spec(), or `oretrofit patch --out`)")
 
 
+# Every entry of a spec (Retrofit.spec()); each is checked on read or on apply, so none may be
+# absent: a deleted entry would skip its check. ``calibration`` is null for an uncalibrated spec.
+SPEC_KEYS = ("schema_version", "oretrofit", "host", "hosts", "host_versions", "arm", "tau", "eps",
+             "site_tau", "targets", "exclude", "sites", "uncovered", "calibration")
+# What a calibrated spec's record holds (oretrofit._calibrate.calibrate). It must also name the
+# weights its τ were read from: ``weights_sha256`` (checked against the model on every apply) or,
+# for a spec calibrated on a TabPFN checkpoint before that digest was recorded,
+# ``data.checkpoint_sha256`` (checked against the checkpoint wherever one is loaded:
+# make_regressor, ``oretrofit patch``, ``regress``, ``check``).
+CALIBRATION_KEYS = ("delta", "quantile", "probe_tau", "data", "sites", "rule")
+
+
 def check_spec_entries(spec: Mapping[str, Any]) -> None:
-    """Refuse a spec whose entries have the wrong type or value: ``arm`` a string, ``tau`` and
-    ``eps`` positive finite numbers, ``site_tau`` an object of pattern -> positive τ,
-    ``targets`` / ``exclude`` / ``sites`` lists of strings (or null), ``calibration`` and its
-    ``data`` objects. (A string where a list belongs would be read letter by letter.)"""
+    """Refuse a spec that lacks an entry of :data:`SPEC_KEYS` or whose entries have the wrong
+    type or value: ``arm`` a string, ``tau`` and ``eps`` positive finite numbers, ``site_tau`` an
+    object of pattern -> positive τ, ``targets`` / ``exclude`` lists of strings (or null),
+    ``sites`` / ``uncovered`` lists of strings, ``calibration`` null or an object holding
+    :data:`CALIBRATION_KEYS` (its ``data`` an object); an arm ``base`` spec names no site, no
+    site τ and no calibration. (A string where a list belongs would be read letter by letter.)"""
     fix = "re-create the spec (`oretrofit calibrate --out`, Retrofit.save_spec)"
 
     def refuse(what: str) -> RetrofitError:
         return RetrofitError(f"the patch spec's {what}; {fix}")
 
+    missing = [key for key in SPEC_KEYS if key not in spec]
+    if missing:
+        raise RetrofitError(f"the patch spec lacks {', '.join(missing)} (every entry is checked "
+                            f"when the spec is applied, so none may be left out); {fix}")
     if not isinstance(spec["arm"], str):
         raise refuse(f"arm must be a string (oa, full-o, base), got {spec['arm']!r}")
     site_tau = spec.get("site_tau") or {}
@@ -106,16 +127,26 @@ def check_spec_entries(spec: Mapping[str, Any]) -> None:
             check_positive(name, value)
     except ValueError as exc:
         raise refuse(str(exc)) from None
-    for key in ("targets", "exclude", "sites"):
-        value = spec.get(key)
-        if value is not None and not (isinstance(value, list)
-                                      and all(isinstance(v, str) for v in value)):
+    for key in ("targets", "exclude", "sites", "uncovered"):
+        value = spec[key]
+        if (value is not None or key in ("sites", "uncovered")) and not (
+                isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise refuse(f"{key} must be a list of site names or patterns, got {value!r}")
-    calibration = spec.get("calibration")
-    if calibration is not None and not (isinstance(calibration, Mapping) and isinstance(
-            calibration.get("data") or {}, Mapping)):
-        raise refuse("calibration record must be an object (with a data object), got "
-                     f"{calibration!r:.80}")
+    calibration = spec["calibration"]
+    if calibration is not None:
+        if not (isinstance(calibration, Mapping) and isinstance(calibration.get("data"), Mapping)):
+            raise refuse("calibration record must be an object (with a data object) or null, "
+                         f"got {calibration!r:.80}")
+        absent = [key for key in CALIBRATION_KEYS if key not in calibration]
+        if absent:
+            raise refuse(f"calibration record lacks {', '.join(absent)}")
+        if "weights_sha256" not in calibration and "checkpoint_sha256" not in calibration["data"]:
+            raise refuse("calibration record names no weights its τ were read from "
+                         "(weights_sha256, or data.checkpoint_sha256)")
+    if spec["arm"] == "base" and (spec["sites"] or site_tau or calibration is not None):
+        raise refuse(f"arm is 'base', which patches nothing, but it names "
+                     f"{len(spec['sites'])} site(s){', site τ' if site_tau else ''}"
+                     f"{', a calibration' if calibration is not None else ''} (an edited arm?)")
 
 
 def calibrated_weights_digest(model: nn.Module) -> str:
@@ -128,8 +159,9 @@ def calibrated_weights_digest(model: nn.Module) -> str:
 
 def check_calibrated_weights(spec: Mapping[str, Any], model: nn.Module) -> None:
     """Refuse a calibrated ``spec`` for ``model`` when the spec's τ were read from other weights
-    (its ``calibration.weights_sha256`` differs from :func:`calibrated_weights_digest`); a spec
-    without the record passes."""
+    (its ``calibration.weights_sha256`` differs from :func:`calibrated_weights_digest`); an
+    uncalibrated spec passes, and so does one whose record names its checkpoint instead
+    (:data:`CALIBRATION_KEYS`: checked where the checkpoint is loaded)."""
     calibration = spec.get("calibration")
     recorded = calibration.get("weights_sha256") if isinstance(calibration, Mapping) else None
     if recorded is not None and recorded != calibrated_weights_digest(model):
@@ -140,6 +172,11 @@ def check_calibrated_weights(spec: Mapping[str, Any], model: nn.Module) -> None:
 
 
 def _site_difference(made: list[str], wanted: list[str]) -> tuple[str, str]:
+    if sorted(made) == sorted(wanted):
+        first = next(i for i, (a, b) in enumerate(zip(made, wanted)) if a != b)
+        return (f"{len(made)} sites, {made[first]!r} at position {first}",
+                f"the same sites in another order ({wanted[first]!r} at position {first}; "
+                "the order of sites is the order they are applied in)")
     extra, missing = sorted(set(made) - set(wanted)), sorted(set(wanted) - set(made))
     return (f"{len(made)} sites, {len(extra)} more: {', '.join(extra[:6])}",
             f"{len(wanted)} sites" + (f", {len(missing)} unknown: {', '.join(missing[:6])}"

@@ -6,6 +6,7 @@ or ``smollm2`` (SmolLM2-135M-Instruct), with their tokenizer when asked for.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,14 @@ def load_model(name: str) -> nn.Module:
         return _shipped(name)[0]
     path = _folder(name)
     from transformers import AutoModel
-    return AutoModel.from_pretrained(path, local_files_only=True).eval()
+    try:
+        return AutoModel.from_pretrained(path, local_files_only=True).eval()
+    except pickle.UnpicklingError:       # torch's weights-only refusal of a code pickle
+        raise ValueError(
+            f"{name} holds its weights as a pickle with Python objects in it (pytorch_model.bin), "
+            "which oretrofit never unpickles; re-save the model as safetensors "
+            "(model.save_pretrained(folder, safe_serialization=True) where you trust the file), "
+            "then pass the folder again") from None
 
 
 def load_model_and_tokenizer(name: str) -> tuple[nn.Module, Any]:

@@ -1,9 +1,42 @@
-"""Shared fixtures: every test starts from a fixed seed."""
+"""Shared fixtures: every test starts from a fixed seed; complete calibration records; a pickle
+payload that proves code ran."""
+
+from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
+
+from oretrofit._serialize import calibrated_weights_digest
 
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture()
+def calibration_record() -> Callable[..., dict[str, Any]]:
+    """``make(model, **data)``: a calibration record as ``oretrofit.calibrate`` writes one (every
+    entry present, the weights digest of ``model``), its ``data`` object holding ``data``."""
+    def make(model: torch.nn.Module, **data: Any) -> dict[str, Any]:
+        return {"delta": 1e-3, "quantile": 0.01, "probe_tau": 1e-30, "data": data,
+                "weights_sha256": calibrated_weights_digest(model), "sites": {},
+                "rule": "tau_site = delta/(1-delta) * quantile_q(|h|^2)"}
+    return make
+
+
+class CodePayload:
+    """Unpickling this writes ``marker``: proof that code ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.write_text, (self.marker, "ran"))
+
+
+@pytest.fixture()
+def code_payload(tmp_path: Path) -> CodePayload:
+    """A :class:`CodePayload` whose marker is ``tmp_path / "payload-ran"`` (absent until run)."""
+    return CodePayload(tmp_path / "payload-ran")

@@ -7,7 +7,13 @@ from __future__ import annotations
 import copy
 import io
 import json
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Callable
 
 import joblib
 import numpy as np
@@ -20,7 +26,10 @@ from oretrofit.tabpfn_v3 import (build_model, load_checkpoint, load_patched_regr
                                  make_regressor, read_patch_spec, resolve_model_path,
                                  write_patched_artifact)
 from oretrofit.tabpfn_v3.artifact import ARTIFACT_KEY
+from oretrofit.patches.torch_nn import register_module_site, unregister_module_site
 from oretrofit.tabpfn_v3.checkpoints import save_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
@@ -119,14 +128,83 @@ def test_deepcopy_is_independent_revertible_and_re_retrofittable(host):
     assert Retrofit.of(host) is not None and torch.equal(_out(host), patched)
 
 
-def test_a_hooked_retrofit_refuses_to_be_copied_with_the_fix():
+def _bert() -> torch.nn.Module:
     from transformers import BertConfig, BertModel
-    model = BertModel(BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=1,
-                                 num_attention_heads=2, intermediate_size=32))
+    return BertModel(BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=1,
+                                num_attention_heads=2, intermediate_size=32)).eval()
+
+
+def _bert_out(model: torch.nn.Module) -> torch.Tensor:
+    ids = torch.arange(14).reshape(2, 7) % 60
+    with torch.no_grad():
+        return model(input_ids=ids).last_hidden_state
+
+
+@pytest.mark.parametrize("dump", ["pickle", "torch.save", "deepcopy"])
+def test_a_hooked_transformers_retrofit_round_trips_and_reverts_on_the_copy(dump):
+    model = _bert()
+    base = _bert_out(model)
+    r = retrofit(model, "full-o", 1.0)
+    patched = _bert_out(model)
+    assert not torch.equal(patched, base)
+    buffer = io.BytesIO()
+    if dump == "deepcopy":
+        loaded = copy.deepcopy(model)
+    elif dump == "pickle":
+        loaded = pickle.loads(pickle.dumps(model))
+    else:
+        torch.save(model, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(_bert_out(loaded), patched)               # runs retrofitted as loaded
+    handle = Retrofit.of(loaded)
+    assert handle.spec()["sites"] == r.spec()["sites"] and len(handle.report()) == len(r.report())
+    assert torch.equal(_bert_out(loaded), patched)               # re-applied: same outputs
+    handle.revert()
+    assert torch.equal(_bert_out(loaded), base)
+    assert loaded.config._attn_implementation == "sdpa"          # the model's own again
+    assert torch.equal(_bert_out(model), patched) and not r.reverted   # the original stays
+
+
+def test_a_saved_transformers_retrofit_loads_in_a_fresh_process(tmp_path):
+    model = _bert()
     retrofit(model, "full-o", 1.0)
-    for dump in (copy.deepcopy, pickle.dumps):
-        with pytest.raises(RetrofitError, match=r"cannot be pickled or copied.*apply_spec"):
-            dump(model)
+    oretrofit.save(model, tmp_path / "model.pt")
+    torch.save(_bert_out(model), tmp_path / "expected.pt")
+    code = textwrap.dedent(f"""
+        import torch
+        from oretrofit import Retrofit
+        model = torch.load({str(tmp_path / 'model.pt')!r}, weights_only=False)
+        ids = torch.arange(14).reshape(2, 7) % 60
+        with torch.no_grad():
+            out = model(input_ids=ids).last_hidden_state
+        assert torch.equal(out, torch.load({str(tmp_path / 'expected.pt')!r})), "outputs differ"
+        Retrofit.of(model).revert()
+        assert model.config._attn_implementation != "oretrofit"
+        print("ok")""")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_retrofit_whose_undos_are_closures_refuses_to_be_copied_with_the_fix():
+    class Mixer(torch.nn.Linear):                               # a user's token mixer
+        pass
+
+    def apply(module: torch.nn.Module, config) -> Callable[[], None]:
+        handle = module.register_forward_hook(lambda m, a, out: out * 1.0)
+        return lambda: handle.remove()
+
+    register_module_site(Mixer, "attention", apply)
+    try:
+        model = torch.nn.Module()
+        model.mix = Mixer(4, 4)
+        retrofit(model, "full-o", 1.0)
+        for dump in (copy.deepcopy, pickle.dumps):
+            with pytest.raises(RetrofitError, match=r"cannot be pickled or copied.*apply_spec"):
+                dump(model)
+    finally:
+        unregister_module_site(Mixer)
 
 
 def test_save_leaves_a_good_file_whole_when_pickling_fails(tmp_path):
@@ -151,7 +229,7 @@ def test_apply_spec_checks_the_spec_against_the_model(host):
             apply_spec(host, {**spec, key: value})
         assert Retrofit.of(host) is None                         # left unpatched
     no_arm = {k: v for k, v in spec.items() if k != "arm"}
-    with pytest.raises(RetrofitError, match="lacks arm; re-create it"):
+    with pytest.raises(RetrofitError, match=r"lacks arm \(every entry is checked .*re-create"):
         apply_spec(host, no_arm)
     with pytest.raises(RetrofitError, match=r"'re:icl\.\(' is not a valid regular expression"):
         apply_spec(host, {**spec, "targets": ["re:icl.("]})
@@ -218,3 +296,84 @@ def test_a_nan_weight_is_refused_with_the_file_and_tensor(tmp_path):
     path = save_atomic({**checkpoint, "state_dict": state}, tmp_path / "nan-v3.ckpt")
     with pytest.raises(RetrofitError, match=f"nan-v3.ckpt: tensor '{name}' holds NaN"):
         resolve_model_path(str(path))
+
+
+# --- round 3: every spec entry checked, nothing ignored --------------------------------------
+
+@pytest.mark.parametrize("key", ["sites", "calibration", "host", "host_versions", "exclude"])
+def test_a_spec_with_an_entry_deleted_is_refused_not_partly_checked(host, key):
+    spec = retrofit(host, "full-o", 1.0).spec()
+    Retrofit.of(host).revert()
+    with pytest.raises(RetrofitError, match=f"the patch spec lacks {key} .*re-create the spec"):
+        apply_spec(host, {k: v for k, v in spec.items() if k != key})
+    assert Retrofit.of(host) is None
+
+
+def test_a_calibrated_spec_with_its_weights_record_deleted_is_refused(host, calibration_record):
+    spec = {**retrofit(host, "oa", 1.0).spec(), "calibration": calibration_record(host)}
+    Retrofit.of(host).revert()
+    assert apply_spec(host, spec).revert() is host                     # complete: applies
+    del spec["calibration"]["weights_sha256"]
+    with pytest.raises(RetrofitError, match=r"calibration record names no weights its τ were "
+                                            r"read from \(weights_sha256, or data.checkpoint"):
+        apply_spec(host, spec)
+
+
+def test_a_spec_edited_to_arm_base_is_refused_by_make_regressor(host):
+    spec = retrofit(host, "full-o", 1.0).spec()
+    with pytest.raises(RetrofitError, match=r"arm is 'base', which patches nothing, but it "
+                                            r"names \d+ site\(s\) \(an edited arm\?\)"):
+        make_regressor("demo", spec={**spec, "arm": "base"})
+
+
+@pytest.mark.parametrize("given", [dict(tau=1e-3), dict(site_tau={"icl.*": 1e-3}),
+                                   dict(eps=1e-3)])
+def test_arm_base_with_a_tau_is_refused_not_ignored(given):
+    with pytest.raises(RetrofitError, match=f"arm 'base' patches no site, so {next(iter(given))} "
+                                            "would be ignored"):
+        make_regressor("demo", "base", **given)
+
+
+def test_a_reordered_spec_is_refused_naming_the_order(host):
+    spec = retrofit(host, "full-o", 1.0).spec()
+    Retrofit.of(host).revert()
+    sites = spec["sites"]
+    with pytest.raises(RetrofitError, match=r"the same sites in another order .*order they are "
+                                            "applied in"):
+        apply_spec(host, {**spec, "sites": [sites[1], sites[0], *sites[2:]]})
+
+
+@pytest.mark.parametrize("option", ["exclude", "targets"])
+def test_a_pattern_that_matches_no_site_is_refused(host, option):
+    with pytest.raises(RetrofitError, match=f"{option} pattern 'icl.99.*' matches no site of "
+                                            "host 'tabpfn-v3'"):
+        retrofit(host, "full-o", 1.0, **{option: ["icl.99.*"]})
+    spec = retrofit(host, "full-o", 1.0, exclude=["icl.0.*"]).spec()
+    Retrofit.of(host).revert()
+    with pytest.raises(RetrofitError, match="exclude pattern 'icl.9.*' matches no site"):
+        apply_spec(host, {**spec, "exclude": ["icl.9.*"]})
+    assert Retrofit.of(host) is None
+
+
+# --- round 3: loaders never unpickle code, and say so ----------------------------------------
+
+def test_a_saved_model_passed_as_a_checkpoint_is_refused_without_running_it(host, tmp_path,
+                                                                         code_payload):
+    retrofit(host, "oa", 1.0)
+    path = oretrofit.save({"model": host, "payload": code_payload}, tmp_path / "saved-v3.ckpt")
+    with pytest.raises(RetrofitError, match=r"saved-v3.ckpt holds pickled Python objects, not "
+                                            r"a weights-only checkpoint .*torch.load\(path, weights_only=False\)"):
+        load_checkpoint(path)
+    assert not code_payload.marker.exists()
+
+
+def test_a_transformers_folder_holding_a_pickle_is_refused_by_name(tmp_path, code_payload):
+    from oretrofit.transformers_models import load_model
+    model = _bert()
+    model.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save({**model.state_dict(), "payload": code_payload}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=f"{tmp_path} holds its weights as a pickle .*re-save "
+                                         "the model as safetensors"):
+        load_model(str(tmp_path))
+    assert not code_payload.marker.exists()

@@ -149,6 +149,11 @@ def register(app: typer.Typer) -> None:
             if given:
                 raise fail(f"--spec sets the arm and every site's τ itself; drop "
                            f"{', '.join(given)} (or drop --spec)")
+        ignored = [flag for flag, value in (("--tau", tau), ("--eps", eps),
+                                            ("--site-tau", site_tau)) if value not in (None, [])]
+        if arm == "base" and ignored:
+            raise fail(f"arm 'base' patches no site, so {', '.join(ignored)} would be ignored; "
+                       "drop them, or choose --arm oa or full-o")
         try:
             summary = run_patch(model_path, arm or "full-o", 1e-8 if tau is None else tau,
                                 1e-6 if eps is None else eps, overrides, target or None,

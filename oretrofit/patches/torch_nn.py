@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from .._attention import o_attention
 from .._components import o_gate
 from .._host import KINDS, RetrofitError, Site, inside, join_path, register_host
-from .._patching import SiteConfig, Undo, set_site, site_config
+from .._patching import SiteConfig, Undo, UndoAll, set_site, site_config
 from .._presence import presence
 
 __all__ = ["register_module_site", "unregister_module_site", "set_site", "site_config",
@@ -68,11 +68,7 @@ def patch_all(*steps: Callable[[], Undo]) -> Undo:
             undo()
         raise
 
-    def undo_all() -> None:
-        for undo in reversed(undos):
-            undo()
-
-    return undo_all
+    return UndoAll(undos)
 
 
 def gated_linear(linear: nn.Linear, x: Tensor, p: Tensor) -> Tensor:

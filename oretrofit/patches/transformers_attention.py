@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from .._attention import o_attention
-from .._patching import SiteConfig, Undo
+from .._patching import PopAttribute, SiteConfig, Undo
 from .._host import RetrofitError
 from .torch_nn import patch_all
 from .transformers_common import CarrierPresence, carrier_of
@@ -51,7 +51,8 @@ ADDITIVE_BIASES = ("position_bias", "alibi")
 METADATA = frozenset({"position_ids", "use_cache", "cache_position", "encoder_hidden_states",
                       "key_value_states", "output_hidden_states", "deterministic"})
 _STATE = "_oretrofit_attention"          # attribute on a patched attention module
-_SWITCHED: dict[int, list[Any]] = {}     # id(config) -> [weakref(config), original, users]
+# id(config) -> its switch, while a retrofit holds it
+_SWITCHED: weakref.WeakValueDictionary[int, "_ImplementationSwitch"] = weakref.WeakValueDictionary()
 
 
 def _score_mask(attention_mask: Tensor | None, query: Tensor, key: Tensor, is_causal: bool | None,
@@ -98,8 +99,8 @@ def _run_original(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
     file's own ``eager_attention_forward``) adds its mask to the scores, so the boolean relation
     our mask function builds becomes additive (0 visible, dtype minimum hidden) for it."""
     from transformers import AttentionInterface
-    entry = _SWITCHED.get(id(module.config))
-    name = entry[1] if entry is not None else "sdpa"
+    switch = _SWITCHED.get(id(module.config))
+    name = switch.original if switch is not None and switch.config is module.config else "sdpa"
     if name in AttentionInterface._global_mapping:
         function = AttentionInterface._global_mapping[name]
     else:
@@ -165,22 +166,38 @@ def register_implementation() -> str:
     return IMPLEMENTATION
 
 
-def _use_o_implementation(config: Any) -> Undo:
-    """Point ``config`` at the ``oretrofit`` implementation while any attention site uses it."""
-    register_implementation()
-    entry = _SWITCHED.get(id(config))
-    if entry is None or entry[0]() is not config:
-        entry = _SWITCHED[id(config)] = [weakref.ref(config), config._attn_implementation, 0]
+class _ImplementationSwitch:
+    """``config`` points at the ``oretrofit`` implementation while any attention site uses it
+    (``users``); the last :meth:`release` restores the ``original`` one. It pickles with the
+    retrofit's undos: a loaded copy registers the implementation and itself again."""
+
+    portable_undo = True
+
+    def __init__(self, config: Any) -> None:
+        self.config, self.original, self.users = config, config._attn_implementation, 0
         config._attn_implementation_internal = IMPLEMENTATION
-    entry[2] += 1
+        _SWITCHED[id(config)] = self
 
-    def undo() -> None:
-        entry[2] -= 1
-        if entry[2] == 0:
-            config._attn_implementation_internal = entry[1]
-            _SWITCHED.pop(id(config), None)
+    @classmethod
+    def take(cls, config: Any) -> Undo:
+        register_implementation()
+        switch = _SWITCHED.get(id(config))
+        if switch is None or switch.config is not config:
+            switch = cls(config)
+        switch.users += 1
+        return switch.release
 
-    return undo
+    def release(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            self.config._attn_implementation_internal = self.original
+            _SWITCHED.pop(id(self.config), None)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        register_implementation()
+        if self.users > 0:
+            _SWITCHED[id(self.config)] = self
 
 
 def attach_o_attention(attention: nn.Module, carrier_module: nn.Module, config: SiteConfig,
@@ -196,24 +213,14 @@ def attach_o_attention(attention: nn.Module, carrier_module: nn.Module, config: 
         raise RetrofitError(f"{type(attention).__name__} already has an OAttention site")
     state = CarrierPresence(config, getattr(attention, "layer_idx", None), cross)
 
-    def capture(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        state.capture(carrier_of(args, kwargs), kwargs.get("cache", kwargs.get("past_key_values")))
-
-    def capture_sources(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        sources = kwargs.get("key_value_states", kwargs.get("encoder_hidden_states"))
-        if sources is None:
-            raise RetrofitError(f"{type(module).__name__} is a cross-attention site but was "
-                                "called without key_value_states / encoder_hidden_states")
-        state.capture_sources(sources)
-
     def attach() -> Undo:
         attention.__dict__[_STATE] = state
-        return lambda: attention.__dict__.pop(_STATE, None)
+        return PopAttribute(attention, _STATE)
 
     steps = [attach, lambda: carrier_module.register_forward_pre_hook(
-        capture, with_kwargs=True).remove]
+        state.capture_hook, with_kwargs=True).remove]
     if cross:
         steps.append(lambda: attention.register_forward_pre_hook(
-            capture_sources, with_kwargs=True).remove)
-    undo = patch_all(*steps, lambda: _use_o_implementation(attention.config))
+            state.capture_sources_hook, with_kwargs=True).remove)
+    undo = patch_all(*steps, lambda: _ImplementationSwitch.take(attention.config))
     return undo, state

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .._components import o_gate
-from .._patching import SiteConfig, Undo, set_site, site_config
+from .._patching import SiteConfig, Undo, noop, set_site, site_config
 from .._presence import presence
 from .._host import RetrofitError
 from .torch_nn import ATTENTION, gated_linear, patch_all
@@ -137,6 +137,23 @@ class CarrierPresence:
     def capture_sources(self, sources: Tensor) -> None:
         self.keys = presence(sources, self.config.tau)                           # (B, Nk)
 
+    def capture_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook on the carrier module: the hidden states and the KV cache."""
+        self.capture(carrier_of(args, kwargs), kwargs.get("cache", kwargs.get("past_key_values")))
+
+    def capture_sources_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook on a cross-attention module: its sources (the encoder output)."""
+        sources = kwargs.get("key_value_states", kwargs.get("encoder_hidden_states"))
+        if sources is None:
+            raise RetrofitError(f"{type(module).__name__} is a cross-attention site but was "
+                                "called without key_value_states / encoder_hidden_states")
+        self.capture_sources(sources)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The settings only: captured presences belong to one call (and a weakref to a cache
+        does not pickle)."""
+        return {**self.__dict__, "query": None, "keys": None, "_cache": None}
+
 
 class OGatedBias:
     """Mixin for an attention output projection with a bias, ``nn.Linear`` or transformers'
@@ -160,7 +177,7 @@ class OGatedBias:
 def gate_output_bias(projection: nn.Module, state: CarrierPresence) -> Undo:
     """Gate the bias of an attention output projection (no-op when it has none)."""
     if getattr(projection, "bias", None) is None:
-        return lambda: None
+        return noop
     return set_site(projection, OGatedBias, ATTENTION, state)
 
 
@@ -183,20 +200,31 @@ def _gate_output(p: Tensor, output: Any, branch: nn.Module) -> Any:
     return _gate(p, output, branch)
 
 
+class _BranchGate:
+    """The hooks of :func:`gate_branch`: :meth:`capture` ρτ of the carrier, :meth:`gate` the
+    branch's output by it (methods of a plain object, so they pickle with the model)."""
+
+    def __init__(self, config: SiteConfig) -> None:
+        self.config, self.p = config, None
+
+    def capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self.p = presence(carrier_of(args, kwargs), self.config.tau)
+
+    def gate(self, module: nn.Module, args: tuple, output: Any) -> Any:
+        p, self.p = self.p, None
+        return _gate_output(p, output, module)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "p": None}
+
+
 def gate_branch(carrier_module: nn.Module, branch: nn.Module, config: SiteConfig) -> Undo:
     """OFFN gate (eq. 15) with hooks: ``branch`` outputs ρτ(h)·branch(·), h = the hidden-state
     input of ``carrier_module`` (the residual stream entering the branch)."""
-    captured: dict[str, Tensor] = {}
-
-    def capture(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        captured["p"] = presence(carrier_of(args, kwargs), config.tau)
-
-    def gate(module: nn.Module, args: tuple, output: Any) -> Any:
-        return _gate_output(captured.pop("p"), output, module)
-
+    hooks = _BranchGate(config)
     return patch_all(
-        lambda: carrier_module.register_forward_pre_hook(capture, with_kwargs=True).remove,
-        lambda: branch.register_forward_hook(gate).remove)
+        lambda: carrier_module.register_forward_pre_hook(hooks.capture, with_kwargs=True).remove,
+        lambda: branch.register_forward_hook(hooks.gate).remove)
 
 
 def _inputs_embeds_index(owner: nn.Module) -> tuple[str, int]:
@@ -218,25 +246,32 @@ def gate_table(table: nn.Module, word: nn.Module, owner: nn.Module, config: Site
     ``owner`` is the module that receives ``inputs_embeds`` (then the word embedding is skipped
     and the given embeddings are the carrier); ``word`` is its word-embedding lookup.
     """
-    state: dict[str, Tensor] = {}
-    name, index = _inputs_embeds_index(owner)
-
-    def from_inputs_embeds(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        given = kwargs.get(name, args[index] if len(args) > index else None)
-        state.pop("p", None)
-        if given is not None:
-            state["p"] = presence(given, config.tau)
-
-    def from_word_embedding(module: nn.Module, args: tuple, output: Tensor) -> None:
-        state["p"] = presence(output, config.tau)
-
-    def gate(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        return o_gate(state["p"], output)                  # (B, N) x (B|1, N, d) -> (B, N, d)
-
+    hooks = _TableGate(config, *_inputs_embeds_index(owner))
     return patch_all(
-        lambda: owner.register_forward_pre_hook(from_inputs_embeds, with_kwargs=True).remove,
-        lambda: word.register_forward_hook(from_word_embedding).remove,
-        lambda: table.register_forward_hook(gate).remove)
+        lambda: owner.register_forward_pre_hook(hooks.from_inputs_embeds, with_kwargs=True).remove,
+        lambda: word.register_forward_hook(hooks.from_word_embedding).remove,
+        lambda: table.register_forward_hook(hooks.gate).remove)
+
+
+class _TableGate:
+    """The hooks of :func:`gate_table` (a plain object's methods, so they pickle with the model):
+    the carrier's presence from ``inputs_embeds`` or the word embedding, and the gate."""
+
+    def __init__(self, config: SiteConfig, name: str, index: int) -> None:
+        self.config, self.name, self.index, self.p = config, name, index, None
+
+    def from_inputs_embeds(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        given = kwargs.get(self.name, args[self.index] if len(args) > self.index else None)
+        self.p = None if given is None else presence(given, self.config.tau)
+
+    def from_word_embedding(self, module: nn.Module, args: tuple, output: Tensor) -> None:
+        self.p = presence(output, self.config.tau)
+
+    def gate(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        return o_gate(self.p, output)                      # (B, N) x (B|1, N, d) -> (B, N, d)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "p": None}
 
 
 def zero_padded_inputs(model: nn.Module, sequences: Sequence[Sequence[int]],

@@ -44,6 +44,11 @@ def calibrate_tabpfn(model_path: str | Path | None, datasets: Sequence[Dataset],
         for seed in seeds:
             protocol.check_fits(dataset.spec, len(dataset.y), seed)
             split = protocol.split(len(dataset.y), seed)
+            if np.ptp(dataset.y[split.train]) == 0:
+                raise ValueError(f"the train rows of {dataset.spec} (seed {seed}) have a constant "
+                                 f"target ({dataset.y[split.train][0]:g}): TabPFN standardises "
+                                 "the target, so no site sees real carriers; calibrate on a "
+                                 "dataset whose target varies")
             splits.append((dataset.X[split.train], dataset.y[split.train]))
             record.append({"dataset": dataset.spec, "sha256": dataset.checksum, "seed": int(seed),
                            "split_sha256": split.digest(), "rows": int(len(split.train))})

@@ -134,13 +134,44 @@ def openml_id(spec: str) -> int | None:
     return int(rest) if kind == "openml" else None
 
 
+# TabPFN's largest pretraining limit (tabpfn's MAX_NUMBER_OF_FEATURES of its v2.5 and v3
+# configs); a wider table is refused before any model sees it (its carriers grow with rows x
+# features: a 40 x 100 000 table took calibrate past 19 GB).
+MAX_FEATURES = 2000
+
+
+def _stray_strings(spec: str, what: str, values: pd.Series) -> None:
+    """Refuse a column whose values are mostly numbers but hold a few that are not: read as
+    categories they would be coded in their string sort order, read as numbers they would be
+    dropped; either is silently wrong. Names the column and the first such row."""
+    present = values[values.notna()]
+    numeric = pd.to_numeric(present, errors="coerce")
+    stray = numeric.isna()
+    if stray.any() and (~stray).sum() > stray.sum():
+        row = stray.to_numpy().nonzero()[0][0]
+        raise DatasetUnavailable(
+            f"{spec}: {what} holds numbers but {int(stray.sum())} value(s) that are not, first "
+            f"{present.iloc[row]!r} in row {present.index[row]!r}; fix or blank those cells (a "
+            "blank is read as missing), or give the column non-numeric labels throughout if "
+            "it is categorical")
+
+
 def _from_frame(spec: str, name: str, frame: pd.DataFrame, target: str,
                 source: dict[str, Any]) -> Dataset:
     """Numeric features (categories as integer codes, NaN for missing); rows without a target
-    value are dropped and counted in ``source``."""
+    value are dropped and counted in ``source``. A numeric column with stray non-numeric values
+    and a table wider than :data:`MAX_FEATURES` are refused."""
     if target not in frame.columns:
         raise DatasetUnavailable(f"{spec}: target column {target!r} not found; columns are "
                                  f"{', '.join(map(str, frame.columns))}")
+    if frame.shape[1] - 1 > MAX_FEATURES:
+        raise DatasetUnavailable(f"{spec}: {frame.shape[1] - 1} feature columns, more than the "
+                                 f"{MAX_FEATURES} TabPFN was pretrained for (and memory grows "
+                                 "with rows x features); select or reduce the features (e.g. "
+                                 f"PCA) to at most {MAX_FEATURES} and pass the table with "
+                                 "--data FILE --target COLUMN")
+    if not pd.api.types.is_numeric_dtype(frame[target]):
+        _stray_strings(spec, f"target column {target!r}", frame[target])
     y = pd.to_numeric(frame[target], errors="coerce").to_numpy(dtype=np.float64)
     features = frame.drop(columns=[target])
     columns = []
@@ -149,6 +180,8 @@ def _from_frame(spec: str, name: str, frame: pd.DataFrame, target: str,
         if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
             columns.append(pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64))
         else:                                   # strings, categories: integer codes
+            if not isinstance(values.dtype, pd.CategoricalDtype):
+                _stray_strings(spec, f"feature column {col!r}", values)
             codes = values.astype("category").cat.codes.to_numpy(dtype=np.float64)
             columns.append(np.where(codes < 0, np.nan, codes))
     X = np.column_stack(columns) if columns else np.empty((len(frame), 0))

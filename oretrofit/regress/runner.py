@@ -217,6 +217,8 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
     X_train, y_train, X_test, y_test = arrays
     start, cpu_start = time.perf_counter(), time.process_time()
     kwargs = model.regressor_kwargs()
+    if cell.arm == "base":                      # base patches nothing: no τ or ε to pass
+        kwargs.pop("eps")
     if cell.tau is not None:
         kwargs["tau"] = cell.tau
     if variant is not None:

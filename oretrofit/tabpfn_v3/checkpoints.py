@@ -13,6 +13,7 @@ import functools
 import io
 import json
 import os
+import pickle
 import sys
 import tempfile
 from dataclasses import asdict, fields
@@ -217,6 +218,13 @@ def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
                 checkpoint["state_dict"] = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
         else:
             checkpoint = torch.load(resolved, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:        # torch's weights-only refusal of a code pickle
+        raise RetrofitError(
+            f"checkpoint {path} holds pickled Python objects, not a weights-only checkpoint (a "
+            "model saved whole, with oretrofit.save or torch.save(model)?); oretrofit never "
+            "unpickles code from a checkpoint: pass a TabPFN checkpoint (.ckpt or .safetensors, e.g. "
+            "written by `oretrofit patch --out`); a model you saved yourself loads in Python "
+            "with torch.load(path, weights_only=False)") from None
     except Exception as exc:  # noqa: BLE001  (any failure to read is a corrupt checkpoint)
         raise RetrofitError(f"checkpoint {path} is corrupt or not a weights-only TabPFN "
                             f"checkpoint ({type(exc).__name__}: {str(exc)[:200]}); re-download "

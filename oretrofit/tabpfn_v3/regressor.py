@@ -111,6 +111,11 @@ def _make(task: releases.Task, model_path: str | os.PathLike[str] | None, arm: s
     arm = "base" if arm is None else arm
     if arm not in ARMS:
         raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
+    given = [name for name, value in (("tau", tau), ("eps", eps), ("site_tau", site_tau))
+             if value is not None]
+    if arm == "base" and spec is None and given:
+        raise RetrofitError(f"arm 'base' patches no site, so {', '.join(given)} would be "
+                            "ignored; drop them, or choose arm 'oa' or 'full-o'")
     path = resolve_model_path(model_path, task)
     if spec is not None:
         check_spec_checkpoint(spec, path)

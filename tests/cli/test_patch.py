@@ -92,7 +92,7 @@ SITE_TAU = {"icl.*": 0.3, "fde.*": 2.0, "te.*": 0.05}
 
 
 @pytest.fixture()
-def spec_file(tmp_path):
+def spec_file(tmp_path, calibration_record):
     """A spec as `oretrofit calibrate` writes one: per-site τ and a calibration record."""
     import oretrofit
     from oretrofit.tabpfn_v3 import checkpoint_sha256, resolve_model_path
@@ -100,7 +100,7 @@ def spec_file(tmp_path):
     path = resolve_model_path("random")
     model, _, _ = build_model(load_checkpoint(path))
     spec = oretrofit.retrofit(model, "full-o", 0.5, site_tau=SITE_TAU).spec()
-    spec["calibration"] = {"delta": 1e-3, "data": {"checkpoint_sha256": checkpoint_sha256(path)}}
+    spec["calibration"] = calibration_record(model, checkpoint_sha256=checkpoint_sha256(path))
     out = tmp_path / "spec.json"
     out.write_text(json.dumps(spec))
     return out
@@ -144,7 +144,8 @@ def test_a_spec_file_with_retrofit_flags_is_refused(cli, spec_file, tmp_path, fl
 def test_a_spec_that_does_not_fit_the_checkpoint_is_refused(cli, spec_file, tmp_path):
     spec = json.loads(spec_file.read_text())
     for changed, message in (({"sites": spec["sites"][:-1]}, "site list"),
-                             ({"calibration": {"data": {"checkpoint_sha256": "0" * 64}}},
+                             ({"calibration": {**spec["calibration"],
+                                               "data": {"checkpoint_sha256": "0" * 64}}},
                               "make the spec from this checkpoint")):
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps({**spec, **changed}))

@@ -144,8 +144,10 @@ def test_errors_name_the_fix(fresh_model, monkeypatch):
         oretrofit.retrofit(model, "o-everything")
     with pytest.raises(ValueError, match="tau must be a positive"):
         oretrofit.retrofit(model, "oa", 0.0)
-    with pytest.raises(RetrofitError, match="no site matched"):
+    with pytest.raises(RetrofitError, match="targets pattern 'nothing.*' matches no site"):
         oretrofit.retrofit(model, "oa", targets=["nothing.*"])
+    with pytest.raises(RetrofitError, match="no site matched for arm 'oa'"):
+        oretrofit.retrofit(model, "oa", targets=["te.*"])          # a site, but no oa site
     r = oretrofit.retrofit(model, "oa")
     with pytest.raises(RetrofitError, match="already retrofitted"):
         oretrofit.retrofit(model, "full-o")

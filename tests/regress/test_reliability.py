@@ -257,7 +257,6 @@ def _alive(pid: int) -> bool:
 _ZYGOTE = """
 import json, os, sys
 import oretrofit.regress.runner, oretrofit.tabpfn_v3, tabpfn, sklearn  # noqa: F401  (warm)
-from oretrofit._atomic import TEMP_SUFFIX
 from oretrofit.cli.app import main
 for line in sys.stdin:
     pid = os.fork()

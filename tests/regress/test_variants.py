@@ -113,7 +113,7 @@ def test_bad_tau_specs_are_refused_by_name(env, tmp_path):
     with pytest.raises(ValueError, match="spec of arm full-o, which --arms .* does not run"):
         spec_variant(env["specs"]["full-o"], arms)
     spec = json.loads(env["specs"]["oa"].read_text())
-    for change, message in (({"arm": "base"}, "needs arm oa or full-o"),
+    for change, message in (({"arm": "base"}, "arm is .base., which patches nothing"),
                             ({"targets": ["fde.*"]}, "restricts its sites")):
         path = tmp_path / "bad.json"
         path.write_text(json.dumps({**spec, **change}))

@@ -75,11 +75,13 @@ def test_a_spec_for_other_sites_or_another_host_is_refused(small_ckpt, classifie
     assert applied.plan.entries[-1][0].name == "dec"
 
 
-def test_a_spec_naming_another_checkpoint_is_refused(small_ckpt, tmp_path):
+def test_a_spec_naming_another_checkpoint_is_refused(small_ckpt, tmp_path, calibration_record):
     other = "0" * 64
+    model, _, _ = build_model(load_checkpoint(small_ckpt))
     for recorded in ({"source_checkpoint_sha256": other},
-                     {"calibration": {"data": {"checkpoint_sha256": other}}}):
+                     {"calibration": calibration_record(model, checkpoint_sha256=other)}):
         with pytest.raises(RetrofitError, match="make the spec from this checkpoint"):
             make_regressor(small_ckpt, spec=_spec(small_ckpt, **recorded))
-    mine = {"calibration": {"data": {"checkpoint_sha256": checkpoint_sha256(small_ckpt)}}}
+    mine = {"calibration": calibration_record(model,
+                                              checkpoint_sha256=checkpoint_sha256(small_ckpt))}
     assert make_regressor(small_ckpt, spec=_spec(small_ckpt, **mine))[1] is not None
