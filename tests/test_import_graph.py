@@ -87,14 +87,14 @@ def test_the_cycle_finder_sees_a_circle() -> None:
 
 def test_the_graph_resolves_relative_imports() -> None:
     graph = import_graph()
-    assert "oretrofit._host" in graph["oretrofit.patches.torch_nn"]
+    assert "oretrofit._host" in graph["oretrofit.hosts.torch_nn"]
     assert "oretrofit._version" in graph["oretrofit._registry"]
     assert {"oretrofit._host", "oretrofit._compose"} <= graph["oretrofit._registry"]
 
 
 def test_no_import_cycle_among_oretrofit_modules() -> None:
     assert find_cycle(import_graph()) is None
-    host_modules = {m for m in _modules() if m.startswith("oretrofit.patches.")}
+    host_modules = {m for m in _modules() if m.startswith("oretrofit.hosts.")}
     assert not import_graph()["oretrofit._host"] & (host_modules | {"oretrofit._registry"})
 
 
@@ -115,7 +115,7 @@ def test_fresh_interpreter_lists_the_hosts_in_documented_order() -> None:
     pairs, loaded = json.loads(out.stdout.strip().splitlines()[-1])
     hosts = [tuple(pair) for pair in pairs]
     graph = import_graph()
-    assert "oretrofit.patches.torch_nn" in loaded and set(loaded) <= set(graph)
+    assert "oretrofit.hosts.torch_nn" in loaded and set(loaded) <= set(graph)
     assert find_cycle({m: graph[m] & set(loaded) for m in loaded}) is None
     assert hosts == _documented_order()
     assert [s for _, s in hosts] == sorted((s for _, s in hosts), reverse=True)

@@ -16,11 +16,11 @@ import torch
 
 import oretrofit
 from oretrofit import Retrofit, RetrofitError, apply_spec, retrofit
-from oretrofit.tabpfn_v3 import (build_model, load_checkpoint, load_patched_regressor,
-                                 make_regressor, read_patch_spec, resolve_model_path,
-                                 write_patched_artifact)
-from oretrofit.tabpfn_v3.artifact import ARTIFACT_KEY
-from oretrofit.tabpfn_v3.checkpoints import save_atomic
+from oretrofit.tabpfn import (build_model, load_checkpoint, load_patched_regressor,
+                              make_regressor, read_patch_spec, resolve_model_path,
+                              write_patched_artifact)
+from oretrofit.hosts.tabpfn.artifact import ARTIFACT_KEY
+from oretrofit.hosts.tabpfn.checkpoints import save_atomic
 
 
 @pytest.fixture()
@@ -173,7 +173,7 @@ def test_requests_that_cannot_be_carried_out_are_refused_by_name(host):
 
 def _artifact(tmp_path, host) -> tuple:
     source = resolve_model_path("demo")
-    from oretrofit.tabpfn_v3 import checkpoint_sha256
+    from oretrofit.tabpfn import checkpoint_sha256
     spec = {**retrofit(host, "oa", 1.0).spec(), "source_checkpoint_sha256":
             checkpoint_sha256(source)}
     return source, spec, write_patched_artifact(tmp_path / "patched-v3.ckpt", source, spec)
