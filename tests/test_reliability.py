@@ -5,6 +5,7 @@ tests/regress/test_reliability.py.)"""
 from __future__ import annotations
 
 import copy
+import importlib
 import io
 import json
 import pickle
@@ -83,6 +84,23 @@ def test_torch_nn_hosts_round_trip_even_when_the_root_itself_is_patched():
         assert torch.equal(run(loaded), patched) and not torch.equal(patched, base)
         Retrofit.of(loaded).revert()
         assert torch.equal(run(loaded), base) and torch.equal(run(model), patched)
+
+
+def test_a_pickle_written_before_the_hosts_moved_still_loads():
+    # the host modules were oretrofit.patches.* before oretrofit/hosts/; a pickled patched module
+    # names its O-class's mixin by module path, so the old paths keep loading (_patching._MOVED)
+    from oretrofit import _patching
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    model, x = torch.nn.TransformerEncoder(layer, 2).eval(), torch.randn(2, 5, 16)
+    retrofit(model, "full-o", 1.0)
+    patched = model(x)
+    hexed = lambda name: name.encode().hex().encode()                   # noqa: E731
+    data = pickle.dumps(model, protocol=0)          # protocol 0: class names are lines of text
+    assert hexed("oretrofit.hosts.torch_nn:") in data
+    old = data.replace(hexed("oretrofit.hosts.torch_nn:"), hexed("oretrofit.patches.torch_nn:"))
+    assert torch.equal(pickle.loads(old)(x), patched)
+    for moved in _patching._MOVED.values():
+        importlib.import_module(moved)
 
 
 def test_a_fitted_patched_regressor_round_trips_through_pickle_and_joblib():

@@ -1,4 +1,4 @@
-"""TabPFN: retrofitted regressors and classifiers, checkpoints, random/demo hosts, patched artifacts.
+"""TabPFN: retrofitted regressors and classifiers, checkpoints, demo/random hosts, artifacts.
 
 The public entry points of the TabPFN host (:mod:`oretrofit.hosts.tabpfn`, where the sites and
 their I/O live). Needs ``oretrofit[tabpfn]``.
