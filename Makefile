@@ -24,8 +24,7 @@ $(STAMP): pyproject.toml Makefile
 OLDEST_TABPFN := 8.0.1
 OLDEST := $(VENV)/tabpfn-$(OLDEST_TABPFN)
 OLDEST_STAMP := $(OLDEST)/.oretrofit-installed
-TABPFN_TESTS := tests/patches/test_tabpfn_v3.py tests/patches/test_tabpfn_v3_closure.py \
-	tests/tabpfn_v3 tests/regress/test_cli.py
+TABPFN_TESTS := tests/hosts/tabpfn tests/regress/test_cli.py
 PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
 
 $(OLDEST_STAMP): $(STAMP)

@@ -25,8 +25,8 @@ import torch
 from oretrofit import retrofit
 from oretrofit._markdown import pipe_table
 from oretrofit._provenance import environment, write_json_atomic
-from oretrofit.hosts_report import forward_time_ratio, load_minilm, load_smollm2
-from oretrofit.patches.transformers_host import forget_structures
+from oretrofit.hosts.transformers.report import forward_time_ratio, load_minilm, load_smollm2
+from oretrofit.hosts.transformers.host import forget_structures
 
 TARGETS = {"oa": 1.15, "full-o": 1.25}
 PATCH_TARGET_S = 0.05

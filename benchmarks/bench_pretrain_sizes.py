@@ -8,7 +8,7 @@ behind the sizes and batches tried.
 
 For each candidate (``embed_dim`` x tasks per step; default the sizes tried, 32x4,48x8,64x8) the
 v3 demo architecture is built from the same ``HostConfig`` as ``oretrofit pretrain-demo`` (other
-fields at their defaults), and ``oretrofit.pretrain.train.training_step`` runs with
+fields at their defaults), and ``oretrofit.demo_host.train.training_step`` runs with
 ``build_optimizer``'s optimiser on batches of the prior with ``noise_max=3`` and ``--max-rows``
 (default 512, the shipped host's last stage), seeded alike for every candidate. After
 ``--warmup`` untimed steps, ``--steps`` timed steps give steps/s and prior tasks/s; the table
@@ -25,10 +25,10 @@ from pathlib import Path
 
 from oretrofit._markdown import pipe_table
 from oretrofit._provenance import environment, write_json_atomic
-from oretrofit.pretrain.parallel import SOLO, Workers
-from oretrofit.pretrain.prior import PriorConfig, sample_batch
-from oretrofit.pretrain.train import (HostConfig, TrainConfig, build_host, build_optimizer, spline_borders,
-                                      training_step)
+from oretrofit.demo_host.parallel import SOLO, Workers
+from oretrofit.demo_host.prior import PriorConfig, sample_batch
+from oretrofit.demo_host.train import (HostConfig, TrainConfig, build_host, build_optimizer, spline_borders,
+                                       training_step)
 
 CANDIDATES = "32x4,48x8,64x8"          # embed_dim x tasks per step
 PRIOR = PriorConfig(max_rows=512, noise_max=3.0)

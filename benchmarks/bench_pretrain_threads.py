@@ -32,8 +32,8 @@ from bench_pretrain_sizes import throughput
 
 from oretrofit._markdown import pipe_table
 from oretrofit._provenance import environment, write_json_atomic
-from oretrofit.pretrain.parallel import Workers, spawn
-from oretrofit.pretrain.prior import PriorConfig
+from oretrofit.demo_host.parallel import Workers, spawn
+from oretrofit.demo_host.prior import PriorConfig
 
 EMBED_DIM = 32                                     # the shipped host's size
 MAX_ROWS = (128, 512)                              # the curriculum's first and last stage
@@ -62,7 +62,7 @@ def _data_parallel_worker(workers: Workers, max_rows: int, tasks: int, steps: in
 def measure(max_rows: int, processes: int, threads: int, tasks: int, data_parallel: bool, steps: int,
             warmup: int) -> dict[str, Any]:
     """Steps/s of each of ``processes`` concurrent workers (``threads`` threads, ``tasks`` tasks a step each;
-    with ``data_parallel``, one run through ``oretrofit.pretrain.parallel``) and their total tasks/s."""
+    with ``data_parallel``, one run through ``oretrofit.demo_host.parallel``) and their total tasks/s."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     if data_parallel:

@@ -41,10 +41,10 @@ import torch
 import oretrofit
 from oretrofit._markdown import pipe_table
 from oretrofit._provenance import environment, write_json_atomic
-from oretrofit.patches import tabpfn_v3_releases as releases
-from oretrofit.tabpfn_v3 import (build_model, checkpoint_sha256, load_checkpoint, make_regressor,
-                                 write_random_checkpoint)
-from oretrofit.tabpfn_v3.checkpoints import cache_dir
+from oretrofit.hosts.tabpfn import releases
+from oretrofit.tabpfn import (build_model, checkpoint_sha256, load_checkpoint, make_regressor,
+                              write_random_checkpoint)
+from oretrofit.hosts.tabpfn.checkpoints import cache_dir
 
 ARMS = ("base", "oa", "full-o")
 TARGET = {"oa": 1.10, "full-o": 1.20}        # predict-time ratio to base

@@ -34,7 +34,7 @@ _HOMES = {
     "apply_spec": "._registry", "read_spec": "._registry", "plan_retrofit": "._registry",
     "register_host": "._registry",
     "registered_hosts": "._registry", "retrofit": "._registry", "retrofitted": "._registry",
-    "register_module_site": ".patches.torch_nn",
+    "register_module_site": ".hosts.torch_nn",
     "calibrate": "._calibrate", "CarrierNormProfile": "._calibrate",
     "save": "._serialize",
 }
@@ -69,4 +69,4 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ 
                             retrofitted)
     from ._serialize import save
     from ._transformer import OTransformerBlock
-    from .patches.torch_nn import register_module_site
+    from .hosts.torch_nn import register_module_site

@@ -30,8 +30,8 @@ __all__ = ["KINDS", "BUILTIN_HOSTS", "DEFAULT_SPECIFICITY", "RetrofitError", "Si
 
 KINDS = ("attention", "norm", "ffn", "inject")
 DEFAULT_SPECIFICITY = 10
-BUILTIN_HOSTS = ("oretrofit.patches.tabpfn_v3", "oretrofit.patches.transformers_host",
-                 "oretrofit.patches.torch_nn")
+BUILTIN_HOSTS = ("oretrofit.hosts.tabpfn.v3", "oretrofit.hosts.transformers.host",
+                 "oretrofit.hosts.torch_nn")
 
 
 class RetrofitError(ValueError):

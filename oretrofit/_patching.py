@@ -31,6 +31,13 @@ __all__ = ["SiteConfig", "Undo", "o_subclass", "set_site", "site_config", "SiteU
 
 Undo = Callable[[], None]
 _SUBCLASSES: dict[tuple[type, type], type] = {}
+# Host modules that held O-mixins under an earlier name: a pickle written then names the old
+# module, and loads through the new one (the hosts moved to oretrofit/hosts/ in issue 41).
+_MOVED = {"oretrofit.patches.torch_nn": "oretrofit.hosts.torch_nn",
+          "oretrofit.patches.tabpfn_v3": "oretrofit.hosts.tabpfn.v3",
+          "oretrofit.patches.tabpfn_v3_blocks": "oretrofit.hosts.tabpfn.v3_blocks",
+          "oretrofit.patches.transformers_common": "oretrofit.hosts.transformers.releases",
+          "oretrofit.patches.transformers_host": "oretrofit.hosts.transformers.host"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ def _path(cls: type) -> str:
 
 def _import(path: str) -> type:
     module, _, qualname = path.partition(":")
-    found: Any = importlib.import_module(module)
+    found: Any = importlib.import_module(_MOVED.get(module, module))
     for part in qualname.split("."):
         found = getattr(found, part)
     return found

@@ -31,8 +31,8 @@ step "attention on cuda"
 timeout 90 "$PYTHON" scripts/gpu_attention.py --out "$OUT"
 
 step "Table 2 cell on the default-size random host"
-host=$("$PYTHON" -c 'from oretrofit.tabpfn_v3 import write_random_checkpoint as w
-from oretrofit.tabpfn_v3.checkpoints import cache_dir
+host=$("$PYTHON" -c 'from oretrofit.tabpfn import write_random_checkpoint as w
+from oretrofit.hosts.tabpfn.checkpoints import cache_dir
 print(w(cache_dir() / "tabpfn-v3-random-default-seed0-gpu-check.ckpt", "default", 0))')
 timeout 150 "${ORETROFIT[@]}" regress --datasets sklearn:diabetes --seeds 11 \
   --arms base,oa,full-o --tau 1e-8 --model-path "$host" --device cuda \

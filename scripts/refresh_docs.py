@@ -25,7 +25,7 @@ def documents(root: Path = ROOT) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from oretrofit.pretrain.documents import refresh_documents
+    from oretrofit.demo_host.documents import refresh_documents
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path, help="documents (default: all of them)")

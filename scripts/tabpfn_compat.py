@@ -5,7 +5,7 @@ and write ``results/tabpfn-compat.md`` (the table the version claim rests on).
 Per release ``X`` the environment ``VENVS/tabpfn-X`` is created when missing (``torch==2.13.0``
 first, a CPU build; then this checkout ``-e .[regress,datasets,test]`` and ``tabpfn==X``) and:
 
-1. the TabPFN tests: ``tests/patches/test_tabpfn_v3*.py tests/tabpfn_v3 tests/regress/test_cli.py``;
+1. the TabPFN tests: ``tests/hosts/tabpfn tests/regress/test_cli.py``;
 2. ``make_regressor("random", arm, 1e-8)`` fits and predicts sklearn's diabetes table for every
    arm; each arm's max |Δ| / max |base| is recorded (must be ≤ 1e-4);
 3. ``oretrofit patch --model-path demo`` must run, or refuse with a message (never a traceback).
@@ -30,10 +30,9 @@ from release_envs import (export_head, head_commit, markdown_table, provenance_l
                           pytest_summary, receipt_command)
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ["tests/patches/test_tabpfn_v3.py", "tests/patches/test_tabpfn_v3_closure.py",
-         "tests/tabpfn_v3", "tests/regress/test_cli.py"]
+TESTS = ["tests/hosts/tabpfn", "tests/regress/test_cli.py"]
 # the documentation's consistency with the committed results, not release behaviour
-IGNORED = ["--ignore=tests/tabpfn_v3/test_docs.py"]
+IGNORED = ["--ignore=tests/hosts/tabpfn/test_docs.py"]
 RELEASES = ["8.0.1", "8.0.2", "8.0.3", "8.0.4", "8.0.5", "8.0.6", "8.0.7", "8.0.8", "8.1.0",
             "8.2.0", "8.3.0", "8.4.0", "8.5.0", "9.0.0", "9.1.0", "9.2.0"]
 ARMS = ("base", "oa", "full-o")
@@ -50,7 +49,7 @@ def check() -> dict:
     import torch
     from sklearn.datasets import load_diabetes
 
-    from oretrofit.tabpfn_v3 import make_regressor
+    from oretrofit.tabpfn import make_regressor
     x, y = load_diabetes(return_X_y=True)
     predictions = {}
     for arm in ARMS:
@@ -124,7 +123,7 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "environment per release (torch 2.13.0 CPU, then this checkout with "
         "`[regress,datasets,test]` and `tabpfn==X`). A release passes when (1) the TabPFN "
         f"tests pass ({', '.join(f'`{t}`' for t in TESTS)}, without the documentation's "
-        "`tests/tabpfn_v3/test_docs.py`), (2) `make_regressor(\"random\", arm, "
+        "`tests/hosts/tabpfn/test_docs.py`), (2) `make_regressor(\"random\", arm, "
         f"{TAU:g})` fits sklearn's diabetes table (300 train rows, 142 test rows) under every arm "
         f"with finite predictions, base exact and max|Δ|/max|base| ≤ {MAX_REL:g} for oa and full-o, "
         "and (3) `oretrofit patch --model-path demo` runs or refuses with a message, never a "

@@ -34,9 +34,9 @@ from release_envs import (export_head, head_commit, layer_packages, layered_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 # the host's behaviour; tests/test_docs_transformers.py (the docs' generated blocks) is not
-TESTS = ["tests/patches/test_transformers_architectures.py",
-         "tests/patches/test_transformers_bert.py", "tests/patches/test_transformers_llama.py",
-         "tests/patches/test_compose.py", "tests/cli/test_check.py"]
+TESTS = ["tests/hosts/transformers/test_architectures.py",
+         "tests/hosts/transformers/test_bert.py", "tests/hosts/transformers/test_llama.py",
+         "tests/hosts/test_compose.py", "tests/cli/test_check.py"]
 # the newest patch release of every 5.x minor on PyPI, oldest first
 RELEASES = ["5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.4.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1",
             "5.9.0", "5.10.4", "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.1",
@@ -80,7 +80,7 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "`[all,models,test]`) underneath, `transformers==X` and the packages that release pins "
         "installed on top (column *layer*). A release passes when the transformers host's tests "
         f"pass ({', '.join(f'`{t}`' for t in TESTS)}). The host's version gate "
-        "(`oretrofit/patches/transformers_common.py`) admits the passing releases and the later "
+        "(`oretrofit/hosts/transformers/releases.py`) admits the passing releases and the later "
         "patch releases of their minors, and refuses every other release.",
         "",
         *provenance_lines(command, commit),

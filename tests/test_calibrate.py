@@ -198,8 +198,8 @@ TEXT_Q = 0.1
 
 @pytest.mark.parametrize("name", ["BERT", "Llama"])
 def test_transformers_hosts_calibrate_per_site_and_stay_null_exact(name):
-    from oretrofit.patches import transformers_zoo as zoo
-    from oretrofit.transformers_contracts import null_insertion
+    from hosts.transformers import zoo
+    from oretrofit.hosts.transformers.contracts import null_insertion
     model = zoo.build(next(a for a in zoo.ARCHITECTURES if a.name == name))
     data = [zoo.example_inputs(model, batch=2, tokens=12, seed=seed) for seed in range(4)]
     spec = calibrate(model, data, delta=DELTA, quantile=TEXT_Q)

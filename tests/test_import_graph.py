@@ -1,9 +1,16 @@
-"""The import graph of the package has no circle, and the hosts come in their documented order.
+"""The import graph of the package has no circle, runs from higher layers to lower ones only,
+and the hosts come in their documented order.
 
 Every ``import`` statement of every module under ``oretrofit/`` counts, function-level (lazy)
 ones included; an import of a module's attribute (``from . import __version__``) is an edge to
 that module. The built-in hosts are found through a table of module names
 (``oretrofit._host.BUILTIN_HOSTS``), so the registry never imports a host.
+
+The layers, lowest first (:data:`LAYERS`): the core (``oretrofit._*``); the hosts
+(``oretrofit.hosts``, one folder per host, which import the core and ``hosts.torch_nn`` only);
+the public facades (``oretrofit`` itself, ``oretrofit.tabpfn``); the runners (``regress``,
+``sweep``, ``studies``); the demo host's training code (``demo_host``, which uses ``regress``);
+the CLI.
 """
 
 from __future__ import annotations
@@ -18,6 +25,24 @@ from pathlib import Path
 import oretrofit
 
 PACKAGE = Path(oretrofit.__file__).parent
+ROOT = PACKAGE.parent
+
+# lowest first: a module imports modules of its own layer and of the layers below it only
+LAYERS = [("core", ("oretrofit._",)),
+          ("hosts", ("oretrofit.hosts",)),
+          ("facades", ("oretrofit", "oretrofit.tabpfn")),
+          ("runners", ("oretrofit.regress", "oretrofit.sweep", "oretrofit.studies")),
+          ("demo host", ("oretrofit.demo_host",)),
+          ("cli", ("oretrofit.cli",))]
+
+
+def layer(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module``'s layer (the longest matching prefix)."""
+    matches = [(len(prefix), n) for n, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix if prefix.endswith("_")
+                                                        else prefix + ".")]
+    assert matches, f"{module} is in no layer of LAYERS"
+    return max(matches)[1]
 
 
 def _modules() -> dict[str, Path]:
@@ -30,13 +55,18 @@ def _modules() -> dict[str, Path]:
     return modules
 
 
+def _prefix(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute name of the module a ``from … import`` statement imports from."""
+    base = module.split(".")[:len(module.split(".")) + is_package - node.level]
+    return ".".join(base + [node.module] if node.module else base) if node.level else node.module
+
+
 def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom,
              modules: dict[str, Path]) -> set[str]:
     """The oretrofit modules one import statement loads (their parents' ``__init__`` aside)."""
     if isinstance(node, ast.Import):
         return {a.name for a in node.names if a.name in modules}
-    base = module.split(".")[:len(module.split(".")) + is_package - node.level]
-    prefix = ".".join(base + [node.module] if node.module else base) if node.level else node.module
+    prefix = _prefix(module, is_package, node)
     found = set()
     for alias in node.names:
         sub = f"{prefix}.{alias.name}"
@@ -87,15 +117,18 @@ def test_the_cycle_finder_sees_a_circle() -> None:
 
 def test_the_graph_resolves_relative_imports() -> None:
     graph = import_graph()
-    assert "oretrofit._host" in graph["oretrofit.patches.torch_nn"]
+    assert "oretrofit._host" in graph["oretrofit.hosts.torch_nn"]
     assert "oretrofit._version" in graph["oretrofit._registry"]
     assert {"oretrofit._host", "oretrofit._compose"} <= graph["oretrofit._registry"]
+    assert "oretrofit._registry" in graph["oretrofit.hosts.transformers.contracts"]   # from ...
+    assert "oretrofit.hosts.torch_nn" in graph["oretrofit.hosts.tabpfn.v3"]          # from ..
 
 
 def test_no_import_cycle_among_oretrofit_modules() -> None:
     assert find_cycle(import_graph()) is None
-    host_modules = {m for m in _modules() if m.startswith("oretrofit.patches.")}
-    assert not import_graph()["oretrofit._host"] & (host_modules | {"oretrofit._registry"})
+    host_modules = {m for m in _modules() if m.startswith("oretrofit.hosts.")}
+    assert host_modules and not import_graph()["oretrofit._host"] & (host_modules
+                                                                     | {"oretrofit._registry"})
 
 
 def _documented_order() -> list[tuple[str, int]]:
@@ -115,8 +148,82 @@ def test_fresh_interpreter_lists_the_hosts_in_documented_order() -> None:
     pairs, loaded = json.loads(out.stdout.strip().splitlines()[-1])
     hosts = [tuple(pair) for pair in pairs]
     graph = import_graph()
-    assert "oretrofit.patches.torch_nn" in loaded and set(loaded) <= set(graph)
+    assert "oretrofit.hosts.torch_nn" in loaded and set(loaded) <= set(graph)
     assert find_cycle({m: graph[m] & set(loaded) for m in loaded}) is None
     assert hosts == _documented_order()
     assert [s for _, s in hosts] == sorted((s for _, s in hosts), reverse=True)
     assert hosts[-1] == ("torch.nn", 0)
+
+
+def test_the_layer_finder_sees_an_upward_import() -> None:
+    assert [layer(m) for m in ("oretrofit._registry", "oretrofit.hosts.tabpfn.v3", "oretrofit",
+                               "oretrofit.tabpfn", "oretrofit.regress.runner",
+                               "oretrofit.demo_host.train", "oretrofit.cli.app")] == [0, 1, 2, 2, 3,
+                                                                                      4, 5]
+    assert layer("oretrofit.hosts.torch_nn") > layer("oretrofit._host")
+
+
+def test_imports_run_from_higher_layers_to_lower_ones_only() -> None:
+    upward = sorted(f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
+                    if layer(b) > layer(a))
+    assert not upward, upward
+
+
+def test_hosts_import_the_core_and_the_torch_nn_host_only() -> None:
+    graph = import_graph()
+    hosts = {m: e for m, e in graph.items() if m.startswith("oretrofit.hosts")}
+    assert {"oretrofit.hosts.torch_nn", "oretrofit.hosts.transformers.host",
+            "oretrofit.hosts.tabpfn.v3", "oretrofit.hosts.tabpfn.checkpoints"} <= set(hosts)
+    for module, targets in hosts.items():
+        for target in targets:
+            assert not target.startswith(("oretrofit.tabpfn", "oretrofit.cli", "oretrofit.regress",
+                                          "oretrofit.studies", "oretrofit.sweep",
+                                          "oretrofit.demo_host")), f"{module} -> {target}"
+            assert target != "oretrofit", f"{module} imports the package facade"
+            # one host never imports another; hosts.torch_nn is the shared fallback
+            own = ".".join(module.split(".")[:3])
+            assert (target.startswith("oretrofit._") or target == "oretrofit.hosts.torch_nn"
+                    or target.startswith(own + ".") or target == own), f"{module} -> {target}"
+    core = {m: e for m, e in graph.items() if m.startswith("oretrofit._")}
+    assert core and not [f"{m} -> {t}" for m, e in core.items() for t in e
+                         if not t.startswith("oretrofit._")]
+
+
+def _python_files() -> list[Path]:
+    return [path for folder in ("oretrofit", "tests", "scripts", "benchmarks")
+            for path in (ROOT / folder).rglob("*.py")]
+
+
+def test_every_oretrofit_import_names_a_module_that_exists() -> None:
+    # a stale name (a module that moved) would otherwise go unseen where an installed copy of
+    # the package still has it
+    modules = _modules()
+    stale = []
+    for path in _python_files():
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        name = name.removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and (not node.level
+                                                       or path.is_relative_to(PACKAGE)):
+                names = [_prefix(name, path.name == "__init__.py", node)]
+            else:
+                continue
+            stale += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                      if n.split(".")[0] == "oretrofit" and n not in modules]
+    assert not stale, stale
+
+
+def test_nothing_in_the_package_imports_test_data() -> None:
+    # the architectures the tests cover are test data (tests/hosts/transformers/zoo.py): the
+    # wheel has no tests/
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or "", *(a.name for a in node.names)]
+                     if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                      if "zoo" in n.split(".") or n.split(".")[0] in ("tests", "hosts")]
+    assert not found, found

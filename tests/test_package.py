@@ -24,7 +24,7 @@ def test_every_public_name_resolves_from_its_home() -> None:
 
 
 def test_the_extension_point_the_errors_name_is_exported() -> None:
-    from oretrofit.patches.torch_nn import register_module_site
+    from oretrofit.hosts.torch_nn import register_module_site
 
     assert oretrofit.register_module_site is register_module_site
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from oretrofit.pretrain.card import compare_runs
-from oretrofit.pretrain.documents import Comparison, comparisons, labelled_receipts
-from oretrofit.pretrain.evaluate import markdown_table
+from oretrofit.demo_host.card import compare_runs
+from oretrofit.demo_host.documents import Comparison, comparisons, labelled_receipts
+from oretrofit.demo_host.evaluate import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 HISTORY = ROOT / "results/demo-host/history"

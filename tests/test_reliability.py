@@ -5,6 +5,7 @@ tests/regress/test_reliability.py.)"""
 from __future__ import annotations
 
 import copy
+import importlib
 import io
 import json
 import os
@@ -22,12 +23,12 @@ import torch
 
 import oretrofit
 from oretrofit import Retrofit, RetrofitError, apply_spec, retrofit
-from oretrofit.tabpfn_v3 import (build_model, load_checkpoint, load_patched_regressor,
-                                 make_regressor, read_patch_spec, resolve_model_path,
-                                 write_patched_artifact)
-from oretrofit.tabpfn_v3.artifact import ARTIFACT_KEY
-from oretrofit.patches.torch_nn import register_module_site, unregister_module_site
-from oretrofit.tabpfn_v3.checkpoints import save_atomic
+from oretrofit.tabpfn import (build_model, load_checkpoint, load_patched_regressor,
+                              make_regressor, read_patch_spec, resolve_model_path,
+                              write_patched_artifact)
+from oretrofit.hosts.tabpfn.artifact import ARTIFACT_KEY
+from oretrofit.hosts.tabpfn.checkpoints import save_atomic
+from oretrofit.hosts.torch_nn import register_module_site, unregister_module_site
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,6 +93,23 @@ def test_torch_nn_hosts_round_trip_even_when_the_root_itself_is_patched():
         assert torch.equal(run(loaded), patched) and not torch.equal(patched, base)
         Retrofit.of(loaded).revert()
         assert torch.equal(run(loaded), base) and torch.equal(run(model), patched)
+
+
+def test_a_pickle_written_before_the_hosts_moved_still_loads():
+    # the host modules were oretrofit.patches.* before oretrofit/hosts/; a pickled patched module
+    # names its O-class's mixin by module path, so the old paths keep loading (_patching._MOVED)
+    from oretrofit import _patching
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    model, x = torch.nn.TransformerEncoder(layer, 2).eval(), torch.randn(2, 5, 16)
+    retrofit(model, "full-o", 1.0)
+    patched = model(x)
+    hexed = lambda name: name.encode().hex().encode()                   # noqa: E731
+    data = pickle.dumps(model, protocol=0)          # protocol 0: class names are lines of text
+    assert hexed("oretrofit.hosts.torch_nn:") in data
+    old = data.replace(hexed("oretrofit.hosts.torch_nn:"), hexed("oretrofit.patches.torch_nn:"))
+    assert torch.equal(pickle.loads(old)(x), patched)
+    for moved in _patching._MOVED.values():
+        importlib.import_module(moved)
 
 
 def test_a_fitted_patched_regressor_round_trips_through_pickle_and_joblib():
@@ -251,7 +269,7 @@ def test_requests_that_cannot_be_carried_out_are_refused_by_name(host):
 
 def _artifact(tmp_path, host) -> tuple:
     source = resolve_model_path("demo")
-    from oretrofit.tabpfn_v3 import checkpoint_sha256
+    from oretrofit.tabpfn import checkpoint_sha256
     spec = {**retrofit(host, "oa", 1.0).spec(), "source_checkpoint_sha256":
             checkpoint_sha256(source)}
     return source, spec, write_patched_artifact(tmp_path / "patched-v3.ckpt", source, spec)
@@ -368,7 +386,7 @@ def test_a_saved_model_passed_as_a_checkpoint_is_refused_without_running_it(host
 
 
 def test_a_transformers_folder_holding_a_pickle_is_refused_by_name(tmp_path, code_payload):
-    from oretrofit.transformers_models import load_model
+    from oretrofit.hosts.transformers.models import load_model
     model = _bert()
     model.save_pretrained(tmp_path)
     (tmp_path / "model.safetensors").unlink()

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from oretrofit import Retrofit, RetrofitError, apply_spec, calibrate, read_spec, retrofit
-from oretrofit.tabpfn_v3 import build_model, load_checkpoint, make_regressor, resolve_model_path
+from oretrofit.tabpfn import build_model, load_checkpoint, make_regressor, resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_SPEC = ROOT / "results" / "demo-host" / "calibrated" / "spec-full-o.json"

@@ -70,8 +70,8 @@ def _calibrate_tabpfn(model_path: str | None, datasets: list[str], seeds: list[i
 
 def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int | None,
                             **settings: Any) -> dict[str, Any]:
-    from oretrofit.transformers_calibrate import BUILTIN_TEXTS, builtin_texts, calibrate_text
-    from oretrofit.transformers_models import load_model_and_tokenizer
+    from oretrofit.hosts.transformers.calibrate import BUILTIN_TEXTS, builtin_texts, calibrate_text
+    from oretrofit.hosts.transformers.models import load_model_and_tokenizer
     if text_file is None:
         lines, source = builtin_texts(), BUILTIN_TEXTS
     else:

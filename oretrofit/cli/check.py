@@ -2,7 +2,7 @@
 
 MODEL is a local transformers folder (``save_pretrained`` output, loaded with ``AutoModel``
 offline) or one of the shipped pretrained weights: ``minilm`` (all-MiniLM-L6-v2) or ``smollm2``
-(SmolLM2-135M-Instruct); see :mod:`oretrofit.transformers_models`. Contracts (relative max
+(SmolLM2-135M-Instruct); see :mod:`oretrofit.hosts.transformers.models`. Contracts (relative max
 differences, thresholds in ``LIMITS``):
 
     τ→0 agreement     every hidden state patched at τ = ε = 1e-12 vs unpatched, per arm;
@@ -53,9 +53,9 @@ def run_check(name: str, arms: list[str], tau: float | None,
     """
     import oretrofit
     from oretrofit._provenance import environment
-    from oretrofit.patches.transformers_zoo import example_inputs
-    from oretrofit.transformers_contracts import agreement, null_insertion, padding_delta
-    from oretrofit.transformers_models import load_model
+    from oretrofit.hosts.transformers.contracts import (agreement, example_inputs, null_insertion,
+                                                        padding_delta)
+    from oretrofit.hosts.transformers.models import load_model
     spec = oretrofit.read_spec(spec_file) if spec_file is not None else None
     if spec is not None:
         if spec["arm"] == "base":

@@ -16,7 +16,7 @@ import typer
 
 from .errors import fail
 
-from oretrofit.pretrain.inference import DEFAULT_PRESET, PRESETS
+from oretrofit.demo_host.inference import DEFAULT_PRESET, PRESETS
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -49,14 +49,14 @@ def parse_overrides(items: list[str], defaults: Any, flag: str) -> Any:
 
 def parse_prior_overrides(items: list[str]) -> Any:
     """A PriorConfig with ``--prior KEY=VALUE`` overrides."""
-    from oretrofit.pretrain.prior import PriorConfig
+    from oretrofit.demo_host.prior import PriorConfig
 
     return parse_overrides(items, PriorConfig(), "--prior")
 
 
 def parse_host_overrides(items: list[str]) -> Any:
     """A HostConfig (the v3 architecture's size) with ``--host KEY=VALUE`` overrides."""
-    from oretrofit.pretrain.train import HostConfig
+    from oretrofit.demo_host.train import HostConfig
 
     return parse_overrides(items, HostConfig(), "--host")
 
@@ -93,8 +93,8 @@ def train(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
 ) -> None:
     """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior."""
-    from oretrofit.pretrain.curriculum import CURRICULUM, train_curriculum
-    from oretrofit.pretrain.train import TrainConfig, train
+    from oretrofit.demo_host.curriculum import CURRICULUM, train_curriculum
+    from oretrofit.demo_host.train import TrainConfig, train
 
     overrides = {k: v for k, v in (("lr", lr), ("batch_size", batch_size), ("workers", workers)) if v is not None}
     try:
@@ -125,7 +125,7 @@ def export(
                                   help="Inference preset the checkpoint carries (see `demo-host eval --help`)"),
 ) -> None:
     """Write a run's weights as a standalone tabpfn-format checkpoint (no optimiser state)."""
-    from oretrofit.pretrain.train import export_checkpoint
+    from oretrofit.demo_host.train import export_checkpoint
 
     try:
         print(str(export_checkpoint(run, out, inference)))
@@ -139,7 +139,7 @@ def average(
     out: Path = typer.Option(..., "--out", help="Checkpoint to write (.ckpt or .safetensors); the name must contain v3"),
 ) -> None:
     """Write the uniform parameter average of checkpoints (same architecture and preset)."""
-    from oretrofit.pretrain.average import average_checkpoints
+    from oretrofit.demo_host.average import average_checkpoints
 
     try:
         print(str(average_checkpoints(checkpoints, out)))
@@ -169,7 +169,7 @@ def evaluate(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
 ) -> None:
     """R² of the host vs ridge, kNN-10, random forest and a GP on the same splits."""
-    from oretrofit.pretrain.evaluate import SUITES, evaluate, markdown_table, random_reference_host
+    from oretrofit.demo_host.evaluate import SUITES, evaluate, markdown_table, random_reference_host
 
     names = list(SUITES.get(datasets, [d for d in datasets.split(",") if d]))
     hosts = {"tabpfn_v3_demo": checkpoint} if checkpoint is not None else {}
@@ -198,7 +198,7 @@ def card(
     note: list[str] = typer.Option([], "--note", help="A sentence for the card's training section (repeatable)"),
 ) -> None:
     """Write the model card (architecture, prior, steps, wall time, loss curve, evaluation)."""
-    from oretrofit.pretrain.card import write_card
+    from oretrofit.demo_host.card import write_card
 
     try:
         path = write_card(run, evaluation, out, training_command=command,
@@ -214,8 +214,8 @@ def compare(
                                       help="LABEL=PATH of a `demo-host eval` receipt with a host (repeatable)"),
 ) -> None:
     """Host R² per dataset, its mean and the issue's targets met, one row per evaluated run."""
-    from oretrofit.pretrain.card import compare_runs
-    from oretrofit.pretrain.documents import labelled_receipts
+    from oretrofit.demo_host.card import compare_runs
+    from oretrofit.demo_host.documents import labelled_receipts
 
     try:
         print(compare_runs(labelled_receipts(receipt)))
@@ -229,7 +229,7 @@ def refresh_docs(
 ) -> None:
     """Rewrite the table under each `oretrofit demo-host compare` block from the receipts it names
     (the old `pretrain-refresh-docs`, now `make docs`: scripts/refresh_docs.py)."""
-    from oretrofit.pretrain.documents import refresh_documents
+    from oretrofit.demo_host.documents import refresh_documents
 
     try:
         stale = refresh_documents(documents, check=check, report=print)

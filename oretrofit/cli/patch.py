@@ -71,10 +71,10 @@ def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
     """
     import oretrofit
     from oretrofit._provenance import environment
-    from oretrofit.tabpfn_v3 import (build_model, checkpoint_sha256, load_checkpoint,
-                                     resolve_model_path, weights_label, write_patched_artifact)
-    from oretrofit.tabpfn_v3.checkpoints import checkpoint_task
-    from oretrofit.tabpfn_v3.regressor import check_spec_checkpoint
+    from oretrofit.tabpfn import (build_model, checkpoint_sha256, load_checkpoint,
+                                  resolve_model_path, weights_label, write_patched_artifact)
+    from oretrofit.hosts.tabpfn.checkpoints import checkpoint_task
+    from oretrofit.hosts.tabpfn.estimators import check_spec_checkpoint
 
     path = resolve_model_path(model_path)
     checkpoint = load_checkpoint(path)

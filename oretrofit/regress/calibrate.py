@@ -30,8 +30,8 @@ def calibrate_tabpfn(model_path: str | Path | None, datasets: Sequence[Dataset],
 
     ``τ_site = δ/(1−δ)·Q_q(‖h‖²)`` over the carriers of every (dataset, seed) split's train rows.
     """
-    from ..tabpfn_v3.checkpoints import checkpoint_sha256, resolve_model_path
-    from ..tabpfn_v3.regressor import regressor_from_checkpoint
+    from ..hosts.tabpfn.checkpoints import checkpoint_sha256, resolve_model_path
+    from ..hosts.tabpfn.estimators import regressor_from_checkpoint
 
     if not datasets or not seeds:
         raise ValueError("give at least one dataset and one seed to calibrate on")

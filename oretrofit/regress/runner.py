@@ -211,7 +211,7 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
     """Fit and score one cell on ``(X_train, y_train, X_test, y_test)``; runs in a worker
     (which watches ``driver``, the driver's pid, when given). ``variant``: the per-site τ
     (and ε) the cell's variant runs."""
-    from ..tabpfn_v3 import make_regressor
+    from ..tabpfn import make_regressor
     if driver is not None:
         _watch_driver(driver)
     X_train, y_train, X_test, y_test = arrays
@@ -286,7 +286,7 @@ def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
     Every dataset is loaded before any cell runs, so a missing one fails fast with one error
     naming all of them. ``standins`` maps specs to offline replacements (recorded per dataset).
     """
-    from ..tabpfn_v3 import checkpoint_sha256, resolve_model_path
+    from ..tabpfn import checkpoint_sha256, resolve_model_path
     _check_backend(backend, n_jobs, scheduler)
     datasets = load_datasets(matrix.datasets, openml_cache=openml_cache, standins=standins)
     for dataset in datasets.values():
@@ -309,7 +309,7 @@ def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
 def _check_builds(checkpoint: Path) -> tuple[str, torch.nn.Module]:
     """Build the host from the checkpoint once (a state_dict that does not fit its config fails
     here, naming the file); returns the weights label and the built host."""
-    from ..tabpfn_v3 import build_model, load_checkpoint, weights_label
+    from ..tabpfn import build_model, load_checkpoint, weights_label
     loaded = load_checkpoint(checkpoint)
     try:
         host = build_model(loaded)[0]

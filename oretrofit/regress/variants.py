@@ -261,5 +261,5 @@ def arm_sites(model: Any) -> dict[str, list[tuple[str, str]]]:
 
 def checkpoint_arm_sites(model_path: str | Path | None) -> dict[str, list[tuple[str, str]]]:
     """:func:`arm_sites` of the TabPFN v3 host built from ``model_path`` (as ``regress`` does)."""
-    from ..tabpfn_v3 import build_model, load_checkpoint, resolve_model_path
+    from ..tabpfn import build_model, load_checkpoint, resolve_model_path
     return arm_sites(build_model(load_checkpoint(resolve_model_path(model_path)))[0])

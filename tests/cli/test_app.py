@@ -109,7 +109,7 @@ def test_help_does_not_import_torch() -> None:
 
 
 def test_hosts_report_module_still_runs_as_before() -> None:
-    done = subprocess.run([sys.executable, "-m", "oretrofit.hosts_report", "--help"], capture_output=True,
-                          text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    done = subprocess.run([sys.executable, "-m", "oretrofit.hosts.transformers.report", "--help"],
+                          capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
                           timeout=120)
     assert done.returncode == 0 and "--out" in done.stdout

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from oretrofit.cli import calibrate as calibrate_verb
 from oretrofit.regress.data import load_dataset
 from oretrofit.regress.protocol import PAPER_PROTOCOL
-from oretrofit.tabpfn_v3 import make_regressor
+from oretrofit.tabpfn import make_regressor
 
 DELTA = 1e-3
 
@@ -93,7 +93,7 @@ def test_the_two_forms_do_not_mix(cli, tmp_path, args, message):
 
 
 def test_a_transformers_folder_without_a_tokenizer_is_refused(cli, tmp_path):
-    from oretrofit.patches import transformers_zoo as zoo
+    from hosts.transformers import zoo
     folder = tmp_path / "bert"
     zoo.build(next(a for a in zoo.ARCHITECTURES if a.name == "BERT")).save_pretrained(folder)
     out = tmp_path / "spec.json"

@@ -14,7 +14,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from oretrofit.cli import calibrate as calibrate_verb  # noqa: E402
 from oretrofit.cli import check as check_verb  # noqa: E402
-from oretrofit.patches import transformers_zoo as zoo  # noqa: E402
+from hosts.transformers import zoo  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def _with_tokenizer(folder: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from oretrofit.transformers_calibrate import builtin_texts
+    from oretrofit.hosts.transformers.calibrate import builtin_texts
     words = sorted({w for line in builtin_texts() for w in line.split()})[:90]
     vocab = {"[PAD]": 0, "[BOS]": 1, "[EOS]": 2, "[UNK]": 3,
              **{w: i + 4 for i, w in enumerate(words)}}

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from oretrofit import RetrofitError
 from oretrofit.cli import patch as patch_verb
-from oretrofit.tabpfn_v3 import load_patched_regressor, make_regressor
+from oretrofit.tabpfn import load_patched_regressor, make_regressor
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_bad_input_exits_with_the_fix(cli, tmp_path):
 
 
 def test_plain_checkpoint_is_not_an_artifact():
-    from oretrofit.tabpfn_v3 import resolve_model_path
+    from oretrofit.tabpfn import resolve_model_path
     with pytest.raises(RetrofitError, match="without an oretrofit patch spec"):
         load_patched_regressor(resolve_model_path("random"))
 
@@ -95,8 +95,8 @@ SITE_TAU = {"icl.*": 0.3, "fde.*": 2.0, "te.*": 0.05}
 def spec_file(tmp_path, calibration_record):
     """A spec as `oretrofit calibrate` writes one: per-site τ and a calibration record."""
     import oretrofit
-    from oretrofit.tabpfn_v3 import checkpoint_sha256, resolve_model_path
-    from oretrofit.tabpfn_v3.checkpoints import build_model, load_checkpoint
+    from oretrofit.tabpfn import checkpoint_sha256, resolve_model_path
+    from oretrofit.hosts.tabpfn.checkpoints import build_model, load_checkpoint
     path = resolve_model_path("random")
     model, _, _ = build_model(load_checkpoint(path))
     spec = oretrofit.retrofit(model, "full-o", 0.5, site_tau=SITE_TAU).spec()
@@ -115,7 +115,7 @@ def test_a_spec_file_patches_prints_each_sites_tau_and_is_recorded(cli, spec_fil
     assert summary["arm"] == "full-o" and summary["site_tau"] == SITE_TAU
     taus = {row["site"]: row["tau"] for row in summary["sites"]}
     assert taus["icl.0.attn"] == 0.3 and taus["fde.0.induce1"] == 2.0 and taus["te.col"] == 0.05
-    from oretrofit.tabpfn_v3 import read_patch_spec
+    from oretrofit.tabpfn import read_patch_spec
     recorded = read_patch_spec(out)
     assert recorded["calibration"] == given["calibration"] and recorded["site_tau"] == SITE_TAU
     assert recorded["source_checkpoint_sha256"] == summary["checkpoint_sha256"]

@@ -13,7 +13,7 @@ from oretrofit import apply_spec
 from oretrofit.regress import SplitProtocol
 from oretrofit.regress.calibrate import calibrate_tabpfn
 from oretrofit.regress.data import load_datasets
-from oretrofit.tabpfn_v3 import build_model, load_checkpoint, resolve_model_path
+from oretrofit.tabpfn import build_model, load_checkpoint, resolve_model_path
 
 TOL = 1e-11
 FULL_PATH = PerformanceOptions(use_chunkwise_inference=False)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from oretrofit.cli.app import app
 from oretrofit.regress.reference import PAPER_DATASETS
-from oretrofit.tabpfn_v3 import write_random_checkpoint
+from oretrofit.tabpfn import write_random_checkpoint
 
 from .conftest import write_openml_cache
 

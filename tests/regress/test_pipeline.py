@@ -14,7 +14,7 @@ from distributed import LocalCluster
 
 from oretrofit.regress import Matrix, ModelSettings, RunMismatch, SplitProtocol, render, run_matrix
 from oretrofit.regress.runner import parse_shard, shard_cells
-from oretrofit.tabpfn_v3 import checkpoint_sha256, write_random_checkpoint
+from oretrofit.tabpfn import checkpoint_sha256, write_random_checkpoint
 
 from .conftest import write_openml_cache
 

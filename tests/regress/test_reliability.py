@@ -28,8 +28,8 @@ from oretrofit.regress import Matrix, ModelSettings, RunFolder, render, run_matr
 from oretrofit.regress.data import DatasetUnavailable
 from oretrofit.regress.protocol import SplitProtocol
 from oretrofit.regress.store import FolderBusy, RunMismatch
-from oretrofit.tabpfn_v3 import load_checkpoint, resolve_model_path
-from oretrofit.tabpfn_v3.checkpoints import save_atomic
+from oretrofit.tabpfn import load_checkpoint, resolve_model_path
+from oretrofit.hosts.tabpfn.checkpoints import save_atomic
 
 SMALL = SplitProtocol(max_train=16, max_test=8)
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,7 +256,7 @@ def _alive(pid: int) -> bool:
 # each run starts in well under a second: "pid N" when forked, "exit S" when it ended.
 _ZYGOTE = """
 import json, os, sys
-import oretrofit.regress.runner, oretrofit.tabpfn_v3, tabpfn, sklearn  # noqa: F401  (warm)
+import oretrofit.regress.runner, oretrofit.tabpfn, tabpfn, sklearn  # noqa: F401  (warm)
 from oretrofit.cli.app import main
 for line in sys.stdin:
     pid = os.fork()

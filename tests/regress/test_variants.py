@@ -19,8 +19,8 @@ from oretrofit.regress.calibrate import calibrate_tabpfn
 from oretrofit.regress.data import load_datasets
 from oretrofit.regress.variants import (ablation_variants, arm_sites, checkpoint_arm_sites,
                                         site_families, spec_variant)
-from oretrofit.tabpfn_v3 import build_model, load_checkpoint, resolve_model_path
-from oretrofit.tabpfn_v3.regressor import regressor_from_checkpoint, spec_patch
+from oretrofit.tabpfn import build_model, load_checkpoint, resolve_model_path
+from oretrofit.hosts.tabpfn.estimators import regressor_from_checkpoint, spec_patch
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL = SplitProtocol(max_train=48, max_test=24)

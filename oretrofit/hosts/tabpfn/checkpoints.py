@@ -1,0 +1,307 @@
+"""TabPFN v3 checkpoints: find, validate, load (weights only) and build; random-init hosts.
+
+A checkpoint is tabpfn's own format: a ``.ckpt`` (``torch.save``) or ``.safetensors`` file
+holding ``state_dict``, ``config``, ``architecture_name`` and ``inference_config``; tabpfn reads
+the model version from the file name, which must contain ``v3``. Files written here also carry
+an ``oretrofit`` entry ``{"weights": "random" | ..., "size", "seed"}`` that tabpfn ignores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import pickle
+import sys
+import tempfile
+from dataclasses import asdict, fields
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from ..._atomic import atomic_file
+from ..._provenance import sha256_file
+from ..._registry import RetrofitError
+from . import releases
+
+__all__ = ["SIZES", "write_random_checkpoint", "resolve_model_path", "checkpoint_sha256",
+           "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic", "check_checkpoint_name",
+           "default_inference_config", "checkpoint_task", "DEMO_CHECKPOINT", "DEFAULT_CHECKPOINT_NAME",
+           "DEFAULT_CHECKPOINT_NAMES", "RANDOM_CLASSIFIER_CLASSES"]
+
+# "default" is the vendor's v3 architecture (58.3M parameters with 5000 buckets); "small" a
+# ~1.6M-parameter version of it for tests, the random host and the demo.
+SIZES: dict[str, dict[str, Any]] = {
+    "default": {"num_buckets": 5000},
+    "small": {"num_buckets": 5000, "embed_dim": 32, "dist_embed_num_blocks": 2,
+              "dist_embed_num_heads": 4, "dist_embed_num_inducing_points": 16,
+              "feat_agg_num_blocks": 2, "feat_agg_num_heads": 4, "feat_agg_num_cls_tokens": 4,
+              "nlayers": 4, "icl_num_heads": 4, "softmax_scaling_mlp_hidden_dim": 16},
+}
+DEMO_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "tabpfn-v3-demo.ckpt"
+DEFAULT_CHECKPOINT_NAME = "tabpfn-v3-regressor-v3_default.ckpt"
+DEFAULT_CHECKPOINT_NAMES = {"regressor": DEFAULT_CHECKPOINT_NAME,
+                            "classifier": "tabpfn-v3-classifier-v3_default.ckpt"}
+# A random classifier host reads out up to this many classes (the vendor's v3 default).
+RANDOM_CLASSIFIER_CLASSES = 10
+_REQUIRED_KEYS = ("state_dict", "config", "architecture_name", "inference_config")
+# Weights the vendor initialises to zero (out-projections, MLP outputs, the scaling MLPs'
+# query modulation): a fresh host would be near the identity and hide bugs.
+_ZERO_INIT_SUFFIXES = ("out_projection.weight", "mlp.2.weight", "query_mlp.2.weight",
+                       "query_mlp.2.bias")
+
+
+def cache_dir() -> Path:
+    """Where oretrofit caches generated hosts: ``$ORETROFIT_CACHE_DIR``, else the user cache."""
+    if os.environ.get("ORETROFIT_CACHE_DIR", "").strip():
+        return Path(os.environ["ORETROFIT_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache"
+    return Path(base) / "oretrofit"
+
+
+def checkpoint_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a checkpoint file (recorded with every result made from it)."""
+    return sha256_file(path)
+
+
+def save_atomic(checkpoint: dict[str, Any], path: Path) -> Path:
+    """Write ``checkpoint`` to ``path`` via a temporary file and a rename, byte-reproducibly.
+
+    ``.ckpt``: ``torch.save`` into memory first, because a zip written straight to a file takes
+    the file's name as its archive name and the random temporary name would change the bytes
+    (and the sha256) of identical weights. ``.safetensors``: tabpfn's ``save_as_safetensors``.
+    """
+    with atomic_file(path, "wb") as fh:
+        if path.suffix == ".safetensors":             # tabpfn's writer takes a path only
+            with tempfile.TemporaryDirectory(prefix="oretrofit-safetensors-") as scratch:
+                releases.save_safetensors(checkpoint, Path(scratch) / path.name)
+                fh.write((Path(scratch) / path.name).read_bytes())
+        else:
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
+            fh.write(buffer.getbuffer())
+    return path
+
+
+def default_inference_config(task: str = "regressor") -> dict[str, Any]:
+    """tabpfn's v2.5 inference config of ``task`` as a dict (what v3 checkpoints carry)."""
+    from tabpfn.constants import ModelVersion
+    from tabpfn.inference_config import InferenceConfig
+    task_type = "multiclass" if task == "classifier" else "regression"
+    return asdict(InferenceConfig.get_default(task_type, ModelVersion.V2_5))
+
+
+def checkpoint_task(checkpoint: dict[str, Any]) -> str:
+    """``"classifier"`` when the architecture reads out classes (``max_num_classes >= 2``)."""
+    return "classifier" if checkpoint["config"].get("max_num_classes", -1) >= 2 else "regressor"
+
+
+def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", seed: int = 0,
+                            task: str = "regressor") -> Path:
+    """Write a random-init TabPFN v3 ``task`` (regressor or classifier) checkpoint in tabpfn's
+    format; a classifier reads out :data:`RANDOM_CLASSIFIER_CLASSES` classes.
+
+    The zero-initialised weights (out-projections, MLP outputs, query modulation) are redrawn
+    from N(0, 1/fan_in) (query modulation N(0, 0.02²)) so the host is far from the identity.
+    Deterministic in ``seed``; the global RNG is left untouched.
+    """
+    from tabpfn.architectures import tabpfn_v3 as v3
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    if task not in DEFAULT_CHECKPOINT_NAMES:
+        raise ValueError(f"task must be regressor or classifier, got {task!r}")
+    path = Path(path)
+    check_checkpoint_name(path)
+    classes = {"max_num_classes": RANDOM_CLASSIFIER_CLASSES} if task == "classifier" else {}
+    config, _ = v3.parse_config({**SIZES[size], **classes})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = v3.get_architecture(config)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith(_ZERO_INIT_SUFFIXES):
+                    std = 0.02 if "query_mlp" in name else param.shape[-1] ** -0.5
+                    param.normal_(0.0, std)
+    checkpoint = {
+        "state_dict": model.state_dict(),
+        "config": asdict(config),
+        "architecture_name": "tabpfn_v3",
+        "inference_config": default_inference_config(task),
+        "oretrofit": {"weights": "random", "size": size, "seed": int(seed)},
+    }
+    return save_atomic(checkpoint, path)
+
+
+def check_checkpoint_name(path: Path) -> None:
+    """Refuse a file name tabpfn would misread: it must be .ckpt/.safetensors and contain 'v3' (not 'v3.5'),
+    because tabpfn reads the model version from the name. Every checkpoint oretrofit writes is checked."""
+    if path.suffix not in (".ckpt", ".safetensors"):
+        raise RetrofitError(f"{path.name}: a TabPFN checkpoint is a .ckpt or .safetensors file")
+    if "v3.5" in path.name:
+        raise RetrofitError(f"{path.name} is a TabPFN v3.5 checkpoint; oretrofit retrofits "
+                            "TabPFN v3 only (tabpfn-v3-regressor-v3_default.ckpt and relatives)")
+    if "v3" not in path.name:
+        raise RetrofitError(f"{path.name}: tabpfn reads the model version from the file name, "
+                            "which must contain 'v3' (e.g. tabpfn-v3-regressor-v3_default.ckpt); "
+                            "rename the file")
+
+
+def _random_host(task: str) -> Path:
+    """The cached small random host, one file per task and tabpfn release (each release writes
+    its own inference config)."""
+    kind = "" if task == "regressor" else f"{task}-"
+    path = (cache_dir()
+            / f"tabpfn-v3-random-{kind}small-seed0-tabpfn{releases.installed_version()}.ckpt")
+    if not path.exists():
+        write_random_checkpoint(path, "small", seed=0, task=task)
+    return path
+
+
+def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "regressor"
+                       ) -> Path:
+    """A validated TabPFN v3 checkpoint path (``task``: regressor or classifier).
+
+    * ``"random"``: a deterministic small random-init host of ``task`` (random weights), cached
+      under :func:`cache_dir`.
+    * ``"demo"``: the trained demo checkpoint shipped in ``oretrofit/data`` when present,
+      otherwise the random host (with a warning on stderr).
+    * ``None``: tabpfn's download cache (``tabpfn.model_loading.get_cache_dir()``).
+    * a path: must exist, be named ``*v3*.ckpt``/``*.safetensors`` and load weights-only; a
+      bare file name not found in the working directory is looked up in tabpfn's cache.
+    """
+    if model_path is None:
+        from tabpfn.model_loading import get_cache_dir
+        path = Path(get_cache_dir()) / DEFAULT_CHECKPOINT_NAMES[task]
+        if not path.exists():
+            raise RetrofitError(
+                f"no TabPFN v3 checkpoint at {path}. Get one on a machine with internet access: "
+                "accept the licence at https://huggingface.co/Prior-Labs/tabpfn_3, then fit any "
+                "tabpfn.TabPFNRegressor once (tabpfn downloads it to that folder), or download "
+                f"{DEFAULT_CHECKPOINT_NAMES[task]} by hand and place it there (TABPFN_MODEL_CACHE_DIR "
+                "moves the folder). Or pass --model-path PATH, "
+                "or --model-path demo / random for a local host")
+    elif str(model_path) == "random":
+        return _random_host(task)
+    elif str(model_path) == "demo":
+        if DEMO_CHECKPOINT.exists():
+            path = DEMO_CHECKPOINT
+        else:
+            print(f"oretrofit: the trained demo checkpoint {DEMO_CHECKPOINT} is not installed; "
+                  "using the small RANDOM-WEIGHTS v3 host instead", file=sys.stderr)
+            return _random_host(task)
+    else:
+        path = Path(model_path).expanduser()
+        if path.parent == Path() and not path.exists():       # a bare name: tabpfn's cache, as
+            from tabpfn.model_loading import get_cache_dir     # tabpfn itself resolves it
+            path = Path(get_cache_dir()) / path
+    if not path.exists():
+        raise RetrofitError(f"checkpoint {path} does not exist; pass a TabPFN v3 .ckpt or "
+                            ".safetensors file, 'demo' or 'random'")
+    check_checkpoint_name(path)
+    load_checkpoint(path)
+    return path
+
+
+@functools.lru_cache(maxsize=2)
+def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
+    path = Path(resolved)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+            with safe_open(resolved, framework="pt", device="cpu") as fh:
+                checkpoint: dict[str, Any] = {k: json.loads(v)
+                                              for k, v in (fh.metadata() or {}).items()}
+                checkpoint["state_dict"] = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
+        else:
+            checkpoint = torch.load(resolved, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:        # torch's weights-only refusal of a code pickle
+        raise RetrofitError(
+            f"checkpoint {path} holds pickled Python objects, not a weights-only checkpoint (a "
+            "model saved whole, with oretrofit.save or torch.save(model)?); oretrofit never "
+            "unpickles code from a checkpoint: pass a TabPFN checkpoint (.ckpt or .safetensors, e.g. "
+            "written by `oretrofit patch --out`); a model you saved yourself loads in Python "
+            "with torch.load(path, weights_only=False)") from None
+    except Exception as exc:  # noqa: BLE001  (any failure to read is a corrupt checkpoint)
+        raise RetrofitError(f"checkpoint {path} is corrupt or not a weights-only TabPFN "
+                            f"checkpoint ({type(exc).__name__}: {str(exc)[:200]}); re-download "
+                            "or re-create it") from exc
+    if not isinstance(checkpoint, dict) or any(k not in checkpoint for k in _REQUIRED_KEYS):
+        raise RetrofitError(f"checkpoint {path} lacks one of {', '.join(_REQUIRED_KEYS)}; it is "
+                            "not a TabPFN v3 checkpoint")
+    if checkpoint["architecture_name"] != "tabpfn_v3":
+        raise RetrofitError(f"checkpoint {path} holds architecture "
+                            f"{checkpoint['architecture_name']!r}; only 'tabpfn_v3' is supported")
+    _check_inference_fields(path, checkpoint["inference_config"])
+    _check_finite(path, checkpoint["state_dict"])
+    return checkpoint
+
+
+def _check_finite(path: Path, state_dict: dict[str, Any]) -> None:
+    """Refuse NaN or infinite weights (they make every prediction the same, silently)."""
+    for name, tensor in state_dict.items():
+        if torch.is_tensor(tensor) and tensor.is_floating_point() \
+                and not bool(torch.isfinite(tensor).all()):
+            raise RetrofitError(f"checkpoint {path}: tensor {name!r} holds NaN or infinite "
+                                "values; re-download or re-create the checkpoint")
+
+
+def _check_inference_fields(path: Path, stored: dict[str, Any]) -> None:
+    """Refuse an inference config written by a newer tabpfn, whose fields this one cannot take.
+
+    tabpfn builds ``InferenceConfig(**stored)``; a field it lacks (the demo host's config has
+    tabpfn 9's ``N_ESTIMATORS``, for one) would otherwise fail later as a bare TypeError.
+    """
+    from tabpfn.inference_config import InferenceConfig
+    unknown = sorted(set(stored) - {f.name for f in fields(InferenceConfig)})
+    if unknown:
+        raise RetrofitError(f"checkpoint {path} has inference-config fields that tabpfn "
+                            f"{version('tabpfn')} does not know ({', '.join(unknown)}); it was "
+                            "written by a newer tabpfn: pip install -U 'tabpfn>=9,<9.3'")
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The checkpoint dict, loaded weights-only (cached by path, mtime and size; read-only)."""
+    path = Path(path).resolve()
+    if not path.exists():
+        raise RetrofitError(f"checkpoint {path} does not exist")
+    stat = path.stat()
+    return _load_cached(str(path), (stat.st_mtime_ns, stat.st_size))
+
+
+@contextlib.contextmanager
+def _no_parameter_init() -> Iterator[None]:
+    """Skip the vendor's parameter init when tabpfn offers it (the checkpoint overwrites it)."""
+    from tabpfn import model_loading
+    skip = getattr(model_loading, "_skip_parameter_init", None)
+    with (skip() if skip is not None else contextlib.nullcontext()):
+        yield
+
+
+def build_model(checkpoint: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
+    """A fresh ``TabPFNV3`` (eval mode, strict load) with its architecture and inference configs.
+
+    Always a new instance: never the model object tabpfn may share through its caches.
+    """
+    from tabpfn.architectures import tabpfn_v3 as v3
+    from tabpfn.inference_config import InferenceConfig
+    config, _ = v3.parse_config(dict(checkpoint["config"]))
+    with _no_parameter_init():
+        model = v3.get_architecture(config)
+    state = {k: v for k, v in checkpoint["state_dict"].items() if "criterion." not in k}
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    return releases.ensure_config(model, config), config, InferenceConfig(**checkpoint["inference_config"])
+
+
+def weights_label(checkpoint: dict[str, Any]) -> str:
+    """Label of a checkpoint's weights: 'random weights (…)', its own label, or 'pretrained'."""
+    meta = checkpoint.get("oretrofit") or {}
+    if meta.get("weights") == "random":
+        return f"random weights (size {meta.get('size')}, seed {meta.get('seed')})"
+    if meta.get("weights"):
+        return str(meta["weights"])
+    return "pretrained"

@@ -1,0 +1,166 @@
+"""What differs between the tabpfn releases the TabPFN v3 host supports, in one place.
+
+The installed version is read once. The architecture the O-mixins patch is the same in every
+supported release except for what is supplied here or passed through unchanged:
+
+=====================  =====================================  ==================================
+what                   8.0.1 (and the releases named)         later
+=====================  =====================================  ==================================
+ICL block call         ``attention_backend=`` kwarg (8.0.1)   none (the mixin passes any extra
+                                                              kwarg through to the unpatched
+                                                              attention: the caller's backend)
+in-memory model spec   ``tabpfn.base.RegressorModelSpecs``    ``tabpfn.ModelSpecs`` (9.1.0+)
+                       with its required criterion
+checkpoint writing     no ``tabpfn.checkpoint``: .ckpt only   ``save_as_safetensors``
+``TabPFNV3.config``    absent (8.0.x): set from the           set by tabpfn
+                       checkpoint's config
+``load_model``         no ``estimator_type`` (< 8.5.0)        ``estimator_type=``
+``SoftmaxScalingMLP``  (B, H, S, D) (8.0.1)                   (B, S, H, D); the O path computes
+                                                              the scale itself, on (B, S, H, D)
+classifier decoder     takes the train embeddings (< 8.5.0)   takes their projected keys
+KV cache quantization  none (8.0.1); always int8              the estimator's
+                       (8.0.2–8.1.x)                          ``kv_cache_precision``
+                                                              (8.2.0+; "auto" keeps the dtype)
+=====================  =====================================  ==================================
+
+The gate admits exactly :data:`TESTED_RELEASES`, the rows of ``results/tabpfn-compat.md`` that
+pass (``scripts/tabpfn_compat.py`` runs the checks on each release in its own environment).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata as _md
+import importlib.util
+import inspect
+from pathlib import Path
+from typing import Any, Literal
+
+from torch import Tensor, nn
+
+from ..._host import RetrofitError
+
+__all__ = ["TESTED_RELEASES", "installed_version", "check_release",
+           "model_specs", "load_model_kwargs", "save_safetensors", "ensure_config",
+           "decoder_keys", "kv_cache_entry", "always_quantizes_cache", "cache_options", "QUANTIZED_CACHE_REFUSAL"]
+
+TESTED_RELEASES: tuple[str, ...] = (
+    "8.0.1", "8.0.2", "8.0.3", "8.0.4", "8.0.5", "8.0.6", "8.0.7", "8.0.8", "8.1.0", "8.2.0",
+    "8.3.0", "8.4.0", "8.5.0", "9.0.0", "9.1.0", "9.2.0")
+Task = Literal["regressor", "classifier"]
+QUANTIZED_CACHE_REFUSAL = (
+    "this TabPFN v3 KV cache is quantized; the train rows' presences travel in it and must "
+    "keep their precision under 'oa'/'full-o': pass kv_cache_precision='auto' (tabpfn 8.2.0+), "
+    "or use fit_mode='fit_preprocessors' (tabpfn 8.0.2 to 8.1.x always quantize the cache)")
+
+
+@functools.cache
+def installed_version() -> str | None:
+    """The installed tabpfn version (read once), or None when tabpfn is not installed."""
+    try:
+        return _md.version("tabpfn")
+    except _md.PackageNotFoundError:
+        return None
+
+
+def check_release(version: str | None) -> None:
+    """Refuse a tabpfn release the host has not been shown to work with, naming the fix."""
+    if version in TESTED_RELEASES:
+        return
+    newest = TESTED_RELEASES[-1]
+    raise RetrofitError(
+        f"tabpfn {version or '(not installed)'} is not supported by the TabPFN v3 host; the "
+        f"releases it is tested on are {TESTED_RELEASES[0]} to {newest} (results/tabpfn-compat.md): "
+        f"pip install 'tabpfn=={newest}' (or install 'oretrofit[tabpfn]')")
+
+
+def _has_model_specs() -> bool:
+    import tabpfn
+    return hasattr(tabpfn, "ModelSpecs")
+
+
+def model_specs(model: nn.Module, config: Any, inference_config: Any, task: Task) -> Any:
+    """The in-memory model spec a ``TabPFNRegressor``/``TabPFNClassifier`` takes as model_path.
+
+    9.1.0+: ``tabpfn.ModelSpecs`` (the regression criterion is built from the model's
+    ``regression_borders``). Before: ``tabpfn.base.{Regressor,Classifier}ModelSpecs``, with the
+    criterion tabpfn's own loader builds, ``FullSupportBarDistribution(regression_borders)``.
+    """
+    if _has_model_specs():
+        from tabpfn import ModelSpecs
+        return ModelSpecs(model=model, architecture_config=config,
+                          inference_config=inference_config)
+    from tabpfn import base
+    if task == "classifier":
+        return base.ClassifierModelSpecs(model, config, inference_config)
+    return base.RegressorModelSpecs(model, config, inference_config,
+                                    _bar_distribution()(model.regression_borders))
+
+
+def _bar_distribution() -> type:
+    for module in ("tabpfn.architectures.shared.bar_distribution",
+                   "tabpfn.architectures.base.bar_distribution"):
+        if importlib.util.find_spec(module) is not None:
+            return importlib.import_module(module).FullSupportBarDistribution
+    raise RetrofitError(f"tabpfn {installed_version()} has no FullSupportBarDistribution")
+
+
+def load_model_kwargs(task: Task) -> dict[str, str]:
+    """Extra keyword arguments of ``tabpfn.model_loading.load_model`` for ``task``."""
+    from tabpfn.model_loading import load_model
+    return ({"estimator_type": task} if "estimator_type" in inspect.signature(load_model).parameters
+            else {})
+
+
+def save_safetensors(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """tabpfn's ``save_as_safetensors``; refused where the release has none (and reads none)."""
+    if importlib.util.find_spec("tabpfn.checkpoint") is None:
+        raise RetrofitError(f"tabpfn {installed_version()} neither reads nor writes .safetensors "
+                            "checkpoints; write a .ckpt instead, or pip install "
+                            f"'tabpfn=={TESTED_RELEASES[-1]}'")
+    from tabpfn.checkpoint import save_as_safetensors
+    save_as_safetensors(checkpoint, path)
+
+
+def ensure_config(model: nn.Module, config: Any) -> nn.Module:
+    """Give ``model`` its architecture config as ``model.config`` where tabpfn does not."""
+    if getattr(model, "config", None) is None:
+        model.config = config
+    return model
+
+
+def decoder_keys(decoder: nn.Module, train: Tensor) -> Tensor:
+    """The many-class decoder's train keys ``(B, N, H, D)`` from what the release hands it:
+    the train embeddings ``(B, N, E)`` before 8.5.0, their projected keys from 8.5.0 on."""
+    if train.dim() == 4:
+        return train
+    keys = decoder.k_projection(train)                                       # (B, N, H·D)
+    return keys.view(*keys.shape[:2], decoder.num_heads, decoder.head_dim)
+
+
+def kv_cache_entry(key: Tensor, value: Tensor) -> Any:
+    """The release's ``KVCacheEntry(key, value)``."""
+    from tabpfn.architectures.kv_cache import KVCacheEntry
+    return KVCacheEntry(key=key, value=value)
+
+
+def always_quantizes_cache(estimator: type) -> bool:
+    """Whether this release quantizes every v3 KV cache with no option to keep its dtype
+    (tabpfn 8.0.2–8.1.x: quantized entries exist, ``kv_cache_precision`` does not)."""
+    from tabpfn.architectures import kv_cache
+    return (hasattr(kv_cache, "QuantizedKVCacheEntry")
+            and "kv_cache_precision" not in inspect.signature(estimator.__init__).parameters)
+
+
+def cache_options(estimator: type, options: dict[str, Any]) -> dict[str, Any]:
+    """Estimator options for ``fit_mode='fit_with_cache'`` under O: the cache must keep its
+    dtype (the train rows' presences travel in it). ``kv_cache_precision`` defaults to "auto"
+    where the estimator has it (8.2.0+); a quantized choice, or a release that always
+    quantizes (8.0.2–8.1.x), is refused."""
+    if always_quantizes_cache(estimator):
+        raise RetrofitError(f"tabpfn {installed_version()}: {QUANTIZED_CACHE_REFUSAL}")
+    if "kv_cache_precision" not in inspect.signature(estimator.__init__).parameters:
+        return options                                    # 8.0.1: no quantization at all
+    if options.get("kv_cache_precision", "auto") not in ("auto", None):
+        raise RetrofitError(QUANTIZED_CACHE_REFUSAL)
+    return {**options, "kv_cache_precision": "auto"}

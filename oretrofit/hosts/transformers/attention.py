@@ -1,0 +1,226 @@
+"""The ``oretrofit`` attention implementation for transformers 5.x.
+
+* One attention function and one mask function, both registered under the name ``oretrofit``
+  (``AttentionInterface`` / ``AttentionMaskInterface``). The mask function is required: for an
+  implementation name it does not know, transformers builds no mask at all and passes
+  ``attention_mask=None``, so padding, causality and sliding windows would silently be lost.
+  Ours materialises the boolean relation (``True`` = visible), never the ``is_causal`` shortcut.
+* Every argument the attention function receives is honoured or refused:
+
+    attention_mask, is_causal, sliding_window   the visibility relation m_ij (the mask function
+                                                builds sliding windows into the mask; a window
+                                                or causal flag without a mask is built here or
+                                                refused)
+    position_bias, alibi                        additive score biases b_ij (T5 relative
+                                                positions, ALiBi): s_ij + b_ij
+    softcap                                     s_ij = c·tanh(scale·q·k / c) (Gemma2)
+    s_aux                                       attention sinks (GPT-OSS): one more key of
+                                                logit s_h, value 0, presence 1
+    scaling                                     the score scale
+    dropout                                     refused when > 0 (no O form)
+    position_ids, use_cache, cache_position,    metadata for other kernels and outputs (packed
+    encoder_hidden_states, key_value_states,    sequences, caches, flash-attention determinism,
+    output_hidden_states, deterministic         cross-attention sources: their presences are
+                                                captured by hooks)
+
+  Any other argument that is not None raises a :class:`RetrofitError` naming it.
+* A module without an O site (excluded by ``targets``) runs the implementation the config had.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..._attention import o_attention
+from ..._patching import PopAttribute, SiteConfig, Undo
+from ..._host import RetrofitError
+from ..torch_nn import patch_all
+from .releases import CarrierPresence, carrier_of
+
+__all__ = ["IMPLEMENTATION", "ADDITIVE_BIASES", "METADATA", "attach_o_attention",
+           "o_attention_function", "register_implementation"]
+
+IMPLEMENTATION = "oretrofit"
+ADDITIVE_BIASES = ("position_bias", "alibi")
+METADATA = frozenset({"position_ids", "use_cache", "cache_position", "encoder_hidden_states",
+                      "key_value_states", "output_hidden_states", "deterministic"})
+_STATE = "_oretrofit_attention"          # attribute on a patched attention module
+# id(config) -> its switch, while a retrofit holds it
+_SWITCHED: weakref.WeakValueDictionary[int, "_ImplementationSwitch"] = weakref.WeakValueDictionary()
+
+
+def _score_mask(attention_mask: Tensor | None, query: Tensor, key: Tensor, is_causal: bool | None,
+                sliding_window: int | None, biases: list[Tensor]) -> Tensor | None:
+    """The relation m_ij and the additive biases b_ij as one mask for :func:`o_attention`: bool
+    (True = visible) without biases, else float ``b_ij`` where visible and -inf elsewhere."""
+    n_q, n_k = query.shape[2], key.shape[2]
+    mask = attention_mask
+    if mask is None and is_causal and n_q > 1:
+        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril(n_k - n_q)
+    if mask is None and sliding_window is not None and n_k > sliding_window:
+        raise RetrofitError(f"sliding_window={sliding_window} came without a mask to carry it; "
+                            "build the model's masks with its own masking utilities")
+    if not biases:
+        return mask
+    bias = functools.reduce(torch.add, biases).to(query.dtype)                  # (B|1, H, Nq, Nk)
+    if mask is None:
+        return bias
+    if mask.dtype == torch.bool:
+        return bias.masked_fill(~mask, float("-inf"))
+    return bias + mask
+
+
+def _with_sinks(sinks: Tensor, key: Tensor, value: Tensor, p_keys: Tensor, mask: Tensor | None,
+                n_q: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Attention sinks (``s_aux``, GPT-OSS): softmax over ``[s_i1 … s_iN, s_h]`` with the sink
+    column dropped is one extra key of logit s_h, value 0 and presence 1, always visible:
+    w_ij = p_j e^{s_ij} / (ε + e^{s_h} + Σ_t p_t e^{s_it}). Returns k, v, p_k and the float mask
+    (additive b_ij, −inf where hidden) with that key appended."""
+    b, heads, n_k = key.shape[0], sinks.shape[0], key.shape[2]
+    bias = key.new_zeros(1, 1, n_q, n_k) if mask is None else mask
+    if bias.dtype == torch.bool:
+        bias = key.new_zeros(bias.shape).masked_fill(~bias, float("-inf"))
+    bias = bias.to(key.dtype).expand(bias.shape[0], heads, n_q, n_k)
+    sink = sinks.to(key.dtype).reshape(1, heads, 1, 1).expand(bias.shape[0], heads, n_q, 1)
+    zero = lambda t: torch.cat([t, t.new_zeros(*t.shape[:2], 1, t.shape[3])], dim=2)  # noqa: E731
+    p_keys = torch.cat([p_keys, p_keys.new_ones(b, 1)], dim=1)
+    return zero(key), zero(value), p_keys, torch.cat([bias, sink], dim=-1)
+
+
+def _run_original(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                  attention_mask: Tensor | None, **kwargs: Any) -> tuple[Tensor, Any]:
+    """The attention function the module's config used before the switch. Eager (the modeling
+    file's own ``eager_attention_forward``) adds its mask to the scores, so the boolean relation
+    our mask function builds becomes additive (0 visible, dtype minimum hidden) for it."""
+    from transformers import AttentionInterface
+    switch = _SWITCHED.get(id(module.config))
+    name = switch.original if switch is not None and switch.config is module.config else "sdpa"
+    if name in AttentionInterface._global_mapping:
+        function = AttentionInterface._global_mapping[name]
+    else:
+        function = sys.modules[type(module).__module__].eager_attention_forward
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            attention_mask = query.new_zeros(attention_mask.shape).masked_fill(
+                ~attention_mask, torch.finfo(query.dtype).min)
+    return function(module, query, key, value, attention_mask, **kwargs)
+
+
+def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                         attention_mask: Tensor | None, scaling: float | None = None,
+                         dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, None]:
+    """transformers attention function: q ``(B, H, Nq, d)``, k/v ``(B, Hkv, Nk, d)`` ->
+    ``(B, Nq, H, d)``; OAttention (eq. 7) with the carriers' presences captured for ``module``."""
+    state: CarrierPresence | None = module.__dict__.get(_STATE)
+    if state is None:
+        return _run_original(module, query, key, value, attention_mask, scaling=scaling,
+                             dropout=dropout, **kwargs)
+    if dropout > 0.0:
+        raise RetrofitError("OAttention has no attention-weight dropout: call model.eval() or set "
+                            "the config's attention dropout to 0")
+    is_causal, sliding_window = kwargs.pop("is_causal", None), kwargs.pop("sliding_window", None)
+    softcap, sinks = kwargs.pop("softcap", None), kwargs.pop("s_aux", None)
+    biases = [kwargs.pop(name) for name in ADDITIVE_BIASES if kwargs.get(name) is not None]
+    if kwargs.pop("output_attentions", None):
+        raise RetrofitError("output_attentions=True: the O attention function returns no weights; "
+                            "use oretrofit.o_attention(..., need_weights=True) on the q/k/v")
+    unknown = sorted(name for name, given in kwargs.items()
+                     if given is not None and name not in METADATA)
+    if unknown:
+        raise RetrofitError(
+            f"{type(module).__name__} passes {', '.join(unknown)} to the attention function and "
+            "OAttention has no rule for it; exclude this module with exclude=[...] or register a "
+            "site for it (oretrofit.hosts.torch_nn.register_module_site)")
+    if (state.query is None or state.keys is None or state.query.shape[1] != query.shape[2]
+            or state.keys.shape[1] != key.shape[2]):
+        raise RetrofitError(f"{type(module).__name__} was called without its carrier presences "
+                            "(q/k lengths differ from the captured layer input); call the model, "
+                            "not the attention module alone")
+    mask = _score_mask(attention_mask, query, key, is_causal, sliding_window, biases)
+    p_keys = state.keys
+    if sinks is not None:
+        key, value, p_keys, mask = _with_sinks(sinks, key, value, p_keys, mask, query.shape[2])
+    out, _ = o_attention(query, key, value, state.query, p_keys, mask=mask,
+                         eps=state.config.eps, scale=scaling, softcap=softcap)
+    return out.transpose(1, 2).contiguous(), None                              # (B, Nq, H, d)
+
+
+def _o_mask_function(*args: Any, **kwargs: Any) -> Tensor | None:
+    """SDPA's boolean mask (B, 1, Nq, Nk), always materialised for causal models."""
+    from transformers.masking_utils import sdpa_mask
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+@functools.cache
+def register_implementation() -> str:
+    """Register the ``oretrofit`` attention and mask functions with transformers (once)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    AttentionInterface.register(IMPLEMENTATION, o_attention_function)
+    AttentionMaskInterface.register(IMPLEMENTATION, _o_mask_function)
+    return IMPLEMENTATION
+
+
+class _ImplementationSwitch:
+    """``config`` points at the ``oretrofit`` implementation while any attention site uses it
+    (``users``); the last :meth:`release` restores the ``original`` one. It pickles with the
+    retrofit's undos: a loaded copy registers the implementation and itself again."""
+
+    portable_undo = True
+
+    def __init__(self, config: Any) -> None:
+        self.config, self.original, self.users = config, config._attn_implementation, 0
+        config._attn_implementation_internal = IMPLEMENTATION
+        _SWITCHED[id(config)] = self
+
+    @classmethod
+    def take(cls, config: Any) -> Undo:
+        register_implementation()
+        switch = _SWITCHED.get(id(config))
+        if switch is None or switch.config is not config:
+            switch = cls(config)
+        switch.users += 1
+        return switch.release
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            self.config._attn_implementation_internal = self.original
+            _SWITCHED.pop(id(self.config), None)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        register_implementation()
+        if self.users > 0:
+            _SWITCHED[id(self.config)] = self
+
+
+def attach_o_attention(attention: nn.Module, carrier_module: nn.Module, config: SiteConfig,
+                       cross: bool = False) -> tuple[Undo, CarrierPresence]:
+    """OAttention on a transformers attention module (eq. 7 at the hidden-carrier boundary).
+
+    A forward pre-hook on ``carrier_module`` captures ρτ of its hidden-state input (the residual
+    stream entering the branch) and the KV cache it is given. Cross-attention (``cross``) takes
+    its sources' presences from the ``key_value_states`` / ``encoder_hidden_states`` the
+    attention module receives (the encoder output). Returns the undo and the captured state.
+    """
+    if _STATE in attention.__dict__:
+        raise RetrofitError(f"{type(attention).__name__} already has an OAttention site")
+    state = CarrierPresence(config, getattr(attention, "layer_idx", None), cross)
+
+    def attach() -> Undo:
+        attention.__dict__[_STATE] = state
+        return PopAttribute(attention, _STATE)
+
+    steps = [attach, lambda: carrier_module.register_forward_pre_hook(
+        state.capture_hook, with_kwargs=True).remove]
+    if cross:
+        steps.append(lambda: attention.register_forward_pre_hook(
+            state.capture_sources_hook, with_kwargs=True).remove)
+    undo = patch_all(*steps, lambda: _ImplementationSwitch.take(attention.config))
+    return undo, state

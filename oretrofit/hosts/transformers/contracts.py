@@ -1,0 +1,206 @@
+"""The paper's contracts measured on any transformers model the generic host covers: τ→0
+agreement, exact revert, null insertion and mask-free padding. The architecture tests, the
+``oretrofit check`` verb and the generated architecture table call these functions.
+
+Hidden states are the residual streams the host sees: the input of each layer list's first
+layer and the output of every layer (read with forward hooks, so every architecture is measured
+the same way, encoder and decoder stacks included), and what the backbone returns after its
+last layer (``last_hidden_state``, and ``encoder_last_hidden_state`` of an encoder–decoder), so
+a final norm outside the layers is measured too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..._registry import retrofitted
+from .releases import zero_padded_inputs
+from .host import layers
+
+__all__ = ["example_inputs", "hidden_states", "agreement", "insertion_point", "null_insertion",
+           "padding_delta", "relative_max_diff"]
+
+
+def example_inputs(model: nn.Module, batch: int = 2, tokens: int = 7, seed: int = 0
+                   ) -> dict[str, torch.Tensor]:
+    """Model inputs: pixels for vision models, token ids (+ decoder ids) otherwise."""
+    generator = torch.Generator().manual_seed(seed)
+    config = model.config
+    if getattr(config, "image_size", None) is not None:
+        size = config.image_size
+        return {"pixel_values": torch.randn(batch, config.num_channels, size, size,
+                                            generator=generator)}
+    ids = torch.randint(3, config.vocab_size, (batch, tokens), generator=generator)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if getattr(config, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = ids[:, : tokens - 2]
+    return inputs
+
+
+@contextlib.contextmanager
+def _recording(model: nn.Module) -> Iterator[dict[str, Tensor]]:
+    states: dict[str, Tensor] = {}
+    handles = []
+    for path, layer in layers(model):
+        if path.endswith(".0"):
+            handles.append(layer.register_forward_pre_hook(
+                lambda m, args, kwargs, key=path[:-2] + ".input": states.__setitem__(
+                    key, args[0] if args else kwargs["hidden_states"]), with_kwargs=True))
+        handles.append(layer.register_forward_hook(
+            lambda m, args, output, key=path: states.__setitem__(
+                key, output[0] if isinstance(output, tuple) else output)))
+    handles.append(model.base_model.register_forward_hook(
+        lambda m, args, output: states.update(_backbone_outputs(output))))
+    try:
+        yield states
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _backbone_outputs(output: Any) -> dict[str, Tensor]:
+    """The final states a backbone returns: ``{"output": (B, N, d)[, "encoder_output": …]}``."""
+    found = {"output": getattr(output, "last_hidden_state", None),
+             "encoder_output": getattr(output, "encoder_last_hidden_state", None)}
+    return {key: state for key, state in found.items() if isinstance(state, Tensor)}
+
+
+@torch.no_grad()
+def hidden_states(model: nn.Module, call: Callable[[], Any]) -> dict[str, Tensor]:
+    """Every layer's output (and each stack's input) while ``call()`` runs: ``{path: (B, N, d)}``."""
+    with _recording(model) as states:
+        call()
+    return dict(states)
+
+
+def relative_max_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    """max over states of max|a − b| / max|b|."""
+    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)).item() for k in b)
+
+
+def agreement(model: nn.Module, inputs: dict[str, Tensor], arm: str, tau: float = 1e-12,
+              eps: float = 1e-12) -> dict[str, Any]:
+    """τ→0: relative max difference of every hidden state patched vs unpatched; whether
+    ``revert()`` restores bit-identical states and the same ``state_dict`` keys."""
+    call = lambda: model(**inputs)                                             # noqa: E731
+    keys = list(model.state_dict())
+    reference = hidden_states(model, call)
+    with retrofitted(model, arm, tau, eps=eps) as r:
+        patched = hidden_states(model, call)
+        same_keys = list(model.state_dict()) == keys
+        sites = len(r.plan.entries)
+    reverted = hidden_states(model, call)
+    return {"arm": arm, "tau": tau, "eps": eps, "sites": sites,
+            "relative_max_diff": relative_max_diff(patched, reference),
+            "revert_bit_identical": all(torch.equal(reverted[k], reference[k]) for k in reference),
+            "state_dict_keys_unchanged": same_keys}
+
+
+def _accepts(module: nn.Module, name: str) -> bool:
+    return name in inspect.signature(module.forward).parameters
+
+
+def _insert(x: Tensor, at: int, count: int) -> Tensor:
+    zeros = x.new_zeros(x.shape[0], count, x.shape[-1])
+    return torch.cat([x[:, :at], zeros, x[:, at:]], dim=1)
+
+
+def insertion_point(model: nn.Module, length: int) -> str:
+    """Where a null insertion can keep the old tokens' relation: ``middle`` when old tokens keep
+    their positions (``position_ids`` accepted, or positions added before the boundary) and no
+    sliding window (defined on sequence indices, not position ids) is shorter than ``length``;
+    ``end`` otherwise."""
+    config = model.config
+    windows = [getattr(config, k, None) for k in ("sliding_window", "local_attention")
+               if getattr(config, "use_sliding_window", True)]
+    if any(isinstance(w, int) and w < length for w in windows):
+        return "end"
+    if getattr(config, "image_size", None) is not None:
+        return "middle"
+    return "middle" if _accepts(model.base_model, "position_ids") else "end"
+
+
+@torch.no_grad()
+def null_insertion(model: nn.Module, inputs: dict[str, Tensor], count: int = 2
+                   ) -> dict[str, Any]:
+    """Insert ``count`` zero carriers into the first sequence at the carrier boundary (the word
+    embedding, or the patch embeddings of a vision model) with the old tokens' position ids
+    kept: in the middle when the model takes ``position_ids`` (or adds positions before the
+    boundary), else at the end. Runs on the model as it is (patched or not).
+
+    Returns ``where``, ``old_max_delta`` (relative max |Δ| of the old tokens' states over every
+    hidden state; streams without the insertion, e.g. a decoder reading the encoder, compared
+    whole) and ``inserted_max_abs`` (max |h| of the inserted tokens over every hidden state).
+    """
+    backbone = model.base_model
+    if "pixel_values" in inputs:
+        pixels = inputs["pixel_values"][:1]
+        carrier = backbone.embeddings(pixels)                                     # (1, n, d)
+
+        def run(h: Tensor, positions: Tensor) -> Any:
+            # the patch embeddings are replaced by the carrier h (positions already added)
+            handle = backbone.embeddings.register_forward_hook(lambda m, args, out: h)
+            try:
+                return backbone(pixel_values=pixels)
+            finally:
+                handle.remove()
+    else:
+        ids = inputs["input_ids"][:1]
+        carrier = model.get_input_embeddings()(ids)                               # (1, n, d)
+        extra = ({"decoder_input_ids": inputs["decoder_input_ids"][:1]}
+                 if "decoder_input_ids" in inputs else {})
+        takes_positions = _accepts(backbone, "position_ids")
+
+        def run(h: Tensor, positions: Tensor) -> Any:
+            # an all-ones mask stops transformers reading gapped position ids as packed sequences
+            kwargs = dict(extra, inputs_embeds=h,
+                          attention_mask=torch.ones(h.shape[:2], dtype=torch.long))
+            if takes_positions:
+                kwargs["position_ids"] = positions[None]
+            return backbone(**kwargs)
+    n = carrier.shape[1]
+    where = insertion_point(model, n + count)
+    at = n // 2 if where == "middle" else n
+    old_pos = torch.arange(n)
+    positions = torch.cat([old_pos[:at], torch.full((count,), max(at - 1, 0)), old_pos[at:]])
+    old = torch.cat([torch.arange(at), torch.arange(at + count, n + count)])
+    reference = hidden_states(model, lambda: run(carrier, old_pos))
+    inserted = hidden_states(model, lambda: run(_insert(carrier, at, count), positions))
+    deltas, new = [], []
+    for key, ref in reference.items():
+        state = inserted[key]
+        if state.shape[1] == n + count:
+            new.append(state[:, at:at + count].abs().max().item())
+            state = state[:, old]
+        deltas.append(((state - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())
+    return {"where": where, "count": count, "old_max_delta": max(deltas),
+            "inserted_max_abs": max(new), "layers": len(new)}
+
+
+@torch.no_grad()
+def padding_delta(model: nn.Module, sequences: Sequence[Sequence[int]]) -> float | None:
+    """Mask-free right zero padding: relative max |Δ| of every real token's final state between
+    the padded batch (no attention mask) and each sequence alone; None for vision models."""
+    if getattr(model.config, "image_size", None) is not None:
+        return None
+    encoder = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else None
+    target = encoder if encoder is not None else model.base_model
+
+    def run(batch: Sequence[Sequence[int]]) -> Tensor:
+        given = zero_padded_inputs(model, batch, "right")
+        if not _accepts(target, "position_ids"):
+            given.pop("position_ids")
+        return target(**given).last_hidden_state                                 # (B, N, d)
+
+    batched = run(sequences)
+    deltas = []
+    for row, ids in enumerate(sequences):
+        alone = run([ids])[0]
+        deltas.append(((batched[row, :len(ids)] - alone).abs().max()
+                       / alone.abs().max().clamp_min(1e-30)).item())
+    return max(deltas)

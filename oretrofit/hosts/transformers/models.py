@@ -1,0 +1,65 @@
+"""The transformers models the CLI verbs take by name (``oretrofit check MODEL``, ``oretrofit
+calibrate --model MODEL``): a local transformers folder (``save_pretrained`` output, loaded with
+``AutoModel`` offline) or one of the shipped pretrained weights, ``minilm`` (all-MiniLM-L6-v2)
+or ``smollm2`` (SmolLM2-135M-Instruct), with their tokenizer when asked for.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+__all__ = ["SHIPPED", "load_model", "load_model_and_tokenizer"]
+
+SHIPPED = ("minilm", "smollm2")
+
+
+def _folder(name: str) -> Path:
+    path = Path(name)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{name!r} is neither a transformers folder (no config.json) nor one of "
+                         f"{', '.join(SHIPPED)}")
+    return path
+
+
+def _shipped(name: str) -> tuple[nn.Module, Any]:
+    from .report import load_minilm, load_smollm2
+    return (load_minilm if name == "minilm" else load_smollm2)()
+
+
+def load_model(name: str) -> nn.Module:
+    """A shipped model by name, or ``AutoModel`` from a local folder (offline), in eval mode."""
+    if name in SHIPPED:
+        return _shipped(name)[0]
+    path = _folder(name)
+    from transformers import AutoModel
+    try:
+        return AutoModel.from_pretrained(path, local_files_only=True).eval()
+    except pickle.UnpicklingError:       # torch's weights-only refusal of a code pickle
+        raise ValueError(
+            f"{name} holds its weights as a pickle with Python objects in it (pytorch_model.bin), "
+            "which oretrofit never unpickles; re-save the model as safetensors "
+            "(model.save_pretrained(folder, safe_serialization=True) where you trust the file), "
+            "then pass the folder again") from None
+
+
+def load_model_and_tokenizer(name: str) -> tuple[nn.Module, Any]:
+    """:func:`load_model` and the model's tokenizer (a folder must hold one: save it there with
+    ``tokenizer.save_pretrained(folder)``)."""
+    if name in SHIPPED:
+        return _shipped(name)
+    path = _folder(name)
+    fix = ("save the model's tokenizer there with tokenizer.save_pretrained, or calibrate from "
+           "Python with oretrofit.calibrate(model, batches)")
+    # without saved tokenizer files transformers may build an empty tokenizer (every word unknown)
+    if not any((path / f).is_file() for f in ("tokenizer_config.json", "tokenizer.json")):
+        raise ValueError(f"{name} holds no tokenizer (no tokenizer_config.json); {fix}")
+    from transformers import AutoTokenizer
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"the tokenizer in {name} does not load ({exc}); {fix}") from None
+    return load_model(name), tokenizer

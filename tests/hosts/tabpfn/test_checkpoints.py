@@ -1,0 +1,110 @@
+"""Checkpoint files: random hosts in tabpfn's format, path resolution and validation."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import shutil
+
+import pytest
+import torch
+
+from oretrofit import RetrofitError
+from oretrofit.tabpfn import (checkpoint_sha256, load_checkpoint, resolve_model_path,
+                              weights_label, write_random_checkpoint)
+from oretrofit.hosts.tabpfn import checkpoints, releases
+
+
+def test_random_checkpoint_is_a_tabpfn_checkpoint(small_ckpt):
+    from tabpfn.model_loading import load_model
+    model, _, config, _ = load_model(path=small_ckpt, **releases.load_model_kwargs("regressor"))
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 1.0e6 < n_params < 2.5e6 and config.nlayers == 4
+    state = model.state_dict()
+    rerandomised = [k for k in state if k.endswith(checkpoints._ZERO_INIT_SUFFIXES)]
+    assert len(rerandomised) > 20 and all(state[k].abs().sum() > 0 for k in rerandomised)
+    assert weights_label(load_checkpoint(small_ckpt)) == "random weights (size small, seed 0)"
+
+
+def test_random_checkpoint_is_deterministic_in_seed(small_ckpt, tmp_path):
+    again = write_random_checkpoint(tmp_path / "tabpfn-v3-a.ckpt", "small", seed=0)
+    other = write_random_checkpoint(tmp_path / "tabpfn-v3-b.ckpt", "small", seed=1)
+    ref, same, diff = (load_checkpoint(p)["state_dict"] for p in (small_ckpt, again, other))
+    assert all(torch.equal(ref[k], same[k]) for k in ref)
+    assert not all(torch.equal(ref[k], diff[k]) for k in ref)
+
+
+def test_safetensors_checkpoint(tmp_path):
+    target = tmp_path / "tabpfn-v3-s.safetensors"
+    if importlib.util.find_spec("tabpfn.checkpoint") is None:      # e.g. tabpfn 8.0.1: .ckpt only
+        with pytest.raises(RetrofitError, match=rf"{releases.installed_version()} neither reads "
+                                                r"nor writes \.safetensors.*write a \.ckpt"):
+            write_random_checkpoint(target, "small", seed=0)
+        assert list(tmp_path.iterdir()) == []                       # no temporary file left
+        return
+    path = write_random_checkpoint(target, "small", seed=0)
+    assert resolve_model_path(path) == path
+    assert load_checkpoint(path)["architecture_name"] == "tabpfn_v3"
+
+
+def test_random_and_demo_hosts(monkeypatch, capsys, small_ckpt, tmp_path):
+    random_path = resolve_model_path("random")
+    assert "v3" in random_path.name and "random" in random_path.name
+    assert random_path.parent == checkpoints.cache_dir()
+    monkeypatch.setattr(checkpoints, "DEMO_CHECKPOINT", tmp_path / "tabpfn-v3-demo.ckpt")
+    assert resolve_model_path("demo") == random_path
+    assert "RANDOM-WEIGHTS" in capsys.readouterr().err
+    shutil.copy(small_ckpt, tmp_path / "tabpfn-v3-demo.ckpt")
+    assert resolve_model_path("demo") == tmp_path / "tabpfn-v3-demo.ckpt"
+
+
+def test_no_downloaded_checkpoint_says_how_to_get_one(monkeypatch, tmp_path, small_ckpt):
+    import tabpfn.model_loading as ml
+    monkeypatch.setattr(ml, "get_cache_dir", lambda: tmp_path)
+    with pytest.raises(RetrofitError, match=r"(?s)Prior-Labs/tabpfn_3.*--model-path"):
+        resolve_model_path(None)
+    shutil.copy(small_ckpt, tmp_path / checkpoints.DEFAULT_CHECKPOINT_NAME)
+    assert resolve_model_path(None) == tmp_path / checkpoints.DEFAULT_CHECKPOINT_NAME
+    assert resolve_model_path(checkpoints.DEFAULT_CHECKPOINT_NAME) == \
+        tmp_path / checkpoints.DEFAULT_CHECKPOINT_NAME
+
+
+def test_bad_paths_get_clear_errors(tmp_path, small_ckpt):
+    with pytest.raises(RetrofitError, match="does not exist"):
+        resolve_model_path(tmp_path / "tabpfn-v3-missing.ckpt")
+    shutil.copy(small_ckpt, tmp_path / "model.ckpt")
+    with pytest.raises(RetrofitError, match="must contain 'v3'"):
+        resolve_model_path(tmp_path / "model.ckpt")
+    shutil.copy(small_ckpt, tmp_path / "tabpfn-v3.5-x.ckpt")
+    with pytest.raises(RetrofitError, match="v3.5"):
+        resolve_model_path(tmp_path / "tabpfn-v3.5-x.ckpt")
+    (tmp_path / "tabpfn-v3-corrupt.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(RetrofitError, match="corrupt"):
+        resolve_model_path(tmp_path / "tabpfn-v3-corrupt.ckpt")
+    torch.save({"state_dict": {}, "config": {}, "code": RetrofitError("x")},
+               tmp_path / "tabpfn-v3-pickle.ckpt")
+    with pytest.raises(RetrofitError, match="weights-only"):
+        resolve_model_path(tmp_path / "tabpfn-v3-pickle.ckpt")
+    torch.save({"state_dict": {}}, tmp_path / "tabpfn-v3-partial.ckpt")
+    with pytest.raises(RetrofitError, match="lacks one of"):
+        resolve_model_path(tmp_path / "tabpfn-v3-partial.ckpt")
+    # a config written by a newer tabpfn (a field this one lacks) is refused before tabpfn
+    # would fail on it with a bare TypeError
+    newer = dict(torch.load(small_ckpt, weights_only=True))
+    newer["inference_config"] = {**newer["inference_config"], "A_FUTURE_FIELD": 1}
+    torch.save(newer, tmp_path / "tabpfn-v3-newer.ckpt")
+    with pytest.raises(RetrofitError, match=r"does not know \(A_FUTURE_FIELD\).*pip install -U 'tabpfn"):
+        resolve_model_path(tmp_path / "tabpfn-v3-newer.ckpt")
+
+
+def test_checkpoint_sha256(small_ckpt):
+    assert checkpoint_sha256(small_ckpt) == hashlib.sha256(small_ckpt.read_bytes()).hexdigest()
+
+
+def test_same_weights_give_identical_bytes(small_ckpt, tmp_path):
+    checkpoint = dict(load_checkpoint(small_ckpt))
+    first = checkpoints.save_atomic(checkpoint, tmp_path / "tabpfn-v3-first.ckpt")
+    second = checkpoints.save_atomic(checkpoint, tmp_path / "tabpfn-v3-second.ckpt")
+    assert first.read_bytes() == second.read_bytes()
+    assert checkpoint_sha256(first) == checkpoint_sha256(small_ckpt)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -1,0 +1,118 @@
+"""transformers Llama host: tiny GQA configs for breadth, SmolLM2-135M for the real claims."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
+from oretrofit.hosts.transformers.report import (EPS, PROMPTS, TAU, greedy_and_logits,  # noqa: E402
+                                    load_smollm2, logits_readout, null_insertion, padding_deltas)
+
+
+
+def _tiny_llama(**overrides: object) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         **overrides)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[torch.nn.Module, object]:
+    return load_smollm2()
+
+
+def test_sites_and_state_dict() -> None:
+    model = _tiny_llama()
+    keys = list(model.state_dict())
+    with retrofitted(model, "full-o", TAU) as r:
+        sites = [row["site"] for row in r.report()]
+        assert list(model.state_dict()) == keys
+    assert sites[:4] == ["model.layers.0.self_attn", "model.layers.0.mlp",
+                         "model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm"]
+    assert sites[-1] == "model.norm" and len(sites) == 2 * 4 + 1
+    assert model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("attention_bias", [False, True])
+@pytest.mark.parametrize("arm", ["oa", "full-o"])
+def test_tau_to_zero_with_padding_mask(arm: str, attention_bias: bool) -> None:
+    model = _tiny_llama(attention_bias=attention_bias)
+    ids = torch.randint(0, 100, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0                                             # left padding
+    with torch.no_grad():
+        reference = model(ids, attention_mask=mask).logits
+        with retrofitted(model, arm, TAU):
+            out = model(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(out[real], reference[real], atol=1e-5, rtol=1e-5)
+
+
+def test_null_insertion_with_biases_and_mask_free_padding() -> None:
+    model = _tiny_llama(attention_bias=True, mlp_bias=True)
+    ids = torch.randint(0, 100, (1, 6))
+    with retrofitted(model, "full-o", TAU):
+        for at in (6, 3):
+            result = null_insertion(model, ids, at)
+            assert result["inserted_max_abs"] == 0 and result["old_max_delta"] < 1e-5
+        deltas = padding_deltas(model, [[5, 6, 7, 8], [9, 10]], "left", logits_readout)
+    assert max(deltas) < 1e-5
+
+
+def test_kv_cache_keeps_null_presences() -> None:
+    """Decoding after a prompt with null carriers equals recomputing the whole sequence."""
+    model = _tiny_llama()
+    embeds = model.get_input_embeddings()(torch.randint(0, 100, (1, 6)))
+    embeds[:, 2:4] = 0
+    full_mask = torch.ones(1, 6, dtype=torch.long)
+    with torch.no_grad(), retrofitted(model, "full-o", TAU):
+        whole = model(inputs_embeds=embeds, attention_mask=full_mask).logits[:, -1]
+        cache = DynamicCache(config=model.config)
+        model(inputs_embeds=embeds[:, :5], attention_mask=full_mask[:, :5], cache=cache,
+              use_cache=True)
+        step = model(inputs_embeds=embeds[:, 5:], attention_mask=full_mask, cache=cache,
+                     use_cache=True).logits[:, -1]
+    torch.testing.assert_close(step, whole, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_filled_before_patching_is_refused() -> None:
+    model = _tiny_llama()
+    ids = torch.randint(0, 100, (1, 5))
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :4], cache=cache, use_cache=True)
+        with retrofitted(model, "oa", TAU), pytest.raises(RetrofitError, match="fresh cache"):
+            model(ids[:, 4:], cache=cache, use_cache=True)
+
+
+def test_smollm2_greedy_and_logits_unchanged(smollm2: tuple) -> None:
+    model, tokenizer = smollm2
+    assert model.config.num_attention_heads == 9 and model.config.num_key_value_heads == 3
+    tokens, logits = greedy_and_logits(model, tokenizer, PROMPTS[0], 8)
+    for arm in ("oa", "full-o"):
+        with retrofitted(model, arm, TAU, eps=EPS):
+            patched_tokens, patched_logits = greedy_and_logits(model, tokenizer, PROMPTS[0], 8)
+        assert patched_tokens == tokens
+        torch.testing.assert_close(patched_logits, logits, atol=1e-3, rtol=1e-4)
+
+
+def test_smollm2_null_insertion_and_padding(smollm2: tuple) -> None:
+    model, tokenizer = smollm2
+    ids = tokenizer(PROMPTS[2], return_tensors="pt")["input_ids"]
+    n = ids.shape[1]
+    unpatched_middle = null_insertion(model, ids, n // 2)
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    with retrofitted(model, "full-o", TAU, eps=EPS):
+        for at in (n, n // 2):
+            result = null_insertion(model, ids, at)
+            assert result["inserted_max_abs"] == 0
+            assert result["old_max_delta"] < 1e-3
+        assert max(padding_deltas(model, prompts, "left", logits_readout)) < 1e-3
+    assert unpatched_middle["old_max_delta"] > 1e-1

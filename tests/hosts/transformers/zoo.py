@@ -1,0 +1,294 @@
+"""The transformers architectures the generic host is tested on (tiny, built from configs), and
+those it refuses. The test suite, ``docs/transformers.md``'s generated table and nothing else
+read this list: an architecture is listed as supported only because a test covers it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from oretrofit.hosts.transformers.contracts import example_inputs
+
+__all__ = ["Architecture", "ARCHITECTURES", "REFUSED", "build", "example_inputs"]
+
+_COMMON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               intermediate_size=64, vocab_size=99, max_position_embeddings=64, pad_token_id=0,
+               bos_token_id=1, eos_token_id=2)
+_SEQ2SEQ = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                decoder_start_token_id=2)
+_T5 = dict(d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4, decoder_start_token_id=0)
+_GPT2_NAMES = dict(n_embd=32, n_layer=2, n_head=4, n_inner=64, n_positions=64)
+_DEEPSEEK = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                 kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4,
+                 v_head_dim=8, first_k_dense_replace=1, n_group=1, topk_group=1)
+_IMAGE = dict(image_size=8, patch_size=4, num_channels=3)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One tiny model: ``AutoConfig.for_model(model_type, **common, **config)``, ``AutoModel``."""
+
+    name: str
+    model_type: str
+    family: str                  # decoder-only | encoder-only | encoder-decoder | MoE | vision
+    config: dict[str, Any] = field(default_factory=dict)
+    insertion: str = "middle"    # where null insertion keeps old tokens' relation (see describe)
+
+
+ARCHITECTURES = [
+    Architecture("GPT-2", "gpt2", "decoder-only"),
+    Architecture("GPT-NeoX (parallel residual)", "gpt_neox", "decoder-only"),
+    Architecture("GPT-NeoX (sequential)", "gpt_neox", "decoder-only",
+                 dict(use_parallel_residual=False)),
+    Architecture("GPT-J", "gptj", "decoder-only", dict(rotary_dim=4)),
+    Architecture("OPT", "opt", "decoder-only", dict(ffn_dim=64, word_embed_proj_dim=32)),
+    Architecture("OPT (post-norm)", "opt", "decoder-only",
+                 dict(ffn_dim=64, word_embed_proj_dim=32, do_layer_norm_before=False)),
+    Architecture("Llama", "llama", "decoder-only", dict(attention_bias=True, mlp_bias=True)),
+    Architecture("Qwen2", "qwen2", "decoder-only"),
+    Architecture("Qwen3", "qwen3", "decoder-only", dict(head_dim=8)),
+    Architecture("Mistral (sliding window 4)", "mistral", "decoder-only", dict(sliding_window=4),
+                 "end"),
+    Architecture("Gemma", "gemma", "decoder-only", dict(head_dim=8)),
+    Architecture("Gemma2 (softcap 0.5, sliding window 4)", "gemma2", "decoder-only",
+                 dict(head_dim=8, attn_logit_softcapping=0.5, sliding_window=4), "end"),
+    Architecture("Gemma3 (text)", "gemma3_text", "decoder-only", dict(head_dim=8, sliding_window=4),
+                 "end"),
+    Architecture("Phi", "phi", "decoder-only"),
+    Architecture("Phi-3", "phi3", "decoder-only"),
+    Architecture("StableLM", "stablelm", "decoder-only"),
+    Architecture("OLMo", "olmo", "decoder-only"),
+    Architecture("Starcoder2", "starcoder2", "decoder-only"),
+    Architecture("Granite", "granite", "decoder-only"),
+    Architecture("Cohere", "cohere", "decoder-only"),
+    Architecture("Mixtral", "mixtral", "MoE", dict(num_local_experts=4, num_experts_per_tok=2)),
+    Architecture("Qwen2-MoE", "qwen2_moe", "MoE",
+                 dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=32)),
+    Architecture("BERT", "bert", "encoder-only"),
+    Architecture("RoBERTa", "roberta", "encoder-only"),
+    Architecture("XLM-RoBERTa", "xlm-roberta", "encoder-only"),
+    Architecture("ELECTRA", "electra", "encoder-only", dict(embedding_size=32)),
+    Architecture("DistilBERT", "distilbert", "encoder-only",
+                 dict(dim=32, hidden_dim=64, n_layers=2, n_heads=4)),
+    Architecture("ModernBERT (local window 4)", "modernbert", "encoder-only",
+                 dict(global_attn_every_n_layers=2, local_attention=4), "end"),
+    Architecture("T5", "t5", "encoder-decoder", _T5, "end"),
+    Architecture("BART", "bart", "encoder-decoder", _SEQ2SEQ, "end"),
+    Architecture("mBART", "mbart", "encoder-decoder", _SEQ2SEQ, "end"),
+    Architecture("ViT", "vit", "vision", _IMAGE),
+    # breadth: further families the host derives without a row of their own
+    Architecture("GPT-BigCode (multi-query)", "gpt_bigcode", "decoder-only", _GPT2_NAMES),
+    Architecture("CodeGen", "codegen", "decoder-only", dict(_GPT2_NAMES, rotary_dim=4)),
+    Architecture("Persimmon", "persimmon", "decoder-only"),
+    Architecture("Nemotron", "nemotron", "decoder-only"),
+    Architecture("OLMo2", "olmo2", "decoder-only"),
+    Architecture("OLMo3 (sliding window 4)", "olmo3", "decoder-only", dict(sliding_window=4),
+                 "end"),
+    Architecture("GLM", "glm", "decoder-only", dict(head_dim=8)),
+    Architecture("GLM-4", "glm4", "decoder-only", dict(head_dim=8)),
+    Architecture("SmolLM3", "smollm3", "decoder-only"),
+    Architecture("EXAONE 4 (sliding window 4)", "exaone4", "decoder-only", dict(sliding_window=4),
+                 "end"),
+    Architecture("Helium", "helium", "decoder-only", dict(head_dim=8)),
+    Architecture("Cohere2 (sliding window 4)", "cohere2", "decoder-only", dict(sliding_window=4),
+                 "end"),
+    Architecture("BioGPT", "biogpt", "decoder-only"),
+    Architecture("Arcee", "arcee", "decoder-only"),
+    Architecture("Apertus", "apertus", "decoder-only"),
+    Architecture("BitNet", "bitnet", "decoder-only"),
+    Architecture("DiffLlama", "diffllama", "decoder-only"),
+    Architecture("Doge", "doge", "decoder-only"),
+    Architecture("ERNIE 4.5", "ernie4_5", "decoder-only", dict(head_dim=8)),
+    Architecture("HunYuan (dense)", "hunyuan_v1_dense", "decoder-only", dict(head_dim=8)),
+    Architecture("Seed-OSS", "seed_oss", "decoder-only", dict(head_dim=8)),
+    Architecture("VaultGemma (sliding window 4)", "vaultgemma", "decoder-only",
+                 dict(head_dim=8, sliding_window=4), "end"),
+    Architecture("ModernBERT decoder (sliding window 4)", "modernbert-decoder", "decoder-only",
+                 dict(sliding_window=4), "end"),
+    Architecture("Qwen3.5 (text, full attention)", "qwen3_5_text", "decoder-only",
+                 dict(head_dim=8, layer_types=["full_attention", "full_attention"])),
+    Architecture("OLMoE", "olmoe", "MoE", dict(num_experts=4, num_experts_per_tok=2)),
+    Architecture("Phi-MoE", "phimoe", "MoE", dict(num_local_experts=4, num_experts_per_tok=2)),
+    Architecture("DeepSeek-V2 (MLA)", "deepseek_v2", "MoE", _DEEPSEEK),
+    Architecture("DeepSeek-V3 (MLA)", "deepseek_v3", "MoE", _DEEPSEEK),
+    Architecture("GLM-4-MoE", "glm4_moe", "MoE",
+                 dict(head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1)),
+    Architecture("Qwen3-MoE", "qwen3_moe", "MoE",
+                 dict(head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
+    Architecture("GraniteMoE", "granitemoe", "MoE", dict(num_local_experts=4, num_experts_per_tok=2)),
+    Architecture("GraniteMoE (shared experts)", "granitemoeshared", "MoE",
+                 dict(num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32)),
+    Architecture("ERNIE 4.5 MoE", "ernie4_5_moe", "MoE",
+                 dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, head_dim=8)),
+    Architecture("HunYuan MoE", "hunyuan_v1_moe", "MoE", dict(head_dim=8, num_experts=4, moe_topk=2)),
+    Architecture("FlexOlmo", "flex_olmo", "MoE", dict(num_experts=4, num_experts_per_tok=2)),
+    Architecture("MiniMax-M2", "minimax_m2", "MoE",
+                 dict(head_dim=8, num_local_experts=4, num_experts_per_tok=2)),
+    Architecture("Llama4 (text, MoE tokens flattened)", "llama4_text", "MoE",
+                 dict(head_dim=8, num_local_experts=4, num_experts_per_tok=1,
+                      intermediate_size_mlp=64, interleave_moe_layer_step=1, no_rope_layers=[1, 0],
+                      attention_chunk_size=16)),
+    Architecture("GPT-OSS (attention sinks, sliding window 4)", "gpt_oss", "MoE",
+                 dict(num_local_experts=4, num_experts_per_tok=2, head_dim=8, sliding_window=4),
+                 "end"),
+    Architecture("Switch Transformers", "switch_transformers", "MoE",
+                 dict(_T5, num_decoder_layers=2, num_experts=4, encoder_sparse_step=2,
+                      decoder_sparse_step=2), "end"),
+    Architecture("CamemBERT", "camembert", "encoder-only"),
+    Architecture("Data2Vec (text)", "data2vec-text", "encoder-only"),
+    Architecture("ERNIE", "ernie", "encoder-only"),
+    Architecture("RoBERTa-PreLayerNorm", "roberta-prelayernorm", "encoder-only"),
+    Architecture("ESM (rotary)", "esm", "encoder-only", dict(position_embedding_type="rotary")),
+    Architecture("XLM-RoBERTa-XL", "xlm-roberta-xl", "encoder-only"),
+    Architecture("BERT-generation", "bert-generation", "encoder-only"),
+    Architecture("LayoutLM", "layoutlm", "encoder-only"),
+    Architecture("Splinter", "splinter", "encoder-only"),
+    Architecture("EuroBERT", "eurobert", "encoder-only"),
+    Architecture("Nomic BERT", "nomic_bert", "encoder-only"),
+    Architecture("GTE", "gte", "encoder-only"),
+    Architecture("Jina embeddings v3", "jina_embeddings_v3", "encoder-only"),
+    Architecture("Pegasus", "pegasus", "encoder-decoder", _SEQ2SEQ, "end"),
+    Architecture("Marian", "marian", "encoder-decoder", _SEQ2SEQ, "end"),
+    Architecture("M2M100 (sinusoidal positions)", "m2m_100", "encoder-decoder", _SEQ2SEQ, "end"),
+    Architecture("Blenderbot", "blenderbot", "encoder-decoder", _SEQ2SEQ, "end"),
+    Architecture("Blenderbot-small", "blenderbot-small", "encoder-decoder", _SEQ2SEQ, "end"),
+    Architecture("PLBart", "plbart", "encoder-decoder", _SEQ2SEQ, "end"),
+    Architecture("mT5", "mt5", "encoder-decoder", _T5, "end"),
+    Architecture("UMT5", "umt5", "encoder-decoder", _T5, "end"),
+    Architecture("DeiT", "deit", "vision", _IMAGE),
+    Architecture("BEiT", "beit", "vision", _IMAGE),
+    Architecture("DINOv2", "dinov2", "vision", _IMAGE),
+    Architecture("DINOv2 with registers", "dinov2_with_registers", "vision", _IMAGE),
+    Architecture("ViT-MSN", "vit_msn", "vision", _IMAGE),
+]
+
+REFUSED = [
+    Architecture("Falcon", "falcon", "decoder-only"),
+    Architecture("BLOOM", "bloom", "decoder-only"),
+    Architecture("DeBERTa-v2", "deberta-v2", "encoder-only"),
+    Architecture("ALBERT", "albert", "encoder-only", dict(embedding_size=32)),
+    Architecture("GPT-Neo", "gpt_neo", "decoder-only",
+                 dict(attention_types=[[["global", "local"], 1]], window_size=4)),
+    Architecture("MPNet", "mpnet", "encoder-only"),
+    Architecture("Mamba", "mamba", "decoder-only", dict(state_size=4, expand=2, time_step_rank=4)),
+    Architecture("Jamba (Mamba layers)", "jamba", "MoE",
+                 dict(num_experts=4, num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1,
+                      expert_layer_period=2, expert_layer_offset=1, mamba_d_state=4,
+                      mamba_expand=2, mamba_dt_rank=4, use_mamba_kernels=False)),
+    Architecture("Qwen3-Next (linear attention)", "qwen3_next", "MoE",
+                 dict(head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=32, linear_num_value_heads=4,
+                      linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                      layer_types=["linear_attention", "full_attention"])),
+    Architecture("LFM2 (short convolutions)", "lfm2", "decoder-only",
+                 dict(layer_types=["conv", "full_attention"])),
+    Architecture("Falcon-H1 (parallel Mamba)", "falcon_h1", "decoder-only",
+                 dict(head_dim=8, mamba_d_state=4, mamba_n_heads=4, mamba_d_head=16,
+                      mamba_d_ssm=64)),
+    Architecture("Gemma3n (text)", "gemma3n_text", "decoder-only",
+                 dict(head_dim=8, hidden_size_per_layer_input=8, vocab_size_per_layer_input=99,
+                      laurel_rank=4, num_kv_shared_layers=0, intermediate_size=[64, 64],
+                      activation_sparsity_pattern=[0.0, 0.0],
+                      layer_types=["sliding_attention", "full_attention"])),
+    Architecture("X-MOD", "xmod", "encoder-only", dict(languages=["en_XX"],
+                                                       default_language="en_XX")),
+    Architecture("BigBird-Pegasus", "bigbird_pegasus", "encoder-decoder",
+                 dict(_SEQ2SEQ, attention_type="original_full")),
+    Architecture("MobileBERT", "mobilebert", "encoder-only",
+                 dict(embedding_size=32, intra_bottleneck_size=32, true_hidden_size=32,
+                      num_feedforward_networks=1)),
+    Architecture("MiniMax (lightning attention)", "minimax", "MoE",
+                 dict(head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+                      layer_types=["linear_attention", "full_attention"])),
+    Architecture("JetMoE (mixture of attention heads)", "jetmoe", "MoE",
+                 dict(num_local_experts=4, num_experts_per_tok=2, kv_channels=8)),
+    Architecture("MLCD (vision)", "mlcd", "vision", _IMAGE),
+]
+
+
+def build(arch: Architecture, seed: int = 0) -> nn.Module:
+    """The tiny fp32 model in eval mode, every parameter jittered by N(0, 0.05²) so that biases
+    and norm affines are non-zero."""
+    from transformers import AutoConfig, AutoModel
+    from transformers.utils import logging
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        config = AutoConfig.for_model(arch.model_type, **{**_COMMON, **arch.config})
+        torch.manual_seed(seed)
+        model = AutoModel.from_config(config)
+    finally:
+        logging.set_verbosity(verbosity)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return model.eval()
+
+
+def describe(arch: Architecture) -> dict[str, Any]:
+    """What the host derives for ``arch``: model class, layouts, sites per kind (``full-o``) and
+    where null insertion happens (see
+    :func:`oretrofit.hosts.transformers.contracts.null_insertion`)."""
+    from oretrofit._registry import plan_retrofit
+    from oretrofit.hosts.transformers.contracts import insertion_point
+    from oretrofit.hosts.transformers.host import layers
+    from oretrofit.hosts.transformers.layouts import layout_of
+    model = build(arch)
+    plan = plan_retrofit(model, "full-o")
+    kinds: dict[str, int] = {}
+    for site, _ in plan.entries:
+        kinds[site.kind] = kinds.get(site.kind, 0) + 1
+    return {"name": arch.name, "family": arch.family, "class": type(model).__name__,
+            "layouts": sorted({layout_of(layer).name for _, layer in layers(model)}),
+            "sites": kinds,
+            "insertion": insertion_point(model, 9)}
+
+
+def refusal(arch: Architecture) -> str:
+    """The :class:`RetrofitError` message the host gives for a refused architecture."""
+    from oretrofit._registry import RetrofitError, plan_retrofit
+    try:
+        plan_retrofit(build(arch), "full-o")
+    except RetrofitError as error:
+        return str(error)
+    raise AssertionError(f"{arch.name} is listed as refused but retrofits")
+
+
+def architectures_table() -> str:
+    """The supported / refused architecture tables of ``docs/transformers.md``."""
+    from oretrofit._markdown import pipe_table
+    rows = []
+    for arch in ARCHITECTURES:
+        d = describe(arch)
+        sites = ", ".join(f"{n} {k}" for k, n in sorted(d["sites"].items()))
+        rows.append([d["name"], d["family"], f"`{d['class']}`",
+                     ", ".join(d["layouts"]), sites, d["insertion"]])
+    supported = pipe_table(["architecture", "family", "class", "layout", "full-o sites",
+                            "null insertion"], rows)
+    refused = pipe_table(["architecture", "why (the RetrofitError it raises)"],
+                         [[a.name, refusal(a).replace("|", "\\|")] for a in REFUSED])
+    return (f"{supported}\n\nRefused, with the reason the host gives:\n\n{refused}\n\n"
+            "Generated from `tests/hosts/transformers/zoo.py` by `make docs` "
+            "(`scripts/transformers_docs.py`); `tests/hosts/transformers/test_architectures.py` "
+            "runs the contracts on every row, `tests/test_docs_transformers.py` checks this table "
+            "is current.\n")
+
+
+def layouts_table() -> str:
+    """The built-in rows of :data:`LAYOUTS`, in the order they are tried."""
+    from oretrofit._markdown import pipe_table
+    from oretrofit.hosts.transformers.layouts import LAYOUTS
+    code = lambda paths: " / ".join(f"`{p}`" if p else "the layer" for p in paths) or "–"  # noqa: E731
+    return pipe_table(["layout", "examples", "FFN branch", "its carrier enters", "cross-attention "
+                       "carrier enters"],
+                      [[row.name, row.examples, f"refused: {row.refused}" if row.refused
+                        else code(row.ffn), code(row.ffn_carrier), code(row.cross_carrier)]
+                       for row in LAYOUTS]) + "\n"
