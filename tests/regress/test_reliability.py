@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Callable
 
 import joblib
 import numpy as np
@@ -304,6 +305,15 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _wait_for(done: Callable[[], bool], what: str, seconds: float = 300.0) -> None:
+    """Poll ``done`` until it holds; a run that failed before getting there fails the test by
+    name instead of hanging it."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"waited {seconds:g} s for {what}; the run failed?"
+        time.sleep(0.005)
+
+
 def _cell_files(out: Path) -> list[Path]:
     return list((out / "cells").glob("*.json"))
 
@@ -321,12 +331,11 @@ def test_a_regress_run_killed_at_random_moments_resumes_to_every_cell_once(
     rng, counts = random.Random(33), []
     for attempt in range(5):                    # each kill lands while cells run or tables render
         pid = _fork(zygote, args)
-        while len(list(out.glob("invocations/*.json"))) <= attempt:
-            time.sleep(0.01)                    # this run's receipt: its cells start now
+        _wait_for(lambda: len(list(out.glob("invocations/*.json"))) > attempt,
+                  f"run {attempt}'s invocation receipt")      # its cells start now
         # a random moment: after 0-3 more cells are written, plus 0-50 ms
         wanted = len(_cell_files(out)) + rng.randint(0, 3)
-        while len(_cell_files(out)) < wanted:
-            time.sleep(0.005)
+        _wait_for(lambda: len(_cell_files(out)) >= wanted, f"{wanted} cells in run {attempt}")
         time.sleep(rng.uniform(0.0, 0.05))
         with contextlib.suppress(ProcessLookupError):       # asserted just below
             os.kill(pid, signal.SIGKILL)
@@ -349,8 +358,7 @@ def test_a_regress_run_killed_at_random_moments_resumes_to_every_cell_once(
 def test_killing_a_two_worker_driver_leaves_no_worker_running(tmp_path, zygote):
     out = tmp_path / "run"
     driver = _fork(zygote, _args(tmp_path, "--n-jobs", "2"))
-    while not _cell_files(out):
-        time.sleep(0.02)                        # the workers are up and computing
+    _wait_for(lambda: bool(_cell_files(out)), "the first cell")  # the workers are computing
     workers = _children(driver)
     assert len(workers) >= 2
     os.kill(driver, signal.SIGKILL)
