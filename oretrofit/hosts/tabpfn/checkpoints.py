@@ -95,8 +95,12 @@ def default_inference_config(task: str = "regressor") -> dict[str, Any]:
     return asdict(InferenceConfig.get_default(task_type, ModelVersion.V2_5))
 
 
-def checkpoint_task(checkpoint: dict[str, Any]) -> str:
-    """``"classifier"`` when the architecture reads out classes (``max_num_classes >= 2``)."""
+def checkpoint_task(checkpoint: dict[str, Any], task: str | None = None) -> str:
+    """The task of a checkpoint: v3 reads out classes when ``max_num_classes >= 2``
+    (``"classifier"``), else ``"regressor"``; a v3.5 model serves both, so ``task`` (when
+    given) is its task."""
+    if checkpoint.get("architecture_name") == "tabpfn_v3_5" and task is not None:
+        return task
     return "classifier" if checkpoint["config"].get("max_num_classes", -1) >= 2 else "regressor"
 
 
