@@ -82,7 +82,8 @@ class Host(Protocol):
     def sites(self, model: nn.Module) -> list[Site]: ...
 
     def version(self) -> dict[str, str]:
-        """Package versions that define the host (recorded in patch specs)."""
+        """Package versions that define the host (recorded in patch specs); a host may take
+        the model as ``version(model)`` to add what of the model defines it."""
 
 
 _HOSTS: list[Host] = []

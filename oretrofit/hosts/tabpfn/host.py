@@ -29,8 +29,12 @@ class TabPFNHost:
         releases.check_release(releases.installed_version())
         versions.check_modules(model, row)
 
-    def version(self) -> dict[str, str]:
-        return {"tabpfn": releases.installed_version() or "missing"}
+    def version(self, model: nn.Module | None = None) -> dict[str, str]:
+        """The tabpfn release, and the ``model``'s architecture (``tabpfn_v3``, ``tabpfn_v3_5``)."""
+        out = {"tabpfn": releases.installed_version() or "missing"}
+        if model is not None:
+            out["architecture"] = versions.version_of(model).architecture_name
+        return out
 
     def sites(self, model: nn.Module) -> list[Site]:
         return versions.sites(model, versions.version_of(model))
