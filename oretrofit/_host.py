@@ -9,7 +9,7 @@ call (no import loop between the registry and the hosts).
 Hosts are matched most specific first (:func:`specificity`, ties in registration order). The
 documented order of the built-ins:
 
-    tabpfn-v3            20   TabPFN v3 models
+    tabpfn-v3            20   TabPFN models (v3, v3.5; oretrofit.hosts.tabpfn.versions)
     transformers         10   transformers models routed through the attention interface
     torch.nn              0   the fallback: plain torch.nn modules, and whatever part of a model
                               the matched hosts do not own
@@ -30,7 +30,7 @@ __all__ = ["KINDS", "BUILTIN_HOSTS", "DEFAULT_SPECIFICITY", "RetrofitError", "Si
 
 KINDS = ("attention", "norm", "ffn", "inject")
 DEFAULT_SPECIFICITY = 10
-BUILTIN_HOSTS = ("oretrofit.hosts.tabpfn.v3", "oretrofit.hosts.transformers.host",
+BUILTIN_HOSTS = ("oretrofit.hosts.tabpfn.host", "oretrofit.hosts.transformers.host",
                  "oretrofit.hosts.torch_nn")
 
 
@@ -82,7 +82,8 @@ class Host(Protocol):
     def sites(self, model: nn.Module) -> list[Site]: ...
 
     def version(self) -> dict[str, str]:
-        """Package versions that define the host (recorded in patch specs)."""
+        """Package versions that define the host (recorded in patch specs); a host may take
+        the model as ``version(model)`` to add what of the model defines it."""
 
 
 _HOSTS: list[Host] = []

@@ -12,6 +12,8 @@ those already applied are undone (never a half-patched model). The host types li
 
 from __future__ import annotations
 
+import inspect
+
 import contextlib
 import fnmatch
 import json
@@ -215,7 +217,7 @@ class Retrofit:
         """Versioned JSON-able patch spec; :func:`apply_spec` re-applies it to a loaded host."""
         plan = self._bound().plan
         return {"schema_version": SPEC_VERSION, "oretrofit": __version__, "host": plan.host,
-                "hosts": plan.hosts, "host_versions": _host_versions(plan.hosts),
+                "hosts": plan.hosts, "host_versions": _host_versions(plan.hosts, self.model),
                 "arm": plan.arm,
                 "tau": plan.tau, "eps": plan.eps, "site_tau": plan.site_tau,
                 "targets": plan.targets, "exclude": plan.exclude,
@@ -278,11 +280,14 @@ def _rebind(handle: Retrofit) -> None:
     attach(model, _ACTIVE, handle)
 
 
-def _host_versions(names: Sequence[str]) -> dict[str, str]:
-    """Package versions of every host taking part (merged; the first host's win on a clash)."""
+def _host_versions(names: Sequence[str], model: nn.Module) -> dict[str, str]:
+    """Package versions of every host taking part (merged; the first host's win on a clash);
+    a host whose ``version`` takes the model may name what it depends on in the model (the
+    TabPFN host: the model version's architecture)."""
     versions: dict[str, str] = {}
     for host in reversed([h for h in registered_hosts() if h.name in names]):
-        versions.update(host.version())
+        takes_model = "model" in inspect.signature(host.version).parameters
+        versions.update(host.version(model) if takes_model else host.version())
     return versions
 
 

@@ -41,7 +41,7 @@ def average_checkpoints(paths: list[Path], dest: Path) -> Path:
     sha256 and own entry, and the steps and wall time summed over the inputs.
     """
     paths, dest = [Path(p) for p in paths], Path(dest)
-    check_checkpoint_name(dest)  # the name tabpfn needs; the same check as for patched artifacts
+    check_checkpoint_name(dest, "v3")  # the name tabpfn needs; the same check as for patched artifacts
     if len(paths) < 2:
         raise ValueError("give at least two checkpoints to average")
     checkpoints = [load_checkpoint(p) for p in paths]

@@ -134,7 +134,7 @@ def save_tabpfn_checkpoint(model: torch.nn.Module, host: HostConfig, path: Path,
     The name is checked first, as for every checkpoint oretrofit writes (tabpfn reads 'v3' from it)."""
     from ..hosts.tabpfn.checkpoints import check_checkpoint_name, save_atomic
 
-    check_checkpoint_name(Path(path))
+    check_checkpoint_name(Path(path), "v3")
 
     checkpoint = {
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},

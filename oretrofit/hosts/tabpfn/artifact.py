@@ -48,10 +48,13 @@ def write_patched_artifact(out: str | os.PathLike[str], source: str | os.PathLik
                            spec: Mapping[str, Any]) -> Path:
     """Write ``source``'s checkpoint with ``spec`` (a patch spec dict) embedded, to ``out``.
 
-    ``out`` must be named like a v3 checkpoint (``*v3*.ckpt`` or ``*v3*.safetensors``).
+    ``out`` must be named like a checkpoint of the source's version (tabpfn reads the version
+    from the name: ``*v3*.ckpt``, ``*v3.5*.safetensors``, …).
     """
+    from .versions import version_of_checkpoint
     out = Path(out)
-    check_checkpoint_name(out)
+    check_checkpoint_name(
+        out, version_of_checkpoint(load_checkpoint(source)["architecture_name"]).label)
     if spec.get("schema_version") != SPEC_VERSION:
         raise RetrofitError(f"patch spec schema_version {spec.get('schema_version')!r} is not "
                             f"{SPEC_VERSION}; create it with Retrofit.spec()")

@@ -95,59 +95,86 @@ def default_inference_config(task: str = "regressor") -> dict[str, Any]:
     return asdict(InferenceConfig.get_default(task_type, ModelVersion.V2_5))
 
 
-def checkpoint_task(checkpoint: dict[str, Any]) -> str:
-    """``"classifier"`` when the architecture reads out classes (``max_num_classes >= 2``)."""
+def checkpoint_task(checkpoint: dict[str, Any], task: str | None = None) -> str:
+    """The task of a checkpoint: v3 reads out classes when ``max_num_classes >= 2``
+    (``"classifier"``), else ``"regressor"``; a v3.5 model serves both, so ``task`` (when
+    given) is its task."""
+    if checkpoint.get("architecture_name") == "tabpfn_v3_5" and task is not None:
+        return task
     return "classifier" if checkpoint["config"].get("max_num_classes", -1) >= 2 else "regressor"
 
 
-def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", seed: int = 0,
-                            task: str = "regressor") -> Path:
-    """Write a random-init TabPFN v3 ``task`` (regressor or classifier) checkpoint in tabpfn's
-    format; a classifier reads out :data:`RANDOM_CLASSIFIER_CLASSES` classes.
+def random_model(version: str = "v3", size: str = "small", seed: int = 0,
+                 task: str = "regressor") -> tuple[torch.nn.Module, Any]:
+    """A random-init model of TabPFN ``version`` ("v3" or "v3.5"), built from that version's
+    own ``parse_config``, and its config. A classifier (and every v3.5 model, which serves both
+    tasks) reads out :data:`RANDOM_CLASSIFIER_CLASSES` classes.
 
     The zero-initialised weights (out-projections, MLP outputs, query modulation) are redrawn
     from N(0, 1/fan_in) (query modulation N(0, 0.02²)) so the host is far from the identity.
     Deterministic in ``seed``; the global RNG is left untouched.
     """
-    from tabpfn.architectures import tabpfn_v3 as v3
+    import importlib
+
+    from .versions import VERSIONS, supported
+    row = next((v for v in VERSIONS if v.label == version and v.sites), None)
+    if row is None:
+        raise RetrofitError(f"no random TabPFN {version!r} host: supported are {supported()}")
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
     if task not in DEFAULT_CHECKPOINT_NAMES:
         raise ValueError(f"task must be regressor or classifier, got {task!r}")
-    path = Path(path)
-    check_checkpoint_name(path)
-    classes = {"max_num_classes": RANDOM_CLASSIFIER_CLASSES} if task == "classifier" else {}
-    config, _ = v3.parse_config({**SIZES[size], **classes})
+    arch = importlib.import_module(row.module)
+    classes = ({"max_num_classes": RANDOM_CLASSIFIER_CLASSES}
+               if task == "classifier" or version != "v3" else {})
+    config, _ = arch.parse_config({**SIZES[size], **classes})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = v3.get_architecture(config)
+        model = arch.get_architecture(config)
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith(_ZERO_INIT_SUFFIXES):
                     std = 0.02 if "query_mlp" in name else param.shape[-1] ** -0.5
                     param.normal_(0.0, std)
+    return releases.ensure_config(model.eval(), config), config
+
+
+def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", seed: int = 0,
+                            task: str = "regressor", version: str = "v3") -> Path:
+    """Write :func:`random_model` as a checkpoint in tabpfn's format (``architecture_name``
+    of the version, the version's name in the file name, checked)."""
+    path = Path(path)
+    check_checkpoint_name(path, version)
+    model, config = random_model(version, size, seed, task)
     checkpoint = {
         "state_dict": model.state_dict(),
         "config": asdict(config),
-        "architecture_name": "tabpfn_v3",
+        "architecture_name": _architecture_name(version),
         "inference_config": default_inference_config(task),
-        "oretrofit": {"weights": "random", "size": size, "seed": int(seed)},
+        "oretrofit": {"weights": "random", "size": size, "seed": int(seed), "version": version},
     }
     return save_atomic(checkpoint, path)
 
 
-def check_checkpoint_name(path: Path) -> None:
-    """Refuse a file name tabpfn would misread: it must be .ckpt/.safetensors and contain 'v3' (not 'v3.5'),
-    because tabpfn reads the model version from the name. Every checkpoint oretrofit writes is checked."""
+def _architecture_name(version: str) -> str:
+    from .versions import VERSIONS
+    return next(v.architecture_name for v in VERSIONS if v.label == version)
+
+
+def check_checkpoint_name(path: Path, version: str | None = None) -> str:
+    """The TabPFN version tabpfn reads from the file name (``versions.version_from_name``),
+    refused when it is not supported, not ``version`` (when given), or the file is not
+    .ckpt/.safetensors. Every checkpoint oretrofit writes or reads is checked."""
+    from .versions import version_from_name
     if path.suffix not in (".ckpt", ".safetensors"):
         raise RetrofitError(f"{path.name}: a TabPFN checkpoint is a .ckpt or .safetensors file")
-    if "v3.5" in path.name:
-        raise RetrofitError(f"{path.name} is a TabPFN v3.5 checkpoint; oretrofit retrofits "
-                            "TabPFN v3 only (tabpfn-v3-regressor-v3_default.ckpt and relatives)")
-    if "v3" not in path.name:
+    row = version_from_name(path.name, refuse=version is None)
+    if version is not None and row.label != version:
         raise RetrofitError(f"{path.name}: tabpfn reads the model version from the file name, "
-                            "which must contain 'v3' (e.g. tabpfn-v3-regressor-v3_default.ckpt); "
-                            "rename the file")
+                            f"which must contain '{version}' for this TabPFN {version} checkpoint "
+                            f"(it reads {row.label}); rename the file (e.g. "
+                            f"tabpfn-{version}-regressor.ckpt)")
+    return row.label
 
 
 def _random_host(task: str) -> Path:
@@ -201,8 +228,9 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "r
     if not path.exists():
         raise RetrofitError(f"checkpoint {path} does not exist; pass a TabPFN v3 .ckpt or "
                             ".safetensors file, 'demo' or 'random'")
-    check_checkpoint_name(path)
-    load_checkpoint(path)
+    from .versions import version_of_checkpoint
+    architecture = load_checkpoint(path)["architecture_name"]
+    check_checkpoint_name(path, version_of_checkpoint(architecture).label)
     return path
 
 
@@ -232,9 +260,8 @@ def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or any(k not in checkpoint for k in _REQUIRED_KEYS):
         raise RetrofitError(f"checkpoint {path} lacks one of {', '.join(_REQUIRED_KEYS)}; it is "
                             "not a TabPFN v3 checkpoint")
-    if checkpoint["architecture_name"] != "tabpfn_v3":
-        raise RetrofitError(f"checkpoint {path} holds architecture "
-                            f"{checkpoint['architecture_name']!r}; only 'tabpfn_v3' is supported")
+    from .versions import version_of_checkpoint
+    version_of_checkpoint(str(checkpoint["architecture_name"]))      # refused by name
     _check_inference_fields(path, checkpoint["inference_config"])
     _check_finite(path, checkpoint["state_dict"])
     return checkpoint
@@ -282,15 +309,20 @@ def _no_parameter_init() -> Iterator[None]:
 
 
 def build_model(checkpoint: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
-    """A fresh ``TabPFNV3`` (eval mode, strict load) with its architecture and inference configs.
+    """A fresh model of the checkpoint's version (``architecture_name``, as tabpfn picks the
+    architecture; eval mode, strict load) with its architecture and inference configs.
 
     Always a new instance: never the model object tabpfn may share through its caches.
     """
-    from tabpfn.architectures import tabpfn_v3 as v3
+    import importlib
+
     from tabpfn.inference_config import InferenceConfig
-    config, _ = v3.parse_config(dict(checkpoint["config"]))
+
+    from .versions import version_of_checkpoint
+    arch = importlib.import_module(version_of_checkpoint(checkpoint["architecture_name"]).module)
+    config, _ = arch.parse_config(dict(checkpoint["config"]))
     with _no_parameter_init():
-        model = v3.get_architecture(config)
+        model = arch.get_architecture(config)
     state = {k: v for k, v in checkpoint["state_dict"].items() if "criterion." not in k}
     model.load_state_dict(state, strict=True)
     model.eval()

@@ -39,7 +39,7 @@ def estimator_from_checkpoint(path: str | os.PathLike[str],
     tabpfn's estimator of that task (``TabPFNRegressor`` or ``TabPFNClassifier``)."""
     from tabpfn import TabPFNClassifier, TabPFNRegressor
     checkpoint = load_checkpoint(path)
-    if checkpoint_task(checkpoint) != task:
+    if checkpoint_task(checkpoint, task) != task:
         maker = "make_classifier" if task == "regressor" else "make_regressor"
         raise RetrofitError(f"{path} is a TabPFN v3 {checkpoint_task(checkpoint)} checkpoint, "
                             f"not a {task}; use {maker} for it, or pass a {task} checkpoint "

@@ -1,4 +1,5 @@
-"""What differs between the tabpfn releases the TabPFN v3 host supports, in one place.
+"""What differs between the tabpfn releases the TabPFN host supports, in one place (what
+differs between model versions is in :mod:`oretrofit.hosts.tabpfn.versions`).
 
 The installed version is read once. The architecture the O-mixins patch is the same in every
 supported release except for what is supplied here or passed through unchanged:
@@ -69,7 +70,7 @@ def check_release(version: str | None) -> None:
         return
     newest = TESTED_RELEASES[-1]
     raise RetrofitError(
-        f"tabpfn {version or '(not installed)'} is not supported by the TabPFN v3 host; the "
+        f"tabpfn {version or '(not installed)'} is not supported by the TabPFN host; the "
         f"releases it is tested on are {TESTED_RELEASES[0]} to {newest} (results/tabpfn-compat.md): "
         f"pip install 'tabpfn=={newest}' (or install 'oretrofit[tabpfn]')")
 

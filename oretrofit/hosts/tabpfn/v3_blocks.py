@@ -1,5 +1,7 @@
-"""O-mixins for the TabPFN v3 block types (``architectures/tabpfn_v3.py``; one copy for every
-supported tabpfn release, see :mod:`oretrofit.hosts.tabpfn.releases`).
+"""O-mixins for the TabPFN v3 and v3.5 block types (``architectures/tabpfn_v3.py`` and
+``tabpfn_v3_5.py``, whose blocks share one layout; one copy for every supported tabpfn release,
+see :mod:`oretrofit.hosts.tabpfn.releases`, and model version, see
+:mod:`oretrofit.hosts.tabpfn.versions`).
 
 Each mixin is swapped in by :func:`oretrofit._patching.set_site` as ``O<Block>(mixin, Block)``
 and reads its per-site settings with :func:`site_config`; an unpatched site keeps the host's
@@ -9,7 +11,8 @@ The hidden carrier of every site is the pre-norm residual stream entering the bl
 RMSNorm ‖h‖² is nearly constant, so presence is read before the norm):
 
 * attention (``attn``):  ``y_i = W_O · p_i Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})``
-  with ``s_ij`` after RoPE and softmax scaling. The q/k/v/out projections are bias-free, so the
+  with ``s_ij`` after RoPE, the per-head q/k RMSNorm (v3.5's ``q_norm``/``k_norm``, applied
+  after RoPE as the vendor does) and softmax scaling. The q/k/v/out projections are bias-free, so the
   receiver gate ``p_i`` may sit before ``W_O``. The ``SoftmaxScalingMLP`` reads ``log n`` with
   ``n`` the number of keys; under O it reads the presence mass ``S_b = Σ_j p_bj`` instead, so a
   null source changes neither the weights nor the scale.
@@ -22,6 +25,9 @@ RMSNorm ‖h‖² is nearly constant, so presence is read before the norm):
 from __future__ import annotations
 
 import functools
+import inspect
+import sys
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +42,22 @@ from ..._presence import presence
 from ..._host import RetrofitError
 from . import releases
 
-__all__ = ["OCrossAttentionBlock", "OColumnBlock", "OICLBlock", "OManyClassDecoder", "OTabPFNV3"]
+__all__ = ["OCrossAttentionBlock", "OColumnBlock", "OICLBlock", "OManyClassDecoder", "OTabPFN",
+           "OPreHeadMLP"]
 
 _ICL_CARRIER = "_oretrofit_icl_carrier"      # stage-2 output kept for the te.icl gate
+
+
+def _vendor(module: nn.Module) -> ModuleType:
+    """The tabpfn architecture module (``tabpfn_v3`` or ``tabpfn_v3_5``) of a patched block."""
+    return sys.modules[next(c.__module__ for c in type(module).__mro__
+                            if c.__module__.startswith("tabpfn.architectures."))]
+
+
+def _qk_norm(attention: nn.Module, name: str, t_BSHD: Tensor) -> Tensor:
+    """v3.5's per-head RMSNorm of queries (``q_norm``) or keys (``k_norm``); v3 has none."""
+    norm = getattr(attention, name, None)
+    return t_BSHD if norm is None else norm(t_BSHD)
 
 
 def _mass_scaled_queries(scaling: nn.Module, q_BSHD: Tensor, mass_B: Tensor) -> Tensor:
@@ -81,7 +100,8 @@ class OCrossAttentionBlock:
     """``CrossAttentionBlock`` of the distribution embedder (induce1: inducing vectors ← train
     rows, with softmax scaling; induce2: all rows ← inducing hidden states)."""
 
-    def forward(self, x_BQE: Tensor, context_BVE: Tensor) -> Tensor:
+    def forward(self, x_BQE: Tensor, context_BVE: Tensor, **_compile: object) -> Tensor:
+        """``_compile``: v3.5's ``enable_torch_compile`` (the O path runs eagerly)."""
         attn_cfg, ffn_cfg = site_config(self, "attn"), site_config(self, "ffn")
         if attn_cfg is None:
             attn = self.attn(self.layernorm_q(x_BQE), self.layernorm_kv(context_BVE))
@@ -95,9 +115,9 @@ class OCrossAttentionBlock:
         b, n_q, _ = x_BQE.shape
         n_k = context_BVE.shape[1]
         p_q, p_k = presence(x_BQE, config.tau), presence(context_BVE, config.tau)   # (B, Q), (B, V)
-        q = a.q_projection(self.layernorm_q(x_BQE)).view(b, n_q, -1, a.head_dim)
+        q = _qk_norm(a, "q_norm", a.q_projection(self.layernorm_q(x_BQE)).view(b, n_q, -1, a.head_dim))
         context = self.layernorm_kv(context_BVE)
-        k = a.k_projection(context).view(b, n_k, -1, a.head_dim)
+        k = _qk_norm(a, "k_norm", a.k_projection(context).view(b, n_k, -1, a.head_dim))
         v = a.v_projection(context).view(b, n_k, -1, a.head_dim)
         if a.softmax_scaling_layer is not None:
             q = _mass_scaled_queries(a.softmax_scaling_layer, q, p_k.sum(-1))
@@ -109,7 +129,7 @@ class OColumnBlock:
     columns, RoPE) in ``forward``; the CLS read-out (q = CLS, k/v = all) in ``forward_cross``."""
 
     def forward(self, x_BRCE: Tensor, rope: nn.Module | None = None,
-                save_peak_memory_factor: int | None = None) -> Tensor:
+                save_peak_memory_factor: int | None = None, **_compile: object) -> Tensor:
         attn_cfg, ffn_cfg = site_config(self, "attn"), site_config(self, "ffn")
 
         def attention(x: Tensor, rope: nn.Module | None = None) -> Tensor:
@@ -129,24 +149,25 @@ class OColumnBlock:
         b, s, _ = x_BSE.shape
         p = presence(x_BSE, config.tau)                                      # (B, S)
         h = self.layernorm(x_BSE)
-        q = _rotate(rope, a.q_projection(h).view(b, s, -1, a.head_dim))
-        k = _rotate(rope, a.k_projection(h).view(b, s, -1, a.head_dim))
+        q = _qk_norm(a, "q_norm", _rotate(rope, a.q_projection(h).view(b, s, -1, a.head_dim)))
+        k = _qk_norm(a, "k_norm", _rotate(rope, a.k_projection(h).view(b, s, -1, a.head_dim)))
         v = a.v_projection(h).view(b, s, -1, a.head_dim)
         return a.out_projection(_o_attend(q, k, v, p, p, config))
 
     def forward_cross(self, query_BRQE: Tensor, context_BRCE: Tensor,
-                      rope: nn.Module | None = None) -> Tensor:
+                      rope: nn.Module | None = None, **_compile: object) -> Tensor:
         attn_cfg, ffn_cfg = site_config(self, "attn"), site_config(self, "ffn")
         a = self.attention
         b, r, n_q, e = query_BRQE.shape
         n_k = context_BRCE.shape[2]
         query, context = query_BRQE.reshape(b * r, n_q, e), context_BRCE.reshape(b * r, n_k, e)
-        q = _rotate(rope, a.q_projection(self.layernorm(query)).view(b * r, n_q, -1, a.head_dim))
+        q = _qk_norm(a, "q_norm", _rotate(
+            rope, a.q_projection(self.layernorm(query)).view(b * r, n_q, -1, a.head_dim)))
         c = self.layernorm(context)
-        k = _rotate(rope, a.k_projection(c).view(b * r, n_k, -1, a.head_dim))
+        k = _qk_norm(a, "k_norm", _rotate(rope, a.k_projection(c).view(b * r, n_k, -1, a.head_dim)))
         v = a.v_projection(c).view(b * r, n_k, -1, a.head_dim)
         if attn_cfg is None:
-            out = v3._batched_scaled_dot_product_attention(q, k, v).flatten(2)
+            out = _vendor(self)._batched_scaled_dot_product_attention(q, k, v).flatten(2)
         else:
             out = _o_attend(q, k, v, presence(query, attn_cfg.tau), presence(context, attn_cfg.tau),
                             attn_cfg)
@@ -203,8 +224,8 @@ class OICLBlock:
         p = presence(x_BRE, config.tau)                                      # (B, R)
         p_k = p[:, :n]                                                       # (B, N)
         h = self.layernorm(x_BRE)
-        q = a.q_projection(h).view(b, r, a.num_heads, a.head_dim)
-        k = a.k_projection(h[:, :n]).view(b, n, a.num_kv_heads, a.head_dim)
+        q = _qk_norm(a, "q_norm", a.q_projection(h).view(b, r, a.num_heads, a.head_dim))
+        k = _qk_norm(a, "k_norm", a.k_projection(h[:, :n]).view(b, n, a.num_kv_heads, a.head_dim))
         v = a.v_projection(h[:, :n]).view(b, n, a.num_kv_heads, a.head_dim)
         if a.softmax_scaling_layer is not None:
             q = _mass_scaled_queries(a.softmax_scaling_layer, q, p_k.sum(-1))
@@ -244,8 +265,8 @@ class OICLBlock:
         b, r, _ = x_BRE.shape
         p_q = presence(x_BRE, config.tau)                                    # (B, R)
         h = self.layernorm(x_BRE)
-        q = a.q_projection(h).view(b, r, a.num_heads, a.head_dim)
-        p_k = key[:, :, 0, -1].to(q.dtype)                                   # (B, N)
+        q = _qk_norm(a, "q_norm", a.q_projection(h).view(b, r, a.num_heads, a.head_dim))
+        p_k = key[:, :, 0, -1].to(q.dtype)                                   # keys: k-normed                                   # (B, N)
         if a.softmax_scaling_layer is not None:
             q = _mass_scaled_queries(a.softmax_scaling_layer, q, p_k.sum(-1))
         k, v = key[..., :-1].to(q.dtype), value.to(q.dtype)
@@ -253,13 +274,18 @@ class OICLBlock:
 
 
 class OManyClassDecoder:
-    """``ManyClassDecoder`` of a classifier: each test row reads the train rows' one-hot
-    targets by attention, ``P(c | i) = mean_h Σ_j w_ij 1[y_j = c]``. Under O the sources are
-    weighted by the presence of the train row's bias-free decoder key ``W_K e_j`` (zero exactly
-    when the row's embedding is), so a null train row adds no class mass:
+    """``ManyClassDecoder`` (v3 classifier; v3.5 ``heads.many_class_decoder``): each test row
+    reads the train rows' one-hot targets by attention, ``P(c | i) = mean_h Σ_j w_ij 1[y_j = c]``.
+    Under O the sources are weighted by the presence of the train row's bias-free decoder key
+    ``W_K e_j`` (zero exactly when the row's embedding is), so a null train row adds no class
+    mass:
 
         w_ij = p_j e^{s_ij} / (ε + Σ_t p_t e^{s_it});  receivers (test rows) are not gated,
         the decoder being the read-out (like the regressor's ``output_projection``).
+
+    v3.5 reads only the ``num_present_classes`` classes present (its chunked class attention
+    folds them into head-sized chunks) and pads the rest with zero; a non-finite target adds
+    no class. One O attention over the one-hot values gives the same.
     """
 
     def forward(self, train: Tensor, test_embeddings: Tensor, targets: Tensor, *args: object,
@@ -274,26 +300,36 @@ class OManyClassDecoder:
         p_k = presence((keys - bias).flatten(2), config.tau)                 # (B, N)
         if self.softmax_scaling_layer is not None:
             q = _mass_scaled_queries(self.softmax_scaling_layer, q, p_k.sum(-1))
-        one_hot = F.one_hot(targets.long(), self.max_num_classes).to(q.dtype)  # (B, N, T)
+        classes = int(kwargs.get("num_present_classes") or self.max_num_classes)
+        finite = torch.isfinite(targets)
+        one_hot = F.one_hot(torch.where(finite, targets, 0).long(), classes)
+        one_hot = (one_hot * finite[..., None]).to(q.dtype)                 # (B, N, T)
         values = one_hot[:, None].expand(-1, self.num_heads, -1, -1)         # (B, H, N, T)
         out, _ = o_attention(q.transpose(1, 2), keys.transpose(1, 2), values,
                              q.new_ones(b, m), p_k, eps=config.eps)          # (B, H, M, T)
-        probabilities = out.mean(1).transpose(0, 1)                          # (M, B, T)
+        probabilities = F.pad(out.mean(1), (0, self.max_num_classes - classes)).transpose(0, 1)
         return torch.log(torch.clamp(probabilities, min=1e-5) + 3e-5)       # the vendor's logits
 
 
-class OTabPFNV3:
-    """``TabPFNV3`` itself, for the two target-encoding additions.
+# the keyword naming the column-stage target embedding, per method of the model
+_TE_COL_ARGUMENT = {"_process_row_chunk": "y_col_emb", "_process_col_chunk": "y_col_emb_BNE"}
 
-    ``te.col``: the column-stage ``col_y_encoder`` term added to the train rows' cell tokens
-    (``_process_row_chunk``, and ``_process_col_chunk`` on the row-chunked path).
+
+class OTabPFN:
+    """The model itself (``TabPFNV3``/``TabPFNV3p5``), for the two target-encoding additions.
+
+    ``te.col``: the column-stage target embedding added to the train rows' cell tokens
+    (``_process_row_chunk``, and ``_process_col_chunk`` on the row-chunked path). The vendor
+    method runs with no target embedding while a forward hook on ``x_embed`` adds it, gated:
+    ``h + ρτ(h) · e(y)`` with ``h = x_embed(x)``, so the rest of the method stays the vendor's.
     ``te.icl``: the ICL-stage ``icl_y_encoder`` term added to the train rows' row tokens in
     ``forward``; the row tokens (stage-2 output) are kept from ``_stages_0_to_2`` until the
-    embedding is gated in ``_embed_icl_y``, and dropped when ``forward`` returns.
+    embedding is gated in ``_embed_icl_y``, and dropped when ``forward`` returns. The version's
+    subclass (:class:`OTabPFNV3`, ``v3_5_blocks.OTabPFNV3p5``) gives ``forward`` the vendor's
+    signature, which tabpfn reads (``return_kv_cache``).
     """
 
-    @functools.wraps(v3.TabPFNV3.forward)     # tabpfn reads the signature (return_kv_cache)
-    def forward(self, *args: object, **kwargs: object) -> object:
+    def _forward(self, *args: object, **kwargs: object) -> object:
         try:
             return super().forward(*args, **kwargs)
         finally:
@@ -305,8 +341,8 @@ class OTabPFNV3:
             self.__dict__[_ICL_CARRIER] = out[0]                             # (B, Ri, Cl, E)
         return out
 
-    def _embed_icl_y(self, y_BN: Tensor) -> Tensor:
-        e = super()._embed_icl_y(y_BN)                                       # (B, N, D)
+    def _embed_icl_y(self, y_BN: Tensor, *args: object, **kwargs: object) -> Tensor:
+        e = super()._embed_icl_y(y_BN, *args, **kwargs)                      # (B, N, D)
         config = site_config(self, "te.icl")
         if config is None:
             return e
@@ -316,51 +352,44 @@ class OTabPFNV3:
                                "this tabpfn version calls _embed_icl_y outside forward")
         return o_gate(presence(carrier.flatten(-2)[:, : e.shape[1]], config.tau), e)
 
-    def _process_col_chunk(self, *, x_grouped_chunk_BNCjG: Tensor, y_col_emb_BNE: Tensor | None,
-                           num_train: int) -> list[Tensor]:
-        config = site_config(self, "te.col")
-        if config is None:
-            return super()._process_col_chunk(x_grouped_chunk_BNCjG=x_grouped_chunk_BNCjG,
-                                              y_col_emb_BNE=y_col_emb_BNE, num_train=num_train)
-        b, _, n_cols, _ = x_grouped_chunk_BNCjG.shape
-        x = self.x_embed(x_grouped_chunk_BNCjG)                              # (B, N, Cj, E)
-        if y_col_emb_BNE is not None and num_train > 0:
-            x = _inject(x, y_col_emb_BNE.unsqueeze(2), config)
-        e = x.shape[-1]
-        x_flat = x.transpose(1, 2).reshape(b * n_cols, num_train, e)         # (B·Cj, N, E)
-        layers = self.feature_distribution_embedder.layers
-        hidden_per_block = []
-        for index, layer in enumerate(layers):
-            inducing = layer.inducing_vectors.unsqueeze(0).expand(b * n_cols, -1, -1)
-            hidden = layer.cross_attn_block1(inducing, x_flat)               # (B·Cj, I, E)
-            hidden_per_block.append(hidden.reshape(b, n_cols, -1, e))
-            if index < len(layers) - 1:
-                x_flat = layer.cross_attn_block2(x_flat, hidden)
-        return hidden_per_block
+    def _process_col_chunk(self, *args: object, **kwargs: object) -> list[Tensor]:
+        return self._gated_col_targets("_process_col_chunk", args, kwargs)
 
-    def _process_row_chunk(self, x_grouped_chunk_BRjCG: Tensor, y_col_emb: Tensor | None,
-                           chunk_start: int, chunk_end: int, effective_num_train: int,
-                           precomputed_hidden: list[Tensor] | None,
-                           save_peak_memory_factor: int | None, *, force_recompute_layer: bool,
-                           return_inducing_hidden: bool, is_full_path: bool
-                           ) -> tuple[Tensor, list[Tensor] | None]:
+    def _process_row_chunk(self, *args: object, **kwargs: object) -> tuple:
+        return self._gated_col_targets("_process_row_chunk", args, kwargs)
+
+    def _gated_col_targets(self, method: str, args: tuple, kwargs: dict) -> object:
+        """The vendor ``method`` with its target embedding added under OInject (``te.col``)."""
+        vendor = getattr(super(), method)
         config = site_config(self, "te.col")
-        if config is None:
-            return super()._process_row_chunk(
-                x_grouped_chunk_BRjCG, y_col_emb, chunk_start, chunk_end, effective_num_train,
-                precomputed_hidden, save_peak_memory_factor,
-                force_recompute_layer=force_recompute_layer,
-                return_inducing_hidden=return_inducing_hidden, is_full_path=is_full_path)
-        n_train = max(0, min(effective_num_train - chunk_start, chunk_end - chunk_start))
-        x = self.x_embed(x_grouped_chunk_BRjCG)                              # (B, Rj, C, E)
-        if y_col_emb is not None and n_train > 0:
-            y = y_col_emb[:, chunk_start:chunk_start + n_train].unsqueeze(2)  # (B, Nj, 1, E)
-            x[:, :n_train] = _inject(x[:, :n_train], y, config)
-        x, hidden = self.feature_distribution_embedder(
-            x_BRiCE=x, num_train_rows=n_train, cached_hidden=precomputed_hidden,
-            save_peak_memory_factor=save_peak_memory_factor if is_full_path else None,
-            force_recompute_layer=force_recompute_layer and is_full_path,
-            return_hidden=return_inducing_hidden and is_full_path)
-        rows = self.column_aggregator(x_BRiCE=x, save_peak_memory_factor=save_peak_memory_factor,
-                                      force_recompute_layer=force_recompute_layer and is_full_path)
-        return rows, hidden
+        bound = inspect.signature(vendor).bind(*args, **kwargs)
+        given, name = bound.arguments, _TE_COL_ARGUMENT[method]
+        y = given.get(name)
+        if config is None or y is None:
+            return vendor(*args, **kwargs)
+        if method == "_process_row_chunk":                 # the chunk's own train rows
+            start = given["chunk_start"]
+            n = max(0, min(given["effective_num_train"] - start, given["chunk_end"] - start))
+            y = y[:, start:start + n]
+        else:
+            n = given["num_train"]
+        given[name] = None
+
+        def inject(_module: nn.Module, _inputs: object, x: Tensor) -> Tensor:   # (B, R, C, E)
+            if n == 0:
+                return x
+            return torch.cat([_inject(x[:, :n], y.unsqueeze(2), config), x[:, n:]], dim=1)
+
+        handle = self.x_embed.register_forward_hook(inject)
+        try:
+            return vendor(*bound.args, **bound.kwargs)
+        finally:
+            handle.remove()
+
+
+class OTabPFNV3(OTabPFN):
+    """:class:`OTabPFN` for ``TabPFNV3``."""
+
+    @functools.wraps(v3.TabPFNV3.forward)     # tabpfn reads the signature (return_kv_cache)
+    def forward(self, *args: object, **kwargs: object) -> object:
+        return self._forward(*args, **kwargs)

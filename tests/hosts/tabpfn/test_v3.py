@@ -158,10 +158,11 @@ def test_errors_name_the_fix(fresh_model, monkeypatch):
                                                 r"8\.0\.1 to 9\.2\.0.*pip install 'tabpfn==9\.2\.0'"):
             oretrofit.retrofit(model, "oa")
     assert "_oretrofit" not in model.icl_blocks[0].__dict__       # nothing half-patched
-    other = type("TabPFNV3p5", (torch.nn.Module,),
-                 {"__module__": "tabpfn.architectures.tabpfn_v3_5"})
-    with pytest.raises(RetrofitError, match=r"is not supported: .*TabPFN v3 .*8\.0\.1 to 9\.2\.0"):
-        oretrofit.retrofit(other(), "oa")
+    monkeypatch.undo()
+    later = type("TabPFNV4", (torch.nn.Module,), {"__module__": "tabpfn.architectures.tabpfn_v4"})
+    with pytest.raises(RetrofitError, match=r"tabpfn_v4.TabPFNV4 is not supported: .*later "
+                                            r"tabpfn.*supported: v3 \(TabPFNV3.*v3\.5 \(TabPFNV3p5"):
+        oretrofit.retrofit(later(), "oa")
 
 
 def test_unpatched_icl_attention_keeps_the_callers_arguments(fresh_model):

@@ -1,0 +1,157 @@
+"""The TabPFN model versions, in one table: what each is, where tabpfn ships it, and whether the
+host retrofits it (and with which sites) or refuses it, with the reason.
+
+=========  ==============================  ==========  =========  ==================================
+version    class (``tabpfn.architectures``)  first       sites      status
+                                           release
+=========  ==============================  ==========  =========  ==================================
+v2         ``tabpfn_v2.TabPFNV2``          8.2.0       —          refused (not yet gated)
+v2.5       ``tabpfn_v2_5.TabPFNV2p5``      8.0.1       —          refused (not yet gated)
+v2.6       ``tabpfn_v2_6.TabPFNV2p6``      8.0.1       —          refused (not yet gated)
+v3         ``tabpfn_v3.TabPFNV3``          8.0.1       ``v3``     retrofitted
+v3.5       ``tabpfn_v3_5.TabPFNV3p5``      9.0.0       ``v3_5``   retrofitted (also v3.5-fast, the
+                                                                  same class)
+=========  ==============================  ==========  =========  ==================================
+
+A model of any other class under ``tabpfn.architectures`` (a version a later tabpfn adds) is
+refused with the versions that are supported. Inside a retrofitted version every module must be
+of a type the version's row lists (``modules``): the types its sites gate, the token-local ones
+(projections, MLP layers, norms inside a gated branch) and the containers; any other module (a
+type a later release adds to the architecture) is refused by its path and class, never left
+ungated.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..._host import RetrofitError, Site
+
+__all__ = ["ModelVersion", "VERSIONS", "version_of", "supported", "check_modules",
+           "version_of_checkpoint", "version_from_name"]
+
+# torch.nn types that are token-local or containers (never a token boundary)
+_TORCH_LOCAL = frozenset({"Linear", "GELU", "Sequential", "ModuleList", "ModuleDict", "LayerNorm",
+                          "RMSNorm", "Embedding", "Identity", "Dropout"})
+_V3_MODULES = frozenset({
+    "TabPFNV3", "Attention", "ColumnAggregator", "CrossAttention", "CrossAttentionBlock",
+    "FeatureDistributionEmbedder", "ICLAttention", "ICLTransformerBlock",
+    "InducedSelfAttentionBlock", "MLP", "ManyClassDecoder", "RotaryEmbedding",
+    "SoftmaxScalingMLP", "TrainableOrthogonalEmbedding", "TransformerBlock",
+    "_DtypeMatchingRMSNorm"})
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One row: ``label`` (tabpfn's ``ModelVersion`` value), the architecture ``module`` and
+    model ``cls`` (``architecture_name`` in a checkpoint is the module's last part),
+    ``first_release`` (the oldest tabpfn that ships it), ``sites`` (the module under
+    ``oretrofit.hosts.tabpfn`` whose ``sites(model)`` lists them; None = refused),
+    ``refusal`` (why not, for a refused row) and ``modules`` (the tabpfn module types the
+    sites account for)."""
+
+    label: str
+    module: str
+    # (in the table's field order; ``names``: the file-name identifiers tabpfn reads)
+    cls: str
+    first_release: str
+    sites: str | None = None
+    refusal: str = ""
+    modules: frozenset[str] = frozenset()
+    names: tuple[str, ...] = ()
+
+    @property
+    def architecture_name(self) -> str:
+        return self.module.rsplit(".", 1)[1]
+
+
+_V2_REFUSAL = ("its per-feature transformer layers (attention between features and between "
+               "items, with their encoder pipeline) are not gated by oretrofit yet")
+VERSIONS: tuple[ModelVersion, ...] = (
+    ModelVersion("v2", "tabpfn.architectures.tabpfn_v2", "TabPFNV2", "8.2.0",
+                 refusal=_V2_REFUSAL),
+    ModelVersion("v2.5", "tabpfn.architectures.tabpfn_v2_5", "TabPFNV2p5", "8.0.1",
+                 refusal=_V2_REFUSAL + " (nor its thinking rows)", names=("v2.5",)),
+    ModelVersion("v2.6", "tabpfn.architectures.tabpfn_v2_6", "TabPFNV2p6", "8.0.1",
+                 refusal=_V2_REFUSAL + " (nor its thinking rows)", names=("v2.6",)),
+    ModelVersion("v3", "tabpfn.architectures.tabpfn_v3", "TabPFNV3", "8.0.1", sites="v3",
+                 modules=_V3_MODULES, names=("v3",)),
+    ModelVersion("v3.5", "tabpfn.architectures.tabpfn_v3_5", "TabPFNV3p5", "9.0.0",
+                 sites="v3_5", modules=(_V3_MODULES - {"TabPFNV3"}) | {
+                     "TabPFNV3p5", "FourierFeatureGroupEmbedder",
+                     "FourierPlusMetadataFeatureGroupEmbedder", "MultiTaskHeads",
+                     "_PreHeadMLP"}, names=("v3.5-fast", "v3.5")),
+)
+
+
+def supported() -> str:
+    """The supported versions, for messages: ``v3 (tabpfn 8.0.1+), v3.5 (9.0.0+)``."""
+    return ", ".join(f"{v.label} ({v.cls}, tabpfn {v.first_release}+)"
+                     for v in VERSIONS if v.sites)
+
+
+def version_of(model: nn.Module) -> ModelVersion:
+    """The row of ``model``'s class (its vendor class, also under an O-subclass); refused when
+    the class is not one of the table or the row is refused."""
+    vendor = next((c for c in type(model).__mro__
+                   if c.__module__.startswith("tabpfn.architectures.")), type(model))
+    name = f"{vendor.__module__}.{vendor.__name__}"
+    row = next((v for v in VERSIONS if (v.module, v.cls) == (vendor.__module__, vendor.__name__)),
+               None)
+    if row is None:
+        raise RetrofitError(f"{name} is not supported: it is no TabPFN model version oretrofit "
+                            f"knows (a later tabpfn?); supported: {supported()}")
+    if row.sites is None:
+        raise RetrofitError(f"{name} (TabPFN {row.label}) is not supported: {row.refusal}; "
+                            f"supported: {supported()}")
+    return row
+
+
+def check_modules(model: nn.Module, row: ModelVersion) -> None:
+    """Refuse a module of a type the version's sites do not account for, by path and class."""
+    for path, module in model.named_modules():
+        cls = next((c for c in type(module).__mro__ if c.__module__.startswith(("tabpfn.",
+                                                                               "torch."))),
+                   type(module))
+        known = row.modules if cls.__module__.startswith("tabpfn.") else _TORCH_LOCAL
+        if cls.__name__ not in known:
+            raise RetrofitError(
+                f"TabPFN {row.label}: module {path or '(model)'} of type {cls.__module__}."
+                f"{cls.__name__} is not one the host can gate (a newer tabpfn's addition?); "
+                "it would be left ungated, so the model is refused")
+
+
+def sites(model: nn.Module, row: ModelVersion) -> list[Site]:
+    """The named sites of ``model`` (a supported row)."""
+    return importlib.import_module(f"{__package__}.{row.sites}").sites(model)
+
+
+def version_of_checkpoint(architecture_name: str) -> ModelVersion:
+    """The row of a checkpoint's ``architecture_name`` (how tabpfn picks the architecture),
+    refused like :func:`version_of`."""
+    row = next((v for v in VERSIONS if v.architecture_name == architecture_name), None)
+    if row is None:
+        raise RetrofitError(f"checkpoint architecture {architecture_name!r} is no TabPFN model "
+                            f"version oretrofit knows; supported: {supported()}")
+    if row.sites is None:
+        raise RetrofitError(f"checkpoint architecture {architecture_name!r} (TabPFN "
+                            f"{row.label}) is not supported: {row.refusal}; supported: "
+                            f"{supported()}")
+    return row
+
+
+def version_from_name(file_name: str, refuse: bool = True) -> ModelVersion:
+    """The version tabpfn reads from a checkpoint's file name (``model_loading.
+    _resolve_model_version``): the most specific identifier it contains ("v3.5-fast" and
+    "v3.5" before "v2.6", "v2.5" and "v3"), else v2; refused like :func:`version_of`."""
+    order = sorted(((name, v) for v in VERSIONS for name in v.names),
+                   key=lambda item: (-len(item[0]), item[0]))
+    row = next((v for name, v in order if name in file_name), VERSIONS[0])
+    if refuse and row.sites is None:
+        raise RetrofitError(f"{file_name}: tabpfn reads it as a TabPFN {row.label} checkpoint "
+                            f"(from the file name), which is not supported: {row.refusal}; "
+                            f"supported: {supported()}")
+    return row
