@@ -114,9 +114,7 @@ def random_model(version: str = "v3", size: str = "small", seed: int = 0,
     from N(0, 1/fan_in) (query modulation N(0, 0.02²)) so the host is far from the identity.
     Deterministic in ``seed``; the global RNG is left untouched.
     """
-    import importlib
-
-    from .versions import VERSIONS, supported
+    from .versions import VERSIONS, architecture, supported
     row = next((v for v in VERSIONS if v.label == version and v.sites), None)
     if row is None:
         raise RetrofitError(f"no random TabPFN {version!r} host: supported are {supported()}")
@@ -124,7 +122,7 @@ def random_model(version: str = "v3", size: str = "small", seed: int = 0,
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
     if task not in DEFAULT_CHECKPOINT_NAMES:
         raise ValueError(f"task must be regressor or classifier, got {task!r}")
-    arch = importlib.import_module(row.module)
+    arch = architecture(row)
     classes = ({"max_num_classes": RANDOM_CLASSIFIER_CLASSES}
                if task == "classifier" or version != "v3" else {})
     config, _ = arch.parse_config({**SIZES[size], **classes})
@@ -314,12 +312,10 @@ def build_model(checkpoint: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
 
     Always a new instance: never the model object tabpfn may share through its caches.
     """
-    import importlib
-
     from tabpfn.inference_config import InferenceConfig
 
-    from .versions import version_of_checkpoint
-    arch = importlib.import_module(version_of_checkpoint(checkpoint["architecture_name"]).module)
+    from .versions import architecture, version_of_checkpoint
+    arch = architecture(version_of_checkpoint(checkpoint["architecture_name"]))
     config, _ = arch.parse_config(dict(checkpoint["config"]))
     with _no_parameter_init():
         model = arch.get_architecture(config)

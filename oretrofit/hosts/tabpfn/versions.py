@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
 from ..._host import RetrofitError, Site
 
-__all__ = ["ModelVersion", "VERSIONS", "version_of", "supported", "check_modules",
+__all__ = ["ModelVersion", "VERSIONS", "version_of", "supported", "check_modules", "architecture",
            "version_of_checkpoint", "version_from_name"]
 
 # torch.nn types that are token-local or containers (never a token boundary)
@@ -122,6 +123,18 @@ def check_modules(model: nn.Module, row: ModelVersion) -> None:
                 f"TabPFN {row.label}: module {path or '(model)'} of type {cls.__module__}."
                 f"{cls.__name__} is not one the host can gate (a newer tabpfn's addition?); "
                 "it would be left ungated, so the model is refused")
+
+
+def architecture(row: ModelVersion) -> Any:
+    """The tabpfn module of ``row`` (``parse_config``, ``get_architecture``); refused naming the
+    release that first ships it when the installed tabpfn is older."""
+    try:
+        return importlib.import_module(row.module)
+    except ModuleNotFoundError:
+        from .releases import installed_version
+        raise RetrofitError(f"TabPFN {row.label} ships from tabpfn {row.first_release}; tabpfn "
+                            f"{installed_version()} is installed: pip install "
+                            f"'tabpfn>={row.first_release}'") from None
 
 
 def sites(model: nn.Module, row: ModelVersion) -> list[Site]:
