@@ -55,8 +55,11 @@ from torch import Tensor
 _NULL_LOGIT = -1e30
 # lse″ of a null receiver in the backward: every P_ij = e^{t − lse″} is exactly 0.
 _NULL_LSE = 1e30
-# Rows and columns of one augmented backward call (when p_k needs a gradient); see the docstring.
-BACKWARD_TILE = 512
+# Query rows and key columns of one backward call (see the docstring). 768 query rows is the
+# least on which the CPU kernel uses its large (256-row) query blocks; the augmented copies of a
+# tile (4 query-side, 4 key-side tensors) then come to about a quarter of one operand at
+# N = 4096 (benchmarks/bench_attention.py measured this choice against (512, 512) and others).
+BACKWARD_TILE = (768, 384)
 
 Forward = Callable[[Tensor, Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]]
 Backward = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float],
@@ -330,59 +333,84 @@ class _LSEOAttention(torch.autograd.Function):
 def tiled_backward(backend: Backend, d_out: Tensor, q: Tensor, k: Tensor, v: Tensor,
                    bias: Tensor, out: Tensor, inv_pq: Tensor, lse2: Tensor, scale: float,
                    want_colsum: bool, want_rowdot: bool, expand_kv: bool,
-                   tile: int | None = None
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """``(dq, dk, dv, colsum, rowdot)`` by query × key tiles of ``backend.backward``.
 
     ``o′ = out · inv_pq`` per query tile; ``rowdot_i = dO_i·o′_i`` ``(B, H, Nq)``; with
     ``want_colsum`` the calls are augmented and ``colsum_j = Σ_i dS_ij`` ``(B, Hk, Nk)``, Hk the
     KV heads, or the query heads with ``expand_kv`` (per-query-head source presences under GQA:
-    k′/v′ tiles are built per query head and their gradients summed back per KV head).
+    k′/v′ tiles are built per query head and their gradients summed back per KV head). The
+    augmented tiles live in buffers allocated once and refilled per tile.
     """
-    tile = tile or BACKWARD_TILE
+    tile_q, tile_k = BACKWARD_TILE
     (b, heads, n_q, d), (kv_heads, n_k) = q.shape, k.shape[1:3]
-    width = -(-(d + 1) // backend.width_multiple) * backend.width_multiple
+    width = -(-(d + 1) // backend.width_multiple) * backend.width_multiple if want_colsum else d
     k_heads = heads if expand_kv else kv_heads
-    q_tiles, k_tiles = range(0, n_q, tile), range(0, n_k, tile)
+    q_tiles, k_tiles = range(0, n_q, tile_q), range(0, n_k, tile_k)
+    single = len(q_tiles) * len(k_tiles) == 1
     rowdot = q.new_empty(b, heads, n_q) if want_rowdot else None
     colsum = q.new_zeros(b, k_heads, n_k) if want_colsum else None
-    dq = dk = dv = None
-    if len(q_tiles) * len(k_tiles) > 1:
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if not single:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if want_colsum:
+        q_buf, g_buf, o_buf = (_padded(q, min(tile_q, n_q), heads, width) for _ in range(3))
+        k_buf, v_buf = (_padded(q, min(tile_k, n_k), k_heads, width) for _ in range(2))
+        q_buf[..., d] = 1 / scale
     for i in q_tiles:
-        rq = slice(i, i + tile)
-        o_t = out[:, :, rq] * inv_pq[:, :, rq, None]                        # o′ of the tile
-        if want_rowdot:
-            rowdot[:, :, rq] = torch.linalg.vecdot(d_out[:, :, rq], o_t)
-        q_t, g_t = q[:, :, rq], d_out[:, :, rq]
+        rq = slice(i, i + tile_q)
+        g_rows, o_rows, inv_rows = d_out[:, :, rq], out[:, :, rq], inv_pq[:, :, rq, None]
         if want_colsum:
-            q_t, g_t, o_t = _widen(q_t, width, 1 / scale), _widen(g_t, width), _widen(o_t, width)
+            q_t, g_t, o_t = _fill(q_buf, q[:, :, rq]), _fill(g_buf, g_rows), o_buf[:, :, :o_rows.shape[2]]
+            torch.mul(o_rows, inv_rows, out=o_t[..., :d])                   # o′ of the tile
+        else:
+            q_t, g_t, o_t = q[:, :, rq], _bnhd(g_rows), o_rows * inv_rows
+        if want_rowdot:
+            rowdot[:, :, rq] = torch.linalg.vecdot(g_rows, o_t[..., :d])
         for j in k_tiles:
-            rk = slice(j, j + tile)
+            rk = slice(j, j + tile_k)
             k_t, v_t = k[:, :, rk], v[:, :, rk]
             if want_colsum:
-                k_t, v_t = _widen(k_t, width, heads=k_heads), _widen(v_t, width, heads=k_heads)
+                k_t, v_t = _fill(k_buf, k_t), _fill(v_buf, v_t)
             b_t = bias[:, :, rq if bias.shape[2] > 1 else slice(None), rk]
             gq, gk, gv = backend.backward(g_t, q_t, k_t, v_t, b_t, o_t, lse2[:, :, rq], scale)
             if want_colsum:
                 colsum[:, :, rk] += gk[..., d]
                 gq, gk, gv = gq[..., :d], _sum_groups(gk[..., :d], kv_heads), \
                     _sum_groups(gv[..., :d], kv_heads)
-            if dq is None:
+            if single:
                 return gq, gk, gv, colsum, rowdot
-            dq[:, :, rq] += gq
-            dk[:, :, rk] += gk
-            dv[:, :, rk] += gv
+            _accumulate(dq[:, :, rq], gq, first=j == 0)
+            _accumulate(dk[:, :, rk], gk, first=i == 0)
+            _accumulate(dv[:, :, rk], gv, first=i == 0)
     return dq, dk, dv, colsum, rowdot
 
 
-def _widen(t: Tensor, width: int, fill: float | None = None, heads: int | None = None) -> Tensor:
-    """``[t, fill, 0, …]`` with head size ``width`` (a copy); ``heads``: t's heads repeated to
-    that many (each KV head for its group of query heads)."""
+def _accumulate(total: Tensor, part: Tensor, first: bool) -> None:
+    if first:
+        total.copy_(part)
+    else:
+        total.add_(part)
+
+
+def _padded(like: Tensor, rows: int, heads: int, width: int) -> Tensor:
+    """A zero ``(B, heads, rows, width)`` buffer stored as (B, rows, heads, width) (see
+    :func:`_bnhd`)."""
+    return like.new_zeros(like.shape[0], rows, heads, width).transpose(1, 2)
+
+
+def _fill(buffer: Tensor, t: Tensor) -> Tensor:
+    """``t`` written into the first columns and rows of ``buffer`` (its other columns kept):
+    ``[t, buffer's extra columns]``, t's heads repeated to the buffer's (each KV head for its
+    group of query heads)."""
     b, h, n, d = t.shape
-    heads = heads or h
-    wide = t.new_zeros(b, heads, n, width)
-    wide.view(b, h, heads // h, n, width)[..., :d] = t[:, :, None]
-    if fill is not None:
-        wide[..., d] = fill
+    wide = buffer[:, :, :n]
+    wide.unflatten(1, (h, -1))[..., :d] = t[:, :, None]
     return wide
+
+
+def _bnhd(t: Tensor) -> Tensor:
+    """``t`` (B, H, N, w) stored as (B, N, H, w), the layout the kernels read their output
+    gradient in (the CPU kernel copies any other); a copy only when it is not so already."""
+    if t.transpose(1, 2).is_contiguous():
+        return t
+    return t.transpose(1, 2).contiguous().transpose(1, 2)

@@ -25,7 +25,7 @@ GRAD_TOL = {torch.float64: 1e-10, torch.float32: 2e-6}
 @pytest.fixture
 def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiles of 3 rows/columns, so every backward below runs several query and key tiles."""
-    monkeypatch.setattr(kernels, "BACKWARD_TILE", 3)
+    monkeypatch.setattr(kernels, "BACKWARD_TILE", (3, 3))
 
 
 def with_nulls(p_q: torch.Tensor, p_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +83,7 @@ def test_forward_and_gradients_match_the_fp64_reference(layout: str, mask_kind: 
 @pytest.mark.parametrize("layout", ["mha", "gqa_per_query_head", "gqa_per_kv_head"])
 def test_gradcheck_fp64_on_the_kernel_route(layout: str, tile: int,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernels, "BACKWARD_TILE", tile)
+    monkeypatch.setattr(kernels, "BACKWARD_TILE", (tile, tile + 1))
     h, hkv, ph = LAYOUTS[layout]
     inputs = make(b=1, h=h, hkv=hkv, presence_heads=ph, nq=4, nk=5, d=3, dtype=torch.float64,
                   requires_grad=True)
