@@ -56,9 +56,9 @@ _NULL_LOGIT = -1e30
 # lse″ of a null receiver in the backward: every P_ij = e^{t − lse″} is exactly 0.
 _NULL_LSE = 1e30
 # Query rows and key columns of one backward call (see the docstring). 768 query rows is the
-# least on which the CPU kernel uses its large (256-row) query blocks; the augmented copies of a
-# tile (4 query-side, 4 key-side tensors) then come to about a quarter of one operand at
-# N = 4096 (benchmarks/bench_attention.py measured this choice against (512, 512) and others).
+# least on which the CPU kernel uses its large (256-row) query blocks; a tile's augmented copies
+# and kernel outputs (4 query-side, 4 key-side tensors) then hold about one operand's worth at
+# N = 4096. Chosen over (512, 512) and other shapes by benchmarks/bench_attention.py's cells.
 BACKWARD_TILE = (768, 384)
 
 Forward = Callable[[Tensor, Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]]
