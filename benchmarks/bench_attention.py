@@ -258,9 +258,8 @@ def markdown(rows: list[dict], threads: int) -> str:
                     for r in sorted(rows, key=lambda r: (-r["heads"], -r["d"], r["n"],
                                                          order[r["mode"]]))]),
     ]
-    found = verdicts(rows)
-    if found:
-        lines += ["", *found]
+    for line in verdicts(rows):
+        lines += ["", line]
     return "\n".join(lines)
 
 
