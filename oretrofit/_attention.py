@@ -10,14 +10,31 @@ and ``ε`` the denominator stabiliser that totalises empty support.
 Two paths, one meaning:
 
 * :func:`o_attention_reference` materialises the ``(Nq, Nk)`` scores and can return weights.
-* :func:`o_attention_fused` never builds an ``(Nq, Nk)`` tensor. It calls
-  ``scaled_dot_product_attention`` on augmented inputs:
+* :func:`o_attention_fused` never builds an ``(Nq, Nk)`` tensor (unless the caller's mask has
+  that shape). By default it is the *copy-free kernel route* of
+  :mod:`oretrofit._attention_kernels`: one SDPA kernel call with ``log p_j`` as an additive
+  ``(…, 1, Nk)`` score bias returns ``o_i`` and ``L_i = log Z_i``, and
+  ``out_i = p_i · σ(L_i − log ε) · o_i`` is written in place; its backward is the same kernel's
+  (exact gradients for q, k, v, p_q and p_k; see that module). Where that route cannot serve,
+  :func:`_o_attention_augmented` computes the same thing on augmented copies (below):
+
+  - Nq = 0 or Nk = 0 (the CPU kernel aborts on an empty key axis), or ``dv ≠ d`` (the kernels
+    want one head size for q, k and v);
+  - a float mask that requires grad (its gradient is the full ``dS``, which no kernel returns);
+  - devices and dtypes without a checked kernel (the compute dtype must be fp32 or fp64 on CPU,
+    fp32 on CUDA; see :func:`oretrofit._attention_kernels.backend_for`), or a torch whose private
+    ops are missing or fail the check.
+
+  The augmented path calls ``scaled_dot_product_attention`` on
   ``q' = [q, 1]``, ``k'_j = [k_j, log p_j / scale]`` so that ``scale·q'·k'_j = s_ij + log p_j``
   (no float mask is needed, so PyTorch keeps its flash/efficient kernels). A null source gets
   the finite offset ``-1e30`` instead of ``log 0``, so its weight is exactly 0 without any mask;
   the caller's mask (if any) stays boolean. ε is one extra *sink* key with score exactly
   ``log ε`` and value 0. SDPA then returns ``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})`` and
   the result is multiplied by ``p_i``. Empty support puts all mass on the sink: an exact 0.
+
+Softcap selects the reference path (:func:`o_attention`). Half-precision inputs are computed in
+fp32 on every path.
 """
 
 from __future__ import annotations
@@ -29,13 +46,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _attention_kernels as kernels
 from ._presence import check_positive, compute_dtype
 
 __all__ = ["o_attention", "o_attention_reference", "o_attention_fused"]
 
-# Score offset of a null source in the fused path: finite, so 0·k stays 0 in the backward, and
-# far enough below any real score (and log ε) that e^{s + offset − max} is exactly 0 in fp32.
-_NULL_LOGIT = -1e30
+# Score offset of a null source on both fused routes: finite, so 0·k stays 0 in the backward,
+# and far enough below any real score (and log ε) that e^{s + offset − max} is exactly 0 in fp32.
+_NULL_LOGIT = kernels._NULL_LOGIT
 
 
 @dataclass(frozen=True)
@@ -170,13 +188,37 @@ def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Ten
 def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                       mask: Tensor | None = None, eps: float = 1e-6,
                       scale: float | None = None) -> Tensor:
-    """OAttention in O(N) memory on ``scaled_dot_product_attention``; see module docstring.
+    """OAttention in O(N) memory on an SDPA kernel; see the module docstring for the routes.
 
     No ``(Nq, Nk)`` tensor is built unless the caller's own mask or finite additive bias has that
-    shape; without a caller mask SDPA gets no mask at all. Grouped-query heads are passed to SDPA
-    with ``enable_gqa`` (no k/v copies).
+    shape (the kernel route then builds one float bias of the mask's shape, combined with the
+    source presences). Grouped-query heads need no k/v copies (CPU).
     """
     shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
+    ct = compute_dtype(q.dtype)
+    backend = _kernel_backend(q, k, v, mask, ct)
+    if backend is None:
+        return _o_attention_augmented(q, k, v, p_q, p_k, mask, eps, shp)
+    visible, bias = _split_mask(mask, ct)
+    out = kernels.o_attention_lse(q.to(ct), k.to(ct), v.to(ct), p_q.to(ct), p_k.to(ct), visible,
+                                  bias, eps, shp.scale, backend)
+    return out.to(q.dtype)
+
+
+def _kernel_backend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, ct: torch.dtype
+                    ) -> kernels.Backend | None:
+    """The checked kernel for this call, or None where the kernel route cannot serve it."""
+    if q.shape[2] == 0 or k.shape[2] == 0 or v.shape[-1] != q.shape[-1] or q.shape[-1] == 0:
+        return None
+    if mask is not None and mask.requires_grad:
+        return None
+    return kernels.backend_for(q.device, ct)
+
+
+def _o_attention_augmented(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                           mask: Tensor | None, eps: float, shp: _Shapes) -> Tensor:
+    """The augmented-copy fused path (module docstring): one ``scaled_dot_product_attention``
+    call on ``[q, 1]``, ``[k, log p / scale]`` and an ε sink; GQA by ``enable_gqa``."""
     out_dtype, ct = q.dtype, compute_dtype(q.dtype)
     b, h, n_q, n_k, dv = shp.batch, shp.heads, shp.n_q, shp.n_k, v.shape[-1]
     q, k, v, p_k = q.to(ct), k.to(ct), v.to(ct), p_k.to(ct)
