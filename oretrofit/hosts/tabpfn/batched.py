@@ -328,14 +328,44 @@ def _footprint(model: nn.Module, layout: _Layout) -> int:
     return 8 * cells * (layout.c * (g + 2 * e) + d * (3 + ff))
 
 
+def _cells(calls: Sequence[_Call]) -> tuple[int, int]:
+    """(padded, real) cell counts of stacking ``calls``: ``lanes·(N+M)·C`` and ``Σ B_k·R_k·C_k``."""
+    layout = _Layout.of(list(calls))
+    return (layout.lanes * (layout.n + layout.m) * layout.c,
+            sum(c.x.shape[0] * c.x.shape[1] * c.x.shape[2] for c in calls))
+
+
+def _groups(calls: list[_Call], max_padding: float | None) -> list[list[int]]:
+    """The forwards to run: one over every call (``max_padding`` None), else the calls sorted
+    by size and cut greedily so that each group's padded cells stay within ``max_padding``
+    times its real cells."""
+    if max_padding is None:
+        return [list(range(len(calls)))]
+    if max_padding < 1:
+        raise RetrofitError(f"max_padding must be None or >= 1 (padded over real cells); got "
+                            f"{max_padding}")
+    order = sorted(range(len(calls)), key=lambda k: (calls[k].x.shape[2], calls[k].x.shape[0]))
+    groups: list[list[int]] = []
+    for k in order:
+        if groups:
+            padded, real = _cells([calls[j] for j in (*groups[-1], k)])
+            if padded <= max_padding * real:
+                groups[-1].append(k)
+                continue
+        groups.append([k])
+    return groups
+
+
 def _check_memory(model: nn.Module, calls: list[_Call], budget: int | None) -> None:
     """Name the first dataset whose addition makes the padded batch outgrow ``budget``."""
     budget = _available_memory(calls[0].x.device) if budget is None else budget
     for k in range(len(calls)):
         need = _footprint(model, _Layout.of(calls[:k + 1]))
         if need > budget:
-            d = calls[k].dataset
-            ahead = "it alone" if calls[0].dataset == d else f"datasets 0..{d} padded together"
+            d, names = calls[k].dataset, sorted({c.dataset for c in calls[:k + 1]})
+            ahead = ("it alone" if names == [d] else f"datasets 0..{d} padded together"
+                     if names == list(range(d + 1)) else
+                     f"datasets {', '.join(map(str, names))} padded together")
             raise RetrofitError(
                 f"predict_batched: dataset {d}: {ahead} need about {need / 2**30:.2f} GiB, more "
                 f"than the {budget / 2**30:.2f} GiB available; pass fewer datasets per call "
@@ -368,8 +398,8 @@ def _estimator_model(estimator: Any) -> nn.Module:
 
 
 def _run(estimator: Any, method: str, X_train_list: Sequence[Any], y_train_list: Sequence[Any],
-         X_test_list: Sequence[Any], kwargs: dict[str, Any], memory_budget: int | None
-         ) -> list[Any]:
+         X_test_list: Sequence[Any], kwargs: dict[str, Any], memory_budget: int | None,
+         max_padding: float | None) -> list[Any]:
     lengths = (len(X_train_list), len(y_train_list), len(X_test_list))
     if len(set(lengths)) != 1 or lengths[0] == 0:
         raise RetrofitError("predict_batched: X_train_list, y_train_list and X_test_list must "
@@ -397,16 +427,21 @@ def _run(estimator: Any, method: str, X_train_list: Sequence[Any], y_train_list:
             with _dataset(i, "predict"):
                 getattr(worker, method)(x, **kwargs)
     if forwards.calls:
-        layout = _Layout.of(forwards.calls)
-        _sites_needed(model, bounds, layout)
-        _check_memory(model, forwards.calls, memory_budget)
-        with torch.inference_mode():
-            try:
-                forwards.outputs = _batched_forward(model, layout, bounds)
-            except torch.OutOfMemoryError as exc:
-                raise RetrofitError(f"predict_batched: the padded batch of {len(fitted)} "
-                                    "datasets ran out of memory; pass fewer datasets per "
-                                    "call") from exc
+        forwards.outputs = [torch.empty(0)] * len(forwards.calls)
+        for group in _groups(forwards.calls, max_padding):
+            calls = [forwards.calls[k] for k in group]
+            layout = _Layout.of(calls)
+            _sites_needed(model, bounds, layout)
+            _check_memory(model, calls, memory_budget)
+            with torch.inference_mode():
+                try:
+                    outputs = _batched_forward(model, layout, bounds)
+                except torch.OutOfMemoryError as exc:
+                    raise RetrofitError(f"predict_batched: the padded batch of {len(fitted)} "
+                                        "datasets ran out of memory; pass fewer datasets per "
+                                        "call") from exc
+            for k, output in zip(group, outputs):
+                forwards.outputs[k] = output
     results = []
     with forwards.mode("replay"):
         for i, (worker, x) in enumerate(zip(fitted, X_test_list)):
@@ -417,7 +452,7 @@ def _run(estimator: Any, method: str, X_train_list: Sequence[Any], y_train_list:
 
 def predict_batched(estimator: Any, X_train_list: Sequence[Any], y_train_list: Sequence[Any],
                     X_test_list: Sequence[Any], *, memory_budget: int | None = None,
-                    **predict_kwargs: Any) -> list[Any]:
+                    max_padding: float | None = None, **predict_kwargs: Any) -> list[Any]:
     """``estimator.predict`` of every dataset after fitting it on that dataset, with one model
     forward for all of them (see the module docstring for the contract and the padding).
 
@@ -428,6 +463,9 @@ def predict_batched(estimator: Any, X_train_list: Sequence[Any], y_train_list: S
         X_train_list, y_train_list, X_test_list: one entry per dataset; rows, features, target
             scale and classes may all differ.
         memory_budget: bytes the padded forward may use (default: the device's free memory).
+        max_padding: None (default): one forward over every dataset. A number ``>= 1``: the
+            datasets sorted by width and rows and cut into forwards whose padded cells stay
+            within ``max_padding`` times their real cells (less padding, more forwards).
         predict_kwargs: passed to every ``predict`` (e.g. ``output_type``, ``quantiles``).
     Returns:
         One ``predict`` result per dataset, in input order.
@@ -436,16 +474,16 @@ def predict_batched(estimator: Any, X_train_list: Sequence[Any], y_train_list: S
             index); a retrofit that leaves padding visible; a batch beyond ``memory_budget``.
     """
     return _run(estimator, "predict", X_train_list, y_train_list, X_test_list, predict_kwargs,
-                memory_budget)
+                memory_budget, max_padding)
 
 
 def predict_proba_batched(estimator: Any, X_train_list: Sequence[Any],
                           y_train_list: Sequence[Any], X_test_list: Sequence[Any], *,
-                          memory_budget: int | None = None, **predict_kwargs: Any
-                          ) -> list[Any]:
+                          memory_budget: int | None = None, max_padding: float | None = None,
+                          **predict_kwargs: Any) -> list[Any]:
     """:func:`predict_batched` with the classifier's ``predict_proba``."""
     if not hasattr(estimator, "predict_proba"):
         raise RetrofitError("predict_proba_batched needs a classifier (make_classifier); use "
                             "predict_batched for a regressor")
     return _run(estimator, "predict_proba", X_train_list, y_train_list, X_test_list,
-                predict_kwargs, memory_budget)
+                predict_kwargs, memory_budget, max_padding)
