@@ -175,7 +175,8 @@ def _inert_padding(model: nn.Module, layout: _Layout, bounds: Boundaries) -> Ite
     row_tokens, row_targets = getattr(model, bounds.row_tokens), getattr(model, bounds.row_targets)
 
     def preprocess_each(rows: Tensor, y: Tensor, num_train: int, scaler_cache: Any) -> tuple:
-        if scaler_cache is not None or num_train != layout.n or rows.shape[0] != layout.n + layout.m:
+        if scaler_cache is not None or num_train != layout.n \
+                or rows.shape[0] != layout.n + layout.m:
             raise RuntimeError("predict_batched: the batched forward took a path it does not "
                                "pad (a KV cache, or rows it did not stack)")
         cells = targets = rest = None
@@ -257,8 +258,9 @@ class _Forwards:
         self._next = 0
 
     def _record(self, x: Any, y: Any, **kwargs: Any) -> Tensor:
-        if isinstance(x, dict) or isinstance(y, dict) or kwargs.get("kv_cache") is not None \
-                or kwargs.get("return_kv_cache") or not kwargs.get("only_return_standard_out", True):
+        if isinstance(x, (dict, type(None))) or isinstance(y, (dict, type(None))) \
+                or kwargs.get("kv_cache") is not None or kwargs.get("return_kv_cache") \
+                or not kwargs.get("only_return_standard_out", True):
             raise RuntimeError("predict_batched: tabpfn called the model in a way it does not "
                                "batch (dict inputs, a KV cache or the embeddings)")
         y2 = y.reshape(y.shape[0], -1) if y.dim() == 1 or y.dim() == 3 else y
@@ -310,26 +312,38 @@ def _sites_needed(model: nn.Module, bounds: Boundaries, layout: _Layout) -> None
 
 
 def _available_memory(device: torch.device) -> int:
+    """Free device memory: CUDA's free bytes; on the CPU, Linux's ``MemAvailable`` (free plus
+    reclaimable cache), else the free physical pages."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
 def _footprint(model: nn.Module, layout: _Layout) -> int:
     """A coarse upper estimate (bytes) of the batched forward's activations: the grouped cells
     and their tokens ``lanes·R·C·(G + 2E)`` and the row tokens with the ICL MLP
-    ``lanes·R·D·(3 + ff)``, ``D = E·cls``, at 4 bytes, twice over for temporaries."""
+    ``lanes·R·D·(3 + ff)``, ``D = E·cls``, at the inputs' element size, twice over for
+    temporaries. A guard against hopeless batches, not a measurement; ``memory_budget``
+    overrides the free memory it is compared with."""
     config = getattr(model, "config", None)
     e = int(getattr(config, "embed_dim", 0) or model.x_embed.out_features)
     g = int(model.x_embed.in_features)
     d = int(getattr(model, "icl_emsize", e))
     ff = int(getattr(config, "ff_factor", 4) or 4)
     cells = layout.lanes * (layout.n + layout.m)
-    return 8 * cells * (layout.c * (g + 2 * e) + d * (3 + ff))
+    size = 2 * layout.calls[0].x.element_size()
+    return size * cells * (layout.c * (g + 2 * e) + d * (3 + ff))
 
 
 def _cells(calls: Sequence[_Call]) -> tuple[int, int]:
-    """(padded, real) cell counts of stacking ``calls``: ``lanes·(N+M)·C`` and ``Σ B_k·R_k·C_k``."""
+    """(padded, real) cell counts of stacking ``calls``: ``lanes·(N+M)·C``, ``Σ B_k·R_k·C_k``."""
     layout = _Layout.of(list(calls))
     return (layout.lanes * (layout.n + layout.m) * layout.c,
             sum(c.x.shape[0] * c.x.shape[1] * c.x.shape[2] for c in calls))
