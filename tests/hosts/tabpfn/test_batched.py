@@ -258,3 +258,18 @@ def test_max_padding_cuts_size_sorted_forwards(small_ckpt, regression_sets, monk
         assert padded <= 1.3 * real or len(layout.calls) == 1
     with pytest.raises(RetrofitError, match="max_padding must be None or >= 1"):
         predict_batched(regressor, *zip(*sets), max_padding=0.5)
+
+
+def test_the_gpu_script_runs_the_benchmark_with_options_it_has():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[3]
+    script = (root / "scripts/gpu_check.sh").read_text().replace("\\\n", " ")
+    line = next(l for l in script.splitlines() if "benchmarks/bench_batched.py" in l
+                and not l.lstrip().startswith("#"))
+    help_text = subprocess.run([sys.executable, str(root / "benchmarks/bench_batched.py"),
+                                "--help"], capture_output=True, text=True, check=True).stdout
+    assert "--device cuda" in line
+    assert all(re.search(rf"{w}\b", help_text) for w in line.split() if w.startswith("--"))
