@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check of the TabPFN v3 host and the operators, for a session with a CUDA device.
-# Each step has a time limit (200 + 90 + 150 s: under 8 minutes in all); it writes its receipts under results/cuda/:
+# Each step has a time limit (200 + 90 + 150 + 150 s: under 10 minutes in all); it writes its receipts under results/cuda/:
 #   1. the operator sweep on CUDA (fp32, bf16 and fp16: the sweep's own dtype axis)
 #        -> results/cuda/operators.{json,md}
 #   2. fused OAttention vs SDPA on CUDA, and the SDPA kernel each selects (torch.profiler)
@@ -8,6 +8,8 @@
 #   3. one Table 2 cell (sklearn:diabetes, seed 11, τ = 1e-8, arms base / oa / full-o) on the
 #      default-size (58.3M-parameter) random-init host with --device cuda
 #        -> results/cuda/table2-cell/
+#   4. ragged batched prediction: 64 datasets, one predict_batched call vs the per-dataset loop
+#        -> results/cuda/bench_batched.json
 # Usage: bash scripts/gpu_check.sh   (PYTHON=... picks the interpreter: a CUDA build of torch
 # with oretrofit[regress,datasets] installed; the machine needs no network).
 set -euo pipefail
@@ -37,5 +39,9 @@ print(w(cache_dir() / "tabpfn-v3-random-default-seed0-gpu-check.ckpt", "default"
 timeout 150 "${ORETROFIT[@]}" regress --datasets sklearn:diabetes --seeds 11 \
   --arms base,oa,full-o --tau 1e-8 --model-path "$host" --device cuda \
   --out "$OUT/table2-cell" --no-plots --json > "$OUT/table2-cell.json"
+
+step "ragged batched prediction on cuda"
+timeout 150 "$PYTHON" benchmarks/bench_batched.py --device cuda --rounds 3 \
+  --out "$OUT/bench_batched.json"
 
 step "done"

@@ -54,7 +54,7 @@ EVALUATION_RECEIPTS = ["oretrofit/data/tabpfn-v3-demo-eval.json",
 # benchmark scripts that print a table and keep it in their receipt's "markdown" field
 BENCHMARK_RECEIPTS = ["results/bench_pretrain_sizes.json", "results/bench_pretrain_threads.json",
                       "results/bench_pretrain_batch-128.json", "results/bench_pretrain_batch-512.json",
-                      "results/bench_retrofit.json"]
+                      "results/bench_retrofit.json", "results/bench_batched.json"]
 
 COMPARISONS = [(page.relative_to(ROOT).as_posix(), block) for page in [*PAGES, *HISTORY_PAGES]
                for block in comparisons(page.read_text())]
@@ -127,6 +127,7 @@ def test_the_readme_benchmark_headline_is_lines_of_the_reports() -> None:
     section = README.split("\n## Benchmarks\n", 1)[1].split("\n## ", 1)[0]
     reports = "\n".join([(ROOT / "results/bench_attention.md").read_text(),
                          json.loads((ROOT / "results/bench_retrofit.json").read_text())["markdown"],
+                         json.loads((ROOT / "results/bench_batched.json").read_text())["markdown"],
                          (ROOT / "results/bench_hosts.md").read_text()]).splitlines()
     quoted = [line for line in section.splitlines() if line.startswith(("|", "Fused at"))]
     assert len(quoted) >= 10 and all(line in reports for line in quoted)

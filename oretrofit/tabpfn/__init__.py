@@ -4,6 +4,7 @@ The public entry points of the TabPFN host (:mod:`oretrofit.hosts.tabpfn`, where
 their I/O live). Needs ``oretrofit[tabpfn]``.
 """
 
+from ..hosts.tabpfn.batched import predict_batched, predict_proba_batched
 from ..hosts.tabpfn.artifact import load_patched_regressor, read_patch_spec, write_patched_artifact
 from ..hosts.tabpfn.checkpoints import (DEMO_CHECKPOINT, SIZES, build_model, checkpoint_sha256,
                                         load_checkpoint, resolve_model_path, weights_label,
@@ -12,4 +13,5 @@ from ..hosts.tabpfn.estimators import make_classifier, make_regressor
 
 __all__ = ["make_regressor", "make_classifier", "resolve_model_path", "write_random_checkpoint", "checkpoint_sha256",
            "load_checkpoint", "build_model", "weights_label", "write_patched_artifact",
-           "read_patch_spec", "load_patched_regressor", "SIZES", "DEMO_CHECKPOINT"]
+           "read_patch_spec", "load_patched_regressor", "SIZES", "DEMO_CHECKPOINT",
+           "predict_batched", "predict_proba_batched"]

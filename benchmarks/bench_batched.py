@@ -1,0 +1,208 @@
+"""Ragged batched TabPFN prediction: one ``predict_batched`` call against the per-dataset loop
+and against tabpfn's own ``predict_batched`` called once per shape group.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_batched.py [--size small] [--rounds 3]
+                                                         [--datasets 64] [--device cpu]
+                                                         [--out results/bench_batched.json]
+
+Workload: ``--datasets`` ragged regression datasets drawn once (seed 0): 50–500 train rows,
+10–100 test rows, 2–30 features, targets on scales 1e-2 to 1e3. Host: the random-init TabPFN v3
+regressor of ``--size`` retrofitted ``full-o`` at τ = 1e-8, n_estimators=2, fp32,
+``fit_mode='fit_preprocessors'``; every contender fits each dataset (tabpfn's preprocessing)
+and predicts its test rows:
+
+* ``predict_batched``: ``oretrofit.tabpfn.predict_batched``, one padded forward;
+* ``loop``: ``copy.copy(regressor).fit(X, y).predict(X_test)`` per dataset;
+* ``tabpfn grouped``: ``regressor.predict_batched`` once per group of equal raw shapes
+  (tabpfn ≥ 8.1; it refuses ragged groups). With ragged draws most groups hold one dataset.
+
+The contenders run in interleaved rounds after a warm-up (other load hits them alike); the
+table gives each one's median seconds, datasets per second and its throughput relative to the
+loop's in the same run. Prints a Markdown table and writes a JSON receipt with provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from oretrofit._markdown import pipe_table
+from oretrofit._provenance import environment, write_json_atomic
+from oretrofit.hosts.tabpfn import releases
+from oretrofit.hosts.tabpfn.checkpoints import cache_dir
+from oretrofit.tabpfn import (checkpoint_sha256, make_regressor, predict_batched,
+                              write_random_checkpoint)
+
+TAU, SEED, N_ESTIMATORS = 1e-8, 0, 2
+MAX_PADDING = 1.3                # size-sorted forwards, padded cells ≤ 1.3 × real cells
+TARGET = 2.0                     # predict_batched throughput over the loop's (CPU)
+Data = list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def host(size: str) -> Path:
+    path = (cache_dir()
+            / f"tabpfn-v3-random-{size}-seed{SEED}-tabpfn{releases.installed_version()}.ckpt")
+    return path if path.exists() else write_random_checkpoint(path, size, SEED)
+
+
+def ragged(count: int) -> Data:
+    rng = np.random.default_rng(SEED)
+    out = []
+    for _ in range(count):
+        n, m, c = int(rng.integers(50, 501)), int(rng.integers(10, 101)), int(rng.integers(2, 31))
+        x = rng.normal(size=(n + m, c))
+        y = np.tanh(x @ rng.normal(size=c)) + 0.1 * rng.normal(size=n + m)
+        y = y * 10 ** rng.uniform(-2, 3)
+        out.append((x[:n], y[:n], x[n:]))
+    return out
+
+
+def contenders(regressor: Any) -> dict[str, Callable[[Data], list[np.ndarray]]]:
+    def loop(data: Data) -> list[np.ndarray]:
+        return [copy.copy(regressor).fit(x, y).predict(t) for x, y, t in data]
+
+    def grouped(data: Data) -> list[np.ndarray]:
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, (x, _, t) in enumerate(data):
+            groups[(x.shape, t.shape)].append(i)
+        out: list[Any] = [None] * len(data)
+        for members in groups.values():
+            for i, p in zip(members, regressor.predict_batched(*[[data[i][k] for i in members]
+                                                                 for k in range(3)])):
+                out[i] = p
+        return out
+
+    runs = {"predict_batched": lambda data: predict_batched(regressor, *zip(*data)),
+            f"predict_batched, max_padding={MAX_PADDING:g}": lambda data: predict_batched(
+                regressor, *zip(*data), max_padding=MAX_PADDING),
+            "loop": loop}
+    if hasattr(regressor, "predict_batched"):
+        runs["tabpfn grouped"] = grouped
+    return runs
+
+
+def timed(regressor: Any, runs: dict[str, Callable[[Data], list[np.ndarray]]], data: Data,
+          rounds: int, device: str
+          ) -> tuple[dict[str, list[float]], dict[str, int], dict[str, float]]:
+    """Interleaved rounds after a warm-up that counts each contender's model forwards (calls
+    of the first ICL block: a recorded or replayed call runs none) and finds the largest
+    relative difference of each one's predictions from the loop's."""
+    block, first, forwards = regressor.model_path.model.icl_blocks[0], {}, {}
+    for name, run in runs.items():
+        count = [0]
+        hook = block.register_forward_pre_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+        try:
+            first[name] = run(data)
+        finally:
+            hook.remove()
+        forwards[name] = count[0]
+    agree = {name: max(float(np.abs(a - b).max() / np.abs(b).max())
+                       for a, b in zip(first[name], first["loop"])) for name in runs}
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            run(data)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds, forwards, agree
+
+
+def fixed_forward_seconds(regressor: Any, device: str, repeats: int = 5) -> float:
+    """Median seconds of the smallest forward (2 train + 10 test rows, 2 features, the
+    members as lanes): a per-forward cost no batching can go below."""
+    model = regressor.model_path.model
+    x = torch.randn(12, N_ESTIMATORS, 2, device=device)
+    y = torch.randn(2, N_ESTIMATORS, device=device)
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            model(x, y)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def markdown(receipt: dict[str, Any]) -> str:
+    rows = receipt["rows"]
+    loop = next(r for r in rows if r["contender"] == "loop")["seconds_median"]
+    lines = [f"{receipt['datasets']} ragged regression datasets (50–500 train rows, 10–100 test "
+             f"rows, 2–30 features), TabPFN v3 {receipt['size']} host (random weights), full-o "
+             f"τ={TAU:g}, n_estimators={N_ESTIMATORS}, fp32, {receipt['device']}, "
+             f"{receipt['threads']} thread(s), {receipt['rounds']} interleaved rounds.", ""]
+    header = ["contender", "forwards", "seconds (median)", "datasets / s", "throughput vs loop",
+              "max rel. difference from loop"]
+    table = [[r["contender"], str(r["forwards"]), f"{r['seconds_median']:.2f}",
+              f"{receipt['datasets'] / r['seconds_median']:.2f}",
+              f"{loop / r['seconds_median']:.2f}×", f"{r['max_rel_difference']:.1e}"]
+             for r in rows]
+    lines.append(pipe_table(header, table, align=["left"] + ["right"] * 5))
+    ratio = loop / next(r for r in rows if r["contender"] == "predict_batched")["seconds_median"]
+    lines.append(f"\nGoal: predict_batched ≥ {TARGET:g}× the loop's throughput — "
+                 f"{'met' if ratio >= TARGET else 'missed'} ({ratio:.2f}×). The smallest forward "
+                 f"takes {receipt['fixed_forward_s'] * 1e3:.0f} ms, so "
+                 f"batching that removed every forward's fixed cost and padded nothing would "
+                 f"reach about {receipt['ceiling']:.2f}× the loop here.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="small", choices=["small", "default"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--datasets", type=int, default=64)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=Path("results/bench_batched.json"))
+    parser.add_argument("--report-only", action="store_true",
+                        help="re-render the table of the receipt at --out; run nothing")
+    args = parser.parse_args()
+    if args.report_only:
+        print(markdown(json.loads(args.out.read_text())))
+        return
+    warnings.filterwarnings("ignore", message="Running on CPU with more than")
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    path = host(args.size)
+    regressor, _ = make_regressor(path, "full-o", TAU, n_estimators=N_ESTIMATORS,
+                                  device=args.device)
+    data = ragged(args.datasets)
+    runs = contenders(regressor)
+    seconds, forwards, agree = timed(regressor, runs, data, args.rounds, args.device)
+    fixed = fixed_forward_seconds(regressor, args.device)
+    loop = statistics.median(seconds["loop"])
+    rows = [{"contender": name, "seconds": seconds[name], "forwards": forwards[name],
+             "seconds_median": statistics.median(seconds[name]),
+             "max_rel_difference": agree[name]} for name in runs]
+    receipt = {"schema_version": 1, "benchmark": "bench_batched", "size": args.size,
+               "checkpoint": str(path), "checkpoint_sha256": checkpoint_sha256(path),
+               "weights": "random", "tau": TAU, "seed": SEED, "n_estimators": N_ESTIMATORS,
+               "datasets": args.datasets, "rounds": args.rounds, "device": args.device,
+               "threads": torch.get_num_threads(), "target_throughput_ratio": TARGET,
+               "fixed_forward_s": fixed,
+               "ceiling": loop / max(loop - args.datasets * fixed, 1e-9),
+               "shapes": [[x.shape[0], t.shape[0], x.shape[1]] for x, _, t in data],
+               "rows": rows, "environment": environment()}
+    receipt["markdown"] = markdown(receipt)
+    write_json_atomic(args.out, receipt)
+    print(receipt["markdown"])
+    print(json.dumps({"receipt": str(args.out)}), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""predict_batched / predict_proba_batched: ragged datasets in one forward equal per-dataset
+fit + predict; the padding is inert at every token boundary; bad input is named."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from sklearn import datasets as skd
+
+from oretrofit import RetrofitError
+from oretrofit.hosts.tabpfn import batched, releases
+from oretrofit.tabpfn import make_classifier, make_regressor, predict_batched, predict_proba_batched
+
+SAME = 1e-5            # batched vs per-dataset fit + predict of the same retrofitted estimator
+TAU_LIMIT = 1e-4       # the τ = 1e-8 retrofit vs the unpatched estimator (test_regressor.py)
+# tabpfn 8.0.x decodes a regressor's 5000 bucket logits so that their fp32 noise (~6e-7
+# relative, the same batched or not) becomes ~1e-4 in the predictions, as between its own
+# cached and uncached predictions (test_regressor.py); fp64 there. The classifier is fp32 on all.
+OLD = (releases.installed_version() or "").startswith("8.0.")
+REG_PRECISION = torch.float64
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+
+
+def _split(x: np.ndarray, y: np.ndarray, n: int, m: int, c: int, rng: np.random.Generator):
+    rows = rng.permutation(len(x))[:n + m]
+    cols = rng.permutation(x.shape[1])[:c]
+    x = x[rows][:, cols]
+    return x[:n], y[rows][:n], x[n:]
+
+
+def _regression_sets(count: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``count`` ragged regression datasets: 50–500 train rows, 2–30 features, targets on
+    scales from 1e-2 to 1e3 (sklearn's diabetes and generated ones)."""
+    rng = np.random.default_rng(0)
+    diabetes = skd.load_diabetes(return_X_y=True)
+    out = []
+    for k in range(count):
+        n, m, c = int(rng.integers(50, 501)), int(rng.integers(5, 40)), int(rng.integers(2, 31))
+        if k % 4 == 0:
+            x, y = diabetes
+            out.append(_split(x, y, min(n, 400), m, min(c, 10), rng))
+            continue
+        if k % 4 == 1:
+            x, y = skd.make_friedman1(n + m, n_features=max(c, 5), random_state=k)
+        else:
+            x, y = skd.make_regression(n + m, c, n_informative=max(1, c // 2), noise=1.0,
+                                       random_state=k)
+        out.append(_split(x, y * 10.0 ** rng.uniform(-2, 3), n, m, c, rng))
+    return out
+
+
+def _classification_sets(count: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``count`` ragged datasets of 2–5 classes (iris, wine, breast cancer and generated)."""
+    rng = np.random.default_rng(1)
+    real = [skd.load_iris(return_X_y=True), skd.load_wine(return_X_y=True),
+            skd.load_breast_cancer(return_X_y=True)]
+    out = []
+    for k in range(count):
+        n, m, c = int(rng.integers(50, 501)), int(rng.integers(5, 40)), int(rng.integers(2, 31))
+        if k % 3 == 0:
+            x, y = real[(k // 3) % 3]
+            out.append(_split(x, y, min(n, len(x) - m), m, min(c, x.shape[1]), rng))
+            continue
+        x, y = skd.make_classification(n + m, max(c, 3), n_informative=3, n_redundant=0,
+                                       n_classes=int(rng.integers(2, 6)),
+                                       n_clusters_per_class=1, random_state=k)
+        out.append(_split(x, y, n, m, c, rng))
+    return out
+
+
+def _each(estimator, method: str, sets) -> list[np.ndarray]:
+    return [getattr(copy.copy(estimator).fit(x, y), method)(t) for x, y, t in sets]
+
+
+@pytest.fixture(scope="module")
+def regression_sets():
+    return _regression_sets(20)
+
+
+def test_regressor_ragged_equals_per_dataset(small_ckpt, regression_sets):
+    """20 datasets of different rows, features and target scales in one call."""
+    kw = {"n_estimators": 1, "inference_precision": REG_PRECISION}
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, **kw)
+    got = predict_batched(regressor, *zip(*regression_sets))
+    same = _each(regressor, "predict", regression_sets)
+    base = _each(make_regressor(small_ckpt, "base", **kw)[0], "predict", regression_sets)
+    assert [g.shape for g in got] == [(len(t),) for _, _, t in regression_sets]
+    assert max(map(_rel, got, same)) <= SAME
+    # tabpfn 8.0.x: the τ = 1e-8 retrofit itself, unbatched, is up to ~6e-3 from base on these
+    # sets; batching is held to add nothing to that (later releases: the 1e-4 limit itself)
+    limits = [max(TAU_LIMIT, _rel(s, b)) if OLD else TAU_LIMIT for s, b in zip(same, base)]
+    assert all(_rel(g, b) <= limit + SAME for g, b, limit in zip(got, base, limits))
+
+
+def test_classifier_ragged_equals_per_dataset(classifier_ckpt):
+    sets = _classification_sets(20)
+    classifier, _ = make_classifier(classifier_ckpt, "full-o", 1e-8, n_estimators=2)
+    got = predict_proba_batched(classifier, *zip(*sets))
+    same = _each(classifier, "predict_proba", sets)
+    base = _each(make_classifier(classifier_ckpt, "base", n_estimators=2)[0], "predict_proba",
+                 sets)
+    assert [g.shape[1] for g in got] == [len(np.unique(y)) for _, y, _ in sets]
+    assert len({g.shape[1] for g in got}) > 2                    # classes differ too
+    assert max(map(_rel, got, same)) <= SAME
+    assert max(map(_rel, got, base)) <= TAU_LIMIT
+    labels = predict_batched(classifier, *zip(*sets[:4]))
+    assert all((a == b).all() for a, b in zip(labels, _each(classifier, "predict", sets[:4])))
+
+
+def test_padding_has_zero_carriers_at_every_boundary(small_ckpt, regression_sets, monkeypatch):
+    """Padded cells enter the distribution embedder as exact zeros, padded rows enter every
+    ICL block and leave the output norm as exact zeros (presence 0: never a source)."""
+    regressor, result = make_regressor(small_ckpt, "full-o", 1e-8, n_estimators=1)
+    model, seen, layouts = result.model, [], []
+    original = batched._Layout.of
+    monkeypatch.setattr(batched._Layout, "of", classmethod(
+        lambda cls, calls: layouts.append(original(calls)) or layouts[-1]))
+
+    def keep(name):
+        def hook(module, args, kwargs, *out):
+            seen.append((name, out[0] if out else (args or (kwargs["x_BRiCE"],))[0]))
+        return hook
+
+    hooks = [model.feature_distribution_embedder.register_forward_pre_hook(keep("cells"),
+                                                                           with_kwargs=True),
+             model.output_norm.register_forward_hook(keep("out"), with_kwargs=True),
+             *[b.register_forward_pre_hook(keep("icl"), with_kwargs=True)
+               for b in model.icl_blocks]]
+    sets = regression_sets[:5]
+    try:
+        predict_batched(regressor, *zip(*sets))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    layout = layouts[-1]
+    pad_rows = layout.padded_rows(torch.device("cpu"))
+    assert pad_rows.any() and len({c.x.shape[2] for c in layout.calls}) > 1
+    cells = torch.cat([x for name, x in seen if name == "cells"], dim=1)   # row chunks, in order
+    for call, lanes in layout.parts():                                     # padded columns
+        assert (cells[lanes][..., call.x.shape[2]:, :] == 0).all()
+    assert (cells[pad_rows] == 0).all() and (cells[~pad_rows].norm(dim=-1) > 0).any(-1).all()
+    for name, x in seen:                                                   # (B, R, D)
+        if name != "cells":
+            assert (x[pad_rows] == 0).all() and (x[~pad_rows].norm(dim=-1) > 0).all()
+    assert {name for name, _ in seen} == {"cells", "icl", "out"}
+
+
+def test_oa_suffices_for_one_width_and_is_refused_for_padded_columns(small_ckpt):
+    rng = np.random.default_rng(3)
+    sets = []
+    for n, m in ((60, 9), (150, 20), (90, 4)):
+        x = rng.normal(size=(n + m, 5))
+        sets.append((x[:n], x[:n] @ rng.normal(size=5), x[n:]))
+    kw = {"inference_precision": REG_PRECISION}
+    regressor, _ = make_regressor(small_ckpt, "oa", 1e-8, **kw)
+    got = predict_batched(regressor, *zip(*sets))
+    assert max(map(_rel, got, _each(regressor, "predict", sets))) <= SAME
+    wide = x[:, :3]
+    ragged = [*sets, (np.hstack([sets[0][0], sets[0][0][:, :2]]), sets[0][1],
+                      np.hstack([sets[0][2], sets[0][2][:, :2]])), (wide[:40], wide[:40, 0],
+                                                                    wide[40:])]
+    with pytest.raises(RetrofitError, match="different model widths.*te.col.*full-o"):
+        predict_batched(regressor, *zip(*ragged))
+    with pytest.raises(RetrofitError, match="needs the sites fde.0.induce1.*full-o"):
+        predict_batched(make_regressor(small_ckpt, "base")[0], *zip(*sets))
+
+
+def test_bad_input_names_the_dataset(small_ckpt, table):
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8)
+    x, y, t = table
+    with pytest.raises(RetrofitError, match="one length; got 2, 1 and 2"):
+        predict_batched(regressor, [x, x], [y], [t, t])
+    with pytest.raises(RetrofitError, match="non-empty"):
+        predict_batched(regressor, [], [], [])
+    with pytest.raises(RetrofitError, match=r"dataset 1: tabpfn's fit refuses it.*X_train_list\[1\]"):
+        predict_batched(regressor, [x, x], [y, y[:-3]], [t, t])
+    with pytest.raises(RetrofitError, match=r"dataset 2: tabpfn's predict refuses it"):
+        predict_batched(regressor, [x, x, x], [y, y, y], [t, t, t[:, :2]])
+    with pytest.raises(RetrofitError, match=r"dataset 1: datasets 0..1 padded together need "
+                                            r"about .* GiB.*fewer datasets per call"):
+        big = np.tile(x, (8, 1))
+        predict_batched(regressor, [x, big], [y, np.tile(y, 8)], [t, t],
+                        memory_budget=batched._footprint(
+                            regressor.model_path.model, batched._Layout.of(_calls(regressor,
+                                                                                  x, y, t))) + 1)
+    with pytest.raises(RetrofitError, match="dataset 0: it alone need"):
+        predict_batched(regressor, [x], [y], [t], memory_budget=1)
+    from tabpfn import TabPFNRegressor
+    with pytest.raises(RetrofitError, match="from oretrofit.tabpfn.make_regressor"):
+        predict_batched(TabPFNRegressor(model_path=str(small_ckpt)), [x], [y], [t])
+    with pytest.raises(RetrofitError, match="needs a classifier"):
+        predict_proba_batched(regressor, [x], [y], [t])
+
+
+def _calls(regressor, x, y, t) -> list:
+    """The forward calls of one dataset's predict (recorded, not run)."""
+    forwards = batched._Forwards(regressor.model_path.model)
+    worker = copy.copy(regressor).fit(x, y)
+    with forwards.mode("record"):
+        worker.predict(t)
+    return forwards.calls
+
+
+def test_estimator_unchanged_constant_target_and_predict_options(small_ckpt, table):
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=REG_PRECISION)
+    x, y, t = table
+    before = regressor.fit(x, y).predict(t)
+    constant = np.full_like(y, 3.5)
+    got = predict_batched(regressor, [x[:20], x, x[:25]], [y[:20], constant, y[:25]],
+                          [t, t[:4], t], output_type="quantiles", quantiles=[0.25, 0.5])
+    np.testing.assert_array_equal(got[1][0], np.full(4, 3.5))
+    reference = copy.copy(regressor).fit(x[:25], y[:25]).predict(
+        t, output_type="quantiles", quantiles=[0.25, 0.5])
+    assert max(map(_rel, got[2], reference)) <= SAME
+    np.testing.assert_array_equal(regressor.predict(t), before)            # still fitted on x, y
+    assert "forward" not in regressor.models_[0].__dict__                  # nothing left behind
+
+
+def test_the_readme_example_runs(capsys, monkeypatch, small_ckpt, tmp_path):
+    """The README's example, with the small random host as "demo" (the shipped demo weights
+    were written by a newer tabpfn than 8.0.x, which refuses them)."""
+    import shutil
+    from pathlib import Path
+
+    from oretrofit.hosts.tabpfn import checkpoints
+    monkeypatch.setattr(checkpoints, "DEMO_CHECKPOINT", tmp_path / "tabpfn-v3-demo.ckpt")
+    shutil.copy(small_ckpt, checkpoints.DEMO_CHECKPOINT)
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    code = readme.split("\n### Many datasets in one forward\n", 1)[1]
+    code = code.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert capsys.readouterr().out.strip() == "[(20,), (20,), (20,)]"
+    X, y = scope["Xs"][1], scope["ys"][1]
+    reference = copy.copy(scope["regressor"]).fit(X[:-20], y[:-20]).predict(X[-20:])
+    # fp32 as shown; tabpfn 8.0.x decodes its ~6e-7 logit noise into up to ~1e-3 (7.5e-4 here)
+    assert _rel(scope["preds"][1], reference) <= (1e-3 if OLD else SAME)
+
+
+def test_max_padding_cuts_size_sorted_forwards(small_ckpt, regression_sets, monkeypatch):
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=REG_PRECISION)
+    sets = regression_sets[:6]
+    forwards = []
+    original = batched._batched_forward
+    monkeypatch.setattr(batched, "_batched_forward",
+                        lambda *a: forwards.append(a[1]) or original(*a))
+    one = predict_batched(regressor, *zip(*sets))
+    cut = predict_batched(regressor, *zip(*sets), max_padding=1.3)
+    assert len(forwards) > 2 and max(map(_rel, cut, one)) <= SAME
+    for layout in forwards[1:]:
+        padded, real = batched._cells(layout.calls)
+        assert padded <= 1.3 * real or len(layout.calls) == 1
+    with pytest.raises(RetrofitError, match="max_padding must be None or >= 1"):
+        predict_batched(regressor, *zip(*sets), max_padding=0.5)
+
+
+def test_the_gpu_script_runs_the_benchmark_with_options_it_has():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[3]
+    script = (root / "scripts/gpu_check.sh").read_text().replace("\\\n", " ")
+    line = next(l for l in script.splitlines() if "benchmarks/bench_batched.py" in l
+                and not l.lstrip().startswith("#"))
+    help_text = subprocess.run([sys.executable, str(root / "benchmarks/bench_batched.py"),
+                                "--help"], capture_output=True, text=True, check=True).stdout
+    assert "--device cuda" in line
+    assert all(re.search(rf"{w}\b", help_text) for w in line.split() if w.startswith("--"))
