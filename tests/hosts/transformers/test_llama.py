@@ -17,7 +17,8 @@ from oretrofit.hosts.transformers.report import (EPS, PROMPTS, TAU, greedy_and_l
                                     load_smollm2, logits_readout, null_insertion, padding_deltas)
 
 # the KV cache argument: ``cache`` from transformers 5.24, ``past_key_values`` before
-CACHE = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+CACHE = ("cache" if "cache" in inspect.signature(LlamaModel.forward).parameters
+         else "past_key_values")
 
 
 def _tiny_llama(**overrides: object) -> LlamaForCausalLM:

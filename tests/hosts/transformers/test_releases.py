@@ -61,8 +61,8 @@ def test_a_refused_release_is_named_with_where_support_starts_why_and_the_fix(mo
 
 
 def test_the_hf_extra_pins_the_gates_range():
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert common.requirement() in extras["hf"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert common.requirement() in project["optional-dependencies"]["hf"]
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/transformers.md"])
