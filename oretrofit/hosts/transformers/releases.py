@@ -20,6 +20,7 @@ branch gating with hooks.
 from __future__ import annotations
 
 import inspect
+import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -35,12 +36,116 @@ from ..torch_nn import ATTENTION, gated_linear, patch_all
 
 __all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_output_bias", "gate_table",
            "zero_padded_inputs", "check_transformers", "transformers_version", "TESTED_RELEASES",
-           "supported_range", "supported_text", "admits"]
+           "supported_range", "supported_text", "requirement", "admits", "COVERED_FROM",
+           "INTERFACE",
+           "covered_from", "before_covered", "not_covered_yet"]
 
 
 # The passing rows of results/transformers-compat.md (scripts/transformers_compat.py runs the
-# host's tests on every 5.x minor's newest patch release, each in its own environment).
-TESTED_RELEASES: tuple[str, ...] = ("5.24.0",)
+# host's tests on the newest patch release of every minor from 4.53, each in its own environment).
+TESTED_RELEASES: tuple[str, ...] = (
+    "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4",
+    "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0", "5.19.0",
+    "5.20.2", "5.21.1", "5.22.2", "5.23.0", "5.24.0")
+
+# Where support starts, and why not earlier. The host registers the mask function of its attention
+# implementation with AttentionMaskInterface (transformers.masking_utils), first shipped in 4.53.0
+# (AttentionInterface alone, from 4.51, would leave transformers building no mask for it).
+# 4.53 to 4.57 have both, but there the BERT family (MiniLM among it) and more compute attention
+# themselves, so the host cannot cover them (results/transformers-compat.md, the 4.x rows).
+FIRST_MASK_INTERFACE = "4.53.0"
+_BEFORE_MASK_INTERFACE = (
+    f"support starts at 5.0.0: transformers before {FIRST_MASK_INTERFACE} has no "
+    "AttentionMaskInterface (transformers.masking_utils), where the host registers the mask "
+    "function of its attention implementation (without it transformers builds no mask for the "
+    "implementation, and padding and causality would be lost)")
+_4X = ("support starts at 5.0.0: transformers 4.53 to 4.57 have the attention and mask interfaces, "
+       "but there BERT and its family (all-MiniLM-L6-v2 among them), DistilBERT, StableLM, "
+       "Qwen2-MoE, OLMoE and Phi-MoE compute attention themselves (BertSdpaSelfAttention, ...), so "
+       "the host cannot cover them, and the host's tests fail on more "
+       "(results/transformers-compat.md)")
+
+# Releases refused whatever their row says until it passes, with the reason (the compat sweep
+# tries them every time and its row turns to pass once they install and work).
+BLOCKED: dict[str, str] = {
+    "5.4": "transformers 5.4.0 cannot build the configs of OLMo, OLMo2, OLMo3, OLMoE, mBART, "
+           "M2M100, Cohere2, ERNIE 4.5, EuroBERT, Phi-MoE and more with the huggingface-hub it "
+           "installs (strict field validation: 'tie_word_embeddings expected int, got bool'); "
+           "5.5 fixed it",
+    "5.25": "transformers 5.25 requires kernels>=0.19.1, which is not installable in the "
+            "environments the host is tested in (results/transformers-compat.md: install failed)",
+}
+
+
+# Architectures the host covers only from some admitted release on: model type -> (the first
+# tested release where it does, why not before). Almost all because their modeling code computes
+# attention itself before that release (the host then finds no module calling the interface);
+# model types missing here are covered in every admitted release that has them. Measured, not
+# read from changelogs: scripts/transformers_compat.py probes every architecture of
+# tests/hosts/transformers/zoo.py in each release's environment (per row of the receipt: how many
+# are covered, refused, absent; per architecture in its .json) and prints this table from the
+# probes; the two contract rows (ESM, Doge) are where that release's tests failed, found by reading
+# the modeling code (ESM) and comparing its SDPA and eager paths (Doge).
+# tests/hosts/transformers/test_releases.py checks the table against the receipt.
+INTERFACE = "does not route attention through the attention interface"
+_ESM = ("rotates queries and keys by sequence index, not by position_ids, so a null token "
+        "inserted mid-sequence would move the tokens after it")
+_QWEN35 = ("fails in transformers' own forward with full-attention layers only (has_previous_state "
+           "asked of a cache without linear-attention layers), and with linear-attention layers "
+           "the host refuses it (a token mixer outside the interface)")
+_DOGE = ("computes other attention under SDPA than under eager (its dynamic mask; relative "
+         "difference 1.2 on the tiny model), and the retrofit follows eager, so it would change "
+         "an SDPA model's outputs")
+COVERED_FROM: dict[str, tuple[str, str]] = {
+    "modernbert": ("5.1.0", INTERFACE),
+    "qwen3_5_text": ("5.15.1", _QWEN35),              # the model type is new in 5.2
+    "eurobert": ("5.3.0", INTERFACE),                # new in 5.3
+    "jina_embeddings_v3": ("5.5.4", INTERFACE),      # new in 5.4 (refused: BLOCKED)
+    "nomic_bert": ("5.5.4", INTERFACE),              # new in 5.5
+    "esm": ("5.6.2", _ESM),
+    "beit": ("5.9.0", INTERFACE),
+    "nemotron": ("5.13.1", INTERFACE),
+    "diffllama": ("5.13.1", INTERFACE),
+    "t5": ("5.15.1", INTERFACE),
+    "mt5": ("5.15.1", INTERFACE),
+    "umt5": ("5.15.1", INTERFACE),
+    "switch_transformers": ("5.15.1", INTERFACE),
+    "gte": ("5.18.0", INTERFACE),                    # new in 5.18
+    "gptj": ("5.24.0", INTERFACE),
+    "codegen": ("5.24.0", INTERFACE),
+    "doge": ("5.18.0", _DOGE),
+}
+
+
+def covered_from(model_type: str) -> str | None:
+    """The first tested release where the host covers ``model_type`` (None: every admitted
+    release that has the model type)."""
+    return COVERED_FROM.get(model_type, (None, ""))[0]
+
+
+def before_covered(model_type: str, version: str | None = None) -> str | None:
+    """The release the host covers ``model_type`` from, when transformers ``version`` (default: the
+    installed one) is older; else None."""
+    from packaging.version import Version
+    first = covered_from(model_type)
+    version = version or transformers_version()
+    return first if first is not None and Version(version) < Version(first) else None
+
+
+def not_covered_yet(name: str, model_type: str, version: str | None = None) -> str | None:
+    """Why a ``model_type`` model is refused in transformers ``version`` (installed by default)
+    when the host covers it only from a later release; else None."""
+    version = version or transformers_version()
+    first = before_covered(model_type, version)
+    if first is None:
+        return None
+    why, fix = COVERED_FROM[model_type][1], requirement().replace(TESTED_RELEASES[0], first, 1)
+    if why == INTERFACE:
+        said = f"{why} in transformers {version}; it does from {first}"
+    else:
+        said = (f"is not covered in transformers {version}: there it {why}; the host covers it "
+                f"from {first}")
+    return f'{name} (model type {model_type!r}) {said} (pip install "{fix}")'
 
 
 def transformers_version() -> str:
@@ -62,33 +167,69 @@ def supported_range() -> tuple[str, str]:
 
 def admits(version: str) -> bool:
     """Whether the gate admits transformers ``version``: at least the oldest tested release and
-    of a minor no newer than the newest tested one, so later patch releases of a tested minor
-    are admitted and a pre-release of the next minor is not."""
+    of a tested minor (the receipt tests each minor's newest patch release), so the patch
+    releases of a tested minor are admitted and a pre-release of the next minor is not."""
     from packaging.version import InvalidVersion, Version
-    oldest, below = supported_range()
     try:
-        return Version(version) >= Version(oldest) and _minor(version) < _minor(below)
+        return (Version(version) >= Version(TESTED_RELEASES[0])
+                and _minor(version) in {_minor(release) for release in TESTED_RELEASES})
     except InvalidVersion:
         return False
 
 
+def _gaps() -> list[str]:
+    """Minors between the oldest and the newest tested release that the gate refuses."""
+    tested = {_minor(release) for release in TESTED_RELEASES}
+    (major, low), (_, high) = _minor(TESTED_RELEASES[0]), _minor(TESTED_RELEASES[-1])
+    return [f"{major}.{m}" for m in range(low, high + 1) if (major, m) not in tested]
+
+
+def requirement() -> str:
+    """The admitted releases as one pip requirement, e.g. ``transformers>=5.0.0,!=5.4.*,<5.25``
+    (the hf extra of pyproject.toml and the fix each refusal names)."""
+    oldest, below = supported_range()
+    return ",".join([f"transformers>={oldest}", *(f"!={gap}.*" for gap in _gaps()), f"<{below}"])
+
+
 def supported_text() -> str:
-    """The admitted releases as the docs and refusals say them, e.g. ``5.24.0 to 5.24.x``."""
+    """The admitted releases as the docs and refusals say them, e.g. ``5.0.0 to 5.24.x (not
+    5.4)``."""
     major, minor = _minor(TESTED_RELEASES[-1])
-    return f"{TESTED_RELEASES[0]} to {major}.{minor}.x"
+    gaps = _gaps()
+    return (f"{TESTED_RELEASES[0]} to {major}.{minor}.x"
+            + (f" (not {', '.join(gaps)})" if gaps else ""))
+
+
+def _why_not(version: str) -> str:
+    """Why ``version`` is refused, beyond not being among the tested releases."""
+    from packaging.version import InvalidVersion, Version
+    try:
+        minor = _minor(version)
+        if Version(version) < Version(FIRST_MASK_INTERFACE):
+            return f"; {_BEFORE_MASK_INTERFACE}"
+    except InvalidVersion:
+        return ""
+    if minor[0] == 4:
+        return f"; {_4X}"
+    blocked = BLOCKED.get(".".join(map(str, minor)))
+    return f"; {blocked}" if blocked else ""
+
+
+# scripts/transformers_compat.py measures releases the gate does not admit (yet): it names the
+# installed release in this variable for the host's tests and probe, and for nothing else
+SWEEP_RELEASE = "ORETROFIT_COMPAT_SWEEP_RELEASE"
 
 
 def check_transformers() -> None:
     """Refuse a transformers release the host has not been shown to work with, naming the fix
     (the tested releases are results/transformers-compat.md's passing rows)."""
     version = transformers_version()
-    if admits(version):
+    if admits(version) or os.environ.get(SWEEP_RELEASE) == version:
         return
-    oldest, below = supported_range()
     raise RetrofitError(
         f"transformers {version} is not supported by the transformers host; it is tested on "
-        f"{supported_text()} (results/transformers-compat.md): "
-        f'pip install "transformers>={oldest},<{below}"')
+        f"{supported_text()} (results/transformers-compat.md){_why_not(version)}: "
+        f'pip install "{requirement()}"')
 
 
 def carrier_of(args: tuple, kwargs: dict) -> Tensor:

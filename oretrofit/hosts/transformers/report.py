@@ -98,7 +98,11 @@ def load_smollm2() -> tuple[nn.Module, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     path = smollm2_dir()
     model = AutoModelForCausalLM.from_pretrained(path, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    return model.eval(), AutoTokenizer.from_pretrained(path, gguf_file=SMOLLM2_GGUF)
+    tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=SMOLLM2_GGUF)
+    # SmolLM2's tokenizer adds no BOS; transformers 5.0-5.5 convert the GGUF one to a Llama-style
+    # tokenizer that prepends <|im_start|> (id 1): the same text would be other tokens there
+    tokenizer.add_bos_token = False
+    return model.eval(), tokenizer
 
 
 @torch.no_grad()

@@ -25,14 +25,20 @@ def test_the_list_covers_every_family() -> None:
 
 
 @pytest.fixture(scope="module", params=zoo.ARCHITECTURES, ids=NAMES)
-def tiny(request: pytest.FixtureRequest) -> tuple[zoo.Architecture, torch.nn.Module, dict]:
+def tiny(request: pytest.FixtureRequest) -> tuple[zoo.Architecture, torch.nn.Module | None, dict]:
+    """The tiny model, or ``None`` where the installed release does not route the architecture's
+    attention through the interface (then each contract test checks the refusal instead)."""
+    if zoo.expectation(request.param) != "covered":
+        return request.param, None, {}
     model = zoo.build(request.param)
     return request.param, model, zoo.example_inputs(model)
 
 
 @pytest.mark.parametrize("arm", ["oa", "full-o"])
 def test_tau_to_zero_agrees_and_revert_is_exact(tiny: tuple, arm: str) -> None:
-    _, model, inputs = tiny
+    arch, model, inputs = tiny
+    if model is None:
+        return zoo.assert_refused_in_this_release(arch)
     implementation = model.config._attn_implementation
     result = agreement(model, inputs, arm, tau=1e-12, eps=1e-12)
     assert result["relative_max_diff"] <= 1e-4
@@ -42,6 +48,8 @@ def test_tau_to_zero_agrees_and_revert_is_exact(tiny: tuple, arm: str) -> None:
 
 def test_null_insertion_is_exact_under_full_o(tiny: tuple) -> None:
     arch, model, inputs = tiny
+    if model is None:
+        return zoo.assert_refused_in_this_release(arch)
     unpatched = null_insertion(model, inputs)
     with retrofitted(model, "full-o", 1e-6):
         result = null_insertion(model, inputs)
@@ -88,12 +96,19 @@ def test_unknown_attention_argument_is_refused_by_name() -> None:
             o_attention_function(attention, q, q[:, :2], q[:, :2], None, output_attentions=True)
 
 
+def _arch(name: str) -> zoo.Architecture:
+    return next(a for a in zoo.ARCHITECTURES if a.name == name)
+
+
 def test_softcap_and_position_bias_reach_the_operator() -> None:
     """Dropping Gemma2's softcap or T5's position bias would break τ→0 agreement far past 1e-4."""
     for name, drop in (("Gemma2 (softcap 0.5, sliding window 4)", "softcap"),
                        ("T5", "position_bias"),
                        ("GPT-OSS (attention sinks, sliding window 4)", "s_aux")):
-        arch = next(a for a in zoo.ARCHITECTURES if a.name == name)
+        arch = _arch(name)
+        if zoo.expectation(arch) != "covered":             # T5 before its interface release
+            zoo.assert_refused_in_this_release(arch)
+            continue
         model = zoo.build(arch)
         with torch.no_grad():                     # scores well past Gemma2's cap of 0.5
             for name_, parameter in model.named_parameters():
@@ -116,14 +131,17 @@ def test_softcap_and_position_bias_reach_the_operator() -> None:
 
 
 def test_layouts_are_derived_per_family() -> None:
-    layouts = {a.name: zoo.describe(a)["layouts"] for a in zoo.ARCHITECTURES
-               if a.name in ("GPT-J", "Gemma2 (softcap 0.5, sliding window 4)", "BERT", "OPT",
-                             "OPT (post-norm)", "BART", "T5", "GPT-NeoX (sequential)")}
-    assert layouts == {
+    expected = {
         "GPT-J": ["parallel residual"], "Gemma2 (softcap 0.5, sliding window 4)": ["sandwich norms"],
         "BERT": ["intermediate/output split"], "OPT": ["fc1/fc2 inline, pre-norm"],
         "OPT (post-norm)": ["fc1/fc2 inline, post-norm"], "BART": ["fc1/fc2 inline, post-norm"],
         "T5": ["T5 sub-layers"], "GPT-NeoX (sequential)": ["pre-norm"]}
+    covered = {name for name in expected if zoo.expectation(_arch(name)) == "covered"}
+    assert {"Gemma2 (softcap 0.5, sliding window 4)", "BERT", "OPT", "BART"} <= covered
+    assert {name: zoo.describe(_arch(name))["layouts"] for name in covered} == {
+        name: layouts for name, layouts in expected.items() if name in covered}
+    for name in expected.keys() - covered:                 # GPT-J, T5 before their release
+        zoo.assert_refused_in_this_release(_arch(name))
 
 
 def test_owned_is_the_whole_transformers_model_and_head_attention_is_uncovered() -> None:
@@ -149,7 +167,9 @@ def test_owned_is_the_whole_transformers_model_and_head_attention_is_uncovered()
 def test_encoder_decoder_generation_with_cache_is_unchanged(name: str) -> None:
     """Cross-attention sources and cached self-attention keys keep their presences."""
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
-    arch = next(a for a in zoo.ARCHITECTURES if a.name == name)
+    arch = _arch(name)
+    if zoo.expectation(arch) != "covered":                 # T5 before its interface release
+        return zoo.assert_refused_in_this_release(arch)
     torch.manual_seed(0)
     model = AutoModelForSeq2SeqLM.from_config(
         AutoConfig.for_model(arch.model_type, **{**zoo._COMMON, **arch.config})).eval()

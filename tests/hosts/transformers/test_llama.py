@@ -6,14 +6,19 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import inspect  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, LlamaModel  # noqa: E402
 
 from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
 from oretrofit.hosts.transformers.report import (EPS, PROMPTS, TAU, greedy_and_logits,  # noqa: E402
                                     load_smollm2, logits_readout, null_insertion, padding_deltas)
 
+# the KV cache argument: ``cache`` from transformers 5.24, ``past_key_values`` before
+CACHE = ("cache" if "cache" in inspect.signature(LlamaModel.forward).parameters
+         else "past_key_values")
 
 
 def _tiny_llama(**overrides: object) -> LlamaForCausalLM:
@@ -75,9 +80,9 @@ def test_kv_cache_keeps_null_presences() -> None:
     with torch.no_grad(), retrofitted(model, "full-o", TAU):
         whole = model(inputs_embeds=embeds, attention_mask=full_mask).logits[:, -1]
         cache = DynamicCache(config=model.config)
-        model(inputs_embeds=embeds[:, :5], attention_mask=full_mask[:, :5], cache=cache,
+        model(inputs_embeds=embeds[:, :5], attention_mask=full_mask[:, :5], **{CACHE: cache},
               use_cache=True)
-        step = model(inputs_embeds=embeds[:, 5:], attention_mask=full_mask, cache=cache,
+        step = model(inputs_embeds=embeds[:, 5:], attention_mask=full_mask, **{CACHE: cache},
                      use_cache=True).logits[:, -1]
     torch.testing.assert_close(step, whole, atol=1e-5, rtol=1e-5)
 
@@ -87,9 +92,9 @@ def test_cache_filled_before_patching_is_refused() -> None:
     ids = torch.randint(0, 100, (1, 5))
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids[:, :4], cache=cache, use_cache=True)
+        model(ids[:, :4], **{CACHE: cache}, use_cache=True)
         with retrofitted(model, "oa", TAU), pytest.raises(RetrofitError, match="fresh cache"):
-            model(ids[:, 4:], cache=cache, use_cache=True)
+            model(ids[:, 4:], **{CACHE: cache}, use_cache=True)
 
 
 def test_smollm2_greedy_and_logits_unchanged(smollm2: tuple) -> None:

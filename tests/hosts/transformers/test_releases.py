@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from oretrofit import RetrofitError
 from oretrofit.hosts.transformers import releases as common
@@ -41,22 +43,26 @@ def test_the_installed_release_is_admitted():
     assert common.admits(common.transformers_version())
 
 
-def test_an_untested_release_is_refused_naming_it_and_the_fix(monkeypatch):
-    oldest, below = common.supported_range()
-    monkeypatch.setattr(common, "transformers_version", lambda: "5.0.0")
+@pytest.mark.parametrize("version, why", [
+    ("4.52.4", "has no AttentionMaskInterface"), ("4.57.6", "BERT and its family"),
+    ("5.4.0", "cannot build the configs"), ("5.25.0", "kernels>=0.19.1")])
+def test_a_refused_release_is_named_with_where_support_starts_why_and_the_fix(monkeypatch, version,
+                                                                              why):
+    monkeypatch.setattr(common, "transformers_version", lambda: version)
     with pytest.raises(RetrofitError) as err:
         common.check_transformers()
     message = str(err.value)
-    assert "transformers 5.0.0 is not supported" in message
+    assert f"transformers {version} is not supported" in message and why in message
     assert common.supported_text() in message
     assert "results/transformers-compat.md" in message
-    assert f'pip install "transformers>={oldest},<{below}"' in message
+    assert f'pip install "{common.requirement()}"' in message
+    if version.startswith("4."):
+        assert f"support starts at {common.TESTED_RELEASES[0]}" in message
 
 
 def test_the_hf_extra_pins_the_gates_range():
-    oldest, below = common.supported_range()
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert f"transformers>={oldest},<{below}" in extras["hf"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert common.requirement() in project["optional-dependencies"]["hf"]
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/transformers.md"])
@@ -64,3 +70,27 @@ def test_the_docs_state_the_gates_range(doc):
     text = " ".join((ROOT / doc).read_text().split())
     assert common.supported_text() in text
     assert "results/transformers-compat.md" in text
+
+
+def test_covered_from_is_what_the_receipt_measured():
+    """Each interface row of COVERED_FROM is the first passing release from which the receipt's
+    probe finds the architecture covered (refused or absent before it, in every passing row)."""
+    rows = [row for row in json.loads((ROOT / "results" / "transformers-compat.json").read_text())
+            if row["ok"] and row.get("coverage")]
+    assert [row["release"] for row in rows] == list(common.TESTED_RELEASES)
+    for model_type, (first, why) in common.COVERED_FROM.items():
+        statuses = {row["release"]: next(entry[2] for entry in row["coverage"].values()
+                                         if entry[0] == model_type) for row in rows}
+        if why == common.INTERFACE:
+            assert [r for r, status in statuses.items() if status == "covered"] == [
+                r for r in statuses if Version(r) >= Version(first)], model_type
+        assert first in statuses, model_type          # a tested release
+
+
+def test_a_model_covered_only_later_is_refused_naming_the_release(monkeypatch):
+    monkeypatch.setattr(common, "transformers_version", lambda: "5.3.0")
+    message = common.not_covered_yet("GPTJModel", "gptj")
+    assert message.startswith("GPTJModel (model type 'gptj') does not route attention through "
+                              "the attention interface in transformers 5.3.0; it does from "
+                              f"{common.covered_from('gptj')}")
+    assert common.not_covered_yet("LlamaModel", "llama") is None

@@ -13,7 +13,8 @@ from torch import nn
 
 from oretrofit.hosts.transformers.contracts import example_inputs
 
-__all__ = ["Architecture", "ARCHITECTURES", "REFUSED", "build", "example_inputs"]
+__all__ = ["Architecture", "ARCHITECTURES", "REFUSED", "build", "example_inputs", "expectation",
+           "assert_refused_in_this_release"]
 
 _COMMON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                intermediate_size=64, vocab_size=99, max_position_embeddings=64, pad_token_id=0,
@@ -55,8 +56,10 @@ ARCHITECTURES = [
     Architecture("Mistral (sliding window 4)", "mistral", "decoder-only", dict(sliding_window=4),
                  "end"),
     Architecture("Gemma", "gemma", "decoder-only", dict(head_dim=8)),
+    # eager as transformers >= 5.21 picks by itself (before, SDPA, which drops the softcap)
     Architecture("Gemma2 (softcap 0.5, sliding window 4)", "gemma2", "decoder-only",
-                 dict(head_dim=8, attn_logit_softcapping=0.5, sliding_window=4), "end"),
+                 dict(head_dim=8, attn_logit_softcapping=0.5, sliding_window=4,
+                      attn_implementation="eager"), "end"),
     Architecture("Gemma3 (text)", "gemma3_text", "decoder-only", dict(head_dim=8, sliding_window=4),
                  "end"),
     Architecture("Phi", "phi", "decoder-only"),
@@ -175,7 +178,7 @@ REFUSED = [
     Architecture("DeBERTa-v2", "deberta-v2", "encoder-only"),
     Architecture("ALBERT", "albert", "encoder-only", dict(embedding_size=32)),
     Architecture("GPT-Neo", "gpt_neo", "decoder-only",
-                 dict(attention_types=[[["global", "local"], 1]], window_size=4)),
+                 dict(num_layers=2, attention_types=[[["global", "local"], 1]], window_size=4)),
     Architecture("MPNet", "mpnet", "encoder-only"),
     Architecture("Mamba", "mamba", "decoder-only", dict(state_size=4, expand=2, time_step_rank=4)),
     Architecture("Jamba (Mamba layers)", "jamba", "MoE",
@@ -233,6 +236,43 @@ def build(arch: Architecture, seed: int = 0) -> nn.Module:
     return model.eval()
 
 
+def expectation(arch: Architecture) -> str:
+    """What the installed transformers release does with a supported architecture: ``covered``
+    (every contract must hold), ``refused`` (the host covers it only from a later release,
+    :data:`~oretrofit.hosts.transformers.releases.COVERED_FROM`) or ``absent`` (the release
+    predates the model type; the table names the release it is covered from)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from oretrofit.hosts.transformers.releases import before_covered
+    if before_covered(arch.model_type) is None:
+        return "covered"
+    return "refused" if arch.model_type in CONFIG_MAPPING else "absent"
+
+
+def assert_refused_in_this_release(arch: Architecture) -> None:
+    """An architecture the host covers only from a later release: refused naming the
+    architecture, the reason, this release and the first release where it is covered (or, when
+    this release has no such model type, absent)."""
+    import pytest
+    from oretrofit import RetrofitError, retrofit
+    from oretrofit.hosts.transformers.releases import (COVERED_FROM, before_covered,
+                                                       not_covered_yet, transformers_version)
+    first, version = before_covered(arch.model_type), transformers_version()
+    assert first is not None, f"{arch.name} is covered in transformers {version}"
+    if expectation(arch) == "absent":
+        with pytest.raises(ValueError, match=arch.model_type):
+            build(arch)
+        return
+    model = build(arch)
+    with pytest.raises(RetrofitError) as error:
+        retrofit(model, "oa")
+    message = str(error.value)
+    assert type(model).__name__ in message and repr(arch.model_type) in message, message
+    assert not_covered_yet(type(model).__name__, arch.model_type) in message, message
+    assert f"transformers {version}" in message and f"from {first}" in message
+    assert COVERED_FROM[arch.model_type][1] in message
+    assert not hasattr(model, "_oretrofit_retrofit")
+
+
 def describe(arch: Architecture) -> dict[str, Any]:
     """What the host derives for ``arch``: model class, layouts, sites per kind (``full-o``) and
     where null insertion happens (see
@@ -266,16 +306,22 @@ def architectures_table() -> str:
     """The supported / refused architecture tables of ``docs/transformers.md``."""
     from oretrofit._markdown import pipe_table
     rows = []
+    from oretrofit.hosts.transformers.releases import TESTED_RELEASES, covered_from
     for arch in ARCHITECTURES:
         d = describe(arch)
         sites = ", ".join(f"{n} {k}" for k, n in sorted(d["sites"].items()))
         rows.append([d["name"], d["family"], f"`{d['class']}`",
-                     ", ".join(d["layouts"]), sites, d["insertion"]])
+                     ", ".join(d["layouts"]), sites, d["insertion"],
+                     covered_from(arch.model_type) or TESTED_RELEASES[0]])
     supported = pipe_table(["architecture", "family", "class", "layout", "full-o sites",
-                            "null insertion"], rows)
+                            "null insertion", "covered from transformers"], rows)
     refused = pipe_table(["architecture", "why (the RetrofitError it raises)"],
                          [[a.name, refusal(a).replace("|", "\\|")] for a in REFUSED])
-    return (f"{supported}\n\nRefused, with the reason the host gives:\n\n{refused}\n\n"
+    return (f"{supported}\n\nThe last column is the first admitted release in which the host "
+            "covers the architecture (`COVERED_FROM` in "
+            "`oretrofit/hosts/transformers/releases.py`; before it the host refuses it naming that "
+            "release).\n\nRefused in every admitted release, with the reason the host gives in "
+            f"the newest:\n\n{refused}\n\n"
             "Generated from `tests/hosts/transformers/zoo.py` by `make docs` "
             "(`scripts/transformers_docs.py`); `tests/hosts/transformers/test_architectures.py` "
             "runs the contracts on every row, `tests/test_docs_transformers.py` checks this table "
