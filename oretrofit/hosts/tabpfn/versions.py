@@ -6,8 +6,8 @@ version    class (``tabpfn.architectures``)  first       sites      status
                                            release
 =========  ==============================  ==========  =========  ==================================
 v2         ``tabpfn_v2.TabPFNV2``          8.2.0       —          refused (not yet gated)
-v2.5       ``tabpfn_v2_5.TabPFNV2p5``      8.0.1       —          refused (not yet gated)
-v2.6       ``tabpfn_v2_6.TabPFNV2p6``      8.0.1       —          refused (not yet gated)
+v2.5       ``tabpfn_v2_5.TabPFNV2p5``      8.0.1       ``v2_5``   retrofitted
+v2.6       ``tabpfn_v2_6.TabPFNV2p6``      8.0.1       ``v2_5``   retrofitted (v2.5 with RMSNorm)
 v3         ``tabpfn_v3.TabPFNV3``          8.0.1       ``v3``     retrofitted
 v3.5       ``tabpfn_v3_5.TabPFNV3p5``      9.0.0       ``v3_5``   retrofitted (also v3.5-fast, the
                                                                   same class)
@@ -42,6 +42,8 @@ _V3_MODULES = frozenset({
     "InducedSelfAttentionBlock", "MLP", "ManyClassDecoder", "RotaryEmbedding",
     "SoftmaxScalingMLP", "TrainableOrthogonalEmbedding", "TransformerBlock",
     "_DtypeMatchingRMSNorm"})
+_V2_5_MODULES = frozenset({"AddThinkingRows", "AlongColumnAttention", "AlongRowAttention",
+                           "TabPFNBlock"})
 
 
 @dataclass(frozen=True)
@@ -68,15 +70,18 @@ class ModelVersion:
         return self.module.rsplit(".", 1)[1]
 
 
-_V2_REFUSAL = ("its per-feature transformer layers (attention between features and between "
-               "items, with their encoder pipeline) are not gated by oretrofit yet")
+_V2_REFUSAL = ("its per-feature transformer layers (the base architecture's attention between "
+               "features and between items, with its encoder and y-encoder pipeline) are not "
+               "gated by oretrofit yet")
 VERSIONS: tuple[ModelVersion, ...] = (
     ModelVersion("v2", "tabpfn.architectures.tabpfn_v2", "TabPFNV2", "8.2.0",
                  refusal=_V2_REFUSAL),
     ModelVersion("v2.5", "tabpfn.architectures.tabpfn_v2_5", "TabPFNV2p5", "8.0.1",
-                 refusal=_V2_REFUSAL + " (nor its thinking rows)", names=("v2.5",)),
+                 sites="v2_5", modules=_V2_5_MODULES | {"TabPFNV2p5", "LowerPrecisionLayerNorm"},
+                 names=("v2.5",)),
     ModelVersion("v2.6", "tabpfn.architectures.tabpfn_v2_6", "TabPFNV2p6", "8.0.1",
-                 refusal=_V2_REFUSAL + " (nor its thinking rows)", names=("v2.6",)),
+                 sites="v2_5", modules=_V2_5_MODULES | {"TabPFNV2p6", "LowerPrecisionRMSNorm"},
+                 names=("v2.6",)),
     ModelVersion("v3", "tabpfn.architectures.tabpfn_v3", "TabPFNV3", "8.0.1", sites="v3",
                  modules=_V3_MODULES, names=("v3",)),
     ModelVersion("v3.5", "tabpfn.architectures.tabpfn_v3_5", "TabPFNV3p5", "9.0.0",
