@@ -31,7 +31,7 @@ from torch import nn
 from ..._host import RetrofitError, Site
 
 __all__ = ["ModelVersion", "VERSIONS", "version_of", "supported", "check_modules",
-           "version_of_checkpoint", "version_from_name"]
+           "version_of_checkpoint", "version_from_name", "other_task_sites"]
 
 # torch.nn types that are token-local or containers (never a token boundary)
 _TORCH_LOCAL = frozenset({"Linear", "GELU", "Sequential", "ModuleList", "ModuleDict", "LayerNorm",
@@ -132,6 +132,15 @@ def check_modules(model: nn.Module, row: ModelVersion) -> None:
 def sites(model: nn.Module, row: ModelVersion) -> list[Site]:
     """The named sites of ``model`` (a supported row)."""
     return importlib.import_module(f"{__package__}.{row.sites}").sites(model)
+
+
+def other_task_sites(model: nn.Module, task: str) -> list[str]:
+    """The sites of ``model`` that only a task other than ``task`` runs (the sites module's
+    ``TASK_SITES``; v3.5's heads serve one task each, so a v3.5 regressor never runs
+    ``head.cls.*`` or ``dec``); empty for a version whose sites all serve its one task."""
+    row = version_of(model)
+    table = getattr(importlib.import_module(f"{__package__}.{row.sites}"), "TASK_SITES", {})
+    return [name for other, names in table.items() if other != task for name in names]
 
 
 def version_of_checkpoint(architecture_name: str) -> ModelVersion:
