@@ -46,11 +46,12 @@ SIZES: dict[str, dict[str, Any]] = {
               "feat_agg_num_blocks": 2, "feat_agg_num_heads": 4, "feat_agg_num_cls_tokens": 4,
               "nlayers": 4, "icl_num_heads": 4, "softmax_scaling_mlp_hidden_dim": 16},
 }
-# The sizes of the v2.5/v2.6 family (per-feature transformer), by the same names.
+# The sizes of the v2 family (v2, v2.5, v2.6: per-feature transformers), by the same names
+# (each version's own features_per_group; v2 has no thinking rows and ignores their number).
 V2_SIZES: dict[str, dict[str, Any]] = {
     "default": {"num_buckets": 5000},
     "small": {"num_buckets": 5000, "emsize": 32, "nlayers": 3, "nhead": 4,
-              "num_thinking_rows": 8, "features_per_group": 3},
+              "num_thinking_rows": 8},
 }
 DEMO_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "tabpfn-v3-demo.ckpt"
 DEFAULT_CHECKPOINT_NAME = "tabpfn-v3-regressor-v3_default.ckpt"
@@ -137,7 +138,8 @@ def random_model(version: str = "v3", size: str = "small", seed: int = 0,
         raise ValueError(f"task must be regressor or classifier, got {task!r}")
     arch = importlib.import_module(row.module)
     classes = ({"max_num_classes": RANDOM_CLASSIFIER_CLASSES}
-               if task == "classifier" or version == "v3.5" else {})
+               if task == "classifier" or version == "v3.5" else
+               {"max_num_classes": 0} if version == "v2" else {})    # v2's default is -1
     sizes = V2_SIZES if row.sites == "v2_5" else SIZES
     config, _ = arch.parse_config({**sizes[size], **classes})
     with torch.random.fork_rng(devices=[]):

@@ -1,7 +1,9 @@
-"""TabPFN v2.5 and v2.6: the named sites of a ``TabPFNV2p5`` / ``TabPFNV2p6`` model (tabpfn
-8.0.1+; v2.6 is v2.5 with RMSNorm in place of LayerNorm). A per-feature transformer of
-post-norm blocks over a ``(rows × columns)`` grid of cell tokens; the target is a column of its
-own (the last), not an addition; learned thinking rows are prepended to every column.
+"""TabPFN v2, v2.5 and v2.6: the named sites of a ``TabPFNV2`` (tabpfn 8.2.0+), ``TabPFNV2p5``
+or ``TabPFNV2p6`` model (8.0.1+; v2.6 is v2.5 with RMSNorm in place of LayerNorm; v2 has
+v2.5's blocks with a 4× MLP, no thinking rows and a multi-class target encoding in its target
+embedder). A per-feature transformer of post-norm blocks over a ``(rows × columns)`` grid of
+cell tokens; the target is a column of its own (the last), not an addition; v2.5 and v2.6
+prepend learned thinking rows to every column.
 
 Token boundary: the cell tokens entering the first block. Their encoders do not map a zero
 input to a zero carrier: a feature group's cell is ``W_f [x̃, ι] + c_g`` with ``x̃`` the
@@ -12,14 +14,15 @@ zero cell token at the boundary (what the tests insert), never a zero raw input.
 additions are not gated: gating ``c_g`` or ``b_y`` by the presence of the bias-free part would
 erase a genuine cell whose encoded values are exactly zero (a class-0 target ``y = 0``, a value
 at the train mean), which τ→0 would not recover. The thinking rows are learned receivers (and
-sources) of the along-column attention; their presence is reported at ``blk.0.col``.
+sources) of the along-column attention; their presence is reported at ``blk.0.col`` (v2 has
+none).
 
 =====================  =========  ===========================================================
 site                   kind       carrier (presence read from it)
 =====================  =========  ===========================================================
 blk.k.row              attention  cells of one row (feature groups + target), self-attention
 blk.k.col              attention  receivers: every row of a column (thinking, train, test);
-                                  sources: thinking + train rows (test rows: KV head 0)
+                                  sources: (thinking +) train rows (test rows: KV head 0)
 blk.k.norm             norm       post-norm inputs ``x + attn(x)`` and ``x + MLP(x)``
                                   (``layernorm_mha1``, ``layernorm_mha2``, ``layernorm_mlp``)
 blk.k.ffn              ffn        the residual stream entering the MLP (``x + ρτ(x)·MLP(x)``)
@@ -44,9 +47,12 @@ __all__ = ["sites"]
 
 
 def sites(model: nn.Module) -> list[Site]:
-    """The sites of a ``TabPFNV2p5`` / ``TabPFNV2p6`` (see the module docstring)."""
+    """The sites of a ``TabPFNV2``, ``TabPFNV2p5`` or ``TabPFNV2p6`` (see the module
+    docstring)."""
     from .v2_5_blocks import OAlongColumnAttention, OAlongRowAttention
-    thinking = receiver_report("thinking_rows", model.add_thinking_rows.row_token_values_TE)
+    rows = getattr(model, "add_thinking_rows", None)                    # v2: none
+    thinking = None if rows is None else receiver_report("thinking_rows",
+                                                         rows.row_token_values_TE)
     out: list[Site] = []
     for k, block in enumerate(model.blocks):
         out += [Site(f"blk.{k}.row", "attention", "cells of one row (feature groups + target)",

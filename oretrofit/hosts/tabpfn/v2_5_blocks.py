@@ -1,7 +1,7 @@
-"""O-mixins of the TabPFN v2.5 / v2.6 attention types (``architectures/tabpfn_v2_5.py`` and
-``tabpfn_v2_6.py``, one layout: v2.6 swaps the blocks' LayerNorms for RMSNorms). One copy for
-every release that ships them (8.0.1+: the between-cells attention returns a tensor; 9.x:
-``(output, kv_entry)`` and an explicit KV cache).
+"""O-mixins of the TabPFN v2 / v2.5 / v2.6 attention types (``architectures/tabpfn_v2.py``,
+``tabpfn_v2_5.py`` and ``tabpfn_v2_6.py``, one layout: v2.6 swaps the blocks' LayerNorms for
+RMSNorms). One copy for every release that ships them (8.0.1: the between-cells attention
+returns a tensor; later: ``(output, kv_entry)`` and an explicit KV cache).
 
 The carrier of both attentions is the block's residual stream ``x`` (post-norm blocks: the
 attention reads ``x`` itself, its output is added and the sum normed):

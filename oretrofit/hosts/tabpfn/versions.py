@@ -5,7 +5,8 @@ host retrofits it (and with which sites) or refuses it, with the reason.
 version    class (``tabpfn.architectures``)  first       sites      status
                                            release
 =========  ==============================  ==========  =========  ==================================
-v2         ``tabpfn_v2.TabPFNV2``          8.2.0       —          refused (not yet gated)
+v2         ``tabpfn_v2.TabPFNV2``          8.2.0       ``v2_5``   retrofitted (v2.5's layout, no
+                                                                  thinking rows)
 v2.5       ``tabpfn_v2_5.TabPFNV2p5``      8.0.1       ``v2_5``   retrofitted
 v2.6       ``tabpfn_v2_6.TabPFNV2p6``      8.0.1       ``v2_5``   retrofitted (v2.5 with RMSNorm)
 v3         ``tabpfn_v3.TabPFNV3``          8.0.1       ``v3``     retrofitted
@@ -70,12 +71,10 @@ class ModelVersion:
         return self.module.rsplit(".", 1)[1]
 
 
-_V2_REFUSAL = ("its per-feature transformer layers (the base architecture's attention between "
-               "features and between items, with its encoder and y-encoder pipeline) are not "
-               "gated by oretrofit yet")
 VERSIONS: tuple[ModelVersion, ...] = (
-    ModelVersion("v2", "tabpfn.architectures.tabpfn_v2", "TabPFNV2", "8.2.0",
-                 refusal=_V2_REFUSAL),
+    ModelVersion("v2", "tabpfn.architectures.tabpfn_v2", "TabPFNV2", "8.2.0", sites="v2_5",
+                 modules=(_V2_5_MODULES - {"AddThinkingRows"}) | {"TabPFNV2",
+                                                                  "LowerPrecisionLayerNorm"}),
     ModelVersion("v2.5", "tabpfn.architectures.tabpfn_v2_5", "TabPFNV2p5", "8.0.1",
                  sites="v2_5", modules=_V2_5_MODULES | {"TabPFNV2p5", "LowerPrecisionLayerNorm"},
                  names=("v2.5",)),
@@ -93,7 +92,7 @@ VERSIONS: tuple[ModelVersion, ...] = (
 
 
 def supported() -> str:
-    """The supported versions, for messages: ``v3 (tabpfn 8.0.1+), v3.5 (9.0.0+)``."""
+    """The supported versions, for messages: ``v2 (TabPFNV2, tabpfn 8.2.0+), …``."""
     return ", ".join(f"{v.label} ({v.cls}, tabpfn {v.first_release}+)"
                      for v in VERSIONS if v.sites)
 
