@@ -1,4 +1,4 @@
-"""TabPFN v2, v2.5 and v2.6: the named sites of a ``TabPFNV2`` (tabpfn 8.2.0+), ``TabPFNV2p5``
+"""TabPFN v2, v2.5 and v2.6: the named sites of a ``TabPFNV2`` (tabpfn 8.1.0+), ``TabPFNV2p5``
 or ``TabPFNV2p6`` model (8.0.1+; v2.6 is v2.5 with RMSNorm in place of LayerNorm; v2 has
 v2.5's blocks with a 4× MLP, no thinking rows and a multi-class target encoding in its target
 embedder). A per-feature transformer of post-norm blocks over a ``(rows × columns)`` grid of

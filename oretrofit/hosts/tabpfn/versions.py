@@ -5,7 +5,7 @@ host retrofits it (and with which sites) or refuses it, with the reason.
 version    class (``tabpfn.architectures``)  first       sites      status
                                            release
 =========  ==============================  ==========  =========  ==================================
-v2         ``tabpfn_v2.TabPFNV2``          8.2.0       ``v2_5``   retrofitted (v2.5's layout, no
+v2         ``tabpfn_v2.TabPFNV2``          8.1.0       ``v2_5``   retrofitted (v2.5's layout, no
                                                                   thinking rows)
 v2.5       ``tabpfn_v2_5.TabPFNV2p5``      8.0.1       ``v2_5``   retrofitted
 v2.6       ``tabpfn_v2_6.TabPFNV2p6``      8.0.1       ``v2_5``   retrofitted (v2.5 with RMSNorm)
@@ -72,7 +72,7 @@ class ModelVersion:
 
 
 VERSIONS: tuple[ModelVersion, ...] = (
-    ModelVersion("v2", "tabpfn.architectures.tabpfn_v2", "TabPFNV2", "8.2.0", sites="v2_5",
+    ModelVersion("v2", "tabpfn.architectures.tabpfn_v2", "TabPFNV2", "8.1.0", sites="v2_5",
                  modules=(_V2_5_MODULES - {"AddThinkingRows"}) | {"TabPFNV2",
                                                                   "LowerPrecisionLayerNorm"}),
     ModelVersion("v2.5", "tabpfn.architectures.tabpfn_v2_5", "TabPFNV2p5", "8.0.1",
@@ -92,7 +92,7 @@ VERSIONS: tuple[ModelVersion, ...] = (
 
 
 def supported() -> str:
-    """The supported versions, for messages: ``v2 (TabPFNV2, tabpfn 8.2.0+), …``."""
+    """The supported versions, for messages: ``v2 (TabPFNV2, tabpfn 8.1.0+), …``."""
     return ", ".join(f"{v.label} ({v.cls}, tabpfn {v.first_release}+)"
                      for v in VERSIONS if v.sites)
 

@@ -229,7 +229,7 @@ def test_a_refused_row_names_itself(monkeypatch):
                                 refusal="its new blocks are not gated", names=("v4",))
     monkeypatch.setattr(versions, "VERSIONS", (*versions.VERSIONS, row))
     fake = type(row.cls, (torch.nn.Module,), {"__module__": row.module})
-    listed = r"supported: v2 \(TabPFNV2, tabpfn 8\.2\.0\+\), v2\.5 \(TabPFNV2p5"
+    listed = r"supported: v2 \(TabPFNV2, tabpfn 8\.1\.0\+\), v2\.5 \(TabPFNV2p5"
     with pytest.raises(RetrofitError, match=r"TabPFNV4 \(TabPFN v4\) is not supported: its new "
                                             r"blocks are not gated; " + listed):
         oretrofit.retrofit(fake(), "oa")
