@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
-"""Run the TabPFN v3 host's checks on every tabpfn release, each in its own virtual environment,
-and write ``results/tabpfn-compat.md`` (the table the version claim rests on).
+"""Run the TabPFN host's checks on every tabpfn release, each in its own virtual environment,
+and write ``results/tabpfn-compat.md`` (the table the version claim rests on), with a column per
+TabPFN model version (``oretrofit.hosts.tabpfn.versions``).
 
-Per release ``X`` the environment ``VENVS/tabpfn-X`` is created when missing (``torch==2.13.0``
-first, a CPU build; then this checkout ``-e .[regress,datasets,test]`` and ``tabpfn==X``) and:
+Per release ``X`` the environment ``VENVS/tabpfn-X`` is the main environment (the interpreter
+running this script) with ``tabpfn==X`` installed on top, and whatever that release pins
+(:func:`release_envs.layered_venv`, as the Makefile's ``test-tabpfn-oldest``), and:
 
-1. the TabPFN tests: ``tests/hosts/tabpfn tests/regress/test_cli.py``;
+1. the TabPFN tests: ``tests/hosts/tabpfn tests/regress/test_cli.py`` (they run every model
+   version the release ships: ``tests/hosts/tabpfn/test_versions.py``);
 2. ``make_regressor("random", arm, 1e-8)`` fits and predicts sklearn's diabetes table for every
    arm; each arm's max |Δ| / max |base| is recorded (must be ≤ 1e-4);
-3. ``oretrofit patch --model-path demo`` must run, or refuse with a message (never a traceback).
+3. per model version the release ships: a random model from the version's own config, both
+   tasks, float64, retrofitted under oa and full-o at τ = ε = 1e-12: the largest relative
+   deviation of its predictions from the unpatched model's (must be ≤ 1e-5); a refused version
+   must be refused by name;
+4. ``oretrofit patch --model-path demo`` must run, or refuse with a message (never a traceback).
 
 Usage: ``python scripts/tabpfn_compat.py [--venvs DIR] [--releases 8.0.1,9.2.0] [--out FILE]``.
 ``--check`` is the in-environment step 2 (prints one JSON line).
@@ -18,25 +25,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from release_envs import (export_head, head_commit, markdown_table, provenance_lines,
-                          pytest_summary, receipt_command)
+from packaging.version import Version
+
+from release_envs import (export_head, head_commit, layered_venv, markdown_table,
+                          provenance_lines, pytest_summary, receipt_command)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/tabpfn", "tests/regress/test_cli.py"]
-# the documentation's consistency with the committed results, not release behaviour
-IGNORED = ["--ignore=tests/hosts/tabpfn/test_docs.py"]
+# the documentation's consistency with the committed results, not release behaviour; and the
+# calibration of random hosts (minutes a release; the same code on every release)
+IGNORED = ["--ignore=tests/hosts/tabpfn/test_docs.py",
+           "--ignore=tests/hosts/tabpfn/test_calibrate_versions.py"]
 RELEASES = ["8.0.1", "8.0.2", "8.0.3", "8.0.4", "8.0.5", "8.0.6", "8.0.7", "8.0.8", "8.1.0",
             "8.2.0", "8.3.0", "8.4.0", "8.5.0", "9.0.0", "9.1.0", "9.2.0"]
 ARMS = ("base", "oa", "full-o")
+# the model versions of oretrofit.hosts.tabpfn.versions.VERSIONS, one column each (the table is
+# written outside the release environments; tests/test_release_envs.py keeps them equal)
+LABELS = ("v2", "v2.5", "v2.6", "v3", "v3.5")
 TAU, MAX_REL = 1e-8, 1e-4
+VERSION_TAU, VERSION_REL = 1e-12, 1e-5
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 SOURCE = ROOT          # where the checks run: an export of the committed HEAD (see main)
 
@@ -53,13 +68,75 @@ def check() -> dict:
     x, y = load_diabetes(return_X_y=True)
     predictions = {}
     for arm in ARMS:
-        regressor, _ = make_regressor("random", arm, TAU)
+        regressor, _ = make_regressor("random", arm, None if arm == "base" else TAU)
         predictions[arm] = regressor.fit(x[:300], y[:300]).predict(x[300:])
     base = predictions["base"]
     rel = {arm: float(np.abs(p - base).max() / np.abs(base).max()) for arm, p in predictions.items()}
     return {"tabpfn": importlib.metadata.version("tabpfn"),
-            "torch": torch.__version__, "rel": rel,
+            "torch": torch.__version__, "rel": rel, "versions": check_versions(),
             "finite": bool(all(np.isfinite(p).all() for p in predictions.values()))}
+
+
+def check_versions() -> dict[str, str]:
+    """Step 3: per model version of the table, ``-`` (not shipped by this release),
+    ``refused`` (refused by name), or the largest τ→0 relative deviation (both tasks, both
+    arms) as ``1.2e-13``; ``error: …`` when the check itself fails."""
+    import importlib
+    import importlib.util
+
+    import torch
+    from tabpfn.architectures.interface import PerformanceOptions
+
+    import oretrofit
+    from oretrofit.hosts.tabpfn import versions
+    from oretrofit.hosts.tabpfn.checkpoints import random_model
+    full = PerformanceOptions(use_chunkwise_inference=False)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(26, 1, 4, generator=g, dtype=torch.float64)
+    y = x[:20, 0] @ torch.randn(4, generator=g, dtype=torch.float64)
+    out: dict[str, str] = {}
+    for row in versions.VERSIONS:
+        if importlib.util.find_spec(row.module) is None:
+            out[row.label] = "-"
+            continue
+        try:
+            if row.sites is None:
+                # an instance of the release's own class (its weights do not matter here)
+                cls = getattr(importlib.import_module(row.module), row.cls)
+                model = cls.__new__(cls)
+                torch.nn.Module.__init__(model)
+                try:
+                    oretrofit.retrofit(model, "oa")
+                    out[row.label] = "NOT refused"
+                except oretrofit.RetrofitError as err:
+                    out[row.label] = "refused" if f"TabPFN {row.label}" in str(err) else str(err)
+                continue
+            worst = 0.0
+            for task in ("regressor", "classifier"):
+                model = random_model(row.label, "small", 0, task)[0].double()
+                target = torch.bucketize(y, y.new_tensor([-0.5, 0.5])).double() \
+                    if task == "classifier" else y
+                kw = ({"task_type": "multiclass" if task == "classifier" else "regression"}
+                      if row.label == "v3.5" else {})
+                with torch.no_grad():
+                    base = model(x, target, performance_options=full, **kw)
+                    for arm in ("oa", "full-o"):
+                        with oretrofit.retrofitted(model, arm, VERSION_TAU, eps=VERSION_TAU):
+                            patched = model(x, target, performance_options=full, **kw)
+                        worst = max(worst, float((patched - base).abs().max() / base.abs().max()))
+            out[row.label] = f"{worst:.1e}"
+        except Exception as err:  # noqa: BLE001  (the receipt says what failed)
+            out[row.label] = f"error: {type(err).__name__}: {str(err)[:80]}"
+    return out
+
+
+def _version_ok(cell: str) -> bool:
+    if cell in ("-", "refused"):
+        return True
+    try:
+        return float(cell) <= VERSION_REL
+    except ValueError:
+        return False
 
 
 def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -68,20 +145,8 @@ def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 
 def ensure_venv(venv: Path, release: str) -> None:
-    """Create ``venv`` with tabpfn ``release`` and this checkout (skipped when it has them)."""
-    python = venv / "bin" / "python"
-    if python.exists() and _run([str(python), "-c", f"import importlib.metadata as m; "
-                                 f"assert m.version('tabpfn') == '{release}'; import oretrofit"]
-                                ).returncode == 0:
-        return
-    steps = [[sys.executable, "-m", "venv", str(venv)],
-             [str(python), "-m", "pip", "install", "-q", "torch==2.13.0"],
-             [str(python), "-m", "pip", "install", "-q", "-e", f"{ROOT}[regress,datasets,test]",
-              f"tabpfn=={release}"]]
-    for step in steps:
-        done = _run(step)
-        if done.returncode:
-            raise RuntimeError(f"{shlex.join(step)} failed:\n{done.stderr[-2000:]}")
+    """``venv``: the main environment with tabpfn ``release`` on top (kept when it has it)."""
+    layered_venv(venv, "tabpfn", release)
 
 
 def run_release(venv: Path, release: str) -> dict:
@@ -94,7 +159,8 @@ def run_release(venv: Path, release: str) -> dict:
         diabetes = json.loads(checked.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         diabetes = {"error": (checked.stderr.strip().splitlines() or ["no output"])[-1]}
-    demo = _run([str(venv / "bin" / "oretrofit"), "patch", "--model-path", "demo", "--arm",
+    # the export's command line (a layered environment has no entry points of its own)
+    demo = _run([python, "-m", "oretrofit.cli.app", "patch", "--model-path", "demo", "--arm",
                  "full-o", "--tau", str(TAU), "--json"])
     traceback = "Traceback" in demo.stderr
     # the export's temporary path is this machine's; the table names the checkout instead
@@ -104,10 +170,18 @@ def run_release(venv: Path, release: str) -> dict:
     rel = diabetes.get("rel", {})
     diabetes_ok = (diabetes.get("finite", False) and rel.get("base") == 0.0
                    and all(v <= MAX_REL for v in rel.values()))
-    ok = tests.returncode == 0 and diabetes_ok and not traceback
+    versions_ok = bool(diabetes.get("versions")) and all(
+        _version_ok(cell) for cell in diabetes["versions"].values())
+    ok = tests.returncode == 0 and diabetes_ok and versions_ok and not traceback
     return {"release": release, "ok": ok, "tests": pytest_summary(tests.stdout),
             "tests_rc": tests.returncode, "diabetes": diabetes, "demo": demo_outcome,
             "torch": diabetes.get("torch", "?"), "wall_s": round(time.monotonic() - start)}
+
+
+def _version_cell(row: dict, label: str) -> str:
+    if "from_commit" in row and label not in row["diabetes"].get("versions", {}):
+        return f"not run ({row['from_commit']})"
+    return row["diabetes"].get("versions", {}).get(label, "?")
 
 
 def render(rows: list[dict], command: str, commit: str) -> str:
@@ -117,25 +191,36 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         return "-" if value is None else f"{value:.2e}"
 
     lines = [
-        "# TabPFN v3 host: tabpfn release compatibility",
+        "# TabPFN host: tabpfn release compatibility, per model version",
         "",
-        "Written by `scripts/tabpfn_compat.py`; do not edit by hand. One fresh virtual "
-        "environment per release (torch 2.13.0 CPU, then this checkout with "
-        "`[regress,datasets,test]` and `tabpfn==X`). A release passes when (1) the TabPFN "
-        f"tests pass ({', '.join(f'`{t}`' for t in TESTS)}, without the documentation's "
-        "`tests/hosts/tabpfn/test_docs.py`), (2) `make_regressor(\"random\", arm, "
+        "Written by `scripts/tabpfn_compat.py`; do not edit by hand. One layered virtual "
+        "environment per release (the main environment, torch 2.13.0 CPU, with `tabpfn==X` "
+        "installed on top), running an export of the commit below. A release passes when (1) "
+        f"the TabPFN tests pass ({', '.join(f'`{t}`' for t in TESTS)}, without the "
+        "documentation's `tests/hosts/tabpfn/test_docs.py` and the random hosts' calibration "
+        "`tests/hosts/tabpfn/test_calibrate_versions.py`; they test every model version the "
+        "release ships), (2) `make_regressor(\"random\", arm, "
         f"{TAU:g})` fits sklearn's diabetes table (300 train rows, 142 test rows) under every arm "
         f"with finite predictions, base exact and max|Δ|/max|base| ≤ {MAX_REL:g} for oa and full-o, "
-        "and (3) `oretrofit patch --model-path demo` runs or refuses with a message, never a "
-        "traceback. The host's version gate admits exactly the passing releases.",
+        "(3) every model version the release ships (one column each) is retrofitted with its "
+        f"τ→0 deviation ≤ {VERSION_REL:g} (the cell: the largest relative deviation of a random "
+        "model's predictions from the unpatched model's, both tasks, oa and full-o, float64, "
+        f"τ = ε = {VERSION_TAU:g}) or refused by name (`refused`); `-`: the release does not "
+        "ship it, and (4) `oretrofit patch --model-path demo` runs or refuses with a message, "
+        "never a traceback. The host's version gate admits exactly the passing releases.",
         "",
         *provenance_lines(command, commit),
+        *([f"- rows whose model-version cells read `not run (COMMIT)` are an earlier sweep's, "
+           "on that commit (before the model-version columns); this sweep did not reach them"]
+          if any("from_commit" in row for row in rows) else []),
         "",
         *markdown_table(
-            ["tabpfn", "outcome", "TabPFN tests", "diabetes oa Δ", "diabetes full-o Δ", "demo",
-             "torch", "wall s"],
+            ["tabpfn", "outcome", "TabPFN tests", "diabetes oa Δ", "diabetes full-o Δ",
+             *LABELS, "demo", "torch", "wall s"],
             [[row["release"], "pass" if row["ok"] else "FAIL", row["tests"], rel(row, "oa"),
-              rel(row, "full-o"), row["demo"], row["torch"], row["wall_s"]] for row in rows]),
+              rel(row, "full-o"),
+              *(_version_cell(row, label) for label in LABELS),
+              row["demo"], row["torch"], row["wall_s"]] for row in rows]),
     ]
     return "\n".join(lines) + "\n"
 
@@ -156,6 +241,10 @@ def main() -> None:
     SOURCE = export_head(ROOT, Path(tempfile.mkdtemp(prefix="tabpfn-compat-")))
     commit = head_commit(ROOT)
     rows = []
+    # where the environments lived is this machine's business, not the receipt's
+    command = receipt_command("scripts/tabpfn_compat.py", sys.argv[1:], {args.venvs: "VENVS"})
+    json_path = args.out.with_suffix(".json")
+    earlier = _earlier_rows(args.out, json_path)
     for release in args.releases.split(","):
         venv = args.venvs / f"tabpfn-{release}"
         try:
@@ -166,13 +255,26 @@ def main() -> None:
                          "tests_rc": -1, "diabetes": {}, "demo": "-", "torch": "-", "wall_s": 0})
         print(f"{release}: {'pass' if rows[-1]['ok'] else 'FAIL'} ({rows[-1]['tests']})",
               flush=True)
-    # where the environments lived is this machine's business, not the receipt's
-    command = receipt_command("scripts/tabpfn_compat.py", sys.argv[1:], {args.venvs: "VENVS"})
-    args.out.write_text(render(rows, command, commit))
-    json_path = args.out.with_suffix(".json")
-    json_path.write_text(json.dumps(rows, indent=1) + "\n")
+        # rewritten after every release: an interrupted sweep keeps the rows it has, and the
+        # releases it has not reached keep their earlier rows, marked with their commit
+        ran = {row["release"] for row in rows}
+        shown = sorted([*rows, *(row for row in earlier if row["release"] not in ran)],
+                       key=lambda row: Version(row["release"]))
+        args.out.write_text(render(shown, command, commit))
+        json_path.write_text(json.dumps(shown, indent=1) + "\n")
     print(f"wrote {args.out} and {json_path}")
     sys.exit(0 if all(row["ok"] for row in rows) else 1)
+
+
+def _earlier_rows(table: Path, json_path: Path) -> list[dict]:
+    """The rows of the receipt already there, each marked with the commit it ran on
+    (``from_commit``), for the releases this sweep does not run (again)."""
+    if not (table.exists() and json_path.exists()):
+        return []
+    found = re.search(r"oretrofit commit: `([0-9a-f]+)`", table.read_text())
+    previous = found.group(1) if found else "?"
+    return [{**row, "from_commit": row.get("from_commit", previous)}
+            for row in json.loads(json_path.read_text())]
 
 
 if __name__ == "__main__":

@@ -27,3 +27,41 @@ def test_receipt_command_hides_machine_local_paths(tmp_path):
 def test_markdown_table_escapes_cell_pipes():
     lines = release_envs.markdown_table(["a", "b"], [["x|y", 1]])
     assert lines == ["| a | b |", "| --- | --- |", "| x\\|y | 1 |"]
+
+
+def test_tabpfn_compat_has_a_column_per_model_version():
+    """The sweep's columns are the model versions of the host's table, and so is the receipt's
+    header."""
+    import sys
+
+    from oretrofit.hosts.tabpfn.versions import VERSIONS
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        spec = importlib.util.spec_from_file_location("tabpfn_compat",
+                                                      ROOT / "scripts" / "tabpfn_compat.py")
+        compat = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(compat)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    labels = tuple(v.label for v in VERSIONS)
+    assert compat.LABELS == labels
+    header = next(line for line in (ROOT / "results" / "tabpfn-compat.md").read_text().splitlines()
+                  if line.startswith("| tabpfn |"))
+    cells = [cell.strip() for cell in header.strip("|").split("|")]
+    assert cells[5:5 + len(labels)] == list(labels)
+
+
+def test_first_releases_are_the_receipts():
+    """Each model version's ``first_release`` is the oldest release whose column in
+    results/tabpfn-compat.md is filled (``-``: the release does not ship it)."""
+    from packaging.version import Version
+
+    from oretrofit.hosts.tabpfn.versions import VERSIONS
+    lines = [line for line in (ROOT / "results" / "tabpfn-compat.md").read_text().splitlines()
+             if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    for version in VERSIONS:
+        column = header.index(version.label)
+        shipped = [row[0] for row in rows if row[column] != "-"]
+        assert min(shipped, key=Version) == version.first_release, version.label

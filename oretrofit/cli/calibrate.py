@@ -1,7 +1,7 @@
 """`oretrofit calibrate`: per-site τ, τ_site = δ/(1−δ)·Q_q(‖h‖²) of each site's carriers on data,
 written as a patch spec. Two forms, never mixed:
 
-    TabPFN v3     --model-path CKPT --dataset SPEC [--seed N]   the splits' train rows
+    TabPFN        --model-path CKPT --dataset SPEC [--seed N]   the splits' train rows
     transformers  --model minilm|smollm2|DIR [--text-file FILE]  lines of text, the model's
                                                                  tokenizer (built-in set without)
 """
@@ -23,15 +23,15 @@ def _form(given_tabpfn: list[str], given_text: list[str], model: str | None,
     """``"tabpfn"`` or ``"transformers"``, or exit 2 naming the flags that do not belong."""
     if model is not None and given_tabpfn:
         raise fail(f"--model calibrates a transformers model from text; "
-                   f"{', '.join(given_tabpfn)} belong to the TabPFN v3 form (--model-path "
+                   f"{', '.join(given_tabpfn)} belong to the TabPFN form (--model-path "
                    "--dataset): use one form")
     if model is not None:
         return "transformers"
     if given_text:
         raise fail(f"{', '.join(given_text)} belong to the transformers form; add --model "
-                   "minilm|smollm2|DIR (or drop them to calibrate TabPFN v3 with --dataset)")
+                   "minilm|smollm2|DIR (or drop them to calibrate TabPFN with --dataset)")
     if not datasets:
-        raise fail("give --dataset SPEC (a TabPFN v3 host, with --model-path) or --model "
+        raise fail("give --dataset SPEC (a TabPFN host, with --model-path) or --model "
                    "minilm|smollm2|DIR (a transformers model, with --text-file)")
     return "tabpfn"
 
@@ -95,16 +95,16 @@ def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate(
         out: Path = typer.Option(..., "--out", help="where to write the calibrated patch spec (JSON)"),
-        model_path: str = typer.Option(None, "--model-path", help="TabPFN v3 form: checkpoint, "
+        model_path: str = typer.Option(None, "--model-path", help="TabPFN form: checkpoint, "
                                        "'demo' or 'random'; default: tabpfn's download cache"),
-        datasets: list[str] = typer.Option(None, "--dataset", help="TabPFN v3 form: calibration "
+        datasets: list[str] = typer.Option(None, "--dataset", help="TabPFN form: calibration "
                                            "dataset spec, e.g. sklearn:diabetes (repeatable)"),
-        seeds: list[int] = typer.Option(None, "--seed", help="TabPFN v3 form: split seeds whose "
+        seeds: list[int] = typer.Option(None, "--seed", help="TabPFN form: split seeds whose "
                                         "train rows are the calibration data (repeatable; "
                                         "default 11)"),
-        openml_cache: Path = typer.Option(None, "--openml-cache", help="TabPFN v3 form: OpenML "
+        openml_cache: Path = typer.Option(None, "--openml-cache", help="TabPFN form: OpenML "
                                           "cache folder"),
-        offline_standins: bool = typer.Option(False, "--offline-standins", help="TabPFN v3 form: "
+        offline_standins: bool = typer.Option(False, "--offline-standins", help="TabPFN form: "
                                               "load the offline stand-ins for OpenML datasets "
                                               "(as regress does)"),
         model: str = typer.Option(None, "--model", help="transformers form: minilm, smollm2 or a "
@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
                                           "pattern unpatched (glob or 're:' regex; repeatable)"),
     ) -> None:
         """Choose τ per site: τ_site = δ/(1−δ)·Q_q(‖h‖²) of its carriers on the calibration data
-        (a TabPFN v3 host's train rows, or a transformers model's text)."""
+        (a TabPFN host's train rows, or a transformers model's text)."""
         from oretrofit._provenance import write_json_atomic
         from oretrofit._registry import RetrofitError
 

@@ -1,4 +1,5 @@
-"""Calibrate a TabPFN v3 host's per-site τ on regression data (see :func:`oretrofit.calibrate`).
+"""Calibrate a TabPFN host's per-site τ (any supported model version) on regression data
+(see :func:`oretrofit.calibrate`).
 
 The calibration data are the *train* rows of each (dataset, seed) split of the protocol: the
 host is fitted on them and predicts them, so every site sees the carriers real rows produce and
@@ -26,12 +27,17 @@ def calibrate_tabpfn(model_path: str | Path | None, datasets: Sequence[Dataset],
                      exclude: Sequence[str] | None = None,
                      protocol: SplitProtocol = PAPER_PROTOCOL, n_estimators: int = 1,
                      device: str = "cpu") -> dict[str, Any]:
-    """The calibrated patch spec of ``arm`` for the TabPFN v3 checkpoint at ``model_path``.
+    """The calibrated patch spec of ``arm`` for the TabPFN checkpoint (any supported version)
+    at ``model_path``, used as a regressor.
 
     ``τ_site = δ/(1−δ)·Q_q(‖h‖²)`` over the carriers of every (dataset, seed) split's train rows.
+    The sites only the classifier runs (v3.5's ``head.cls.*`` and ``dec``,
+    :func:`oretrofit.hosts.tabpfn.versions.other_task_sites`) are excluded, and listed in the
+    spec's calibration data (``other_task_sites``) next to ``task``.
     """
     from ..hosts.tabpfn.checkpoints import checkpoint_sha256, resolve_model_path
     from ..hosts.tabpfn.estimators import regressor_from_checkpoint
+    from ..hosts.tabpfn.versions import other_task_sites
 
     if not datasets or not seeds:
         raise ValueError("give at least one dataset and one seed to calibrate on")
@@ -62,8 +68,14 @@ def calibrate_tabpfn(model_path: str | Path | None, datasets: Sequence[Dataset],
                                  f"{row['seed']}): {exc}; calibrate on a dataset it can fit") \
                     from None
 
+    # a model serving both tasks (v3.5) runs only the regressor's head: the classifier's
+    # head sites see no carrier, so they are left out (and recorded)
+    other = other_task_sites(built[0], "regressor")
+    if other:
+        exclude = [*(exclude or ()), *(name for name in other if name not in (exclude or ()))]
     # the checkpoint's file name and hash (no machine-local path: specs are committed)
     data = {"checkpoint": path.name, "checkpoint_sha256": checkpoint_sha256(path),
+            "task": "regressor", "other_task_sites": other,
             "protocol": protocol.describe(), "splits": record,
             "rows": int(np.sum([r["rows"] for r in record])), "n_estimators": n_estimators}
     return calibrate(built[0], run, delta, quantile, arm=arm, exclude=exclude, data=data)

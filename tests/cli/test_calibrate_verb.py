@@ -78,9 +78,9 @@ def test_bad_settings_are_refused_and_write_nothing(cli, tmp_path, args, message
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--model", "minilm", "--dataset", "sklearn:diabetes"], "--dataset belong to the TabPFN v3"),
+    (["--model", "minilm", "--dataset", "sklearn:diabetes"], "--dataset belong to the TabPFN form"),
     (["--model", "minilm", "--model-path", "demo", "--seed", "3"],
-     "--model-path, --seed belong to the TabPFN v3"),
+     "--model-path, --seed belong to the TabPFN form"),
     (["--text-file", "lines.txt", "--dataset", "sklearn:diabetes"],
      "--text-file belong to the transformers form"),
     (["--model-path", "demo"], "give --dataset SPEC"),

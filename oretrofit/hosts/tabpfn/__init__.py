@@ -1,4 +1,6 @@
-"""The TabPFN host: ``v3.py`` and ``v3_blocks.py`` (the v3 sites and O-blocks), ``releases.py``
+"""The TabPFN host: ``host.py`` over ``versions.py`` (one table of the model versions),
+``v2_5.py``/``v2_5_blocks.py`` (v2.5 and v2.6), ``v3.py``/``v3_blocks.py`` and
+``v3_5.py``/``v3_5_blocks.py`` (each version's sites and O-blocks), ``releases.py``
 (the tabpfn releases it admits and what differs between them), ``checkpoints.py`` (checkpoints,
 the demo/random hosts), ``estimators.py`` (retrofitted regressors and classifiers) and
 ``artifact.py`` (patched artifacts). Importing this package imports none of them; the public

@@ -1,8 +1,12 @@
-"""TabPFN v3 checkpoints: find, validate, load (weights only) and build; random-init hosts.
+"""TabPFN checkpoints (every supported model version): find, validate, load (weights only) and
+build; random-init hosts.
 
 A checkpoint is tabpfn's own format: a ``.ckpt`` (``torch.save``) or ``.safetensors`` file
 holding ``state_dict``, ``config``, ``architecture_name`` and ``inference_config``; tabpfn reads
-the model version from the file name, which must contain ``v3``. Files written here also carry
+the model version from the file name (``v2.5``, ``v2.6``, ``v3``, ``v3.5``; see
+:func:`oretrofit.hosts.tabpfn.versions.version_from_name`). Up to v2.6 a regressor's bucket
+borders are criterion state (``criterion.borders``), from v3 the model's
+``regression_borders``. Files written here also carry
 an ``oretrofit`` entry ``{"weights": "random" | ..., "size", "seed"}`` that tabpfn ignores.
 """
 
@@ -31,7 +35,7 @@ from . import releases
 __all__ = ["SIZES", "write_random_checkpoint", "resolve_model_path", "checkpoint_sha256",
            "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic", "check_checkpoint_name",
            "default_inference_config", "checkpoint_task", "DEMO_CHECKPOINT", "DEFAULT_CHECKPOINT_NAME",
-           "DEFAULT_CHECKPOINT_NAMES", "RANDOM_CLASSIFIER_CLASSES"]
+           "DEFAULT_CHECKPOINT_NAMES", "RANDOM_CLASSIFIER_CLASSES", "V2_SIZES"]
 
 # "default" is the vendor's v3 architecture (58.3M parameters with 5000 buckets); "small" a
 # ~1.6M-parameter version of it for tests, the random host and the demo.
@@ -41,6 +45,13 @@ SIZES: dict[str, dict[str, Any]] = {
               "dist_embed_num_heads": 4, "dist_embed_num_inducing_points": 16,
               "feat_agg_num_blocks": 2, "feat_agg_num_heads": 4, "feat_agg_num_cls_tokens": 4,
               "nlayers": 4, "icl_num_heads": 4, "softmax_scaling_mlp_hidden_dim": 16},
+}
+# The sizes of the v2 family (v2, v2.5, v2.6: per-feature transformers), by the same names
+# (each version's own features_per_group; v2 has no thinking rows and ignores their number).
+V2_SIZES: dict[str, dict[str, Any]] = {
+    "default": {"num_buckets": 5000},
+    "small": {"num_buckets": 5000, "emsize": 32, "nlayers": 3, "nhead": 4,
+              "num_thinking_rows": 8},
 }
 DEMO_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "tabpfn-v3-demo.ckpt"
 DEFAULT_CHECKPOINT_NAME = "tabpfn-v3-regressor-v3_default.ckpt"
@@ -106,9 +117,10 @@ def checkpoint_task(checkpoint: dict[str, Any], task: str | None = None) -> str:
 
 def random_model(version: str = "v3", size: str = "small", seed: int = 0,
                  task: str = "regressor") -> tuple[torch.nn.Module, Any]:
-    """A random-init model of TabPFN ``version`` ("v3" or "v3.5"), built from that version's
-    own ``parse_config``, and its config. A classifier (and every v3.5 model, which serves both
-    tasks) reads out :data:`RANDOM_CLASSIFIER_CLASSES` classes.
+    """A random-init model of TabPFN ``version`` (a supported row of
+    :data:`~oretrofit.hosts.tabpfn.versions.VERSIONS`), built from that version's own
+    ``parse_config`` (v2.5/v2.6 at :data:`V2_SIZES`), and its config. A classifier (and every
+    v3.5 model, which serves both tasks) reads out :data:`RANDOM_CLASSIFIER_CLASSES` classes.
 
     The zero-initialised weights (out-projections, MLP outputs, query modulation) are redrawn
     from N(0, 1/fan_in) (query modulation N(0, 0.02²)) so the host is far from the identity.
@@ -124,8 +136,10 @@ def random_model(version: str = "v3", size: str = "small", seed: int = 0,
         raise ValueError(f"task must be regressor or classifier, got {task!r}")
     arch = architecture(row)
     classes = ({"max_num_classes": RANDOM_CLASSIFIER_CLASSES}
-               if task == "classifier" or version != "v3" else {})
-    config, _ = arch.parse_config({**SIZES[size], **classes})
+               if task == "classifier" or version == "v3.5" else
+               {"max_num_classes": 0} if version == "v2" else {})    # v2's default is -1
+    sizes = V2_SIZES if row.sites == "v2_5" else SIZES
+    config, _ = arch.parse_config({**sizes[size], **classes})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = arch.get_architecture(config)
@@ -144,14 +158,24 @@ def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", s
     path = Path(path)
     check_checkpoint_name(path, version)
     model, config = random_model(version, size, seed, task)
+    state = model.state_dict()
+    if getattr(model, "regression_borders", None) is None and task == "regressor":
+        state["criterion.borders"] = _regression_borders(config.num_buckets)
     checkpoint = {
-        "state_dict": model.state_dict(),
+        "state_dict": state,
         "config": asdict(config),
         "architecture_name": _architecture_name(version),
         "inference_config": default_inference_config(task),
         "oretrofit": {"weights": "random", "size": size, "seed": int(seed), "version": version},
     }
     return save_atomic(checkpoint, path)
+
+
+def _regression_borders(num_buckets: int) -> torch.Tensor:
+    """Bucket borders for a v2.x regressor, stored as tabpfn stores them up to v2.6 (criterion
+    state ``criterion.borders``): v3's spline-based borders of ``num_buckets`` buckets."""
+    from tabpfn.architectures import tabpfn_v3
+    return tabpfn_v3._spline_based_regression_borders(num_buckets)
 
 
 def _architecture_name(version: str) -> str:

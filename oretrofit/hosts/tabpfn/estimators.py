@@ -53,7 +53,8 @@ def estimator_from_checkpoint(path: str | os.PathLike[str],
         except RetrofitError:
             result.revert()
             raise
-    specs = releases.model_specs(model, config, inference_config, task)
+    specs = releases.model_specs(model, config, inference_config, task,
+                                 checkpoint["state_dict"].get("criterion.borders"))
     return estimator(model_path=specs, device=device, n_estimators=n_estimators,
                      fit_mode=fit_mode, inference_precision=inference_precision,
                      random_state=seed, **tabpfn_kwargs), result

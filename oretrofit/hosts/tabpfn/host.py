@@ -1,6 +1,7 @@
 """The TabPFN host: one host for every TabPFN model version, dispatching on the table of
 :mod:`oretrofit.hosts.tabpfn.versions` (the sites of each version are documented in its own
-module: :mod:`~oretrofit.hosts.tabpfn.v3`, :mod:`~oretrofit.hosts.tabpfn.v3_5`); the tabpfn
+module: :mod:`~oretrofit.hosts.tabpfn.v2_5` (v2.5, v2.6), :mod:`~oretrofit.hosts.tabpfn.v3`,
+:mod:`~oretrofit.hosts.tabpfn.v3_5`); the tabpfn
 releases it admits are in :mod:`oretrofit.hosts.tabpfn.releases`.
 """
 
@@ -30,7 +31,7 @@ class TabPFNHost:
         versions.check_modules(model, row)
 
     def version(self, model: nn.Module | None = None) -> dict[str, str]:
-        """The tabpfn release, and the ``model``'s architecture (``tabpfn_v3``, ``tabpfn_v3_5``)."""
+        """The tabpfn release, and the ``model``'s architecture (``tabpfn_v2_5`` … ``tabpfn_v3_5``)."""
         out = {"tabpfn": releases.installed_version() or "missing"}
         if model is not None:
             out["architecture"] = versions.version_of(model).architecture_name

@@ -80,22 +80,28 @@ def _has_model_specs() -> bool:
     return hasattr(tabpfn, "ModelSpecs")
 
 
-def model_specs(model: nn.Module, config: Any, inference_config: Any, task: Task) -> Any:
+def model_specs(model: nn.Module, config: Any, inference_config: Any, task: Task,
+                borders: Tensor | None = None) -> Any:
     """The in-memory model spec a ``TabPFNRegressor``/``TabPFNClassifier`` takes as model_path.
 
-    9.1.0+: ``tabpfn.ModelSpecs`` (the regression criterion is built from the model's
-    ``regression_borders``). Before: ``tabpfn.base.{Regressor,Classifier}ModelSpecs``, with the
-    criterion tabpfn's own loader builds, ``FullSupportBarDistribution(regression_borders)``.
+    ``borders``: the regression bucket borders a v2.x checkpoint stores as criterion state
+    (``criterion.borders``); v3 and later carry them as the model's ``regression_borders``.
+    9.1.0+: ``tabpfn.ModelSpecs`` (the criterion from ``borders`` when given, else tabpfn
+    builds it from ``regression_borders``). Before: ``tabpfn.base.{Regressor,Classifier}
+    ModelSpecs``, with the criterion tabpfn's own loader builds,
+    ``FullSupportBarDistribution(borders)``.
     """
     if _has_model_specs():
         from tabpfn import ModelSpecs
+        criterion = ({"norm_criterion": _bar_distribution()(borders)}
+                     if borders is not None and task == "regressor" else {})
         return ModelSpecs(model=model, architecture_config=config,
-                          inference_config=inference_config)
+                          inference_config=inference_config, **criterion)
     from tabpfn import base
     if task == "classifier":
         return base.ClassifierModelSpecs(model, config, inference_config)
-    return base.RegressorModelSpecs(model, config, inference_config,
-                                    _bar_distribution()(model.regression_borders))
+    return base.RegressorModelSpecs(model, config, inference_config, _bar_distribution()(
+        model.regression_borders if borders is None else borders))
 
 
 def _bar_distribution() -> type:

@@ -30,7 +30,9 @@ dec                    attention  multiclass: test rows read the train rows' tar
                                   class attention); sources gated by ``W_K e_j`` bias-free
 =====================  =========  ===========================================================
 
-The regression read-out ``output_projection`` is per row and left as is.
+The regression read-out ``output_projection`` is per row and left as is. The head sites belong
+to one task each (:data:`TASK_SITES`): a model used as a regressor never runs ``head.cls.*`` or
+``dec``, so calibration leaves the other task's sites out (they would see no carrier).
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ from torch import nn
 from ..._host import Site
 from .v3 import decoder_sites, norms, patch, stage_sites
 
-__all__ = ["sites"]
+__all__ = ["sites", "TASK_SITES"]
+
+# the sites only one task runs (the rest serve both)
+TASK_SITES: dict[str, tuple[str, ...]] = {"regressor": ("head.reg.norm", "head.reg.ffn"),
+                                          "classifier": ("head.cls.norm", "head.cls.ffn", "dec")}
 
 
 def sites(model: nn.Module) -> list[Site]:

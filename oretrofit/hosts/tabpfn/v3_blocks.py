@@ -254,23 +254,31 @@ class OICLBlock:
         """Test rows (all of ``x``) over the cached train rows: OAttention with the presences
         read back from the cache's extra key channel."""
         a = self.icl_attention
-        key, value = getattr(cached_kv, "key", None), getattr(cached_kv, "value", None)
-        if not (isinstance(key, Tensor) and key.is_floating_point()
-                and isinstance(value, Tensor) and value.is_floating_point()):
-            raise RetrofitError(releases.QUANTIZED_CACHE_REFUSAL)
-        if key.shape[-1] != a.head_dim + 1:
-            raise RetrofitError(
-                "this TabPFN v3 KV cache was built without the train rows' presences (fitted "
-                "before the retrofit, or on another model); fit again after retrofitting")
         b, r, _ = x_BRE.shape
         p_q = presence(x_BRE, config.tau)                                    # (B, R)
         h = self.layernorm(x_BRE)
         q = _qk_norm(a, "q_norm", a.q_projection(h).view(b, r, a.num_heads, a.head_dim))
-        p_k = key[:, :, 0, -1].to(q.dtype)                                   # keys: k-normed                                   # (B, N)
+        k, v, p_k = cached_presence_kv(cached_kv, a.head_dim, "v3", q.dtype)  # keys: k-normed
         if a.softmax_scaling_layer is not None:
             q = _mass_scaled_queries(a.softmax_scaling_layer, q, p_k.sum(-1))
-        k, v = key[..., :-1].to(q.dtype), value.to(q.dtype)
         return a.out_projection(_o_attend(q, k, v, p_q, p_k, config))
+
+
+def cached_presence_kv(cached_kv: object, head_dim: int, label: str, dtype: torch.dtype
+                       ) -> tuple[Tensor, Tensor, Tensor]:
+    """A KV cache entry built under O: its keys ``(B, N, H, D)``, values and the train rows'
+    presences ``(B, N)`` read back from the extra key channel, in ``dtype``. A quantized entry,
+    or one built without the channel (before the retrofit, ``label``: the model version), is
+    refused."""
+    key, value = getattr(cached_kv, "key", None), getattr(cached_kv, "value", None)
+    if not (isinstance(key, Tensor) and key.is_floating_point()
+            and isinstance(value, Tensor) and value.is_floating_point()):
+        raise RetrofitError(releases.QUANTIZED_CACHE_REFUSAL)
+    if key.shape[-1] != head_dim + 1:
+        raise RetrofitError(
+            f"this TabPFN {label} KV cache was built without the train rows' presences (fitted "
+            "before the retrofit, or on another model); fit again after retrofitting")
+    return key[..., :-1].to(dtype), value.to(dtype), key[:, :, 0, -1].to(dtype)
 
 
 class OManyClassDecoder:

@@ -5,9 +5,10 @@ host retrofits it (and with which sites) or refuses it, with the reason.
 version    class (``tabpfn.architectures``)  first       sites      status
                                            release
 =========  ==============================  ==========  =========  ==================================
-v2         ``tabpfn_v2.TabPFNV2``          8.2.0       —          refused (not yet gated)
-v2.5       ``tabpfn_v2_5.TabPFNV2p5``      8.0.1       —          refused (not yet gated)
-v2.6       ``tabpfn_v2_6.TabPFNV2p6``      8.0.1       —          refused (not yet gated)
+v2         ``tabpfn_v2.TabPFNV2``          8.1.0       ``v2_5``   retrofitted (v2.5's layout, no
+                                                                  thinking rows)
+v2.5       ``tabpfn_v2_5.TabPFNV2p5``      8.0.1       ``v2_5``   retrofitted
+v2.6       ``tabpfn_v2_6.TabPFNV2p6``      8.0.1       ``v2_5``   retrofitted (v2.5 with RMSNorm)
 v3         ``tabpfn_v3.TabPFNV3``          8.0.1       ``v3``     retrofitted
 v3.5       ``tabpfn_v3_5.TabPFNV3p5``      9.0.0       ``v3_5``   retrofitted (also v3.5-fast, the
                                                                   same class)
@@ -32,7 +33,7 @@ from torch import nn
 from ..._host import RetrofitError, Site
 
 __all__ = ["ModelVersion", "VERSIONS", "version_of", "supported", "check_modules", "architecture",
-           "version_of_checkpoint", "version_from_name"]
+           "version_of_checkpoint", "version_from_name", "other_task_sites"]
 
 # torch.nn types that are token-local or containers (never a token boundary)
 _TORCH_LOCAL = frozenset({"Linear", "GELU", "Sequential", "ModuleList", "ModuleDict", "LayerNorm",
@@ -43,6 +44,8 @@ _V3_MODULES = frozenset({
     "InducedSelfAttentionBlock", "MLP", "ManyClassDecoder", "RotaryEmbedding",
     "SoftmaxScalingMLP", "TrainableOrthogonalEmbedding", "TransformerBlock",
     "_DtypeMatchingRMSNorm"})
+_V2_5_MODULES = frozenset({"AddThinkingRows", "AlongColumnAttention", "AlongRowAttention",
+                           "TabPFNBlock"})
 
 
 @dataclass(frozen=True)
@@ -69,15 +72,16 @@ class ModelVersion:
         return self.module.rsplit(".", 1)[1]
 
 
-_V2_REFUSAL = ("its per-feature transformer layers (attention between features and between "
-               "items, with their encoder pipeline) are not gated by oretrofit yet")
 VERSIONS: tuple[ModelVersion, ...] = (
-    ModelVersion("v2", "tabpfn.architectures.tabpfn_v2", "TabPFNV2", "8.2.0",
-                 refusal=_V2_REFUSAL),
+    ModelVersion("v2", "tabpfn.architectures.tabpfn_v2", "TabPFNV2", "8.1.0", sites="v2_5",
+                 modules=(_V2_5_MODULES - {"AddThinkingRows"}) | {"TabPFNV2",
+                                                                  "LowerPrecisionLayerNorm"}),
     ModelVersion("v2.5", "tabpfn.architectures.tabpfn_v2_5", "TabPFNV2p5", "8.0.1",
-                 refusal=_V2_REFUSAL + " (nor its thinking rows)", names=("v2.5",)),
+                 sites="v2_5", modules=_V2_5_MODULES | {"TabPFNV2p5", "LowerPrecisionLayerNorm"},
+                 names=("v2.5",)),
     ModelVersion("v2.6", "tabpfn.architectures.tabpfn_v2_6", "TabPFNV2p6", "8.0.1",
-                 refusal=_V2_REFUSAL + " (nor its thinking rows)", names=("v2.6",)),
+                 sites="v2_5", modules=_V2_5_MODULES | {"TabPFNV2p6", "LowerPrecisionRMSNorm"},
+                 names=("v2.6",)),
     ModelVersion("v3", "tabpfn.architectures.tabpfn_v3", "TabPFNV3", "8.0.1", sites="v3",
                  modules=_V3_MODULES, names=("v3",)),
     ModelVersion("v3.5", "tabpfn.architectures.tabpfn_v3_5", "TabPFNV3p5", "9.0.0",
@@ -89,7 +93,7 @@ VERSIONS: tuple[ModelVersion, ...] = (
 
 
 def supported() -> str:
-    """The supported versions, for messages: ``v3 (tabpfn 8.0.1+), v3.5 (9.0.0+)``."""
+    """The supported versions, for messages: ``v2 (TabPFNV2, tabpfn 8.1.0+), …``."""
     return ", ".join(f"{v.label} ({v.cls}, tabpfn {v.first_release}+)"
                      for v in VERSIONS if v.sites)
 
@@ -140,6 +144,15 @@ def architecture(row: ModelVersion) -> Any:
 def sites(model: nn.Module, row: ModelVersion) -> list[Site]:
     """The named sites of ``model`` (a supported row)."""
     return importlib.import_module(f"{__package__}.{row.sites}").sites(model)
+
+
+def other_task_sites(model: nn.Module, task: str) -> list[str]:
+    """The sites of ``model`` that only a task other than ``task`` runs (the sites module's
+    ``TASK_SITES``; v3.5's heads serve one task each, so a v3.5 regressor never runs
+    ``head.cls.*`` or ``dec``); empty for a version whose sites all serve its one task."""
+    row = version_of(model)
+    table = getattr(importlib.import_module(f"{__package__}.{row.sites}"), "TASK_SITES", {})
+    return [name for other, names in table.items() if other != task for name in names]
 
 
 def version_of_checkpoint(architecture_name: str) -> ModelVersion:

@@ -161,7 +161,8 @@ def test_errors_name_the_fix(fresh_model, monkeypatch):
     monkeypatch.undo()
     later = type("TabPFNV4", (torch.nn.Module,), {"__module__": "tabpfn.architectures.tabpfn_v4"})
     with pytest.raises(RetrofitError, match=r"tabpfn_v4.TabPFNV4 is not supported: .*later "
-                                            r"tabpfn.*supported: v3 \(TabPFNV3.*v3\.5 \(TabPFNV3p5"):
+                                            r"tabpfn.*supported: v2 \(TabPFNV2,.*v2\.5 \(TabPFNV2p5.*v3 "
+                                            r"\(TabPFNV3.*v3\.5 \(TabPFNV3p5"):
         oretrofit.retrofit(later(), "oa")
 
 

@@ -1,6 +1,8 @@
 """Every supported TabPFN model version (``oretrofit.hosts.tabpfn.versions``), random weights
 from the version's own ``parse_config``, both arms and both tasks: τ→0 agreement with the
-unpatched model, a null train row and a zero feature column inserted are inert under full-o,
+unpatched model, a null train row and a zero feature column inserted at the token boundary
+(v3/v3.5: the row tokens entering the ICL stage and the cell tokens entering the column
+aggregator; v2.5/v2.6: the cell grid entering the first block) are inert under full-o,
 ``revert()`` is bit-identical, state_dict keys and strict load are kept; the refused versions
 and unknown ones are refused by name. Runs on whichever tabpfn release is installed (the
 release environments of ``make test-tabpfn-releases`` run it on the oldest and newest release
@@ -9,6 +11,7 @@ shipping each version)."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 
 import pytest
 import torch
@@ -24,6 +27,7 @@ TAU, TOL, REL = 0.5, 1e-5, 1e-5
 SHIPPED = [v.label for v in versions.VERSIONS
            if v.sites and importlib.util.find_spec(v.module) is not None]
 CASES = [(v, t) for v in SHIPPED for t in ("regressor", "classifier")]
+V2 = {"v2", "v2.5", "v2.6"}                # the per-feature transformer family (sites "v2_5")
 
 
 def _model(version: str, task: str) -> torch.nn.Module:
@@ -69,29 +73,62 @@ def test_tau_to_zero_recovers_the_host(version, task, arm):
         assert _rel(_forward(model, x, y, task), base) > 1e-3     # the test can fail
 
 
+def _grid(version: str, model: torch.nn.Module, rows: int) -> torch.Tensor:
+    """Fixed random tokens for the boundary of ``version``: v2.x the cell grid ``(1, R, C + 1,
+    E)`` (2 feature groups of 4 features, + the target cell); v3 the row tokens ``(1, R, Cl,
+    E)``."""
+    cells = 3 if version in V2 else model.column_aggregator.num_cls_tokens
+    return torch.randn(1, rows, cells, model.emsize, generator=torch.Generator().manual_seed(2),
+                       dtype=torch.float64)
+
+
+def _first_block_input(model: torch.nn.Module, edit):
+    """A hook editing the grid entering the first block (a tensor, or later releases' one-element
+    list)."""
+    def hook(_module: torch.nn.Module, args: tuple) -> tuple:
+        x = args[0]
+        return ([edit(x[0])] if isinstance(x, list) else edit(x), *args[1:])
+
+    return model.blocks[0].register_forward_pre_hook(hook)
+
+
+def _with_tokens(model: torch.nn.Module, version: str, tokens: torch.Tensor):
+    """A hook putting ``tokens`` at the boundary: v2.5/v2.6 the grid handed to the thinking
+    rows (before they are prepended), v2 the grid entering the first block, v3 the column
+    aggregator's output."""
+    if version in V2 and hasattr(model, "add_thinking_rows"):
+        return model.add_thinking_rows.register_forward_pre_hook(
+            lambda m, args: (tokens.clone(), *args[1:]))
+    if version in V2:
+        return _first_block_input(model, lambda x: tokens.clone())
+    return model.column_aggregator.register_forward_hook(lambda m, i, o: tokens.clone())
+
+
 @pytest.mark.parametrize("version,task", CASES)
-@pytest.mark.parametrize("arm", ["oa", "full-o"])
+@pytest.mark.parametrize("arm", ["oa", "full-o", None])
 def test_null_train_row_inserted(version, task, arm):
-    """A zero row token inserted as a train row at the ICL stage (after the column stage)
-    changes no test prediction under full-o; under oa the ungated target encoding lifts it."""
+    """A zero token row inserted as a train row at the boundary changes no test prediction
+    under full-o. Under oa: v3's ungated target encoding (te.icl) lifts it; v2.x has no
+    addition after the boundary (its target is a cell of its own), so the gated attentions
+    suffice. Unpatched (``None``) it always changes them (the test can fail)."""
     model = _model(version, task)
-    oretrofit.retrofit(model, arm, TAU)
+    if arm is not None:
+        oretrofit.retrofit(model, arm, TAU)
     x, y = _data(task)
     n = y.shape[0]
-    with torch.no_grad():
-        rows = torch.randn(1, x.shape[0], model.column_aggregator.num_cls_tokens, model.emsize,
-                           generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    tokens = _grid(version, model, x.shape[0])
 
-    def run(x_: torch.Tensor, y_: torch.Tensor, rows_: torch.Tensor) -> torch.Tensor:
-        handle = model.column_aggregator.register_forward_hook(lambda m, i, o: rows_.clone())
+    def run(x_: torch.Tensor, y_: torch.Tensor, tokens_: torch.Tensor) -> torch.Tensor:
+        handle = _with_tokens(model, version, tokens_)
         try:
             return _forward(model, x_, y_, task)
         finally:
             handle.remove()
 
-    ref = run(x, y, rows)
-    out = run(torch.cat([x[:n], x[n - 1:n], x[n:]]), torch.cat([y, y[:1]]), _zeros_at(rows, 1, n))
-    if arm == "oa":
+    ref = run(x, y, tokens)
+    out = run(torch.cat([x[:n], x[n - 1:n], x[n:]]), torch.cat([y, y[:1]]),
+              _zeros_at(tokens, 1, n))
+    if arm is None or (arm == "oa" and version not in V2):
         assert _rel(out, ref) > TOL
     else:
         assert _rel(out, ref) <= TOL
@@ -101,26 +138,34 @@ def _appended(x_BRCE: torch.Tensor) -> torch.Tensor:
     return _zeros_at(x_BRCE, 2, x_BRCE.shape[2])
 
 
+def _with_zero_column(model: torch.nn.Module, version: str):
+    """v2.x: a zero cell column (every row, thinking rows too) inserted before the target
+    column (the decoder reads the last column) of the grid entering the first block; v3: a
+    zero cell-token column appended to those entering the column aggregator (appended: the
+    column tokens carry RoPE positions, so one inserted in the middle would move the others'
+    positions, a positional change, not a null token)."""
+    if version in V2:
+        return _first_block_input(model, lambda x: _zeros_at(x, 2, x.shape[2] - 1))
+    return model.column_aggregator.register_forward_pre_hook(
+        lambda m, args, kwargs: (args, {**kwargs, "x_BRiCE": _appended(kwargs["x_BRiCE"])}),
+        with_kwargs=True)
+
+
 @pytest.mark.parametrize("version,task", CASES)
 def test_zero_feature_column_inserted(version, task):
-    """A zero cell-token column appended to those entering the column aggregator changes no
-    prediction (full-o). Appended: the column tokens carry RoPE positions, so one inserted in
-    the middle would move the others' positions (a positional change, not a null token)."""
+    """A zero feature column at the boundary changes no prediction (full-o); unpatched it
+    does."""
     model = _model(version, task)
     oretrofit.retrofit(model, "full-o", TAU)
     x, y = _data(task)
     ref = _forward(model, x, y, task)
-    handle = model.column_aggregator.register_forward_pre_hook(
-        lambda m, args, kwargs: (args, {**kwargs, "x_BRiCE": _appended(kwargs["x_BRiCE"])}),
-        with_kwargs=True)
+    handle = _with_zero_column(model, version)
     try:
         assert _rel(_forward(model, x, y, task), ref) <= TOL
     finally:
         handle.remove()
     base = _model(version, task)
-    handle = base.column_aggregator.register_forward_pre_hook(
-        lambda m, args, kwargs: (args, {**kwargs, "x_BRiCE": _appended(kwargs["x_BRiCE"])}),
-        with_kwargs=True)
+    handle = _with_zero_column(base, version)
     assert _rel(_forward(base, x, y, task), _forward(_model(version, task), x, y, task)) > TOL
     handle.remove()
 
@@ -147,6 +192,12 @@ def test_revert_state_dict_and_strict_load(version, task):
 def test_learned_receivers_reported(version):
     r = oretrofit.retrofit(_model(version, "regressor"), "oa", 1e-8)
     report = {row["site"]: row["receivers"] for row in r.report()}
+    if version == "v2":                            # no thinking rows
+        assert not report["blk.0.col"]
+        return
+    if version in V2:
+        assert report["blk.0.col"]["thinking_rows.min"] > 0.999
+        return
     assert report["fde.0.induce1"]["inducing_vectors.min"] > 0.999
     assert report["col.cls"]["cls_tokens.mean"] > 0.999
 
@@ -173,26 +224,57 @@ def test_ungatable_module_refused_by_name():
     assert "_oretrofit" not in model.icl_blocks[0].__dict__
 
 
-@pytest.mark.parametrize("row", [v for v in versions.VERSIONS if not v.sites],
-                         ids=lambda v: v.label)
-def test_refused_versions_name_themselves(row):
+def test_a_refused_row_names_itself(monkeypatch):
+    """A row without sites (how the table lists a version the host cannot gate) is refused by
+    name, as a model, a checkpoint's architecture and a file name, with the supported
+    versions."""
+    row = versions.ModelVersion("v4", "tabpfn.architectures.tabpfn_v4", "TabPFNV4", "10.0.0",
+                                refusal="its new blocks are not gated", names=("v4",))
+    monkeypatch.setattr(versions, "VERSIONS", (*versions.VERSIONS, row))
     fake = type(row.cls, (torch.nn.Module,), {"__module__": row.module})
-    with pytest.raises(RetrofitError, match=rf"{row.cls} \(TabPFN {row.label}\) is not "
-                                            r"supported: .*supported: v3 \(TabPFNV3"):
+    listed = r"supported: v2 \(TabPFNV2, tabpfn 8\.1\.0\+\), v2\.5 \(TabPFNV2p5"
+    with pytest.raises(RetrofitError, match=r"TabPFNV4 \(TabPFN v4\) is not supported: its new "
+                                            r"blocks are not gated; " + listed):
         oretrofit.retrofit(fake(), "oa")
-    with pytest.raises(RetrofitError, match=rf"TabPFN {row.label}\) is not supported"):
-        versions.version_of_checkpoint(row.architecture_name)
+    with pytest.raises(RetrofitError, match=r"TabPFN v4\) is not supported: .*" + listed):
+        versions.version_of_checkpoint("tabpfn_v4")
+    with pytest.raises(RetrofitError, match=r"reads it as a TabPFN v4 checkpoint"):
+        versions.version_from_name("tabpfn-v4-regressor.ckpt")
 
 
 @pytest.mark.parametrize("name,label", [("tabpfn-v3.5-fast-20260909.safetensors", "v3.5"),
                                         ("tabpfn-v3.5-classifier.ckpt", "v3.5"),
-                                        ("tabpfn-v3-regressor-v3_default.ckpt", "v3")])
+                                        ("tabpfn-v3-regressor-v3_default.ckpt", "v3"),
+                                        ("tabpfn-v2.5-regressor-v2.5_default.ckpt", "v2.5"),
+                                        ("tabpfn-v2.6-classifier.ckpt", "v2.6"),
+                                        ("tabpfn-v2-regressor.ckpt", "v2"), ("model.ckpt", "v2")])
 def test_version_from_the_file_name(name, label):
     assert versions.version_from_name(name).label == label
 
 
-@pytest.mark.parametrize("name", ["tabpfn-v2.5-regressor-v2.5_default.ckpt",
-                                  "tabpfn-v2.6-classifier.ckpt", "model.ckpt"])
-def test_refused_file_names(name):
-    with pytest.raises(RetrofitError, match="is not supported"):
-        versions.version_from_name(name)
+@pytest.mark.parametrize("version", [v for v in SHIPPED if v in V2])
+@pytest.mark.parametrize("arm", ["oa", "full-o"])
+def test_v2_kv_cache_keeps_the_presences(version, arm):
+    """9.x's explicit KV cache of v2.5/v2.6 under O: the test rows predicted from the cache
+    (the train rows' presences in the extra key channel) match the full forward; a cache
+    built before the retrofit is refused."""
+    model = _model(version, "regressor")
+    x, y = _data("regressor")
+    if "return_kv_cache" not in inspect.signature(model.forward).parameters:
+        # tabpfn 8.x: no KV cache on v2.x, so no path that could carry presences past the gate
+        with pytest.raises(TypeError, match="return_kv_cache"):
+            model(x, y, performance_options=FULL_PATH, return_kv_cache=True)
+        return
+    n = y.shape[0]
+    with torch.no_grad():
+        _, stale = model(x, y, performance_options=FULL_PATH, return_kv_cache=True)
+    oretrofit.retrofit(model, arm, TAU)
+    full = _forward(model, x, y, "regressor")
+    with torch.no_grad():
+        _, cache = model(x, y, performance_options=FULL_PATH, return_kv_cache=True)
+        cached = model(x[n:], None, performance_options=FULL_PATH, kv_cache=cache,
+                       x_is_test_only=True)
+        assert _rel(cached, full) <= TOL
+        with pytest.raises(RetrofitError, match="built without the train rows' presences"):
+            model(x[n:], None, performance_options=FULL_PATH, kv_cache=stale,
+                  x_is_test_only=True)
