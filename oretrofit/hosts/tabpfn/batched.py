@@ -296,7 +296,7 @@ def _sites_needed(model: nn.Module, bounds: Boundaries, layout: _Layout) -> None
     """Refuse a retrofit that leaves a site open through which padding would leak."""
     retrofit = Retrofit.of(model)
     patched = set() if retrofit is None else {row["site"] for row in retrofit.report()}
-    from .v3 import HOST
+    from .host import HOST
     patterns = bounds.sites + (bounds.width_sites if any(c.x.shape[2] != layout.c
                                                          for c in layout.calls) else ())
     needed = [s.name for s in HOST.sites(model)
