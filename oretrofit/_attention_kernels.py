@@ -31,8 +31,11 @@ Kernels (:class:`Backend`; each must satisfy :func:`_math_forward` / :func:`_mat
 * CPU: ``aten::_scaled_dot_product_flash_attention_for_cpu`` and its ``_backward`` (fp32, fp64;
   GQA natively; q, k and v must share the head size). Tested on torch 2.13.0.
 * CUDA: ``aten::_scaled_dot_product_efficient_attention`` and its ``_backward`` (the
-  memory-efficient kernel, the one with a bias and the LSE; fp32 here; its LSE is padded to
-  multiples of 32 rows, its bias must be 4-D with 16-aligned strides, and GQA is repeated).
+  memory-efficient kernel, the one with a bias and the LSE; fp32 here, head sizes in multiples
+  of 8; its LSE is padded to multiples of 32 rows, its bias must be 4-D with 16-aligned strides,
+  and GQA is repeated). Not run in this repository's tests (no GPU): its adaptation is tested
+  on CPU against an emulation of the ops' contract, and ``scripts/gpu_attention.py`` checks it
+  on a GPU.
 
 A kernel is used only after :func:`backend_for` has checked, once per device type and dtype, that
 its ops exist and satisfy the contract on a tiny case (the private ops may change between torch
@@ -71,12 +74,13 @@ class Backend:
     """One kernel pair. ``forward(q, k, v, bias, scale) -> (o, lse)`` and
     ``backward(dO, q, k, v, bias, out, lse, scale) -> (dq, dk, dv)`` as :func:`_math_forward`
     and :func:`_math_backward`; q ``(B, H, Nq, d)``, k/v ``(B, Hkv, Nk, d)`` with Hkv | H, bias
-    4-D broadcastable to ``(B, H, Nq, Nk)``. ``width_multiple``: head size granularity of the
-    augmented backward call."""
+    4-D broadcastable to ``(B, H, Nq, Nk)``. ``head_multiple``: the head sizes it takes;
+    ``width_multiple``: head size granularity of the augmented backward call."""
 
     name: str
     forward: Forward
     backward: Backward
+    head_multiple: int = 1
     width_multiple: int = 1
 
 
@@ -169,7 +173,7 @@ def efficient_backend(forward_op: Callable, backward_op: Callable) -> Backend:
                                     False, scale=scale)
         return dq, _sum_groups(dk, kv_heads), _sum_groups(dv, kv_heads)
 
-    return Backend("cuda-efficient", forward, backward, width_multiple=16)
+    return Backend("cuda-efficient", forward, backward, head_multiple=8, width_multiple=16)
 
 
 def _cuda_backend() -> Backend | None:

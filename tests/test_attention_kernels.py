@@ -148,7 +148,8 @@ def test_host_layout_views_are_taken_as_they_are() -> None:
     assert torch.equal(o_attention_fused(*views, p_q, p_k), o_attention_fused(q, k, v, p_q, p_k))
 
 
-@pytest.mark.parametrize("case", ["dv", "empty_keys", "empty_queries", "learned_bias", "int_dtype"])
+@pytest.mark.parametrize("case", ["dv", "empty_keys", "empty_queries", "empty_batch",
+                                  "learned_bias", "half_compute"])
 def test_cases_the_kernel_cannot_serve_take_the_augmented_path(case: str) -> None:
     q, k, v, p_q, p_k = make(nq=5, nk=7)
     mask = None
@@ -158,11 +159,21 @@ def test_cases_the_kernel_cannot_serve_take_the_augmented_path(case: str) -> Non
         k, v, p_k = k[:, :, :0], v[:, :, :0], p_k[:, :0]
     if case == "empty_queries":
         q, p_q = q[:, :, :0], p_q[:, :0]
+    if case == "empty_batch":
+        q, k, v, p_q, p_k = (t[:0] for t in (q, k, v, p_q, p_k))
     if case == "learned_bias":
         mask = torch.zeros(1, 1, 5, 7, requires_grad=True)
-    ct = torch.float16 if case == "int_dtype" else torch.float32     # no kernel for fp16 compute
+    ct = torch.float16 if case == "half_compute" else torch.float32   # no kernel computes fp16
     assert _attention._kernel_backend(q, k, v, mask, ct) is None
     assert _attention._kernel_backend(*make(nq=5, nk=7)[:3], None, torch.float32) is CPU
+    out = o_attention_fused(q, k, v, p_q, p_k, mask=mask)
+    assert torch.allclose(out, o_attention_reference(q, k, v, p_q, p_k, mask=mask)[0], atol=2e-6)
+
+
+def test_head_sizes_a_kernel_does_not_take_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "backend_for", lambda device, dtype: EFFICIENT)
+    assert _attention._kernel_backend(*make(d=12)[:3], None, torch.float32) is None
+    assert _attention._kernel_backend(*make(d=16)[:3], None, torch.float32) is EFFICIENT
 
 
 def test_a_kernel_that_breaks_its_contract_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
