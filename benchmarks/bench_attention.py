@@ -134,7 +134,7 @@ def _rss_kib() -> dict[str, int]:
 
 def measure_memory_here(impl: str, heads: int, n: int, d: int, mode: str) -> int:
     """Peak RSS in bytes of one call and its inputs (in the worker; see module docstring)."""
-    small = make_inputs(16, d, mode, heads)           # first-call initialisation, kept off the books
+    small = make_inputs(16, d, mode, heads)        # first-call initialisation, kept off the books
     with grad_context(mode)():
         step(impl, small, mode)
     del small

@@ -18,8 +18,8 @@ Two paths, one meaning:
   (exact gradients for q, k, v, p_q and p_k; see that module). Where that route cannot serve,
   :func:`_o_attention_augmented` computes the same thing on augmented copies (below):
 
-  - Nq = 0 or Nk = 0 (the CPU kernel aborts on an empty key axis), or ``dv ≠ d`` (the kernels
-    want one head size for q, k and v);
+  - an empty input (the CPU kernel aborts on an empty key axis), ``dv ≠ d`` (the kernels want
+    one head size for q, k and v), or on CUDA a head size that is not a multiple of 8;
   - a float mask that requires grad (its gradient is the full ``dS``, which no kernel returns);
   - devices and dtypes without a checked kernel (the compute dtype must be fp32 or fp64 on CPU,
     fp32 on CUDA; see :func:`oretrofit._attention_kernels.backend_for`), or a torch whose private
@@ -208,11 +208,12 @@ def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
 def _kernel_backend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, ct: torch.dtype
                     ) -> kernels.Backend | None:
     """The checked kernel for this call, or None where the kernel route cannot serve it."""
-    if q.shape[2] == 0 or k.shape[2] == 0 or v.shape[-1] != q.shape[-1] or q.shape[-1] == 0:
+    if q.numel() == 0 or k.numel() == 0 or v.shape[-1] != q.shape[-1]:
         return None
     if mask is not None and mask.requires_grad:
         return None
-    return kernels.backend_for(q.device, ct)
+    backend = kernels.backend_for(q.device, ct)
+    return backend if backend is not None and q.shape[-1] % backend.head_multiple == 0 else None
 
 
 def _o_attention_augmented(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,

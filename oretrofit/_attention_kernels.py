@@ -31,8 +31,11 @@ Kernels (:class:`Backend`; each must satisfy :func:`_math_forward` / :func:`_mat
 * CPU: ``aten::_scaled_dot_product_flash_attention_for_cpu`` and its ``_backward`` (fp32, fp64;
   GQA natively; q, k and v must share the head size). Tested on torch 2.13.0.
 * CUDA: ``aten::_scaled_dot_product_efficient_attention`` and its ``_backward`` (the
-  memory-efficient kernel, the one with a bias and the LSE; fp32 here; its LSE is padded to
-  multiples of 32 rows, its bias must be 4-D with 16-aligned strides, and GQA is repeated).
+  memory-efficient kernel, the one with a bias and the LSE; fp32 here, head sizes in multiples
+  of 8; its LSE is padded to multiples of 32 rows, its bias must be 4-D with 16-aligned strides,
+  and GQA is repeated). Not run in this repository's tests (no GPU): its adaptation is tested
+  on CPU against an emulation of the ops' contract, and ``scripts/gpu_attention.py`` checks it
+  on a GPU.
 
 A kernel is used only after :func:`backend_for` has checked, once per device type and dtype, that
 its ops exist and satisfy the contract on a tiny case (the private ops may change between torch
@@ -71,12 +74,13 @@ class Backend:
     """One kernel pair. ``forward(q, k, v, bias, scale) -> (o, lse)`` and
     ``backward(dO, q, k, v, bias, out, lse, scale) -> (dq, dk, dv)`` as :func:`_math_forward`
     and :func:`_math_backward`; q ``(B, H, Nq, d)``, k/v ``(B, Hkv, Nk, d)`` with Hkv | H, bias
-    4-D broadcastable to ``(B, H, Nq, Nk)``. ``width_multiple``: head size granularity of the
-    augmented backward call."""
+    4-D broadcastable to ``(B, H, Nq, Nk)``. ``head_multiple``: the head sizes it takes;
+    ``width_multiple``: head size granularity of the augmented backward call."""
 
     name: str
     forward: Forward
     backward: Backward
+    head_multiple: int = 1
     width_multiple: int = 1
 
 
@@ -103,6 +107,7 @@ def _math_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
 
 
 def _repeat_kv(t: Tensor, heads: int) -> Tensor:
+    """(B, Hkv, N, w) -> (B, H, N, w): each KV head repeated for its group of query heads."""
     return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
 
 
@@ -112,6 +117,8 @@ def _sum_groups(t: Tensor, kv_heads: int) -> Tensor:
 
 
 def _cpu_backend() -> Backend | None:
+    """The CPU flash kernel pair (``o, L`` forward; ``dq, dk, dv`` backward as
+    :func:`_math_backward`), or None where this torch lacks the ops."""
     aten = torch.ops.aten
     if not (hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu")
             and hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward")):
@@ -169,10 +176,11 @@ def efficient_backend(forward_op: Callable, backward_op: Callable) -> Backend:
                                     False, scale=scale)
         return dq, _sum_groups(dk, kv_heads), _sum_groups(dv, kv_heads)
 
-    return Backend("cuda-efficient", forward, backward, width_multiple=16)
+    return Backend("cuda-efficient", forward, backward, head_multiple=8, width_multiple=16)
 
 
 def _cuda_backend() -> Backend | None:
+    """:func:`efficient_backend` on this torch's CUDA ops, or None where it lacks them."""
     aten = torch.ops.aten
     if not (hasattr(aten, "_scaled_dot_product_efficient_attention")
             and hasattr(aten, "_scaled_dot_product_efficient_attention_backward")):
@@ -219,7 +227,7 @@ def check_backend(backend: Backend, device: torch.device, dtype: torch.dtype) ->
                            for n in (3, 5, 5))
                 k, v = k[:, :1], v[:, :1]                                   # GQA, Hkv = 1
                 bias = torch.randn(2, 1, 1, 5, generator=g, dtype=dtype).to(device)
-                bias[0, ..., 1] = bias[1] = _NULL_LOGIT                     # a null source; no live one
+                bias[0, ..., 1] = bias[1] = _NULL_LOGIT     # a null source; no live one in batch 1
                 o, lse = backend.forward(q, k, v, bias, 1 / math.sqrt(d))
                 want_o, want_lse = _math_forward(q, k, v, bias, 1 / math.sqrt(d))
                 if not (torch.allclose(o[0], want_o[0], atol=tol) and torch.isfinite(o).all()
@@ -313,10 +321,14 @@ class _LSEOAttention(torch.autograd.Function):
         inv_pq = torch.where(live, 1 / pq, 0.0)
         lse2 = torch.where(live, torch.logaddexp(lse, torch.full_like(lse, math.log(ctx.eps)))
                            - torch.log(pq), _NULL_LSE)
-        expand = p_k.dim() == 3 and p_k.shape[1] == q.shape[1] != k.shape[1]
-        grads = tiled_backward(ctx.backend, d_out, q, k, v, logit, out, inv_pq, lse2, ctx.scale,
-                               want_colsum=need_pk, want_rowdot=need_pq, expand_kv=expand)
-        dq, dk, dv, colsum, rowdot = grads
+        if need_q or need_k or need_v or need_pk:
+            expand = p_k.dim() == 3 and p_k.shape[1] == q.shape[1] != k.shape[1]
+            dq, dk, dv, colsum, rowdot = tiled_backward(
+                ctx.backend, d_out, q, k, v, logit, out, inv_pq, lse2, ctx.scale,
+                want_colsum=need_pk, want_rowdot=need_pq, expand_kv=expand)
+        else:                                                # only p_q: no kernel call at all
+            rowdot = torch.linalg.vecdot(d_out, out) * inv_pq              # dO_i·out_i / p_i
+            dq = dk = dv = colsum = None
         d_pq = d_pk = None
         if need_pq:
             if index is not None:                                           # null receivers' o′
@@ -360,7 +372,8 @@ def tiled_backward(backend: Backend, d_out: Tensor, q: Tensor, k: Tensor, v: Ten
         rq = slice(i, i + tile_q)
         g_rows, o_rows, inv_rows = d_out[:, :, rq], out[:, :, rq], inv_pq[:, :, rq, None]
         if want_colsum:
-            q_t, g_t, o_t = _fill(q_buf, q[:, :, rq]), _fill(g_buf, g_rows), o_buf[:, :, :o_rows.shape[2]]
+            q_t, g_t = _fill(q_buf, q[:, :, rq]), _fill(g_buf, g_rows)
+            o_t = o_buf[:, :, :o_rows.shape[2]]
             torch.mul(o_rows, inv_rows, out=o_t[..., :d])                   # o′ of the tile
         else:
             q_t, g_t, o_t = q[:, :, rq], _bnhd(g_rows), o_rows * inv_rows
@@ -386,6 +399,7 @@ def tiled_backward(backend: Backend, d_out: Tensor, q: Tensor, k: Tensor, v: Ten
 
 
 def _accumulate(total: Tensor, part: Tensor, first: bool) -> None:
+    """``total = part`` for the first tile of a sum, ``total += part`` after."""
     if first:
         total.copy_(part)
     else:

@@ -97,6 +97,15 @@ def test_gradcheck_fp64_on_the_kernel_route(layout: str, tile: int,
                                     fast_mode=layout != "mha")
 
 
+@pytest.mark.parametrize("alone", ["q", "k", "v", "p_q", "p_k"])
+def test_one_input_requiring_grad(alone: str, small_tiles: None) -> None:
+    q, k, v, p_q, p_k = make(h=4, hkv=2, presence_heads=4, nq=7, nk=8)
+    p_q, p_k = with_nulls(p_q, p_k)
+    inputs = [t.requires_grad_(name == alone)
+              for name, t in zip(["q", "k", "v", "p_q", "p_k"], (q, k, v, p_q, p_k))]
+    compare_with_reference(o_attention_fused, inputs, GRAD_TOL[torch.float32])
+
+
 def test_null_receivers_and_sources_get_the_reference_presence_gradients(small_tiles: None) -> None:
     q, k, v, p_q, p_k = make(h=4, hkv=2, presence_heads=4, nq=7, nk=8)
     p_q, p_k = with_nulls(p_q, p_k)
@@ -148,7 +157,8 @@ def test_host_layout_views_are_taken_as_they_are() -> None:
     assert torch.equal(o_attention_fused(*views, p_q, p_k), o_attention_fused(q, k, v, p_q, p_k))
 
 
-@pytest.mark.parametrize("case", ["dv", "empty_keys", "empty_queries", "learned_bias", "int_dtype"])
+@pytest.mark.parametrize("case", ["dv", "empty_keys", "empty_queries", "empty_batch",
+                                  "learned_bias", "half_compute"])
 def test_cases_the_kernel_cannot_serve_take_the_augmented_path(case: str) -> None:
     q, k, v, p_q, p_k = make(nq=5, nk=7)
     mask = None
@@ -158,11 +168,21 @@ def test_cases_the_kernel_cannot_serve_take_the_augmented_path(case: str) -> Non
         k, v, p_k = k[:, :, :0], v[:, :, :0], p_k[:, :0]
     if case == "empty_queries":
         q, p_q = q[:, :, :0], p_q[:, :0]
+    if case == "empty_batch":
+        q, k, v, p_q, p_k = (t[:0] for t in (q, k, v, p_q, p_k))
     if case == "learned_bias":
         mask = torch.zeros(1, 1, 5, 7, requires_grad=True)
-    ct = torch.float16 if case == "int_dtype" else torch.float32     # no kernel for fp16 compute
+    ct = torch.float16 if case == "half_compute" else torch.float32   # no kernel computes fp16
     assert _attention._kernel_backend(q, k, v, mask, ct) is None
     assert _attention._kernel_backend(*make(nq=5, nk=7)[:3], None, torch.float32) is CPU
+    out = o_attention_fused(q, k, v, p_q, p_k, mask=mask)
+    assert torch.allclose(out, o_attention_reference(q, k, v, p_q, p_k, mask=mask)[0], atol=2e-6)
+
+
+def test_head_sizes_a_kernel_does_not_take_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "backend_for", lambda device, dtype: EFFICIENT)
+    assert _attention._kernel_backend(*make(d=12)[:3], None, torch.float32) is None
+    assert _attention._kernel_backend(*make(d=16)[:3], None, torch.float32) is EFFICIENT
 
 
 def test_a_kernel_that_breaks_its_contract_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -217,8 +237,8 @@ EFFICIENT = kernels.efficient_backend(fake_efficient_forward, fake_efficient_bac
 
 def on_efficient(q, k, v, p_q, p_k, mask=None, eps=1e-6):
     visible, bias = _attention._split_mask(mask, q.dtype)
-    return kernels.o_attention_lse(q, k, v, p_q, p_k, visible, bias, eps, 1 / math.sqrt(q.shape[-1]),
-                                   EFFICIENT)
+    scale = 1 / math.sqrt(q.shape[-1])
+    return kernels.o_attention_lse(q, k, v, p_q, p_k, visible, bias, eps, scale, EFFICIENT)
 
 
 def test_the_emulated_efficient_kernel_passes_the_check() -> None:
@@ -250,11 +270,12 @@ def test_efficient_bias_is_padded_only_when_its_strides_are_not_aligned() -> Non
 def test_the_gpu_script_runs_its_logic_on_cpu(tmp_path) -> None:
     """scripts/gpu_attention.py needs a GPU for its receipt; --device cpu runs the same code."""
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(root / "scripts/gpu_attention.py"), "--device", "cpu",
-                           "--sizes", "48", "--rounds", "1", "--out", str(tmp_path)],
+    done = subprocess.run([sys.executable, str(root / "scripts/gpu_attention.py"), "--device",
+                           "cpu", "--sizes", "48", "--rounds", "1", "--out", str(tmp_path)],
                           capture_output=True, text=True, cwd=root, timeout=300)
     assert done.returncode == 0, done.stderr
     receipt = json.loads((tmp_path / "attention.json").read_text())
     assert receipt["route"]["kernel"] == "cpu-flash"
     assert len(receipt["checks"]) == 24 and max(c["error"] for c in receipt["checks"]) <= 2e-6
-    assert len(receipt["rows"]) == 9 and "bound 2e-06: met" in (tmp_path / "attention.md").read_text()
+    assert len(receipt["rows"]) == 9
+    assert "bound 2e-06: met" in (tmp_path / "attention.md").read_text()
