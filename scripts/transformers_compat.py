@@ -135,10 +135,10 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "",
         *markdown_table(
             ["transformers", "outcome", "host tests", "zoo", "first failure (all in the .json)",
-             "layer", "torch", "wall s"],
+             "layer", "torch", "wall s", "commit"],
             [[row["release"], "pass" if row["ok"] else "FAIL", row["tests"], coverage_text(row),
               (row["failures"] or ["-"])[0][:160], ", ".join(row["layer"]) or "none",
-              row["torch"], row["wall_s"]] for row in rows]),
+              row["torch"], row["wall_s"], f"`{row.get('commit', commit)}`"] for row in rows]),
     ]
     return "\n".join(lines) + "\n"
 
@@ -171,7 +171,7 @@ def main() -> None:
         args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     for release in sorted(releases, key=Version, reverse=True):
         venv = args.venvs / f"transformers-{release}"
-        row = run_release(venv, release, source)
+        row = {**run_release(venv, release, source), "commit": commit}
         print(f"{release}: {'pass' if row['ok'] else 'FAIL'} ({row['tests']}, {row['wall_s']} s)",
               flush=True)
         rows = sorted([*rows, row], key=lambda done: Version(done["release"]))
