@@ -131,7 +131,8 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "earlier patch releases of their minors down to the oldest passing row, and refuses "
         "every other release naming why.",
         "",
-        *provenance_lines(command, commit),
+        *provenance_lines(command, ", ".join(dict.fromkeys(
+            row.get("commit", commit) for row in rows)) or commit),
         "",
         *markdown_table(
             ["transformers", "outcome", "host tests", "zoo", "first failure (all in the .json)",
