@@ -10,6 +10,7 @@ import oretrofit
 from oretrofit import (RetrofitError, o_attention, o_gate, presence, register_module_site, retrofit,
                        retrofitted)
 from oretrofit.hosts.torch_nn import set_site, site_config, unregister_module_site
+from oretrofit.hosts.transformers.releases import supported_text
 
 TAU = 1e-8
 D, HEADS = 16, 4
@@ -217,7 +218,7 @@ def test_unsupported_model_error_names_class_why_and_how_to_register() -> None:
     assert "no registered host matches Sequential: no host recognises its class" in message
     assert "'torch.nn' found no attention module it has a site for" in message
     assert "torch.nn (nn.MultiheadAttention" in message
-    assert "transformers (transformers 5.24.0 to 5.24.x" in message
+    assert f"transformers (transformers {supported_text()}" in message
     assert "oretrofit.register_module_site(MyAttention, 'attention', apply)" in message
     assert "register_module_site" in oretrofit.__all__
 
