@@ -12,10 +12,9 @@ those already applied are undone (never a half-patched model). The host types li
 
 from __future__ import annotations
 
-import inspect
-
 import contextlib
 import fnmatch
+import inspect
 import json
 import os
 import re

