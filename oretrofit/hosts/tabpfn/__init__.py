@@ -2,7 +2,8 @@
 ``v2_5.py``/``v2_5_blocks.py`` (v2.5 and v2.6), ``v3.py``/``v3_blocks.py`` and
 ``v3_5.py``/``v3_5_blocks.py`` (each version's sites and O-blocks), ``releases.py``
 (the tabpfn releases it admits and what differs between them), ``checkpoints.py`` (checkpoints,
-the demo/random hosts), ``estimators.py`` (retrofitted regressors and classifiers) and
-``artifact.py`` (patched artifacts). Importing this package imports none of them; the public
+the demo/random hosts), ``estimators.py`` (retrofitted regressors and classifiers),
+``artifact.py`` (patched artifacts) and ``batched.py`` over ``padding.py`` (many datasets in one
+forward; each version's token boundaries). Importing this package imports none of them; the public
 entry points are :mod:`oretrofit.tabpfn`. Needs ``oretrofit[tabpfn]``.
 """

@@ -17,18 +17,20 @@ up to float summation order (the tests hold it to 1e-5 relative). The steps:
 3. *one forward*: the recorded inputs stacked on the batch dimension and zero-padded, rows as
    ``[train 0..N_k | pad to N | test 0..M_k | pad to M]`` and columns to ``C``, with no
    attention mask anywhere. The padding is inert because its carriers are zero at every
-   boundary where the host creates tokens (:data:`BOUNDARIES`), and a zero carrier ``h = 0``
-   has presence ``p = ‖h‖²/(τ+‖h‖²) = 0``: an OAttention source of weight exactly 0, a
-   receiver whose output is ``p_i · … = 0``, an FFN/norm/inject branch gated by 0. Each
-   dataset's cells are standardised and grouped by the model's own step on that dataset alone.
+   boundary where the architecture creates tokens (:mod:`.padding`: v3 and v3.5 at their cell
+   tokens, row tokens and ICL target embedding; v2, v2.5 and v2.6 at the first block's input),
+   and a zero carrier has presence 0. Each dataset's cells are standardised and grouped by the
+   model's own step on that dataset alone.
 4. *replay*: each copy's ``predict`` again, the forward answering that call's slice of the
    batched output, so tabpfn decodes every dataset (borders, target transforms, ensemble
    averaging, class order) as its ``predict`` does.
 
-``oa`` suffices when every dataset has the same model width (only rows are padded): the
-zero-padded cells and rows stay zero through the bias-free, ungated MLPs and norms. Padded
-columns also need ``te.col``: the column target embedding is added to every cell of a train
-row, so a padded cell keeps a zero carrier only under OInject's gate (``full-o``).
+Which arm suffices. v3 and v3.5: ``oa`` when every dataset has the same model width (only rows
+are padded): the zero-padded cells and rows stay zero through the bias-free, ungated MLPs and
+norms. Padded columns also need ``te.col``: the column target embedding is added to every cell
+of a train row, so a padded cell keeps a zero carrier only under OInject's gate (``full-o``).
+v2, v2.5 and v2.6: ``oa`` always (no addition behind the boundary; the post-norms have no
+affine part and the MLPs no bias, so a zero token stays zero). ``base`` never.
 """
 
 from __future__ import annotations
@@ -46,183 +48,14 @@ from torch import Tensor, nn
 
 from ..._host import RetrofitError
 from ..._registry import Retrofit
+from .padding import (BlockInput, CellAndRowTokens, Layout, RecordedCall, boundaries_of,
+                      instance_attr, n_out)
 
-__all__ = ["predict_batched", "predict_proba_batched", "Boundaries", "BOUNDARIES"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Boundaries:
-    """Where one architecture creates tokens, by attribute name on the model.
-
-    preprocess:  method ``(rows (R, B, C), y, num_train, scaler_cache) -> (cells (B, R, C, G),
-                 column target embedding (B, N, E) | None, *rest)``; run on each forward call's
-                 own rows, so standardisation and feature grouping see no padding.
-    cells:       the cell embedding module; a padded cell reaches it as NaN and its token is
-                 set to zero (so row and column chunking need no bookkeeping).
-    row_tokens:  method whose output ``[0]`` ``(B, R, …)`` holds the row tokens (CLS
-                 read-outs) entering the ICL transformer; padded rows are zeroed in place (a
-                 stored carrier, e.g. the ``te.icl`` gate's, is that same tensor).
-    row_targets: method ``y (B, N) -> (B, N, D)``: the ICL target embedding added to the train
-                 rows' tokens; padded train rows get zero.
-    sites:       patterns of the sites that must be patched for any padding (attention over
-                 padded sources or receivers); ``width_sites``: also for padded columns.
-    """
-
-    preprocess: str
-    cells: str
-    row_tokens: str
-    row_targets: str
-    sites: tuple[str, ...]
-    width_sites: tuple[str, ...]
+__all__ = ["predict_batched", "predict_proba_batched"]
 
 
-BOUNDARIES: dict[str, Boundaries] = {
-    "tabpfn.architectures.tabpfn_v3.TabPFNV3": Boundaries(
-        preprocess="_preprocess_and_group", cells="x_embed", row_tokens="_stages_0_to_2",
-        row_targets="_embed_icl_y",
-        sites=(r"fde\.\d+\.induce[12]", r"icl\.\d+\.attn", r"dec"),
-        width_sites=(r"col\.\d+\.attn", r"col\.cls", r"te\.col")),
-}
-"""Per architecture (``module.qualname`` of the unpatched class): its token boundaries."""
-
-
-@dataclasses.dataclass
-class _Call:
-    """One recorded model forward of one dataset: ``x (R, B, C)``, ``y (N, B)``."""
-
-    dataset: int
-    x: Tensor
-    y: Tensor
-    kwargs: dict[str, Any]
-    autocast: tuple[bool, torch.dtype]
-
-    @property
-    def n_train(self) -> int:
-        return self.y.shape[0]
-
-    @property
-    def n_test(self) -> int:
-        return self.x.shape[0] - self.y.shape[0]
-
-
-@dataclasses.dataclass
-class _Layout:
-    """The padded batch: ``N`` train rows, then ``M`` test rows, ``C`` columns; call ``k``
-    holds batch lanes ``offsets[k] : offsets[k] + B_k``."""
-
-    calls: list[_Call]
-    n: int
-    m: int
-    c: int
-    offsets: list[int]
-    lanes: int
-
-    @classmethod
-    def of(cls, calls: list[_Call]) -> "_Layout":
-        offsets, lanes = [], 0
-        for call in calls:
-            offsets.append(lanes)
-            lanes += call.x.shape[1]
-        return cls(calls, max(c.n_train for c in calls), max(c.n_test for c in calls),
-                   max(c.x.shape[2] for c in calls), offsets, lanes)
-
-    def parts(self) -> Iterator[tuple[_Call, slice]]:
-        for call, start in zip(self.calls, self.offsets):
-            yield call, slice(start, start + call.x.shape[1])
-
-    def rows(self, call: _Call) -> tuple[slice, slice]:
-        """The padded row ranges of a call's train and test rows."""
-        return slice(0, call.n_train), slice(self.n, self.n + call.n_test)
-
-    def padded_rows(self, device: torch.device) -> Tensor:
-        """``(lanes, N + M)``: True where a row is padding."""
-        pad = torch.ones(self.lanes, self.n + self.m, dtype=torch.bool, device=device)
-        for call, lanes in self.parts():
-            for rows in self.rows(call):
-                pad[lanes, rows] = False
-        return pad
-
-
-def _architecture(model: nn.Module) -> Boundaries:
-    """The boundary table row of ``model``'s (unpatched) architecture."""
-    for cls in type(model).__mro__:
-        row = BOUNDARIES.get(f"{cls.__module__}.{cls.__qualname__}")
-        if row is not None:
-            return row
-    raise RetrofitError(f"predict_batched has no token boundaries for {type(model).__name__}; "
-                        f"it knows {', '.join(sorted(BOUNDARIES))}")
-
-
-@contextlib.contextmanager
-def _instance_attr(owner: object, name: str, value: Any) -> Iterator[None]:
-    """Shadow ``owner.name`` with an instance attribute for the duration of the block."""
-    had = name in owner.__dict__
-    old = owner.__dict__.get(name)
-    owner.__dict__[name] = value
-    try:
-        yield
-    finally:
-        if had:
-            owner.__dict__[name] = old
-        else:
-            owner.__dict__.pop(name, None)
-
-
-@contextlib.contextmanager
-def _inert_padding(model: nn.Module, layout: _Layout, bounds: Boundaries) -> Iterator[None]:
-    """Install the four boundary patches of :class:`Boundaries` on ``model`` for one forward."""
-    preprocess = getattr(model, bounds.preprocess)            # bound, before shadowing
-    row_tokens, row_targets = getattr(model, bounds.row_tokens), getattr(model, bounds.row_targets)
-
-    def preprocess_each(rows: Tensor, y: Tensor, num_train: int, scaler_cache: Any) -> tuple:
-        if scaler_cache is not None or num_train != layout.n \
-                or rows.shape[0] != layout.n + layout.m:
-            raise RuntimeError("predict_batched: the batched forward took a path it does not "
-                               "pad (a KV cache, or rows it did not stack)")
-        cells = targets = rest = None
-        for call, lanes in layout.parts():
-            train, test = layout.rows(call)
-            width = call.x.shape[2]
-            own = torch.cat([rows[train, lanes, :width], rows[test, lanes, :width]])
-            out = preprocess(own, y[train, lanes], call.n_train, None)
-            if cells is None:                               # NaN marks a padded cell
-                cells = out[0].new_full((layout.lanes, layout.n + layout.m, layout.c,
-                                         out[0].shape[-1]), float("nan"))
-                rest = out[2:]
-            cells[lanes, train, :width] = out[0][:, :call.n_train]
-            cells[lanes, test, :width] = out[0][:, call.n_train:]
-            if out[1] is not None:
-                if targets is None:
-                    targets = out[1].new_zeros(layout.lanes, layout.n, out[1].shape[-1])
-                targets[lanes, train] = out[1]
-        return (cells, targets, *rest)
-
-    def zero_marked(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        return output.masked_fill(args[0].isnan().any(-1, keepdim=True), 0)
-
-    pad_rows = layout.padded_rows(layout.calls[0].x.device)
-
-    def row_tokens_zeroed(*args: Any, **kwargs: Any) -> tuple:
-        out = row_tokens(*args, **kwargs)
-        tokens = out[0]
-        tokens.masked_fill_(pad_rows.view(*pad_rows.shape, *[1] * (tokens.dim() - 2)), 0)
-        return out
-
-    def row_targets_zeroed(y_BN: Tensor) -> Tensor:
-        e = row_targets(y_BN)
-        return e.masked_fill(pad_rows[:, :e.shape[1], None], 0)
-
-    handle = getattr(model, bounds.cells).register_forward_hook(zero_marked)
-    try:
-        with _instance_attr(model, bounds.preprocess, preprocess_each), \
-                _instance_attr(model, bounds.row_tokens, row_tokens_zeroed), \
-                _instance_attr(model, bounds.row_targets, row_targets_zeroed):
-            yield
-    finally:
-        handle.remove()
-
-
-def _batched_forward(model: nn.Module, layout: _Layout, bounds: Boundaries) -> list[Tensor]:
+def _batched_forward(model: nn.Module, layout: Layout,
+                     bounds: CellAndRowTokens | BlockInput) -> list[Tensor]:
     """One forward over every recorded call; returns each call's ``(M_k, B_k, …)`` output."""
     first = layout.calls[0]
     x = first.x.new_zeros(layout.n + layout.m, layout.lanes, layout.c)
@@ -240,9 +73,8 @@ def _batched_forward(model: nn.Module, layout: _Layout, bounds: Boundaries) -> l
     if options is not None and hasattr(options, "enable_torch_compile"):
         kwargs["performance_options"] = dataclasses.replace(options, enable_torch_compile=False)
     enabled, dtype = first.autocast
-    with _inert_padding(model, layout, bounds), \
-            torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
-        out = model(x, y, **kwargs)
+    with torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
+        out = bounds.forward(model, layout, x, y, kwargs)
     return [out[:call.n_test, lanes].clone() for call, lanes in layout.parts()]
 
 
@@ -252,7 +84,7 @@ class _Forwards:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.calls: list[_Call] = []
+        self.calls: list[RecordedCall] = []
         self.outputs: list[Tensor] | None = None
         self.dataset = -1
         self._next = 0
@@ -266,8 +98,8 @@ class _Forwards:
         y2 = y.reshape(y.shape[0], -1) if y.dim() == 1 or y.dim() == 3 else y
         device = x.device.type
         autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
-        self.calls.append(_Call(self.dataset, x, y2, kwargs, autocast))
-        return x.new_zeros(x.shape[0] - y.shape[0], x.shape[1], self.model.n_out)
+        self.calls.append(RecordedCall(self.dataset, x, y2, kwargs, autocast))
+        return x.new_zeros(x.shape[0] - y.shape[0], x.shape[1], n_out(self.model, kwargs))
 
     def _replay(self, x: Any, y: Any, **kwargs: Any) -> Tensor:
         assert self.outputs is not None
@@ -288,11 +120,12 @@ class _Forwards:
         def wrapped(*args: Any, **kwargs: Any) -> Tensor:
             return stub(*args, **kwargs)
 
-        with _instance_attr(self.model, "forward", wrapped):
+        with instance_attr(self.model, "forward", wrapped):
             yield
 
 
-def _sites_needed(model: nn.Module, bounds: Boundaries, layout: _Layout) -> None:
+def _sites_needed(model: nn.Module, bounds: CellAndRowTokens | BlockInput, layout: Layout
+                  ) -> None:
     """Refuse a retrofit that leaves a site open through which padding would leak."""
     retrofit = Retrofit.of(model)
     patched = set() if retrofit is None else {row["site"] for row in retrofit.report()}
@@ -305,10 +138,12 @@ def _sites_needed(model: nn.Module, bounds: Boundaries, layout: _Layout) -> None
     if missing:
         why = ("datasets of different model widths pad columns, which " if
                any(re.fullmatch(p, missing[0]) for p in bounds.width_sites) else "padding ")
+        arms = ("'full-o' (make_regressor/make_classifier(..., 'full-o')), or 'oa' for datasets "
+                "of one width" if bounds.width_sites else "'oa' or 'full-o' "
+                "(make_regressor/make_classifier(..., 'oa'))")
         raise RetrofitError(
             f"predict_batched: {why}needs the sites {', '.join(missing[:6])}"
-            f"{' …' if len(missing) > 6 else ''} patched; retrofit with arm 'full-o' "
-            "(make_regressor/make_classifier(..., 'full-o')), or 'oa' for datasets of one width")
+            f"{' …' if len(missing) > 6 else ''} patched; retrofit with arm {arms}")
 
 
 def _available_memory(device: torch.device) -> int:
@@ -326,30 +161,14 @@ def _available_memory(device: torch.device) -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def _footprint(model: nn.Module, layout: _Layout) -> int:
-    """A coarse upper estimate (bytes) of the batched forward's activations: the grouped cells
-    and their tokens ``lanes·R·C·(G + 2E)`` and the row tokens with the ICL MLP
-    ``lanes·R·D·(3 + ff)``, ``D = E·cls``, at the inputs' element size, twice over for
-    temporaries. A guard against hopeless batches, not a measurement; ``memory_budget``
-    overrides the free memory it is compared with."""
-    config = getattr(model, "config", None)
-    e = int(getattr(config, "embed_dim", 0) or model.x_embed.out_features)
-    g = int(model.x_embed.in_features)
-    d = int(getattr(model, "icl_emsize", e))
-    ff = int(getattr(config, "ff_factor", 4) or 4)
-    cells = layout.lanes * (layout.n + layout.m)
-    size = 2 * layout.calls[0].x.element_size()
-    return size * cells * (layout.c * (g + 2 * e) + d * (3 + ff))
-
-
-def _cells(calls: Sequence[_Call]) -> tuple[int, int]:
+def _cells(calls: Sequence[RecordedCall]) -> tuple[int, int]:
     """(padded, real) cell counts of stacking ``calls``: ``lanes·(N+M)·C``, ``Σ B_k·R_k·C_k``."""
-    layout = _Layout.of(list(calls))
+    layout = Layout.of(list(calls))
     return (layout.lanes * (layout.n + layout.m) * layout.c,
             sum(c.x.shape[0] * c.x.shape[1] * c.x.shape[2] for c in calls))
 
 
-def _groups(calls: list[_Call], max_padding: float | None) -> list[list[int]]:
+def _groups(calls: list[RecordedCall], max_padding: float | None) -> list[list[int]]:
     """The forwards to run: one over every call (``max_padding`` None), else the calls sorted
     by size and cut greedily so that each group's padded cells stay within ``max_padding``
     times its real cells."""
@@ -370,11 +189,15 @@ def _groups(calls: list[_Call], max_padding: float | None) -> list[list[int]]:
     return groups
 
 
-def _check_memory(model: nn.Module, calls: list[_Call], budget: int | None) -> None:
-    """Name the first dataset whose addition makes the padded batch outgrow ``budget``."""
+def _check_memory(model: nn.Module, bounds: CellAndRowTokens | BlockInput,
+                  calls: list[RecordedCall], budget: int | None) -> None:
+    """Name the first dataset whose addition makes the padded batch outgrow ``budget``: the
+    architecture's ``footprint``, a coarse upper estimate of the batched forward's activations
+    (a guard against hopeless batches, not a measurement), against the device's free memory
+    or ``memory_budget``."""
     budget = _available_memory(calls[0].x.device) if budget is None else budget
     for k in range(len(calls)):
-        need = _footprint(model, _Layout.of(calls[:k + 1]))
+        need = bounds.footprint(model, Layout.of(calls[:k + 1]))
         if need > budget:
             d, names = calls[k].dataset, sorted({c.dataset for c in calls[:k + 1]})
             ahead = ("it alone" if names == [d] else f"datasets 0..{d} padded together"
@@ -420,7 +243,7 @@ def _run(estimator: Any, method: str, X_train_list: Sequence[Any], y_train_list:
                             f"be non-empty and of one length; got {lengths[0]}, {lengths[1]} "
                             f"and {lengths[2]} datasets")
     model = _estimator_model(estimator)
-    bounds = _architecture(model)
+    bounds = boundaries_of(model)
     forwards, fitted = _Forwards(model), []
     for i, (x, y) in enumerate(zip(X_train_list, y_train_list)):
         worker = copy.copy(estimator)
@@ -444,9 +267,9 @@ def _run(estimator: Any, method: str, X_train_list: Sequence[Any], y_train_list:
         forwards.outputs = [torch.empty(0)] * len(forwards.calls)
         for group in _groups(forwards.calls, max_padding):
             calls = [forwards.calls[k] for k in group]
-            layout = _Layout.of(calls)
+            layout = Layout.of(calls)
             _sites_needed(model, bounds, layout)
-            _check_memory(model, calls, memory_budget)
+            _check_memory(model, bounds, calls, memory_budget)
             with torch.inference_mode():
                 try:
                     outputs = _batched_forward(model, layout, bounds)

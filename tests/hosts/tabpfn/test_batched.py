@@ -4,6 +4,7 @@ fit + predict; the padding is inert at every token boundary; bad input is named.
 from __future__ import annotations
 
 import copy
+import importlib.util
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ import torch
 from sklearn import datasets as skd
 
 from oretrofit import RetrofitError
-from oretrofit.hosts.tabpfn import batched, releases
+from oretrofit.hosts.tabpfn import batched, padding, releases, versions
+from oretrofit.hosts.tabpfn.checkpoints import write_random_checkpoint
 from oretrofit.tabpfn import make_classifier, make_regressor, predict_batched, predict_proba_batched
 
 SAME = 1e-5            # batched vs per-dataset fit + predict of the same retrofitted estimator
@@ -21,6 +23,9 @@ TAU_LIMIT = 1e-4       # the τ = 1e-8 retrofit vs the unpatched estimator (test
 # cached and uncached predictions (test_regressor.py); fp64 there. The classifier is fp32 on all.
 OLD = (releases.installed_version() or "").startswith("8.0.")
 REG_PRECISION = torch.float64
+# the retrofitted versions besides v3 that the installed tabpfn ships
+OTHER_VERSIONS = [v.label for v in versions.VERSIONS if v.sites and v.label != "v3"
+                  and importlib.util.find_spec(v.module) is not None]
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -113,42 +118,31 @@ def test_classifier_ragged_equals_per_dataset(classifier_ckpt):
     assert all((a == b).all() for a, b in zip(labels, _each(classifier, "predict", sets[:4])))
 
 
-def test_padding_has_zero_carriers_at_every_boundary(small_ckpt, regression_sets, monkeypatch):
-    """Padded cells enter the distribution embedder as exact zeros, padded rows enter every
-    ICL block and leave the output norm as exact zeros (presence 0: never a source)."""
-    regressor, result = make_regressor(small_ckpt, "full-o", 1e-8, n_estimators=1)
-    model, seen, layouts = result.model, [], []
-    original = batched._Layout.of
-    monkeypatch.setattr(batched._Layout, "of", classmethod(
-        lambda cls, calls: layouts.append(original(calls)) or layouts[-1]))
+@pytest.fixture(scope="module")
+def classification_sets():
+    return _classification_sets(20)
 
-    def keep(name):
-        def hook(module, args, kwargs, *out):
-            seen.append((name, out[0] if out else (args or (kwargs["x_BRiCE"],))[0]))
-        return hook
 
-    hooks = [model.feature_distribution_embedder.register_forward_pre_hook(keep("cells"),
-                                                                           with_kwargs=True),
-             model.output_norm.register_forward_hook(keep("out"), with_kwargs=True),
-             *[b.register_forward_pre_hook(keep("icl"), with_kwargs=True)
-               for b in model.icl_blocks]]
-    sets = regression_sets[:5]
-    try:
-        predict_batched(regressor, *zip(*sets))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    layout = layouts[-1]
-    pad_rows = layout.padded_rows(torch.device("cpu"))
-    assert pad_rows.any() and len({c.x.shape[2] for c in layout.calls}) > 1
-    cells = torch.cat([x for name, x in seen if name == "cells"], dim=1)   # row chunks, in order
-    for call, lanes in layout.parts():                                     # padded columns
-        assert (cells[lanes][..., call.x.shape[2]:, :] == 0).all()
-    assert (cells[pad_rows] == 0).all() and (cells[~pad_rows].norm(dim=-1) > 0).any(-1).all()
-    for name, x in seen:                                                   # (B, R, D)
-        if name != "cells":
-            assert (x[pad_rows] == 0).all() and (x[~pad_rows].norm(dim=-1) > 0).all()
-    assert {name for name, _ in seen} == {"cells", "icl", "out"}
+@pytest.mark.parametrize("version", OTHER_VERSIONS)
+@pytest.mark.parametrize("task", ["regressor", "classifier"])
+def test_every_version_ragged_equals_per_dataset(tmp_path, version, task, regression_sets,
+                                                 classification_sets):
+    """The 20 ragged sets of each task through each other retrofitted model version: v2 and
+    v2.x pad at the first block's input (:class:`padding.BlockInput`), v3.5 as v3 does."""
+    path = write_random_checkpoint(tmp_path / f"tabpfn-{version}-{task}-random.ckpt", "small",
+                                   task=task, version=version)
+    if task == "regressor":
+        make, method, sets = make_regressor, "predict", regression_sets
+        kw = {"n_estimators": 1, "inference_precision": REG_PRECISION}
+    else:
+        make, method, sets = make_classifier, "predict_proba", classification_sets
+        kw = {"n_estimators": 1}
+    estimator, _ = make(path, "full-o", 1e-8, **kw)
+    got = getattr(batched, f"{method}_batched")(estimator, *zip(*sets))
+    assert max(map(_rel, got, _each(estimator, method, sets))) <= SAME
+    base = _each(make(path, "base", **kw)[0], method, sets)
+    assert max(map(_rel, got, base)) <= TAU_LIMIT
+    assert len({x.shape[1] for x, _, _ in sets}) > 5 and len({len(x) for x, _, _ in sets}) > 5
 
 
 def test_oa_suffices_for_one_width_and_is_refused_for_padded_columns(small_ckpt):
@@ -186,9 +180,7 @@ def test_bad_input_names_the_dataset(small_ckpt, table):
                                             r"about .* GiB.*fewer datasets per call"):
         big = np.tile(x, (8, 1))
         predict_batched(regressor, [x, big], [y, np.tile(y, 8)], [t, t],
-                        memory_budget=batched._footprint(
-                            regressor.model_path.model, batched._Layout.of(_calls(regressor,
-                                                                                  x, y, t))) + 1)
+                        memory_budget=_footprint(regressor, x, y, t) + 1)
     with pytest.raises(RetrofitError, match="dataset 0: it alone need"):
         predict_batched(regressor, [x], [y], [t], memory_budget=1)
     from tabpfn import TabPFNRegressor
@@ -196,6 +188,12 @@ def test_bad_input_names_the_dataset(small_ckpt, table):
         predict_batched(TabPFNRegressor(model_path=str(small_ckpt)), [x], [y], [t])
     with pytest.raises(RetrofitError, match="needs a classifier"):
         predict_proba_batched(regressor, [x], [y], [t])
+
+
+def _footprint(regressor, x, y, t) -> int:
+    model = regressor.model_path.model
+    return padding.boundaries_of(model).footprint(model, padding.Layout.of(_calls(regressor, x,
+                                                                                  y, t)))
 
 
 def _calls(regressor, x, y, t) -> list:
