@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from oretrofit._markdown import pipe_table
-from oretrofit._provenance import environment, write_json_atomic
+from oretrofit._provenance import environment, portable, write_json_atomic
 from oretrofit.hosts.tabpfn import releases
 from oretrofit.hosts.tabpfn.checkpoints import cache_dir
 from oretrofit.tabpfn import (checkpoint_sha256, make_regressor, predict_batched,
@@ -190,7 +190,7 @@ def main() -> None:
              "seconds_median": statistics.median(seconds[name]),
              "max_rel_difference": agree[name]} for name in runs]
     receipt = {"schema_version": 1, "benchmark": "bench_batched", "size": args.size,
-               "checkpoint": str(path), "checkpoint_sha256": checkpoint_sha256(path),
+               "checkpoint": portable(path), "checkpoint_sha256": checkpoint_sha256(path),
                "weights": "random", "tau": TAU, "seed": SEED, "n_estimators": N_ESTIMATORS,
                "datasets": args.datasets, "rounds": args.rounds, "device": args.device,
                "threads": torch.get_num_threads(), "target_throughput_ratio": TARGET,

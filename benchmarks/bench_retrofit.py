@@ -40,7 +40,7 @@ import torch
 
 import oretrofit
 from oretrofit._markdown import pipe_table
-from oretrofit._provenance import environment, write_json_atomic
+from oretrofit._provenance import environment, portable, write_json_atomic
 from oretrofit.hosts.tabpfn import releases
 from oretrofit.tabpfn import (build_model, checkpoint_sha256, load_checkpoint, make_regressor,
                               write_random_checkpoint)
@@ -184,7 +184,7 @@ def main() -> None:
                      "patch_s": 0.0 if arm == "base" else patch_seconds(path, arm)})
     table = markdown(rows, size)
     receipt = {"schema_version": 1, "benchmark": "bench_retrofit", "size": size,
-               "checkpoint": str(path), "checkpoint_sha256": checkpoint_sha256(path),
+               "checkpoint": portable(path), "checkpoint_sha256": checkpoint_sha256(path),
                "weights": "random", "tau": TAU, "seed": SEED, "rounds": rounds,
                "shape": {"train": N_TRAIN, "test": N_TEST, "features": N_FEATURES},
                "targets": {"time_ratio": TARGET, "patch_s": PATCH_TARGET_S}, "rows": rows,

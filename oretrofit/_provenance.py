@@ -1,6 +1,8 @@
 """How a result was made: versions, device, git revision, command line; atomic JSON writes.
 
 Every receipt oretrofit writes embeds :func:`environment` so a number can be traced back.
+A receipt names files the way :func:`portable` writes them, never by a path that holds only
+on the machine that wrote it.
 """
 
 from __future__ import annotations
@@ -11,27 +13,97 @@ import importlib.metadata as _md
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
 from ._atomic import atomic_file
 
-__all__ = ["environment", "sha256_file", "weights_digest", "write_json_atomic", "git_revision"]
+__all__ = ["cache_dir", "environment", "portable", "sha256_file", "weights_digest", "write_json_atomic",
+           "git_revision"]
 
 _PACKAGES = ("oretrofit", "torch", "numpy", "tabpfn", "transformers", "scikit-learn", "openml")
+_REPOSITORY = Path(__file__).resolve().parent.parent
+# An absolute path inside a text: it starts the text or a line, or follows a space, a quote, a
+# backtick, `=`, `(`, `[` or `,` (so a URL's `//` and `a/b` or `|x|/y` are not paths).
+_ABSOLUTE = re.compile(r"(?:^|(?<=[\s\"'`=(\[,]))/[\w.+@%~-]+(?:/[\w.+@%~-]+)*", re.M)
+_PACKAGE_FOLDERS = ("site-packages", "dist-packages")
+
+
+def cache_dir() -> Path:
+    """Where oretrofit caches generated hosts: ``$ORETROFIT_CACHE_DIR``, else the user cache."""
+    if os.environ.get("ORETROFIT_CACHE_DIR", "").strip():
+        return Path(os.environ["ORETROFIT_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache"
+    return Path(base) / "oretrofit"
+
+
+def portable(value: str | os.PathLike[str], *, checkouts: Iterable[str | os.PathLike[str]] = ()) -> str:
+    """A path (``os.PathLike``) or a text such as a command line (``str``, each absolute path in
+    it) as a receipt records it, free of what holds only on this machine. A path, first rule
+    that fits:
+
+    * inside a ``site-packages`` or ``dist-packages`` folder: ``<site-packages>/<rest>``;
+    * inside oretrofit's cache (:func:`cache_dir`): ``<cache>/<rest>``;
+    * inside this repository (or one of ``checkouts``, other checkouts of it): relative to its
+      root (``.`` for the root itself);
+    * inside the temp folder (``tempfile.gettempdir()`` or ``/tmp``): ``<tmp>/<folder>/<name>``;
+    * inside the home directory: ``~/<rest>``;
+    * ``/dev/...``: as it is (the same on every machine);
+    * anywhere else: ``<abs>/<folder>/<name>``.
+
+    Outside every named root only the file's folder and name are kept: run folders name their
+    files alike (``tabpfn-v3-demo.ckpt``), so the folder tells them apart; a file's checksum,
+    recorded beside it, is what identifies its bytes. A relative path is taken from the working
+    directory; in a text, relative paths stay as written (which words are paths is not known)
+    and a path ends at a space. What this returns holds no absolute path, so it returns itself.
+    """
+    roots = [_REPOSITORY, *map(Path, checkouts)]
+    if isinstance(value, os.PathLike):
+        return _portable_path(os.path.abspath(value), roots)
+    return _ABSOLUTE.sub(lambda found: _portable_path(found.group(), roots), value)
+
+
+def _portable_path(path: str, checkouts: list[Path]) -> str:
+    """One absolute path by the rules of :func:`portable`."""
+    parts = Path(path).parts
+    packages = [i for i, part in enumerate(parts) if part in _PACKAGE_FOLDERS]
+    if packages:
+        return "/".join(["<site-packages>", *parts[packages[-1] + 1:]])
+    if (rest := _inside(path, [cache_dir()])) is not None:
+        return f"<cache>/{rest}".removesuffix("/.")
+    if (rest := _inside(path, checkouts)) is not None:
+        return rest
+    if (rest := _inside(path, [Path(tempfile.gettempdir()), Path("/tmp")])) is not None:
+        return "/".join(["<tmp>", *Path(rest).parts[-2:]])
+    if Path.home() != Path("/") and (rest := _inside(path, [Path.home()])) is not None:
+        return f"~/{rest}".removesuffix("/.")
+    if parts[1:2] == ("dev",):
+        return path
+    return "/".join(["<abs>", *parts[1:][-2:]])
+
+
+def _inside(path: str, folders: list[Path]) -> str | None:
+    """``path`` relative to the first of ``folders`` (as given or with links resolved) that holds
+    it, as POSIX text (``.`` for the folder itself); None when none holds it."""
+    for folder in folders:
+        for root in dict.fromkeys([Path(os.path.abspath(folder)), folder.resolve()]):
+            if Path(path).is_relative_to(root):
+                return Path(path).relative_to(root).as_posix()
+    return None
 
 
 def git_revision() -> str | None:
     """The checkout's commit (with ``+dirty`` when it has uncommitted changes), or None."""
-    root = Path(__file__).resolve().parent.parent
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_REPOSITORY, capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_REPOSITORY,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -76,7 +148,7 @@ def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
         "numpy_simd": _numpy_simd(),
         "torch_threads": torch.get_num_threads(),
         "git_revision": git_revision(),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": portable(" ".join([Path(sys.argv[0]).name, *sys.argv[1:]])),
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -101,7 +101,7 @@ def rows(root: Path = ROOT) -> list[list[str]]:
         receipt = json.loads(receipt_path.read_text())
         host = receipt["hosts"][HOST]
         card = _first(folder, "card.md", "tabpfn-v3-demo.md")
-        if Path(host["path"]).parent.as_posix() == shipped_run:  # exported (with its preset) and shipped
+        if shipped_run and Path(host["path"]).parent.name == Path(shipped_run).name:  # its run folder shipped
             status, card = "shipped now", card or shipped_card
         recipe, steps = recipe_and_steps(card)
         table.append([f"[{folder.name.removeprefix('attempt-')}]({receipt_path.relative_to(history).as_posix()})",

@@ -52,7 +52,7 @@ def run_check(name: str, arms: list[str], tau: float | None,
     With ``spec_file``, ``arms`` and ``tau`` are the spec's: pass ``[]`` and None.
     """
     import oretrofit
-    from oretrofit._provenance import environment
+    from oretrofit._provenance import environment, portable
     from oretrofit.hosts.transformers.contracts import (agreement, example_inputs, null_insertion,
                                                         padding_delta)
     from oretrofit.hosts.transformers.models import load_model
@@ -81,7 +81,7 @@ def run_check(name: str, arms: list[str], tau: float | None,
              and (padding is None or padding <= LIMITS["padding"]))
     return {"schema_version": SCHEMA_VERSION, "command": "check", "model": name,
             "class": type(model).__name__, "host": host, "tau": tau,
-            "spec": None if spec is None else {"file": str(spec_file),
+            "spec": None if spec is None else {"file": portable(spec_file),
                                                "site_tau": spec.get("site_tau") or {}},
             "insertion_arm": insertion_arm, "agreement": agreements, "null_insertion": inserted,
             "null_insertion_unpatched": unpatched, "padding_max_delta": padding,

@@ -93,6 +93,7 @@ def train(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
 ) -> None:
     """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior."""
+    from oretrofit._provenance import portable
     from oretrofit.demo_host.curriculum import CURRICULUM, train_curriculum
     from oretrofit.demo_host.train import TrainConfig, train
 
@@ -109,9 +110,10 @@ def train(
                    else train(out, cfg, resume=resume, init_from=init_from))
     except ValueError as exc:
         raise fail(exc) from exc
-    summary["command"] = " ".join(["oretrofit", *sys.argv[1:]])
-    if json_out:
-        print(json.dumps({"schema_version": 1, **summary}, default=str))
+    summary["command"] = portable(" ".join(["oretrofit", *sys.argv[1:]]))
+    if json_out:                                  # a record: paths as receipts name them
+        print(json.dumps({"schema_version": 1, **summary,
+                          "checkpoint": portable(Path(summary["checkpoint"]))}, default=str))
     else:
         print(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s, final NLL "
               f"{summary['final_nll']:.4f}; checkpoint {summary['checkpoint']}")

@@ -70,7 +70,7 @@ def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
     (its ``calibration`` record among them) with the checkpoint's SHA-256.
     """
     import oretrofit
-    from oretrofit._provenance import environment
+    from oretrofit._provenance import environment, portable
     from oretrofit.tabpfn import (build_model, checkpoint_sha256, load_checkpoint,
                                   resolve_model_path, weights_label, write_patched_artifact)
     from oretrofit.hosts.tabpfn.checkpoints import checkpoint_task
@@ -104,11 +104,11 @@ def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
                     "weights": weights_label(checkpoint)}
             if out is not None:
                 write_patched_artifact(out, path, spec)
-    return {"schema_version": SCHEMA_VERSION, "command": "patch", "model_path": str(path),
+    return {"schema_version": SCHEMA_VERSION, "command": "patch", "model_path": portable(path),
             "checkpoint_sha256": sha, "weights": weights_label(checkpoint),
             "task": checkpoint_task(checkpoint), **settings, "dry_run": dry_run,
-            "spec_file": None if spec_file is None else str(spec_file),
-            "out": None if dry_run or out is None else str(out), "sites": sites, "spec": spec,
+            "spec_file": None if spec_file is None else portable(spec_file),
+            "out": None if dry_run or out is None else portable(out), "sites": sites, "spec": spec,
             "environment": environment()}
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .._provenance import portable
 from ..hosts.tabpfn.checkpoints import check_checkpoint_name, checkpoint_sha256, load_checkpoint, save_atomic
 
 __all__ = ["average_checkpoints"]
@@ -64,7 +65,7 @@ def average_checkpoints(paths: list[Path], dest: Path) -> Path:
     elapsed_s = sum(float(m.get("elapsed_s", 0.0)) for m in metas)
     meta = {"weights": f"demo (uniform average of {len(paths)} checkpoints, {steps} steps in all)",
             "steps": steps, "elapsed_s": round(elapsed_s, 1),
-            "averaged_from": [{"path": str(p), "sha256": checkpoint_sha256(p), "oretrofit": m}
+            "averaged_from": [{"path": portable(Path(p)), "sha256": checkpoint_sha256(p), "oretrofit": m}
                               for p, m in zip(paths, metas)]}
     for key in ("inference", "seed"):
         if key in metas[0]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from .._atomic import atomic_file, write_text_atomic
 from .._markdown import pipe_table
+from .._provenance import portable
 from . import prior as prior_module
 from .evaluate import markdown_table, split_key
 from .inference import describe, recorded_preset
@@ -221,5 +222,5 @@ Targets of issue 7 for a ≤ 2 h CPU budget (host ≥ baseline, mean R²):
 ```
 """
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, text)
+    write_text_atomic(out, portable(text))      # paths as the receipts name them
     return out

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .._provenance import portable
 from .train import STATE_NAME, TrainConfig, train
 
 __all__ = ["CURRICULUM", "Stage", "stage_configs", "stage_folders", "train_curriculum"]
@@ -67,6 +68,6 @@ def train_curriculum(out: Path, cfg: TrainConfig, *, stages: tuple[Stage, ...] =
             summary = train(folder, stage_cfg, resume=True, progress=progress)
         else:
             summary = train(folder, stage_cfg, init_from=folders[k - 1] if k else None, progress=progress)
-        done.append({"run": str(folder), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"]})
+        done.append({"run": portable(Path(folder)), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"]})
     return {**summary, "steps": sum(d["steps"] for d in done), "elapsed_s": sum(d["elapsed_s"] for d in done),
             "stages": done}

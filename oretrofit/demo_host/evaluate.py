@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._markdown import pipe_table
-from .._provenance import environment, sha256_file, write_json_atomic
+from .._provenance import environment, portable, sha256_file, write_json_atomic
 
 __all__ = ["DATASETS", "BASELINES", "SUITES", "VALIDATION_DATASETS", "evaluate", "host_inference",
            "markdown_table", "random_reference_host", "split_key"]
@@ -187,10 +187,10 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
                 log(f"{spec} seed {seed} {name}: R² {rows[-1]['r2']:.3f}")
     receipt = {"schema_version": 1, "kind": "oretrofit.pretrain.evaluation",
                "test_fraction": TEST_FRACTION, "max_train_rows": max_train_rows, "n_seeds": n_seeds,
-               "hosts": {name: {"path": str(path), "sha256": sha256_file(path), "inference": presets[name]}
+               "hosts": {name: {"path": portable(Path(path)), "sha256": sha256_file(path), "inference": presets[name]}
                          for name, path in hosts.items()},
                "baselines": list(BASELINES),
-               "baselines_reused_from": ({"path": str(reuse_baselines),
+               "baselines_reused_from": ({"path": portable(Path(reuse_baselines)),
                                           "sha256": sha256_file(reuse_baselines)}
                                          if reused else None),
                "datasets": data_receipts, "results": rows,

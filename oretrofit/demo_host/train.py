@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .._atomic import atomic_file
+from .._provenance import portable
 from .inference import DEFAULT_PRESET, inference_config
 from .parallel import SOLO, Workers, spawn, weights_digest
 from .prior import PriorConfig, TaskBatch, sample_batch
@@ -257,7 +258,7 @@ def _earlier_stages(init_from: Path, cfg: TrainConfig) -> tuple[list[dict[str, A
     if prev_cfg.host != cfg.host:
         raise ValueError(f"--init-from {init_from} was trained with {prev_cfg.host}, this run asks for "
                          f"{cfg.host}; a new stage keeps the architecture")
-    return [*prev.get("stages", []), {"run": str(init_from), **stage_record(prev)}], prev["model"]
+    return [*prev.get("stages", []), {"run": portable(Path(init_from)), **stage_record(prev)}], prev["model"]
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -51,7 +51,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
-from .._provenance import sha256_file
+from .._provenance import portable, sha256_file
 from .reference import PAPER_DATASETS
 
 __all__ = ["Dataset", "DatasetUnavailable", "OFFLINE_STANDINS", "canonical_spec", "spec_slug",
@@ -301,7 +301,7 @@ def _load_openml(did: int, cache_dir: str | os.PathLike[str] | None, network: bo
     name = PAPER_DATASETS.get(did, ds.name)
     return _from_frame(f"openml:{did}", name, frame, target,
                        {"kind": "openml", "openml_id": did, "openml_name": ds.name,
-                        "openml_version": ds.version, "cache_root": str(root),
+                        "openml_version": ds.version, "cache_root": portable(root),
                         "data_file": data_file.name, "data_file_sha256": file_sha})
 
 
@@ -399,7 +399,7 @@ def _load_file(rest: str) -> Dataset:
                                  f"({type(exc).__name__}: {str(exc)[:160]}); pass a CSV with a "
                                  "header row, or a parquet file") from None
     return _from_frame(f"file:{rest}", path.stem, frame, target,
-                       {"kind": "file", "path": str(path),
+                       {"kind": "file", "path": portable(path),
                         "file_sha256": sha256_file(path)})
 
 

@@ -40,7 +40,7 @@ import torch
 
 from .._presence import check_positive
 from .._presence_profile import PresenceProfile, presence_by_module
-from .._provenance import environment
+from .._provenance import environment, portable
 from .._registry import ARMS
 from .data import Dataset, canonical_spec, load_datasets
 from .protocol import PAPER_PROTOCOL, SplitProtocol, rmse_r2
@@ -338,8 +338,9 @@ def _run_locked(matrix: Matrix, model: ModelSettings, folder: RunFolder,
     todo = [c for c in cells if not folder.done(c)]
     result = RunResult(folder.path, len(cells), len(cells) - len(todo))
     folder.record_invocation({
-        "environment": environment(model.device), "argv": sys.argv,
-        "model": {**asdict(model), "checkpoint": str(checkpoint)},
+        "environment": environment(model.device), "argv": [portable(a) for a in sys.argv],
+        "model": {**asdict(model), "model_path": portable(model.model_path),
+                  "checkpoint": portable(checkpoint)},
         "torch_default_dtype": str(torch.get_default_dtype()),
         "matrix": asdict(matrix), "shard": list(shard), "backend": backend, "n_jobs": n_jobs,
         "scheduler": scheduler, "standins": dict(standins or {}),

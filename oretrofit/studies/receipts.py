@@ -17,7 +17,7 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .._provenance import environment, write_json_atomic
+from .._provenance import environment, portable, write_json_atomic
 
 __all__ = ["SCHEMA_VERSION", "PlannedRun", "Receipt", "run_plan"]
 
@@ -88,13 +88,13 @@ class Receipt:
         for run_id, run in data["runs"].items():
             mine = self.runs.get(run_id)
             if mine is None:
-                self.runs[run_id] = {**run, "merged_from": str(other)}
+                self.runs[run_id] = {**run, "merged_from": portable(Path(other))}
                 added += 1
             elif mine["config"] != run["config"]:
                 raise ValueError(f"run {run_id} differs in configuration between {self.path} and "
                                  f"{other}; merge only receipts made with the same settings")
         self.data.setdefault("merged", []).append(
-            {"path": str(other), "runs_added": added, "sessions": data["sessions"]})
+            {"path": portable(Path(other)), "runs_added": added, "sessions": data["sessions"]})
         return added
 
     def save(self, **fields: Any) -> None:

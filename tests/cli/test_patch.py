@@ -11,6 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from oretrofit import RetrofitError
+from oretrofit._provenance import portable
 from oretrofit.cli import patch as patch_verb
 from oretrofit.tabpfn import load_patched_regressor, make_regressor
 
@@ -39,7 +40,7 @@ def test_round_trip_patch_artifact_load_predict(cli, tmp_path):
                   "--json", "--out", str(out))
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["schema_version"] == 1 and summary["out"] == str(out)
+    assert summary["schema_version"] == 1 and summary["out"] == portable(out)     # no local path
     assert summary["weights"].startswith("random weights")
     taus = {row["site"]: row["tau"] for row in summary["sites"]}
     assert taus["icl.0.attn"] == 1e-6 and taus["te.col"] == 1e-8

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from sklearn.model_selection import train_test_split
 
+from oretrofit._provenance import portable
 from oretrofit.demo_host.evaluate import BASELINES, TEST_FRACTION, _baseline, evaluate, markdown_table
 from oretrofit.regress.data import load_dataset
 from oretrofit.regress.protocol import rmse_r2
@@ -44,7 +45,7 @@ def test_baselines_are_reused_only_under_the_same_cap(capped):
                      max_train_rows=CAP, log=lambda _: None)
     reused = {r["model"]: r for r in again["results"] if r.get("reused")}
     assert sorted(reused) == sorted(BASELINES)
-    assert again["baselines_reused_from"]["path"] == str(folder / "capped.json")
+    assert again["baselines_reused_from"]["path"] == portable(folder / "capped.json")  # no local path
     first = {r["model"]: r["r2"] for r in receipt["results"]}
     assert all(reused[m]["r2"] == first[m] for m in BASELINES)
     other_cap = evaluate({}, ["sklearn:diabetes"], n_seeds=1, reuse_baselines=folder / "capped.json",

@@ -11,6 +11,7 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
+from oretrofit._provenance import portable
 from oretrofit.cli.app import app
 from oretrofit.regress.reference import PAPER_DATASETS
 from oretrofit.tabpfn import write_random_checkpoint
@@ -93,6 +94,9 @@ def test_reproduce_names_missing_datasets_and_records_standins(checkpoint, tmp_p
     assert receipts["openml:44959"]["source"]["standin_for"] == "openml:44959"
     invocation = json.loads(next((tmp_path / "run" / "invocations").glob("*.json")).read_text())
     assert invocation["standins"]["openml:560"] == "faraway:fat"
+    # the record names the checkpoint as portable() does: the temp folder, not its place
+    assert invocation["model"]["checkpoint"] == invocation["model"]["model_path"] == portable(Path(checkpoint))
+    assert invocation["model"]["checkpoint"].startswith("<tmp>/")
 
 
 def test_reproduce_over_a_chosen_dataset_list_keeps_the_preset_grid(checkpoint, tmp_path):

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 import torch
 
 from ..._atomic import atomic_file
-from ..._provenance import sha256_file
+from ..._provenance import cache_dir, sha256_file
 from ..._registry import RetrofitError
 from . import releases
 
@@ -64,14 +64,6 @@ _REQUIRED_KEYS = ("state_dict", "config", "architecture_name", "inference_config
 # query modulation): a fresh host would be near the identity and hide bugs.
 _ZERO_INIT_SUFFIXES = ("out_projection.weight", "mlp.2.weight", "query_mlp.2.weight",
                        "query_mlp.2.bias")
-
-
-def cache_dir() -> Path:
-    """Where oretrofit caches generated hosts: ``$ORETROFIT_CACHE_DIR``, else the user cache."""
-    if os.environ.get("ORETROFIT_CACHE_DIR", "").strip():
-        return Path(os.environ["ORETROFIT_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache"
-    return Path(base) / "oretrofit"
 
 
 def checkpoint_sha256(path: str | os.PathLike[str]) -> str:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..._atomic import write_text_atomic
 from ..._markdown import pipe_table
-from ..._provenance import environment, sha256_file, write_json_atomic
+from ..._provenance import environment, portable, sha256_file, write_json_atomic
 from ..._registry import retrofitted
 from .releases import zero_padded_inputs
 
@@ -226,7 +226,7 @@ def _minilm_section(sentences: Sequence[str]) -> dict[str, Any]:
     model, tokenizer = load_minilm()
     ids = [tokenizer(s)["input_ids"] for s in sentences[:8]]
     return {
-        "checkpoint": str(minilm_path() / "model.safetensors"),
+        "checkpoint": portable(minilm_path() / "model.safetensors"),
         "sha256": sha256_file(minilm_path() / "model.safetensors"),
         "sentences": len(sentences),
         "min_cosine": {arm: embedding_cosines(model, tokenizer, sentences, arm).min().item()
@@ -238,7 +238,7 @@ def _minilm_section(sentences: Sequence[str]) -> dict[str, Any]:
 def _smollm2_section(new_tokens: int) -> dict[str, Any]:
     model, tokenizer = load_smollm2()
     gguf = smollm2_dir() / SMOLLM2_GGUF
-    section: dict[str, Any] = {"checkpoint": str(gguf), "sha256": sha256_file(gguf),
+    section: dict[str, Any] = {"checkpoint": portable(gguf), "sha256": sha256_file(gguf),
                                "greedy": {}}
     reference = [greedy_and_logits(model, tokenizer, p, new_tokens) for p in PROMPTS]
     for arm in ("oa", "full-o"):
