@@ -325,8 +325,8 @@ def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
             logit soft-capping), before a float mask's finite bias is added; selects the
             reference path (the cap is not linear in k, so no augmented SDPA call computes it).
         dropout_p: attention-weight dropout in [0, 1], applied whenever > 0 (as SDPA's
-            ``dropout_p``; pass 0 in eval mode): ``out_i = p_i Σ_j δ_ij w_ij v_j`` with the
-            mask ``δ = F.dropout(ones, dropout_p)`` drawn from torch's RNG on the
+            ``dropout_p``; pass 0 in eval mode): ``out_i = p_i Σ_j δ_ij w_ij v_j`` with
+            δ_ij ∈ {0, 1/(1 − dropout_p)} drawn by ``F.dropout`` from torch's RNG on the
             ``(B, H, Nq, Nk)`` weights, as a host's eager ``dropout(softmax(s)) @ v``; selects the
             reference path, and ``need_weights`` then returns the dropped weights δ_ij w_ij.
 
