@@ -33,8 +33,17 @@ Two paths, one meaning:
   ``log ε`` and value 0. SDPA then returns ``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})`` and
   the result is multiplied by ``p_i``. Empty support puts all mass on the sink: an exact 0.
 
-Softcap selects the reference path (:func:`o_attention`). Half-precision inputs are computed in
-fp32 on every path.
+Attention-weight dropout (``dropout_p``, training) acts on the weights as a host's eager attention
+does, ``w = dropout(softmax(s))``, and on the same ``(B, H, Nq, Nk)`` tensor:
+
+    out_i = p_i · Σ_j δ_ij w_ij v_j,   δ_ij = ξ_ij / (1 − dropout_p),   ξ_ij ~ Bernoulli(1 − dropout_p)
+
+so a null source (w_ij = 0) stays exactly 0 under any mask, a null receiver (p_i = 0) emits
+exactly 0, and empty support gives exact zeros. It materialises the weights, so it takes the
+reference path.
+
+Softcap and dropout select the reference path (:func:`o_attention`). Half-precision inputs are
+computed in fp32 on every path.
 """
 
 from __future__ import annotations
@@ -118,6 +127,14 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
     return _Shapes(b, h, hkv, n_q, n_k, float(scale))
 
 
+def _check_dropout(dropout_p: float) -> None:
+    """``dropout_p`` must be a probability in [0, 1]; the error names it and the fix."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not (
+            0.0 <= dropout_p <= 1.0):
+        raise ValueError(f"dropout_p must be a probability in [0, 1] (0 disables attention-weight "
+                         f"dropout, e.g. in eval mode); got {dropout_p!r}")
+
+
 def _per_query_head(p: Tensor, heads: int) -> Tensor:
     """(B, N) -> (B, 1, N); (B, Hkv, N) -> (B, H, N) following the KV-head repeat; (B, H, N) kept."""
     if p.dim() == 2:
@@ -149,14 +166,17 @@ def _split_mask(mask: Tensor | None, dtype: torch.dtype) -> tuple[Tensor | None,
 def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                           mask: Tensor | None = None, eps: float = 1e-6,
                           scale: float | None = None, need_weights: bool = False,
-                          softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
+                          softcap: float | None = None, dropout_p: float = 0.0
+                          ) -> tuple[Tensor, Tensor | None]:
     """Materialised OAttention; see :func:`o_attention` for the arguments.
 
     The row maximum M_i over effective support is subtracted for stability and ε is carried
     as ε·e^{-M_i}, so w_ij = p_j e^{s_ij - M_i} / (ε e^{-M_i} + Σ_t p_t e^{s_it - M_i}) equals
-    eq. 6 exactly in real arithmetic.
+    eq. 6 exactly in real arithmetic. With ``dropout_p > 0`` the weights applied to v (and
+    returned) are ``F.dropout(w, dropout_p)``: δ_ij w_ij with δ_ij ∈ {0, 1/(1 − dropout_p)}.
     """
     shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
+    _check_dropout(dropout_p)
     out_dtype, ct = q.dtype, compute_dtype(q.dtype)
     group = shp.heads // shp.kv_heads
     kk = k.to(ct).repeat_interleave(group, dim=1) if group > 1 else k.to(ct)
@@ -180,6 +200,8 @@ def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Ten
                                                                           device=q.device))
     denom = torch.exp(math.log(eps) - row_max) + u.sum(dim=-1, keepdim=True)
     weights = u / denom                                                       # (B, H, Nq, Nk)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, dropout_p)                               # δ_ij w_ij
     pq = _per_query_head(p_q.to(ct), shp.heads)[..., None]                    # (B, H|1, Nq, 1)
     out = pq * torch.matmul(weights, vv)                                      # (B, H, Nq, dv)
     return out.to(out_dtype), (weights.to(out_dtype) if need_weights else None)
@@ -284,7 +306,7 @@ def _sdpa_mask(mask: Tensor | None, n_k: int, ct: torch.dtype) -> Tensor | None:
 
 def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                 mask: Tensor | None = None, eps: float = 1e-6, scale: float | None = None,
-                need_weights: bool = False, softcap: float | None = None
+                need_weights: bool = False, softcap: float | None = None, dropout_p: float = 0.0
                 ) -> tuple[Tensor, Tensor | None]:
     """OAttention: ``out_i = p_i Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij})``.
 
@@ -302,11 +324,17 @@ def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
         softcap: c > 0 caps the scores, ``s_ij = c·tanh(scale·q_i·k_j / c)`` (Gemma2's attention
             logit soft-capping), before a float mask's finite bias is added; selects the
             reference path (the cap is not linear in k, so no augmented SDPA call computes it).
+        dropout_p: attention-weight dropout in [0, 1], applied whenever > 0 (as SDPA's
+            ``dropout_p``; pass 0 in eval mode): ``out_i = p_i Σ_j δ_ij w_ij v_j`` with
+            δ_ij ∈ {0, 1/(1 − dropout_p)} drawn by ``F.dropout`` from torch's RNG on the
+            ``(B, H, Nq, Nk)`` weights, as a host's eager ``dropout(softmax(s)) @ v``; selects the
+            reference path, and ``need_weights`` then returns the dropped weights δ_ij w_ij.
 
     Returns:
         ``(out (B, H, Nq, dv), weights or None)`` in the dtype of ``q``. Half-precision inputs are
         computed in fp32. Empty or fully masked support gives exact zeros (output and weights).
     """
-    if need_weights or softcap is not None:
-        return o_attention_reference(q, k, v, p_q, p_k, mask, eps, scale, need_weights, softcap)
+    if need_weights or softcap is not None or dropout_p != 0.0:
+        return o_attention_reference(q, k, v, p_q, p_k, mask, eps, scale, need_weights, softcap,
+                                     dropout_p)
     return o_attention_fused(q, k, v, p_q, p_k, mask, eps, scale), None

@@ -322,3 +322,100 @@ def test_softcap_caps_scores_before_the_bias(mask_kind: str) -> None:
     assert (out - capped_off).abs().max() > 1e-2           # the cap changes the result
     with pytest.raises(ValueError, match="softcap"):
         o_attention(q, k, v, p_q, p_k, softcap=0.0)
+
+
+# Attention-weight dropout (training): out_i = p_i Σ_j δ_ij w_ij v_j on the (B, H, Nq, Nk) weights.
+
+def dropout_mask(shape: tuple[int, ...], p: float, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """δ_ij ∈ {0, 1/(1-p)} as torch draws it for a weight tensor of ``shape`` after ``seed``."""
+    torch.manual_seed(seed)
+    return F.dropout(torch.ones(shape, dtype=dtype), p)
+
+
+@pytest.mark.parametrize("layout", ["mha", "gqa", "per_head", "gqa_per_kv_head"])
+@pytest.mark.parametrize("mask_kind", ["none", "causal_2d", "additive_bias"])
+def test_dropout_is_the_formula_on_the_same_mask(layout: str, mask_kind: str) -> None:
+    h, hkv, ph = LAYOUTS[layout]
+    q, k, v, p_q, p_k = make(h=h, hkv=hkv, presence_heads=ph, dtype=torch.float64)
+    p_k = p_k * (torch.rand_like(p_k) > 0.3)                          # some null sources
+    mask = mask_of(mask_kind, 2, 5, 7)
+    if mask is not None and mask.is_floating_point():
+        mask = mask.double()
+    want, want_w = direct_o_attention(q, k, v, p_q, p_k, mask)
+    delta = dropout_mask(want_w.shape, 0.4, seed=3, dtype=torch.float64)
+    pq = p_q[:, None, :, None] if p_q.dim() == 2 else p_q[..., None]
+    expected = pq * (delta * want_w) @ v.repeat_interleave(h // hkv, dim=1)
+    torch.manual_seed(3)
+    out, w = o_attention(q, k, v, p_q, p_k, mask=mask, dropout_p=0.4, need_weights=True)
+    assert torch.allclose(w, delta * want_w, rtol=1e-12, atol=1e-15)
+    assert (out - expected).abs().max() <= 1e-12
+    assert (out - want).abs().max() > 1e-2                            # the mask does act
+    assert set(delta.unique().tolist()) == {0.0, 1 / 0.6}
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive_bias"])
+@pytest.mark.parametrize("layout", ["mha", "gqa"])
+def test_dropout_tau_to_zero_is_eager_softmax_dropout_under_the_same_seed(mask_kind: str,
+                                                                           layout: str) -> None:
+    """p ≡ 1, ε → 0: the host's eager ``dropout(softmax(s + mask)) @ v`` drawn from the same seed."""
+    h, hkv, _ = LAYOUTS[layout]
+    q, k, v, _, _ = make(h=h, hkv=hkv, nq=5, nk=7)
+    p_q, p_k = presence(torch.randn(2, 5, 16), 1e-12), presence(torch.randn(2, 7, 16), 1e-12)
+    mask = mask_of(mask_kind, 2, 5, 7)
+    scores = q @ k.repeat_interleave(h // hkv, dim=1).transpose(-1, -2) / math.sqrt(8)
+    if mask is not None:
+        scores = scores + (mask if mask.is_floating_point() else torch.zeros(mask.shape).masked_fill(
+            ~mask, float("-inf")))
+    torch.manual_seed(11)
+    eager = F.dropout(scores.softmax(-1), 0.25) @ v.repeat_interleave(h // hkv, dim=1)
+    torch.manual_seed(11)
+    out, _ = o_attention(q, k, v, p_q, p_k, mask=mask, eps=1e-12, dropout_p=0.25)
+    assert (out - eager).abs().max() <= 2e-6
+    torch.manual_seed(12)
+    other, _ = o_attention(q, k, v, p_q, p_k, mask=mask, eps=1e-12, dropout_p=0.25)
+    assert (other - eager).abs().max() > 1e-2                         # another seed, another mask
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dropout_keeps_null_tokens_exact_and_empty_support_zero(seed: int) -> None:
+    q, k, v, p_q, p_k = make(nq=4, nk=6)
+    p_q[:, 2], p_k[:, [1, 4]] = 0.0, 0.0
+    visible = torch.ones(2, 1, 4, 6, dtype=torch.bool)
+    visible[:, :, 3] = False                                          # row 3 sees nothing
+    torch.manual_seed(seed)
+    out, w = o_attention(q, k, v, p_q, p_k, mask=visible, dropout_p=0.5, need_weights=True)
+    v_loud = v.clone()
+    v_loud[:, :, [1, 4]] = 1e6                                        # a null source's value
+    torch.manual_seed(seed)
+    loud, _ = o_attention(q, k, v_loud, p_q, p_k, mask=visible, dropout_p=0.5)
+    assert torch.equal(w[..., [1, 4]], torch.zeros_like(w[..., [1, 4]]))
+    assert torch.equal(loud, out)                                     # null sources contribute 0
+    for row in (2, 3):                                                # null receiver, empty support
+        assert torch.equal(out[:, :, row], torch.zeros_like(out[:, :, row]))
+    assert torch.isfinite(out).all() and (out[:, :, 0].abs() > 0).any()
+    empty, _ = o_attention(*make(nk=0, dv=3), dropout_p=0.5)
+    assert empty.shape == (2, 4, 5, 3) and torch.equal(empty, torch.zeros_like(empty))
+
+
+def test_dropout_gradcheck_fp64_with_zero_carriers_on_a_fixed_mask() -> None:
+    q, k, v, _, _ = make(b=1, h=2, nq=3, nk=4, d=3, dtype=torch.float64, requires_grad=True)
+    hq, hk = carriers_with_zeros(1, 3, 5, [1]), carriers_with_zeros(1, 4, 5, [0, 2])
+
+    def f(q, k, v, hq, hk):
+        torch.manual_seed(5)                                          # one mask for every call
+        return o_attention(q, k, v, presence(hq, 0.5), presence(hk, 0.5), eps=1e-3,
+                           dropout_p=0.3)[0]
+
+    assert torch.autograd.gradcheck(f, (q, k, v, hq, hk))
+    f(q, k, v, hq, hk).sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v, hq, hk))
+    assert torch.equal(hq.grad[:, 1], torch.zeros_like(hq.grad[:, 1]))
+
+
+def test_dropout_zero_keeps_the_fused_path_and_bad_values_are_refused() -> None:
+    args = make()
+    assert torch.equal(o_attention(*args, dropout_p=0.0)[0], o_attention_fused(*args))
+    assert torch.equal(o_attention(*args, dropout_p=1.0)[0], torch.zeros(2, 4, 5, 8))
+    for bad in (-0.1, 1.5, True, None):
+        with pytest.raises(ValueError, match="dropout_p must be a probability"):
+            o_attention(*args, dropout_p=bad)

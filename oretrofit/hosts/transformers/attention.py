@@ -17,7 +17,11 @@
     s_aux                                       attention sinks (GPT-OSS): one more key of
                                                 logit s_h, value 0, presence 1
     scaling                                     the score scale
-    dropout                                     refused when > 0 (no O form)
+    dropout                                     attention-weight dropout on w_ij while the
+                                                module is in train() mode, as eager attention
+                                                does: w_ij zeroed with probability `dropout`,
+                                                survivors scaled 1/(1 - dropout) (reference
+                                                path); ignored in eval() mode
     position_ids, use_cache, cache_position,    metadata for other kernels and outputs (packed
     encoder_hidden_states, key_value_states,    sequences, caches, flash-attention determinism,
     output_hidden_states, deterministic         cross-attention sources: their presences are
@@ -120,9 +124,6 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
     if state is None:
         return _run_original(module, query, key, value, attention_mask, scaling=scaling,
                              dropout=dropout, **kwargs)
-    if dropout > 0.0:
-        raise RetrofitError("OAttention has no attention-weight dropout: call model.eval() or set "
-                            "the config's attention dropout to 0")
     is_causal, sliding_window = kwargs.pop("is_causal", None), kwargs.pop("sliding_window", None)
     softcap, sinks = kwargs.pop("softcap", None), kwargs.pop("s_aux", None)
     biases = [kwargs.pop(name) for name in ADDITIVE_BIASES if kwargs.get(name) is not None]
@@ -145,8 +146,10 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
     p_keys = state.keys
     if sinks is not None:
         key, value, p_keys, mask = _with_sinks(sinks, key, value, p_keys, mask, query.shape[2])
+    # eager attention's `dropout(w, p=dropout, training=module.training)`
     out, _ = o_attention(query, key, value, state.query, p_keys, mask=mask,
-                         eps=state.config.eps, scale=scaling, softcap=softcap)
+                         eps=state.config.eps, scale=scaling, softcap=softcap,
+                         dropout_p=dropout if module.training else 0.0)
     return out.transpose(1, 2).contiguous(), None                              # (B, Nq, H, d)
 
 
