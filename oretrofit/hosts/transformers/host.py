@@ -35,10 +35,12 @@ from ..._patching import SiteConfig, Undo, set_site
 from ..._host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, NORM, ONormSite, patch_all, uncovered_attention
 from .attention import attach_o_attention
+from .softmax_route import attach_softmax_attention
 from .releases import (accepts_inputs_embeds, check_transformers, gate_branch,
                        gate_output_bias, gate_table, not_covered_yet, supported_text,
                        transformers_version)
-from .layouts import (LAYOUTS, Layout, calls_attention_interface, child, first_present,
+from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
+                      first_present,
                       is_norm, is_qk_norm, layout_of, output_projection,
                       token_mixers, is_additive_table)
 
@@ -102,12 +104,12 @@ class _Structure:
 
 
 def _layer_lists(backbone: nn.Module) -> list[tuple[str, nn.ModuleList]]:
-    """Outermost module lists whose elements contain a module calling the attention interface."""
+    """Outermost module lists whose elements contain an attention module of either route."""
     lists: list[tuple[str, nn.ModuleList]] = []
     for name, module in backbone.named_modules():
         if any(name.startswith(f + ".") for f, _ in lists) or not isinstance(module, nn.ModuleList):
             continue
-        if any(calls_attention_interface(m) for layer in module for m in layer.modules()):
+        if any(attention_modules(layer) for layer in module):
             lists.append((name, module))
     return lists
 
@@ -154,8 +156,8 @@ def _attention_sites(s: _Structure, path: str, layer: nn.Module, layout: Layout,
             _join(path, name), ATTENTION,
             f"residual stream entering {_join(path, carrier_path)}"
             + (" (sources: encoder output)" if cross else ""),
-            functools.partial(_attention, attention, child(layer, carrier_path), projection,
-                              cross)))
+            functools.partial(_attention, _join(path, name), attention,
+                              child(layer, carrier_path), projection, cross)))
 
 
 def _layer_problem(path: str, layer: nn.Module,
@@ -181,7 +183,7 @@ def _layer_problem(path: str, layer: nn.Module,
 
 def _layer_sites(s: _Structure, path: str, layer: nn.Module) -> None:
     named = list(layer.named_modules())
-    attentions = [(n, m) for n, m in named if calls_attention_interface(m)]
+    attentions = attention_modules(layer)
     problem = _layer_problem(path, layer, attentions)
     if problem is not None:
         s.problems.append(problem)
@@ -212,9 +214,14 @@ def _norm_site(name: str, norm: nn.Module) -> Site:
                 functools.partial(set_site, norm, ONormSite, NORM))
 
 
-def _attention(attention: nn.Module, carrier: nn.Module, projection: nn.Module | None,
-               cross: bool, config: SiteConfig) -> Undo:
-    undo_attention, state = attach_o_attention(attention, carrier, config, cross)
+def _attention(name: str, attention: nn.Module, carrier: nn.Module,
+               projection: nn.Module | None, cross: bool, config: SiteConfig) -> Undo:
+    """The interface route where the module calls the attention interface, else the softmax
+    route (:mod:`.softmax_route`)."""
+    if calls_attention_interface(attention):
+        undo_attention, state = attach_o_attention(attention, carrier, config, cross)
+    else:
+        undo_attention, state = attach_softmax_attention(name, attention, carrier, config, cross)
     steps = [lambda: undo_attention]
     if projection is not None:
         steps.append(lambda: gate_output_bias(projection, state))

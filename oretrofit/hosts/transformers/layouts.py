@@ -41,7 +41,7 @@ from typing import Callable
 from torch import nn
 
 __all__ = ["Layout", "LAYOUTS", "register_layout", "unregister_layout", "layout_of",
-           "calls_attention_interface", "child", "is_norm", "is_qk_norm", "output_projection",
+           "calls_attention_interface", "computes_attention", "attention_modules", "child", "is_norm", "is_qk_norm", "output_projection",
            "token_mixers", "is_additive_table"]
 
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "c_proj", "dense", "o", "out_lin", "Wo", "wo")
@@ -100,6 +100,32 @@ def calls_attention_interface(module: nn.Module) -> bool:
     """Whether ``module``'s forward dispatches through transformers' attention interface."""
     source = _forward_source(type(module))
     return "ALL_ATTENTION_FUNCTIONS" in source or "attention_interface(" in source
+
+
+_ATTENTION_CLASS = re.compile(r"Attention|Attn")
+
+
+def computes_attention(module: nn.Module) -> bool:
+    """Whether ``module`` computes attention weights itself (the softmax route): its class is
+    named ``…Attention`` / ``…Attn``, it does not call the attention interface, and no module
+    inside it is attention-named (of ``BertAttention`` ⊃ ``BertSelfAttention``, the inner one)."""
+    return (_ATTENTION_CLASS.search(type(module).__name__) is not None
+            and not calls_attention_interface(module)
+            and not any(_ATTENTION_CLASS.search(type(m).__name__) for m in module.modules()
+                        if m is not module))
+
+
+def attention_modules(layer: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(path, module)`` of the attention modules in ``layer``, in call-site order: those that
+    call the attention interface and those that compute their weights themselves, outside any
+    of the former."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in layer.named_modules():
+        if any(name.startswith(f + ".") for f, m in found if calls_attention_interface(m)):
+            continue
+        if calls_attention_interface(module) or computes_attention(module):
+            found.append((name, module))
+    return found
 
 
 def _called_before(layer: nn.Module, first: str, second: str) -> bool:
