@@ -157,7 +157,8 @@ def _attention_sites(s: _Structure, path: str, layer: nn.Module, layout: Layout,
             f"residual stream entering {_join(path, carrier_path)}"
             + (" (sources: encoder output)" if cross else ""),
             functools.partial(_attention, _join(path, name), attention,
-                              child(layer, carrier_path), projection, cross)))
+                              child(layer, carrier_path), projection, cross,
+                              int(path.rpartition(".")[2]))))
 
 
 def _layer_problem(path: str, layer: nn.Module,
@@ -215,13 +216,15 @@ def _norm_site(name: str, norm: nn.Module) -> Site:
 
 
 def _attention(name: str, attention: nn.Module, carrier: nn.Module,
-               projection: nn.Module | None, cross: bool, config: SiteConfig) -> Undo:
+               projection: nn.Module | None, cross: bool, layer_index: int,
+               config: SiteConfig) -> Undo:
     """The interface route where the module calls the attention interface, else the softmax
-    route (:mod:`.softmax_route`)."""
+    route (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list)."""
     if calls_attention_interface(attention):
         undo_attention, state = attach_o_attention(attention, carrier, config, cross)
     else:
-        undo_attention, state = attach_softmax_attention(name, attention, carrier, config, cross)
+        undo_attention, state = attach_softmax_attention(name, attention, carrier, config, cross,
+                                                         layer_index)
     steps = [lambda: undo_attention]
     if projection is not None:
         steps.append(lambda: gate_output_bias(projection, state))
@@ -244,7 +247,8 @@ def _outer_sites(s: _Structure, prefix: str, backbone: nn.Module, layer_paths: l
                                "does not stay a zero carrier)")
         elif is_norm(module):
             s.add(module, _norm_site(_join(prefix, name), module))
-        elif is_additive_table(module) and not _is_word(module, word):
+        elif (is_additive_table(module) and not _is_word(module, word)
+              and not _feeds_scores(module, word)):
             _table_site(s, prefix, name, module, named, word)
         elif index < first_layer and "Rotary" not in type(module).__name__:
             s.uncovered += [f"{_join(prefix, name, b)} (float buffer of {type(module).__name__}: "
@@ -259,6 +263,14 @@ def _word_embedding(backbone: nn.Module) -> nn.Module | None:
         return backbone.get_input_embeddings()
     except (AttributeError, NotImplementedError):
         return None
+
+
+def _feeds_scores(table: nn.Module, word: nn.Module | None) -> bool:
+    """A lookup whose width is not the word embedding's is never added to the stream: it feeds
+    the attention scores (MPNet's relative-position bias per head, RoFormer's rotary
+    sinusoids), inside the attention sites."""
+    width = getattr(word, "embedding_dim", None)
+    return width is not None and getattr(table, "embedding_dim", width) != width
 
 
 def _in_pooler(name: str) -> bool:

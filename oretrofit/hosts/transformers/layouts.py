@@ -9,7 +9,7 @@ Derived from the model, for every architecture:
   residual stream entering the layer), later ones attend to the encoder output;
 * **output projection**: the attention module's ``o_proj`` / ``out_proj`` / ``c_proj`` /
   ``dense`` / ``o`` / ``out_lin`` / ``Wo`` (``nn.Linear`` or ``Conv1D``), or its parent's
-  ``output.dense`` (BERT, whose self-attention module has none);
+  ``output.dense`` (BERT, whose self-attention module has none) or ``output`` (BigBird-Pegasus);
 * **norms**: leaf modules whose class name ends in ``Norm`` (LayerNorm, RMSNorm, T5LayerNorm,
   Nemotron's LayerNorm1P, …),
   except per-head query/key norms (``q_norm``, ``k_layernorm``, …: they act on q/k, inside the
@@ -158,7 +158,10 @@ def output_projection(attention: nn.Module, parent: nn.Module | None) -> nn.Modu
         projection = getattr(attention, name, None)
         if isinstance(projection, nn.Module):
             return projection
-    return child(parent, "output.dense") if parent is not None else None
+    if parent is None:
+        return None
+    return next((m for m in (child(parent, "output.dense"), child(parent, "output"))
+                 if isinstance(m, nn.Linear)), None)
 
 
 _POSITION_TABLE = re.compile(r"Positional?Embeddings?$")
@@ -256,6 +259,14 @@ LAYOUTS: list[Layout] = [
     Layout("parallel residual", "GPT-J, Phi, Cohere, GPT-NeoX",
            lambda layer: first_present(layer, _MLPS) is not None and _parallel(layer),
            ffn=_MLPS, ffn_carrier=("",)),
+    Layout("post-norm ln_1/ln_2", "OpenAI-GPT",
+           lambda layer: _has("mlp", "ln_2")(layer) and _called_before(layer, "mlp", "ln_2"),
+           ffn=("mlp",), ffn_carrier=("mlp",)),
+    Layout("pre-norm layernorm1/layernorm2", "CTRL", _has("ffn", "layernorm2"), ffn=("ffn",),
+           ffn_carrier=("layernorm2",)),
+    # MptMLP adds the residual itself: the branch is its down projection
+    Layout("FFN adding its own residual", "MPT", _has("ffn.down_proj", "norm_2"),
+           ffn=("ffn.down_proj",), ffn_carrier=("norm_2",)),
     Layout("pre-norm", "Llama, Qwen2, Mistral, Gemma, Phi-3, Mixtral, GPT-2, ViT, ModernBERT",
            lambda layer: (first_present(layer, _MLPS) is not None
                           and first_present(layer, _PRE_FFN_NORMS) is not None),

@@ -233,7 +233,7 @@ class SoftmaxCarrier(CarrierPresence):
 
 
 def attach_softmax_attention(site: str, attention: nn.Module, carrier_module: nn.Module,
-                             config: SiteConfig, cross: bool = False
+                             config: SiteConfig, cross: bool = False, layer_index: int = 0
                              ) -> tuple[Undo, CarrierPresence]:
     """OAttention on the attention module ``attention`` at path ``site`` that computes its own
     softmax (module docstring).
@@ -241,9 +241,11 @@ def attach_softmax_attention(site: str, attention: nn.Module, carrier_module: nn
     A forward pre-hook on ``carrier_module`` captures ρτ of the residual stream entering the
     branch (and the KV cache it is given); cross-attention (``cross``) takes its sources'
     presences from the module's ``key_value_states`` / ``encoder_hidden_states`` / ``key``.
-    Returns the undo and the captured state.
+    The KV cache is read at the module's ``layer_idx``, else at ``layer_index`` (its layer's
+    place in the layer list). Returns the undo and the captured state.
     """
-    state = SoftmaxCarrier(config, getattr(attention, "layer_idx", None), cross, site=site)
+    index = getattr(attention, "layer_idx", None)
+    state = SoftmaxCarrier(config, layer_index if index is None else index, cross, site=site)
     steps = [lambda: set_site(attention, OSoftmaxAttention, ATTENTION, state),
              lambda: carrier_module.register_forward_pre_hook(state.capture_hook,
                                                               with_kwargs=True).remove]
