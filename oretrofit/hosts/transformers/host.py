@@ -170,6 +170,11 @@ def _layer_problem(path: str, layer: nn.Module,
         return (f"{path} ({cls}, children: {names}) has no module that calls the attention "
                 f"interface: it mixes tokens some other way (a state-space, convolution or "
                 f"linear-attention mixer), which {_UNGATED}")
+    if attentions == [("", layer)]:
+        return (f"{path} ({cls}) is an attention module itself: the model runs attention, FFN "
+                "and norms inline from parallel module lists (XLM), so no layer module carries "
+                "the residual stream and no layout describes this layer; this host has no O "
+                "form for it")
     mixers = token_mixers(layer)
     if mixers:
         return (f"{path} ({cls}) mixes tokens outside the attention interface in "

@@ -236,6 +236,14 @@ LAYOUTS: list[Layout] = [
            refused="the attention module permutes its output to (tokens, batch, hidden) before "
                    "the biased output projection, so the projection's bias cannot be gated per "
                    "token; a null token would not stay inert"),
+    # The layers read and write the residual stream as (tokens, batch, hidden): presences come
+    # out (tokens, batch), and where tokens == batch no shape check could tell the axes apart.
+    Layout("time-first layers", "FSMT",
+           lambda layer: type(layer).__module__.endswith(".modeling_fsmt"), ffn=(),
+           ffn_carrier=(),
+           refused="its layers run the residual stream time-first (tokens, batch, hidden), so "
+                   "the presences of its tokens cannot be placed on the attention scores' "
+                   "(batch, tokens) axes; a null token would not stay inert"),
     Layout("language adapters", "X-MOD", _has("output.adapter_modules"), ffn=(), ffn_carrier=(),
            refused="a per-language bottleneck adapter with biases runs on the residual stream "
                    "after the FFN (output.adapter_modules), outside every gate; a null token "

@@ -100,6 +100,8 @@ _UMT5 = ("disagrees with itself under the retrofit at τ→0 (relative differenc
 _DOGE = ("computes other attention under SDPA than under eager (its dynamic mask; relative "
          "difference 1.2 on the tiny model), and the retrofit follows eager, so it would change "
          "an SDPA model's outputs")
+_SOFTMAX_ROUTE = ("its attention is the module's own code, covered by the softmax route "
+                  "(softmax_route.py), which is measured on this release only so far")
 COVERED_FROM: dict[str, tuple[str, str]] = {
     "modernbert": ("5.1.0", INTERFACE),
     "qwen3_5_text": ("5.15.1", _QWEN35),              # the model type is new in 5.2
@@ -118,6 +120,9 @@ COVERED_FROM: dict[str, tuple[str, str]] = {
     "gptj": ("5.24.0", INTERFACE),
     "codegen": ("5.24.0", INTERFACE),
     "doge": ("5.18.0", _DOGE),
+    **{model_type: ("5.24.0", _SOFTMAX_ROUTE) for model_type in (
+        "xglm", "openai-gpt", "mpt", "bloom", "falcon", "gpt_neo", "big_bird", "roformer",
+        "megatron-bert", "deberta", "deberta-v2", "mpnet", "tapas", "luke", "bigbird_pegasus")},
 }
 
 
