@@ -1,11 +1,13 @@
 """The transformers host: one host for every transformers model (of the releases the version gate
-admits) whose attention goes through the attention interface, its sites derived from the loaded
-model (see :mod:`.layouts`).
+admits) whose attention goes through the attention interface or is the module's own code with one
+softmax over the keys (:mod:`.softmax_route`), its sites derived from the loaded model (see
+:mod:`.layouts`).
 
 Sites, named by module path (``<layer>`` = one element of the layer list):
 
     <attention>          attention  OAttention (eq. 7) via AttentionInterface on the module that
-                                    calls it; receivers' presences from the residual stream
+                                    calls it, or by the softmax route on a module that computes
+                                    its own weights; receivers' presences from the residual stream
                                     entering the layer (cross-attention: entering its branch,
                                     sources: the encoder output); KV-cached keys keep theirs;
                                     the output projection's bias is gated by p_i
@@ -56,7 +58,7 @@ _REFUSED_HOWTO = ("this host has no O form for it, so the model cannot be retrof
                   "(a layout registered for this layer with register_layout would be tried first)")
 _UNGATED = ("the transformers host cannot gate (a null token would move its neighbours): no O "
             "form for this mixer exists here, so the model is refused; only models whose "
-            "layers all mix tokens through the attention interface are covered "
+            "layers all mix tokens by softmax attention are covered "
             "(docs/transformers.md, 'Supported architectures')")
 
 
@@ -315,8 +317,9 @@ def _structure(prefix: str, backbone: nn.Module) -> _Structure:
     if not lists:
         own = sorted({type(m).__name__ for m in backbone.modules()
                       if "Attention" in type(m).__name__})
-        why = (f"{', '.join(own)} computes attention itself, so the O attention function "
-               "cannot be installed" if own else "it has no attention module at all (a "
+        why = (f"{', '.join(own)} computes attention itself without a softmax over the keys "
+               "(linear, hashed or block attention), so neither the O attention function nor the "
+               "softmax route applies" if own else "it has no attention module at all (a "
                "state-space or recurrent model), so there is no attention to take the O form")
         s.problems.append(
             f"{type(backbone).__name__}: no module calls transformers' attention interface "
@@ -329,8 +332,8 @@ def _structure(prefix: str, backbone: nn.Module) -> _Structure:
     for list_path, attentions in _self_attending_lists(backbone, [p for p, _ in lists]):
         s.problems.append(
             f"{_join(prefix, list_path)}: {', '.join(attentions)} computes attention itself (no "
-            "attention interface) while other layers use it, so the O attention function cannot "
-            "be installed there. Register a site for that class with "
+            "attention interface) without a softmax over the keys while other layers use it, so "
+            "neither the O attention function nor the softmax route applies there. Register a site for that class with "
             "oretrofit.hosts.torch_nn.register_module_site (docs/transformers.md)")
     if s.problems:
         return s

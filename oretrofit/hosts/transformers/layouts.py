@@ -105,12 +105,41 @@ def calls_attention_interface(module: nn.Module) -> bool:
 _ATTENTION_CLASS = re.compile(r"Attention|Attn")
 
 
+@functools.cache
+def _takes_softmax(cls: type) -> bool:
+    """Whether ``cls``'s source, or a function of its modeling file that it calls by name (CTRL's
+    ``scaled_dot_product_attention``), calls a softmax: linear attention (MiniMax's lightning
+    attention) does not, and stays refused as a mixer outside attention."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return False
+    if "softmax(" in source:
+        return True
+    namespace = vars(inspect.getmodule(cls) or object)
+    return any(inspect.isfunction(namespace.get(name)) and "softmax(" in _source_of(namespace[name])
+               for name in set(re.findall(r"(?<![.\w])(\w+)\(", source)))
+
+
+def _source_of(function: Callable) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _own_class(module: nn.Module) -> type:
+    """The module's class before a site swapped it (:func:`oretrofit._patching.set_site`)."""
+    return module.__dict__.get("_oretrofit", {}).get("original_class", type(module))
+
+
 def computes_attention(module: nn.Module) -> bool:
     """Whether ``module`` computes attention weights itself (the softmax route): its class is
-    named ``…Attention`` / ``…Attn``, it does not call the attention interface, and no module
-    inside it is attention-named (of ``BertAttention`` ⊃ ``BertSelfAttention``, the inner one)."""
+    named ``…Attention`` / ``…Attn`` and takes a softmax, it does not call the attention
+    interface, and no module inside it is attention-named (of ``BertAttention`` ⊃
+    ``BertSelfAttention``, the inner one)."""
     return (_ATTENTION_CLASS.search(type(module).__name__) is not None
-            and not calls_attention_interface(module)
+            and not calls_attention_interface(module) and _takes_softmax(_own_class(module))
             and not any(_ATTENTION_CLASS.search(type(m).__name__) for m in module.modules()
                         if m is not module))
 

@@ -236,6 +236,8 @@ REFUSED = [
                  dict(emb_dim=32, n_layers=2, n_heads=4)),
     Architecture("FSMT (time-first)", "fsmt", "encoder-decoder",
                  dict(_SEQ2SEQ, src_vocab_size=99, tgt_vocab_size=99, langs=["en", "de"])),
+    Architecture("YOSO (hashed attention)", "yoso", "encoder-only"),
+    Architecture("MRA (multi-resolution attention)", "mra", "encoder-only"),
     Architecture("CTRL (inline position table)", "ctrl", "decoder-only",
                  dict(n_embd=32, n_layer=2, n_head=4, dff=64, n_positions=64)),
 ]
@@ -249,8 +251,6 @@ REFUSED_ON_CALL = [
                  dict(_SEQ2SEQ, attention_window=4)),
     Architecture("LongT5 (local blocks)", "longt5", "encoder-decoder", _T5),
     Architecture("Falcon (SDPA)", "falcon", "decoder-only", dict(attn_implementation="sdpa")),
-    Architecture("YOSO (LSH, normalised)", "yoso", "encoder-only"),
-    Architecture("MRA (block-sparse)", "mra", "encoder-only"),
 ]
 
 
