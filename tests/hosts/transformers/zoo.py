@@ -340,6 +340,19 @@ def refusal(arch: Architecture) -> str:
     raise AssertionError(f"{arch.name} is listed as refused but retrofits")
 
 
+def refusal_on_call(arch: Architecture) -> str:
+    """The :class:`RetrofitError` a retrofitted ``REFUSED_ON_CALL`` model raises at its first
+    call (``full-o``, τ = 1e-6), without the advice that follows the reason."""
+    from oretrofit import RetrofitError, retrofitted
+    model = build(arch)
+    try:
+        with retrofitted(model, "full-o", 1e-6), torch.no_grad():
+            model(**example_inputs(model))
+    except RetrofitError as error:
+        return str(error).partition(", so the softmax route")[0]
+    raise AssertionError(f"{arch.name} is listed as refused at the first call but runs")
+
+
 def architectures_table() -> str:
     """The supported / refused architecture tables of ``docs/transformers.md``."""
     from oretrofit._markdown import pipe_table
@@ -355,11 +368,18 @@ def architectures_table() -> str:
                             "null insertion", "covered from transformers"], rows)
     refused = pipe_table(["architecture", "why (the RetrofitError it raises)"],
                          [[a.name, refusal(a).replace("|", "\\|")] for a in REFUSED])
+    on_call = pipe_table(["architecture", "why (the RetrofitError its first call raises)"],
+                         [[a.name, refusal_on_call(a).replace("|", "\\|")]
+                          for a in REFUSED_ON_CALL])
     return (f"{supported}\n\nThe last column is the first admitted release in which the host "
             "covers the architecture (`COVERED_FROM` in "
             "`oretrofit/hosts/transformers/releases.py`; before it the host refuses it naming that "
             "release).\n\nRefused in every admitted release, with the reason the host gives in "
             f"the newest:\n\n{refused}\n\n"
+            "Retrofitted (their attention modules compute attention themselves), then refused "
+            "by the softmax route at the first call, naming the module (the rest of each "
+            "message says what to do):\n\n"
+            f"{on_call}\n\n"
             "Generated from `tests/hosts/transformers/zoo.py` by `make docs` "
             "(`scripts/transformers_docs.py`); `tests/hosts/transformers/test_architectures.py` "
             "runs the contracts on every row, `tests/test_docs_transformers.py` checks this table "
