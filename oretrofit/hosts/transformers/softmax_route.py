@@ -5,8 +5,8 @@ DeBERTa, BLOOM, …).
 Such a module's weights come from one softmax over the key axis of the scores
 ``s_ij = scale·q_i·k_j + b_ij + mask_ij`` (relative-position / ALiBi / disentangled biases and
 the mask are already inside), followed by code linear in the weights (dropout, head mask,
-``@ v``, the output projection). While the module runs, a :class:`~torch.overrides.TorchFunctionMode`
-replaces that one softmax by
+``@ v``, the output projection). While the module runs, a
+:class:`~torch.overrides.TorchFunctionMode` replaces that one softmax by
 
     w_ij = p_i · p_j e^{s_ij} / (ε + Σ_t p_t e^{s_it})
 

@@ -130,7 +130,7 @@ def test_a_module_with_two_softmaxes_is_refused_at_its_first_call() -> None:
 
 @pytest.mark.parametrize("arch", zoo.REFUSED_ON_CALL, ids=[a.name for a in zoo.REFUSED_ON_CALL])
 def test_non_dense_attention_is_refused_at_the_first_call(arch: zoo.Architecture) -> None:
-    if zoo.expectation(arch) != "covered":                # Falcon before the softmax route's release
+    if zoo.expectation(arch) != "covered":             # Falcon before the softmax route's release
         return zoo.assert_refused_in_this_release(arch)
     model = zoo.build(arch)
     inputs = zoo.example_inputs(model)
