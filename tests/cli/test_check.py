@@ -78,7 +78,7 @@ def test_table_and_arm_oa_fails_null_insertion(cli: typer.Typer, tmp_path: Path)
 
 def test_refused_and_missing_models_exit_2_with_the_reason(cli: typer.Typer,
                                                            tmp_path: Path) -> None:
-    folder = _saved("Falcon", tmp_path / "falcon")
+    folder = _saved("Mamba", tmp_path / "mamba")
     refused = CliRunner().invoke(cli, ["check", str(folder)])
     assert refused.exit_code == 2 and "attention interface" in refused.output
     missing = CliRunner().invoke(cli, ["check", str(tmp_path / "nowhere")])

@@ -53,7 +53,7 @@ def _recording(model: nn.Module) -> Iterator[dict[str, Tensor]]:
                     key, args[0] if args else kwargs["hidden_states"]), with_kwargs=True))
         handles.append(layer.register_forward_hook(
             lambda m, args, output, key=path: states.__setitem__(
-                key, output[0] if isinstance(output, tuple) else output)))
+                key, output[0] if isinstance(output, (tuple, list)) else output)))
     handles.append(model.base_model.register_forward_hook(
         lambda m, args, output: states.update(_backbone_outputs(output))))
     try:
@@ -112,14 +112,17 @@ def _insert(x: Tensor, at: int, count: int) -> Tensor:
 
 def insertion_point(model: nn.Module, length: int) -> str:
     """Where a null insertion can keep the old tokens' relation: ``middle`` when old tokens keep
-    their positions (``position_ids`` accepted, or positions added before the boundary) and no
-    sliding window (defined on sequence indices, not position ids) is shorter than ``length``;
-    ``end`` otherwise."""
+    their positions (``position_ids`` accepted, or positions added before the boundary), no
+    sliding window (defined on sequence indices, not position ids) is shorter than ``length``
+    and no relative-position bucket is taken from sequence indices; ``end`` otherwise."""
     config = model.config
-    windows = [getattr(config, k, None) for k in ("sliding_window", "local_attention")
+    windows = [getattr(config, k, None) for k in ("sliding_window", "local_attention",
+                                                  "window_size")
                if getattr(config, "use_sliding_window", True)]
     if any(isinstance(w, int) and w < length for w in windows):
         return "end"
+    if getattr(config, "relative_attention_num_buckets", None) is not None:
+        return "end"                     # relative positions bucketed by sequence index (MPNet)
     if getattr(config, "image_size", None) is not None:
         return "middle"
     return "middle" if _accepts(model.base_model, "position_ids") else "end"

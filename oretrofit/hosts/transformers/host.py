@@ -1,11 +1,13 @@
 """The transformers host: one host for every transformers model (of the releases the version gate
-admits) whose attention goes through the attention interface, its sites derived from the loaded
-model (see :mod:`.layouts`).
+admits) whose attention goes through the attention interface or is the module's own code with one
+softmax over the keys (:mod:`.softmax_route`), its sites derived from the loaded model (see
+:mod:`.layouts`).
 
 Sites, named by module path (``<layer>`` = one element of the layer list):
 
     <attention>          attention  OAttention (eq. 7) via AttentionInterface on the module that
-                                    calls it; receivers' presences from the residual stream
+                                    calls it, or by the softmax route on a module that computes
+                                    its own weights; receivers' presences from the residual stream
                                     entering the layer (cross-attention: entering its branch,
                                     sources: the encoder output); KV-cached keys keep theirs;
                                     the output projection's bias is gated by p_i
@@ -35,10 +37,12 @@ from ..._patching import SiteConfig, Undo, set_site
 from ..._host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, NORM, ONormSite, patch_all, uncovered_attention
 from .attention import attach_o_attention
+from .softmax_route import attach_softmax_attention
 from .releases import (accepts_inputs_embeds, check_transformers, gate_branch,
                        gate_output_bias, gate_table, not_covered_yet, supported_text,
                        transformers_version)
-from .layouts import (LAYOUTS, Layout, calls_attention_interface, child, first_present,
+from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
+                      first_present,
                       is_norm, is_qk_norm, layout_of, output_projection,
                       token_mixers, is_additive_table)
 
@@ -54,7 +58,7 @@ _REFUSED_HOWTO = ("this host has no O form for it, so the model cannot be retrof
                   "(a layout registered for this layer with register_layout would be tried first)")
 _UNGATED = ("the transformers host cannot gate (a null token would move its neighbours): no O "
             "form for this mixer exists here, so the model is refused; only models whose "
-            "layers all mix tokens through the attention interface are covered "
+            "layers all mix tokens by softmax attention are covered "
             "(docs/transformers.md, 'Supported architectures')")
 
 
@@ -102,12 +106,12 @@ class _Structure:
 
 
 def _layer_lists(backbone: nn.Module) -> list[tuple[str, nn.ModuleList]]:
-    """Outermost module lists whose elements contain a module calling the attention interface."""
+    """Outermost module lists whose elements contain an attention module of either route."""
     lists: list[tuple[str, nn.ModuleList]] = []
     for name, module in backbone.named_modules():
         if any(name.startswith(f + ".") for f, _ in lists) or not isinstance(module, nn.ModuleList):
             continue
-        if any(calls_attention_interface(m) for layer in module for m in layer.modules()):
+        if any(attention_modules(layer) for layer in module):
             lists.append((name, module))
     return lists
 
@@ -154,8 +158,9 @@ def _attention_sites(s: _Structure, path: str, layer: nn.Module, layout: Layout,
             _join(path, name), ATTENTION,
             f"residual stream entering {_join(path, carrier_path)}"
             + (" (sources: encoder output)" if cross else ""),
-            functools.partial(_attention, attention, child(layer, carrier_path), projection,
-                              cross)))
+            functools.partial(_attention, _join(path, name), attention,
+                              child(layer, carrier_path), projection, cross,
+                              int(path.rpartition(".")[2]))))
 
 
 def _layer_problem(path: str, layer: nn.Module,
@@ -167,6 +172,11 @@ def _layer_problem(path: str, layer: nn.Module,
         return (f"{path} ({cls}, children: {names}) has no module that calls the attention "
                 f"interface: it mixes tokens some other way (a state-space, convolution or "
                 f"linear-attention mixer), which {_UNGATED}")
+    if attentions == [("", layer)]:
+        return (f"{path} ({cls}) is an attention module itself: the model runs attention, FFN "
+                "and norms inline from parallel module lists (XLM), so no layer module carries "
+                "the residual stream and no layout describes this layer; this host has no O "
+                "form for it")
     mixers = token_mixers(layer)
     if mixers:
         return (f"{path} ({cls}) mixes tokens outside the attention interface in "
@@ -181,7 +191,7 @@ def _layer_problem(path: str, layer: nn.Module,
 
 def _layer_sites(s: _Structure, path: str, layer: nn.Module) -> None:
     named = list(layer.named_modules())
-    attentions = [(n, m) for n, m in named if calls_attention_interface(m)]
+    attentions = attention_modules(layer)
     problem = _layer_problem(path, layer, attentions)
     if problem is not None:
         s.problems.append(problem)
@@ -212,9 +222,16 @@ def _norm_site(name: str, norm: nn.Module) -> Site:
                 functools.partial(set_site, norm, ONormSite, NORM))
 
 
-def _attention(attention: nn.Module, carrier: nn.Module, projection: nn.Module | None,
-               cross: bool, config: SiteConfig) -> Undo:
-    undo_attention, state = attach_o_attention(attention, carrier, config, cross)
+def _attention(name: str, attention: nn.Module, carrier: nn.Module,
+               projection: nn.Module | None, cross: bool, layer_index: int,
+               config: SiteConfig) -> Undo:
+    """The interface route where the module calls the attention interface, else the softmax
+    route (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list)."""
+    if calls_attention_interface(attention):
+        undo_attention, state = attach_o_attention(attention, carrier, config, cross)
+    else:
+        undo_attention, state = attach_softmax_attention(name, attention, carrier, config, cross,
+                                                         layer_index)
     steps = [lambda: undo_attention]
     if projection is not None:
         steps.append(lambda: gate_output_bias(projection, state))
@@ -237,7 +254,8 @@ def _outer_sites(s: _Structure, prefix: str, backbone: nn.Module, layer_paths: l
                                "does not stay a zero carrier)")
         elif is_norm(module):
             s.add(module, _norm_site(_join(prefix, name), module))
-        elif is_additive_table(module) and not _is_word(module, word):
+        elif (is_additive_table(module) and not _is_word(module, word)
+              and not _feeds_scores(module, word)):
             _table_site(s, prefix, name, module, named, word)
         elif index < first_layer and "Rotary" not in type(module).__name__:
             s.uncovered += [f"{_join(prefix, name, b)} (float buffer of {type(module).__name__}: "
@@ -252,6 +270,14 @@ def _word_embedding(backbone: nn.Module) -> nn.Module | None:
         return backbone.get_input_embeddings()
     except (AttributeError, NotImplementedError):
         return None
+
+
+def _feeds_scores(table: nn.Module, word: nn.Module | None) -> bool:
+    """A lookup whose width is not the word embedding's is never added to the stream: it feeds
+    the attention scores (MPNet's relative-position bias per head, RoFormer's rotary
+    sinusoids), inside the attention sites."""
+    width = getattr(word, "embedding_dim", None)
+    return width is not None and getattr(table, "embedding_dim", width) != width
 
 
 def _in_pooler(name: str) -> bool:
@@ -291,8 +317,9 @@ def _structure(prefix: str, backbone: nn.Module) -> _Structure:
     if not lists:
         own = sorted({type(m).__name__ for m in backbone.modules()
                       if "Attention" in type(m).__name__})
-        why = (f"{', '.join(own)} computes attention itself, so the O attention function "
-               "cannot be installed" if own else "it has no attention module at all (a "
+        why = (f"{', '.join(own)} computes attention itself without a softmax over the keys "
+               "(linear, hashed or block attention), so neither the O attention function nor the "
+               "softmax route applies" if own else "it has no attention module at all (a "
                "state-space or recurrent model), so there is no attention to take the O form")
         s.problems.append(
             f"{type(backbone).__name__}: no module calls transformers' attention interface "
@@ -305,8 +332,8 @@ def _structure(prefix: str, backbone: nn.Module) -> _Structure:
     for list_path, attentions in _self_attending_lists(backbone, [p for p, _ in lists]):
         s.problems.append(
             f"{_join(prefix, list_path)}: {', '.join(attentions)} computes attention itself (no "
-            "attention interface) while other layers use it, so the O attention function cannot "
-            "be installed there. Register a site for that class with "
+            "attention interface) without a softmax over the keys while other layers use it, so "
+            "neither the O attention function nor the softmax route applies there. Register a site for that class with "
             "oretrofit.hosts.torch_nn.register_module_site (docs/transformers.md)")
     if s.problems:
         return s

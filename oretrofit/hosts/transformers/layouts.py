@@ -9,7 +9,7 @@ Derived from the model, for every architecture:
   residual stream entering the layer), later ones attend to the encoder output;
 * **output projection**: the attention module's ``o_proj`` / ``out_proj`` / ``c_proj`` /
   ``dense`` / ``o`` / ``out_lin`` / ``Wo`` (``nn.Linear`` or ``Conv1D``), or its parent's
-  ``output.dense`` (BERT, whose self-attention module has none);
+  ``output.dense`` (BERT, whose self-attention module has none) or ``output`` (BigBird-Pegasus);
 * **norms**: leaf modules whose class name ends in ``Norm`` (LayerNorm, RMSNorm, T5LayerNorm,
   Nemotron's LayerNorm1P, …),
   except per-head query/key norms (``q_norm``, ``k_layernorm``, …: they act on q/k, inside the
@@ -41,7 +41,7 @@ from typing import Callable
 from torch import nn
 
 __all__ = ["Layout", "LAYOUTS", "register_layout", "unregister_layout", "layout_of",
-           "calls_attention_interface", "child", "is_norm", "is_qk_norm", "output_projection",
+           "calls_attention_interface", "computes_attention", "attention_modules", "child", "is_norm", "is_qk_norm", "output_projection",
            "token_mixers", "is_additive_table"]
 
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "c_proj", "dense", "o", "out_lin", "Wo", "wo")
@@ -102,6 +102,61 @@ def calls_attention_interface(module: nn.Module) -> bool:
     return "ALL_ATTENTION_FUNCTIONS" in source or "attention_interface(" in source
 
 
+_ATTENTION_CLASS = re.compile(r"Attention|Attn")
+
+
+@functools.cache
+def _takes_softmax(cls: type) -> bool:
+    """Whether ``cls``'s source, or a function of its modeling file that it calls by name (CTRL's
+    ``scaled_dot_product_attention``), calls a softmax: linear attention (MiniMax's lightning
+    attention) does not, and stays refused as a mixer outside attention."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return False
+    if "softmax(" in source:
+        return True
+    namespace = vars(inspect.getmodule(cls) or object)
+    return any(inspect.isfunction(namespace.get(name)) and "softmax(" in _source_of(namespace[name])
+               for name in set(re.findall(r"(?<![.\w])(\w+)\(", source)))
+
+
+def _source_of(function: Callable) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _own_class(module: nn.Module) -> type:
+    """The module's class before a site swapped it (:func:`oretrofit._patching.set_site`)."""
+    return module.__dict__.get("_oretrofit", {}).get("original_class", type(module))
+
+
+def computes_attention(module: nn.Module) -> bool:
+    """Whether ``module`` computes attention weights itself (the softmax route): its class is
+    named ``…Attention`` / ``…Attn`` and takes a softmax, it does not call the attention
+    interface, and no module inside it is attention-named (of ``BertAttention`` ⊃
+    ``BertSelfAttention``, the inner one)."""
+    return (_ATTENTION_CLASS.search(type(module).__name__) is not None
+            and not calls_attention_interface(module) and _takes_softmax(_own_class(module))
+            and not any(_ATTENTION_CLASS.search(type(m).__name__) for m in module.modules()
+                        if m is not module))
+
+
+def attention_modules(layer: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(path, module)`` of the attention modules in ``layer``, in call-site order: those that
+    call the attention interface and those that compute their weights themselves, outside any
+    of the former."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in layer.named_modules():
+        if any(name.startswith(f + ".") for f, m in found if calls_attention_interface(m)):
+            continue
+        if calls_attention_interface(module) or computes_attention(module):
+            found.append((name, module))
+    return found
+
+
 def _called_before(layer: nn.Module, first: str, second: str) -> bool:
     """Whether the layer's forward calls ``self.first(`` before ``self.second(`` (source order)."""
     source = _forward_source(type(layer))
@@ -132,7 +187,10 @@ def output_projection(attention: nn.Module, parent: nn.Module | None) -> nn.Modu
         projection = getattr(attention, name, None)
         if isinstance(projection, nn.Module):
             return projection
-    return child(parent, "output.dense") if parent is not None else None
+    if parent is None:
+        return None
+    return next((m for m in (child(parent, "output.dense"), child(parent, "output"))
+                 if isinstance(m, nn.Linear)), None)
 
 
 _POSITION_TABLE = re.compile(r"Positional?Embeddings?$")
@@ -207,6 +265,14 @@ LAYOUTS: list[Layout] = [
            refused="the attention module permutes its output to (tokens, batch, hidden) before "
                    "the biased output projection, so the projection's bias cannot be gated per "
                    "token; a null token would not stay inert"),
+    # The layers read and write the residual stream as (tokens, batch, hidden): presences come
+    # out (tokens, batch), and where tokens == batch no shape check could tell the axes apart.
+    Layout("time-first layers", "FSMT",
+           lambda layer: type(layer).__module__.endswith(".modeling_fsmt"), ffn=(),
+           ffn_carrier=(),
+           refused="its layers run the residual stream time-first (tokens, batch, hidden), so "
+                   "the presences of its tokens cannot be placed on the attention scores' "
+                   "(batch, tokens) axes; a null token would not stay inert"),
     Layout("language adapters", "X-MOD", _has("output.adapter_modules"), ffn=(), ffn_carrier=(),
            refused="a per-language bottleneck adapter with biases runs on the residual stream "
                    "after the FFN (output.adapter_modules), outside every gate; a null token "
@@ -230,6 +296,14 @@ LAYOUTS: list[Layout] = [
     Layout("parallel residual", "GPT-J, Phi, Cohere, GPT-NeoX",
            lambda layer: first_present(layer, _MLPS) is not None and _parallel(layer),
            ffn=_MLPS, ffn_carrier=("",)),
+    Layout("post-norm ln_1/ln_2", "OpenAI-GPT",
+           lambda layer: _has("mlp", "ln_2")(layer) and _called_before(layer, "mlp", "ln_2"),
+           ffn=("mlp",), ffn_carrier=("mlp",)),
+    Layout("pre-norm layernorm1/layernorm2", "CTRL", _has("ffn", "layernorm2"), ffn=("ffn",),
+           ffn_carrier=("layernorm2",)),
+    # MptMLP adds the residual itself: the branch is its down projection
+    Layout("FFN adding its own residual", "MPT", _has("ffn.down_proj", "norm_2"),
+           ffn=("ffn.down_proj",), ffn_carrier=("norm_2",)),
     Layout("pre-norm", "Llama, Qwen2, Mistral, Gemma, Phi-3, Mixtral, GPT-2, ViT, ModernBERT",
            lambda layer: (first_present(layer, _MLPS) is not None
                           and first_present(layer, _PRE_FFN_NORMS) is not None),

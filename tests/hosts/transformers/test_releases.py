@@ -80,6 +80,9 @@ def test_covered_from_is_what_the_receipt_measured():
             if row["ok"] and row.get("coverage")]
     assert [row["release"] for row in rows] == list(common.TESTED_RELEASES)
     for model_type, (first, why) in common.COVERED_FROM.items():
+        if why == common.SOFTMAX_ROUTE:      # not swept yet: measured here, on the newest release
+            assert first == common.TESTED_RELEASES[-1], model_type
+            continue
         statuses = {row["release"]: next(entry[2] for entry in row["coverage"].values()
                                          if entry[0] == model_type) for row in rows}
         if why == common.INTERFACE:

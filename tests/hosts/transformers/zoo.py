@@ -13,8 +13,8 @@ from torch import nn
 
 from oretrofit.hosts.transformers.contracts import example_inputs
 
-__all__ = ["Architecture", "ARCHITECTURES", "REFUSED", "build", "example_inputs", "expectation",
-           "assert_refused_in_this_release"]
+__all__ = ["Architecture", "ARCHITECTURES", "SOFTMAX_ROUTE", "REFUSED", "REFUSED_ON_CALL",
+           "build", "example_inputs", "expectation", "assert_refused_in_this_release"]
 
 _COMMON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                intermediate_size=64, vocab_size=99, max_position_embeddings=64, pad_token_id=0,
@@ -172,14 +172,35 @@ ARCHITECTURES = [
     Architecture("ViT-MSN", "vit_msn", "vision", _IMAGE),
 ]
 
+# Covered by the softmax route: their attention modules compute attention themselves
+# (oretrofit/hosts/transformers/softmax_route.py); part of ARCHITECTURES.
+SOFTMAX_ROUTE = [
+    Architecture("XGLM", "xglm", "decoder-only",
+                 dict(d_model=32, num_layers=2, attention_heads=4, ffn_dim=64)),
+    Architecture("OpenAI-GPT", "openai-gpt", "decoder-only", _GPT2_NAMES),
+    Architecture("MPT (ALiBi)", "mpt", "decoder-only",
+                 dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=64), "end"),
+    Architecture("BLOOM (ALiBi)", "bloom", "decoder-only", {}, "end"),
+    Architecture("Falcon (eager)", "falcon", "decoder-only", dict(attn_implementation="eager")),
+    Architecture("GPT-Neo (local window 4)", "gpt_neo", "decoder-only",
+                 dict(num_layers=2, attention_types=[[["global", "local"], 1]], window_size=4),
+                 "end"),
+    Architecture("BigBird (full attention)", "big_bird", "encoder-only",
+                 dict(attention_type="original_full")),
+    Architecture("RoFormer (rotary)", "roformer", "encoder-only", {}, "end"),
+    Architecture("Megatron-BERT", "megatron-bert", "encoder-only"),
+    Architecture("DeBERTa (disentangled)", "deberta", "encoder-only"),
+    Architecture("DeBERTa-v2 (disentangled)", "deberta-v2", "encoder-only"),
+    Architecture("MPNet (relative buckets)", "mpnet", "encoder-only", {}, "end"),
+    Architecture("TAPAS", "tapas", "encoder-only"),
+    Architecture("LUKE", "luke", "encoder-only"),
+    Architecture("BigBird-Pegasus (full attention)", "bigbird_pegasus", "encoder-decoder",
+                 dict(_SEQ2SEQ, attention_type="original_full"), "end"),
+]
+ARCHITECTURES += SOFTMAX_ROUTE
+
 REFUSED = [
-    Architecture("Falcon", "falcon", "decoder-only"),
-    Architecture("BLOOM", "bloom", "decoder-only"),
-    Architecture("DeBERTa-v2", "deberta-v2", "encoder-only"),
     Architecture("ALBERT", "albert", "encoder-only", dict(embedding_size=32)),
-    Architecture("GPT-Neo", "gpt_neo", "decoder-only",
-                 dict(num_layers=2, attention_types=[[["global", "local"], 1]], window_size=4)),
-    Architecture("MPNet", "mpnet", "encoder-only"),
     Architecture("Mamba", "mamba", "decoder-only", dict(state_size=4, expand=2, time_step_rank=4)),
     Architecture("Jamba (Mamba layers)", "jamba", "MoE",
                  dict(num_experts=4, num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1,
@@ -202,8 +223,6 @@ REFUSED = [
                       layer_types=["sliding_attention", "full_attention"])),
     Architecture("X-MOD", "xmod", "encoder-only", dict(languages=["en_XX"],
                                                        default_language="en_XX")),
-    Architecture("BigBird-Pegasus", "bigbird_pegasus", "encoder-decoder",
-                 dict(_SEQ2SEQ, attention_type="original_full")),
     Architecture("MobileBERT", "mobilebert", "encoder-only",
                  dict(embedding_size=32, intra_bottleneck_size=32, true_hidden_size=32,
                       num_feedforward_networks=1)),
@@ -213,6 +232,25 @@ REFUSED = [
     Architecture("JetMoE (mixture of attention heads)", "jetmoe", "MoE",
                  dict(num_local_experts=4, num_experts_per_tok=2, kv_channels=8)),
     Architecture("MLCD (vision)", "mlcd", "vision", _IMAGE),
+    Architecture("XLM (layers inline)", "xlm", "encoder-only",
+                 dict(emb_dim=32, n_layers=2, n_heads=4)),
+    Architecture("FSMT (time-first)", "fsmt", "encoder-decoder",
+                 dict(_SEQ2SEQ, src_vocab_size=99, tgt_vocab_size=99, langs=["en", "de"])),
+    Architecture("YOSO (hashed attention)", "yoso", "encoder-only"),
+    Architecture("MRA (multi-resolution attention)", "mra", "encoder-only"),
+    Architecture("CTRL (inline position table)", "ctrl", "decoder-only",
+                 dict(n_embd=32, n_layer=2, n_head=4, dff=64, n_positions=64)),
+]
+
+# Retrofitted (their modules compute attention themselves), then refused by the softmax route at
+# the first call, naming the module: what the call shows is not one softmax over all the keys.
+REFUSED_ON_CALL = [
+    Architecture("Longformer (sliding chunks)", "longformer", "encoder-only",
+                 dict(attention_window=4)),
+    Architecture("LED (sliding chunks)", "led", "encoder-decoder",
+                 dict(_SEQ2SEQ, attention_window=4)),
+    Architecture("LongT5 (local blocks)", "longt5", "encoder-decoder", _T5),
+    Architecture("Falcon (SDPA)", "falcon", "decoder-only", dict(attn_implementation="sdpa")),
 ]
 
 
@@ -302,6 +340,19 @@ def refusal(arch: Architecture) -> str:
     raise AssertionError(f"{arch.name} is listed as refused but retrofits")
 
 
+def refusal_on_call(arch: Architecture) -> str:
+    """The :class:`RetrofitError` a retrofitted ``REFUSED_ON_CALL`` model raises at its first
+    call (``full-o``, τ = 1e-6), without the advice that follows the reason."""
+    from oretrofit import RetrofitError, retrofitted
+    model = build(arch)
+    try:
+        with retrofitted(model, "full-o", 1e-6), torch.no_grad():
+            model(**example_inputs(model))
+    except RetrofitError as error:
+        return str(error).partition(", so the softmax route")[0]
+    raise AssertionError(f"{arch.name} is listed as refused at the first call but runs")
+
+
 def architectures_table() -> str:
     """The supported / refused architecture tables of ``docs/transformers.md``."""
     from oretrofit._markdown import pipe_table
@@ -317,11 +368,18 @@ def architectures_table() -> str:
                             "null insertion", "covered from transformers"], rows)
     refused = pipe_table(["architecture", "why (the RetrofitError it raises)"],
                          [[a.name, refusal(a).replace("|", "\\|")] for a in REFUSED])
+    on_call = pipe_table(["architecture", "why (the RetrofitError its first call raises)"],
+                         [[a.name, refusal_on_call(a).replace("|", "\\|")]
+                          for a in REFUSED_ON_CALL])
     return (f"{supported}\n\nThe last column is the first admitted release in which the host "
             "covers the architecture (`COVERED_FROM` in "
             "`oretrofit/hosts/transformers/releases.py`; before it the host refuses it naming that "
             "release).\n\nRefused in every admitted release, with the reason the host gives in "
             f"the newest:\n\n{refused}\n\n"
+            "Retrofitted (their attention modules compute attention themselves), then refused "
+            "by the softmax route at the first call, naming the module (the rest of each "
+            "message says what to do):\n\n"
+            f"{on_call}\n\n"
             "Generated from `tests/hosts/transformers/zoo.py` by `make docs` "
             "(`scripts/transformers_docs.py`); `tests/hosts/transformers/test_architectures.py` "
             "runs the contracts on every row, `tests/test_docs_transformers.py` checks this table "
