@@ -138,11 +138,23 @@ def insertion_point(model: nn.Module, length: int) -> str:
     return "middle" if _accepts(model.base_model, "position_ids") else "end"
 
 
+def _input_of(module: nn.Module, call: Callable[[], Any]) -> Tensor:
+    """The first positional input ``module`` gets while ``call()`` runs."""
+    seen: list[Tensor] = []
+    handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    try:
+        call()
+    finally:
+        handle.remove()
+    return seen[0]
+
+
 @torch.no_grad()
 def null_insertion(model: nn.Module, inputs: dict[str, Tensor], count: int = 2
                    ) -> dict[str, Any]:
     """Insert ``count`` zero carriers into the first sequence at the carrier boundary (the word
-    embedding, or the patch embeddings of a vision model) with the old tokens' position ids
+    embedding, the patch embeddings of a vision model, or the frames an audio model's feature
+    encoder hands its ``feature_projection``) with the old tokens' position ids
     kept: in the middle when the model takes ``position_ids`` (or adds positions before the
     boundary), else at the end. Runs on the model as it is (patched or not).
 
@@ -151,7 +163,18 @@ def null_insertion(model: nn.Module, inputs: dict[str, Tensor], count: int = 2
     whole) and ``inserted_max_abs`` (max |h| of the inserted tokens over every hidden state).
     """
     backbone = model.base_model
-    if "pixel_values" in inputs:
+    if "input_values" in inputs:
+        waveform, projection = inputs["input_values"][:1], backbone.feature_projection
+        carrier = _input_of(projection, lambda: backbone(input_values=waveform))  # (1, n, c)
+
+        def run(h: Tensor, positions: Tensor) -> Any:
+            # the feature encoder's frames are replaced by the carrier h
+            handle = projection.register_forward_pre_hook(lambda m, args: (h, *args[1:]))
+            try:
+                return backbone(input_values=waveform)
+            finally:
+                handle.remove()
+    elif "pixel_values" in inputs:
         pixels = inputs["pixel_values"][:1]
         carrier = backbone.embeddings(pixels)                                     # (1, n, d)
 
