@@ -5,13 +5,17 @@ A default config is shrunk generically: the size fields it has (hidden width 32,
 key-value heads, head width 8, FFN width 64, 2 layers, 4 experts of which 2 per token, images
 32 px in patches of 8, audio feature channels 32) are passed to ``AutoConfig.for_model`` (and to
 each sub-config), so the config derives the rest as it does for a user; per-layer lists are cut
-to the 2 layers. Attempts, first that builds and runs its example inputs wins: every field, then
-every field but the image ones, then the layer counts only; each under a cap of 30 M parameters
-(counted on the meta device first).
+to the 2 layers. Attempts, first that builds and runs its example inputs wins: the tiny config
+``tests/hosts/transformers/zoo.py`` gives the model type (its first row) where it has one, every
+field, every field but the image ones, then the layer counts only; each under a cap of 30 M
+parameters (counted on the meta device first).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,12 +35,14 @@ _OTHER = {"num_key_value_heads": 2, "multi_query_group_num": 2, "head_dim": 8, "
 _LAYERS = dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "encoder_layers",
                          "decoder_layers", "num_decoder_layers", "n_layers"), 2)
 _IMAGE = {"image_size": 32, "patch_size": 8}
-ATTEMPTS: dict[str, tuple[dict[str, int], ...]] = {
+ATTEMPTS: dict[str, tuple[dict[str, int], ...] | None] = {
+    "zoo": None,
     "tiny": (_WIDTH, _HEADS, _OTHER, _LAYERS, _IMAGE),
     "tiny, default image size": (_WIDTH, _HEADS, _OTHER, _LAYERS),
     "layer counts only": (_LAYERS,),
 }
 MAX_PARAMETERS = 30_000_000
+_ZOO = Path(__file__).resolve().parents[1] / "tests" / "hosts" / "transformers" / "zoo.py"
 
 
 class _InputsFail(Exception):
@@ -86,12 +92,29 @@ def _jitter(model: nn.Module, seed: int) -> nn.Module:
     return model.eval()
 
 
-def _attempt(model_type: str, groups: tuple[dict[str, int], ...], seed: int
+def _zoo_config(model_type: str) -> dict[str, Any] | None:
+    """The keyword arguments the zoo builds ``model_type`` with (its first row), or None."""
+    zoo = sys.modules.get("transformers_zoo")
+    if zoo is None:
+        spec = importlib.util.spec_from_file_location("transformers_zoo", _ZOO)
+        zoo = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(zoo)
+    row = next((a for a in zoo.ARCHITECTURES + zoo.REFUSED if a.model_type == model_type), None)
+    return None if row is None else {**zoo._COMMON, **row.config}
+
+
+def _attempt(model_type: str, groups: tuple[dict[str, int], ...] | None, seed: int
              ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """Build and run one attempt; ``groups`` None: the zoo's config."""
     from transformers import AutoConfig, AutoModel
     from oretrofit.hosts.transformers.contracts import example_inputs
-    config = AutoConfig.for_model(model_type)
-    config = AutoConfig.for_model(model_type, **_overrides(config, groups))
+    if groups is None:
+        kwargs = _zoo_config(model_type)
+        if kwargs is None:
+            raise LookupError("not in tests/hosts/transformers/zoo.py")
+    else:
+        kwargs = _overrides(AutoConfig.for_model(model_type), groups)
+    config = AutoConfig.for_model(model_type, **kwargs)
     with torch.device("meta"):
         count = sum(p.numel() for p in AutoModel.from_config(config).parameters())
     if count > MAX_PARAMETERS:
@@ -120,6 +143,8 @@ def build(model_type: str, seed: int
     for name, groups in ATTEMPTS.items():
         try:
             return (*_attempt(model_type, groups, seed), name)
+        except LookupError:
+            continue
         except Exception as error:                          # noqa: BLE001 - the next attempt
             built = built or isinstance(error, _InputsFail)
             errors.append(f"{name}: {type(error).__name__}: {str(error)[:300]}")

@@ -21,7 +21,8 @@ NAMES = [a.name for a in zoo.ARCHITECTURES]
 def test_the_list_covers_every_family() -> None:
     families = {a.family for a in zoo.ARCHITECTURES}
     assert len(zoo.ARCHITECTURES) >= 25
-    assert families == {"decoder-only", "encoder-only", "encoder-decoder", "MoE", "vision"}
+    assert families == {"decoder-only", "encoder-only", "encoder-decoder", "MoE", "vision",
+                        "audio"}
 
 
 @pytest.fixture(scope="module", params=zoo.ARCHITECTURES, ids=NAMES)
