@@ -41,9 +41,10 @@ from ..._patching import SiteConfig, Undo, set_site
 from ..._host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, NORM, ONormSite, patch_all, uncovered_attention
 from .attention import attach_o_attention
+from .gates import gate_patch_table, gate_projection
 from .releases import (INJECT, accepts_inputs_embeds, check_transformers, gate_branch,
-                       gate_output_bias, gate_patch_table, gate_projection, gate_table,
-                       not_covered_yet, supported_text, transformers_version)
+                       gate_output_bias, gate_table, not_covered_yet, supported_text,
+                       transformers_version)
 from .layouts import (LAYOUTS, Layout, calls_attention_interface, child, first_present,
                       is_norm, is_qk_norm, layout_of, output_projection,
                       token_mixers, is_additive_table)

@@ -10,9 +10,8 @@ branch gating with hooks.
   prompt with null tokens still excludes them.
 * :func:`gate_branch`, :func:`gate_output_bias` and :func:`gate_table` gate residual branches,
   biased output projections (``nn.Linear`` and GPT-2's ``Conv1D``) and additive position /
-  token-type tables by the presence of the stream they belong to; :func:`gate_projection` a
-  biased projection between the embedding and the first layer by the presence of its input,
-  :func:`gate_patch_table` a position table added to patch embeddings by theirs.
+  token-type tables by the presence of the stream they belong to (:mod:`.gates`: the gates
+  outside the layers that no ``inputs_embeds`` carrier reaches).
 * :func:`zero_padded_inputs` builds a mask-free padded batch at the carrier boundary.
 * :func:`check_transformers` is the version gate: it admits the releases
   ``results/transformers-compat.md`` shows passing (:data:`TESTED_RELEASES`) and the later patch
@@ -37,7 +36,7 @@ from ..._host import RetrofitError
 from ..torch_nn import ATTENTION, gated_linear, patch_all
 
 __all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_output_bias", "gate_table",
-           "gate_projection", "gate_patch_table", "gated_projection", "INJECT",
+           "gated_projection", "INJECT",
            "zero_padded_inputs", "check_transformers", "transformers_version", "TESTED_RELEASES",
            "supported_range", "supported_text", "requirement", "admits", "COVERED_FROM",
            "INTERFACE",
@@ -333,28 +332,6 @@ def gated_projection(projection: nn.Module, x: Tensor, p: Tensor) -> Tensor:
     return x @ projection.weight + o_gate(p, projection.bias)                   # Conv1D
 
 
-class OGatedProjection:
-    """Mixin for a biased projection between the embedding and the first layer (ELECTRA's
-    ``embeddings_project``, an audio model's ``feature_projection``): ``W x + ρτ(x)·b``.
-
-    A biased projection is a linear map of the carrier plus a constant table b; OInject (eq. 17)
-    gates the table by the carrier's presence. Gating the whole output, ``ρτ(x)·(W x + b)``, also
-    sends a zero input to 0 and agrees at τ→0, but scales the linear part of a weak carrier a
-    second time (ρτ(x)·W x is O(‖x‖³/τ) near 0, no longer linear in x); ``W x + ρτ(x)·b`` keeps
-    ``W x`` exact for every carrier and differs from the host's projection only by the bias a
-    weak carrier emits. x: ``(…, N, d)``, ρτ over its last axis.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:
-        return gated_projection(self, x, presence(x, site_config(self, INJECT).tau))
-
-
-def gate_projection(projection: nn.Module, config: SiteConfig) -> Undo:
-    """Gate a biased projection between the embedding and the first layer by the presence of
-    its input (:class:`OGatedProjection`)."""
-    return set_site(projection, OGatedProjection, INJECT, config)
-
-
 def gate_output_bias(projection: nn.Module, state: CarrierPresence) -> Undo:
     """Gate the bias of an attention output projection (no-op when it has none)."""
     if getattr(projection, "bias", None) is None:
@@ -450,58 +427,6 @@ class _TableGate:
 
     def gate(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
         return o_gate(self.p, output)                      # (B, N) x (B|1, N, d) -> (B, N, d)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "p": None}
-
-
-def gate_patch_table(table: nn.Module, patches: nn.Module, owner: nn.Module,
-                     learned: list[nn.Parameter], config: SiteConfig) -> Undo:
-    """OInject (eq. 17) with hooks for a position table added to patch embeddings (CLIP's and
-    SigLIP's vision embeddings, whose forward takes no ``inputs_embeds``): h + ρτ(h)·e, h = the
-    patch embedding ``patches`` emits at the same position (``(B, d, *grid)``, flattened), or, for
-    the ``learned`` tokens placed before the patches (CLIP's class embedding), that vector.
-    ``owner`` (the embeddings module) refuses a call that adds the table without calling it (an
-    interpolated table read from its weight)."""
-    hooks = _PatchTableGate(config, learned)
-    return patch_all(
-        lambda: patches.register_forward_hook(hooks.from_patches).remove,
-        lambda: table.register_forward_hook(hooks.gate).remove,
-        lambda: owner.register_forward_hook(hooks.check).remove)
-
-
-class _PatchTableGate:
-    """The hooks of :func:`gate_patch_table` (a plain object's methods, so they pickle)."""
-
-    def __init__(self, config: SiteConfig, learned: list[nn.Parameter]) -> None:
-        self.config, self.learned, self.p, self.gated = config, learned, None, False
-
-    def from_patches(self, module: nn.Module, args: tuple, output: Tensor) -> None:
-        self.p = presence(output.flatten(2).transpose(1, 2), self.config.tau)   # (B, N)
-        self.gated = False
-
-    def gate(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        p, extra = self.p, output.shape[-2] - self.p.shape[1]
-        if extra:
-            rows = [w.reshape(-1, w.shape[-1]) for w in self.learned]
-            lead = torch.cat(rows) if rows else output.new_zeros(0, output.shape[-1])
-            if lead.shape[0] != extra:
-                raise RetrofitError(
-                    f"{type(module).__name__} (a position table) has {output.shape[-2]} rows for "
-                    f"{p.shape[1]} patches and {lead.shape[0]} learned tokens, so the host cannot "
-                    "tell which carrier each row is added to; exclude this inject site")
-            p = torch.cat([presence(lead, self.config.tau).expand(p.shape[0], -1), p], dim=1)
-        self.gated = True
-        return o_gate(p, output)                           # (B, N) x (B|1, N, d) -> (B, N, d)
-
-    def check(self, module: nn.Module, args: tuple, output: Any) -> None:
-        called, self.p = self.gated, None
-        if not called:
-            raise RetrofitError(
-                f"{type(module).__name__} added its position table without calling it (positions "
-                "interpolated from the table's weight), so the host cannot gate them by the patch "
-                "presences; call the model at its configured image size, without "
-                "interpolate_pos_encoding")
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "p": None}
