@@ -238,8 +238,7 @@ def _outer_sites(s: _Structure, prefix: str, backbone: nn.Module, layer_paths: l
             continue
         index = len(named) if _in_pooler(name) else index    # a head, whatever its order
         if index < first_layer and _biased_projection(module):
-            s.add(module, Site(_join(prefix, name), INJECT, f"input of {_join(prefix, name)}",
-                               functools.partial(gate_projection, module)))
+            _projection_site(s, _join(prefix, name), module, word)
         elif is_norm(module):
             s.add(module, _norm_site(_join(prefix, name), module))
         elif is_additive_table(module) and not _is_word(module, word):
@@ -249,6 +248,23 @@ def _outer_sites(s: _Structure, prefix: str, backbone: nn.Module, layer_paths: l
                             "a table added inline, no module to gate it by the carrier)"
                             for b, buffer in module.named_buffers(recurse=False)
                             if buffer.is_floating_point() and buffer.dim() == 2]
+
+
+def _projection_site(s: _Structure, name: str, projection: nn.Module,
+                     word: nn.Module | None) -> None:
+    """A biased projection between the embedding and the first layer, gated W x + ρτ(x)·b when
+    its input is one token's carrier: as wide as the word embedding (or no word embedding, as
+    in an audio model's feature projection). A wider input concatenates neighbours (MobileBERT's
+    trigram input), so a null token's would not be zero: left uncovered."""
+    width = projection.weight.shape[0 if type(projection).__name__ == "Conv1D" else 1]
+    if word is not None and width != word.weight.shape[-1]:
+        s.uncovered.append(f"{name} ({type(projection).__name__} with a bias between the "
+                           f"embedding and the first layer whose input is {width} wide, not the "
+                           f"word embedding's {word.weight.shape[-1]}: it reads neighbouring "
+                           "tokens, so a null token's input is not zero)")
+        return
+    s.add(projection, Site(name, INJECT, f"input of {name}",
+                           functools.partial(gate_projection, projection)))
 
 
 def _word_embedding(backbone: nn.Module) -> nn.Module | None:
