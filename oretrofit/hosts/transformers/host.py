@@ -254,14 +254,15 @@ def _projection_site(s: _Structure, name: str, projection: nn.Module,
                      word: nn.Module | None) -> None:
     """A biased projection between the embedding and the first layer, gated W x + ρτ(x)·b when
     its input is one token's carrier: as wide as the word embedding (or no word embedding, as
-    in an audio model's feature projection). A wider input concatenates neighbours (MobileBERT's
-    trigram input), so a null token's would not be zero: left uncovered."""
+    in an audio model's feature projection). A wider input may concatenate neighbours
+    (MobileBERT's trigram input), so a null token's would not be zero: left uncovered."""
     width = projection.weight.shape[0 if type(projection).__name__ == "Conv1D" else 1]
     if word is not None and width != word.weight.shape[-1]:
         s.uncovered.append(f"{name} ({type(projection).__name__} with a bias between the "
                            f"embedding and the first layer whose input is {width} wide, not the "
-                           f"word embedding's {word.weight.shape[-1]}: it reads neighbouring "
-                           "tokens, so a null token's input is not zero)")
+                           f"word embedding's {word.weight.shape[-1]}: the host cannot tell it "
+                           "is one token's carrier, and where it concatenates neighbours "
+                           "(MobileBERT's trigram input) a null token's input is not zero)")
         return
     s.add(projection, Site(name, INJECT, f"input of {name}",
                            functools.partial(gate_projection, projection)))
