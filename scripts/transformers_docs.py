@@ -1,41 +1,58 @@
 """Regenerates the generated blocks of ``docs/transformers.md``: the layouts table, the
-architecture tables (both from ``tests/hosts/transformers/zoo.py``, the test data) and
+architecture tables (both from ``tests/hosts/transformers/zoo.py``, the test data), the census
+(from ``results/transformers-census.json``, ``scripts/transformers_census.py``'s receipt) and
 verbatim quotes of ``results/hosts.md`` and ``results/bench_hosts.md``. Run
-``python scripts/transformers_docs.py`` (``make docs`` does); tests fail on a stale block.
+``python scripts/transformers_docs.py [BLOCK ...]`` (``make docs`` does, for every block); tests
+fail on a stale block.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 __all__ = ["DOC", "blocks", "render_into", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "transformers.md"
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # the architectures the tests cover are test data: read from tests/, never from the package
-_spec = importlib.util.spec_from_file_location("transformers_zoo",
-                                               ROOT / "tests" / "hosts" / "transformers" / "zoo.py")
-zoo = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(zoo)
+zoo = _load("transformers_zoo", ROOT / "tests" / "hosts" / "transformers" / "zoo.py")
 architectures_table, layouts_table = zoo.architectures_table, zoo.layouts_table
+census = _load("transformers_census", ROOT / "scripts" / "transformers_census.py")
 
 
 def _quote(path: str) -> Callable[[], str]:
     return lambda: (ROOT / path).read_text().strip() + "\n"
 
 
+def _census() -> str:
+    return census.census_markdown(json.loads(census.RECEIPT.read_text()))
+
+
 def blocks() -> dict[str, Callable[[], str]]:
     """Block name (``<!-- NAME:begin -->`` … ``<!-- NAME:end -->``) -> its renderer."""
-    return {"layouts": layouts_table, "architectures": architectures_table,
+    return {"layouts": layouts_table, "architectures": architectures_table, "census": _census,
             "hosts": _quote("results/hosts.md"), "bench_hosts": _quote("results/bench_hosts.md")}
 
 
-def render_into(text: str) -> str:
-    """``text`` with every generated block replaced by its current content."""
+def render_into(text: str, names: list[str] | None = None) -> str:
+    """``text`` with every generated block (or those ``names``) replaced by its current content."""
     for name, render in blocks().items():
+        if names and name not in names:
+            continue
         begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
         head, found, rest = text.partition(begin)
         if not found or end not in rest:
@@ -45,8 +62,8 @@ def render_into(text: str) -> str:
     return text
 
 
-def main() -> None:
-    DOC.write_text(render_into(DOC.read_text()))
+def main(names: list[str] | None = None) -> None:
+    DOC.write_text(render_into(DOC.read_text(), names or sys.argv[1:]))
     print(f"updated {DOC.relative_to(ROOT)}")
 
 

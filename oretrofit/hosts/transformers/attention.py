@@ -53,7 +53,8 @@ __all__ = ["IMPLEMENTATION", "ADDITIVE_BIASES", "METADATA", "attach_o_attention"
 IMPLEMENTATION = "oretrofit"
 ADDITIVE_BIASES = ("position_bias", "alibi")
 METADATA = frozenset({"position_ids", "use_cache", "cache_position", "encoder_hidden_states",
-                      "key_value_states", "output_hidden_states", "deterministic"})
+                      "key_value_states", "output_hidden_states", "deterministic",
+                      "return_dict"})
 _STATE = "_oretrofit_attention"          # attribute on a patched attention module
 # id(config) -> its switch, while a retrofit holds it
 _SWITCHED: weakref.WeakValueDictionary[int, "_ImplementationSwitch"] = weakref.WeakValueDictionary()

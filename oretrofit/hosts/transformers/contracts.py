@@ -23,14 +23,18 @@ from .releases import zero_padded_inputs
 from .host import layers
 
 __all__ = ["example_inputs", "hidden_states", "agreement", "insertion_point", "null_insertion",
-           "padding_delta", "relative_max_diff"]
+           "padding_delta", "relative_max_diff", "strict_load"]
 
 
 def example_inputs(model: nn.Module, batch: int = 2, tokens: int = 7, seed: int = 0
                    ) -> dict[str, torch.Tensor]:
-    """Model inputs: pixels for vision models, token ids (+ decoder ids) otherwise."""
+    """Model inputs: pixels for vision models, a waveform for audio models (``input_values``,
+    long enough for ``tokens`` frames), token ids (+ decoder ids) otherwise."""
     generator = torch.Generator().manual_seed(seed)
     config = model.config
+    if getattr(model, "main_input_name", "") == "input_values":
+        return {"input_values": torch.randn(batch, _samples(config, tokens),
+                                            generator=generator)}
     if getattr(config, "image_size", None) is not None:
         size = config.image_size
         return {"pixel_values": torch.randn(batch, config.num_channels, size, size,
@@ -40,6 +44,15 @@ def example_inputs(model: nn.Module, batch: int = 2, tokens: int = 7, seed: int 
     if getattr(config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = ids[:, : tokens - 2]
     return inputs
+
+
+def _samples(config: Any, frames: int) -> int:
+    """Waveform length whose feature encoder (``conv_kernel`` / ``conv_stride``) emits ``frames``
+    frames: L_{k+1} = (L_k − kernel) // stride + 1, inverted layer by layer."""
+    length = frames
+    for kernel, stride in reversed(list(zip(config.conv_kernel, config.conv_stride))):
+        length = (length - 1) * stride + kernel
+    return length
 
 
 @contextlib.contextmanager
@@ -128,11 +141,23 @@ def insertion_point(model: nn.Module, length: int) -> str:
     return "middle" if _accepts(model.base_model, "position_ids") else "end"
 
 
+def _input_of(module: nn.Module, call: Callable[[], Any]) -> Tensor:
+    """The first positional input ``module`` gets while ``call()`` runs."""
+    seen: list[Tensor] = []
+    handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    try:
+        call()
+    finally:
+        handle.remove()
+    return seen[0]
+
+
 @torch.no_grad()
 def null_insertion(model: nn.Module, inputs: dict[str, Tensor], count: int = 2
                    ) -> dict[str, Any]:
     """Insert ``count`` zero carriers into the first sequence at the carrier boundary (the word
-    embedding, or the patch embeddings of a vision model) with the old tokens' position ids
+    embedding, the patch embeddings of a vision model, or the frames an audio model's feature
+    encoder hands its ``feature_projection``) with the old tokens' position ids
     kept: in the middle when the model takes ``position_ids`` (or adds positions before the
     boundary), else at the end. Runs on the model as it is (patched or not).
 
@@ -141,7 +166,18 @@ def null_insertion(model: nn.Module, inputs: dict[str, Tensor], count: int = 2
     whole) and ``inserted_max_abs`` (max |h| of the inserted tokens over every hidden state).
     """
     backbone = model.base_model
-    if "pixel_values" in inputs:
+    if "input_values" in inputs:
+        waveform, projection = inputs["input_values"][:1], backbone.feature_projection
+        carrier = _input_of(projection, lambda: backbone(input_values=waveform))  # (1, n, c)
+
+        def run(h: Tensor, positions: Tensor) -> Any:
+            # the feature encoder's frames are replaced by the carrier h
+            handle = projection.register_forward_pre_hook(lambda m, args: (h, *args[1:]))
+            try:
+                return backbone(input_values=waveform)
+            finally:
+                handle.remove()
+    elif "pixel_values" in inputs:
         pixels = inputs["pixel_values"][:1]
         carrier = backbone.embeddings(pixels)                                     # (1, n, d)
 
@@ -183,6 +219,17 @@ def null_insertion(model: nn.Module, inputs: dict[str, Tensor], count: int = 2
         deltas.append(((state - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())
     return {"where": where, "count": count, "old_max_delta": max(deltas),
             "inserted_max_abs": max(new), "layers": len(new)}
+
+
+def strict_load(model: nn.Module, arm: str, tau: float = 1e-6) -> bool:
+    """Whether the retrofitted model's ``state_dict`` loads strictly into the reverted model and
+    the original ``state_dict`` into the retrofitted one (same keys, nothing added)."""
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    with retrofitted(model, arm, tau):
+        patched = {k: v.clone() for k, v in model.state_dict().items()}
+        model.load_state_dict(original, strict=True)
+    model.load_state_dict(patched, strict=True)
+    return list(patched) == list(original)
 
 
 @torch.no_grad()

@@ -16,6 +16,11 @@ Sites, named by module path (``<layer>`` = one element of the layer list):
                                     FFN branch (per layout: parallel, sandwich, post-norm, …)
     <position table>     inject     OInject h + ρτ(h)·e (eq. 17) for learned position and
                                     token-type tables, h = the word embedding / inputs_embeds
+                                    (vision: the patch embedding at that position)
+    <input projection>   inject     W x + ρτ(x)·b for a biased projection between the embedding
+                                    and the first layer (ELECTRA, HuBERT), x = its input
+    <conv positions>     inject     h + ρτ(h)·conv(h) for one convolution over positions next to
+                                    the layers (HuBERT's pos_conv_embed), h = its input
 
 A zero carrier stays exactly zero through every ``full-o`` layer. Heads and poolers read the
 final hidden states and are not residual branches; they are left as they are.
@@ -24,6 +29,7 @@ final hidden states and are not residual branches; they are left as they are.
 from __future__ import annotations
 
 import functools
+import math
 import re
 import sys
 import weakref
@@ -37,8 +43,9 @@ from ..._patching import SiteConfig, Undo, set_site
 from ..._host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, NORM, ONormSite, patch_all, uncovered_attention
 from .attention import attach_o_attention
+from .gates import gate_patch_table, gate_projection
 from .softmax_route import attach_softmax_attention
-from .releases import (accepts_inputs_embeds, check_transformers, gate_branch,
+from .releases import (INJECT, accepts_inputs_embeds, check_transformers, gate_branch,
                        gate_output_bias, gate_table, not_covered_yet, supported_text,
                        transformers_version)
 from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
@@ -48,7 +55,6 @@ from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interf
 
 __all__ = ["TransformersHost", "INJECT", "backbones", "layers", "forget_structures"]
 
-INJECT = "inject"
 _ATTENTION_NAME = re.compile(r"Attention|Attn")
 _CACHE: dict[int, tuple[Any, tuple, list]] = {}     # id(model) -> (weakref, fingerprint, result)
 _HOWTO = ("register a layout with oretrofit.hosts.transformers.layouts.register_layout("
@@ -249,9 +255,7 @@ def _outer_sites(s: _Structure, prefix: str, backbone: nn.Module, layer_paths: l
             continue
         index = len(named) if _in_pooler(name) else index    # a head, whatever its order
         if index < first_layer and _biased_projection(module):
-            s.uncovered.append(f"{_join(prefix, name)} ({type(module).__name__} with a bias "
-                               "between the embedding and the first layer: a zero embedding "
-                               "does not stay a zero carrier)")
+            _projection_site(s, _join(prefix, name), module, word)
         elif is_norm(module):
             s.add(module, _norm_site(_join(prefix, name), module))
         elif (is_additive_table(module) and not _is_word(module, word)
@@ -262,6 +266,24 @@ def _outer_sites(s: _Structure, prefix: str, backbone: nn.Module, layer_paths: l
                             "a table added inline, no module to gate it by the carrier)"
                             for b, buffer in module.named_buffers(recurse=False)
                             if buffer.is_floating_point() and buffer.dim() == 2]
+
+
+def _projection_site(s: _Structure, name: str, projection: nn.Module,
+                     word: nn.Module | None) -> None:
+    """A biased projection between the embedding and the first layer, gated W x + ρτ(x)·b when
+    its input is one token's carrier: as wide as the word embedding (or no word embedding, as
+    in an audio model's feature projection). A wider input may concatenate neighbours
+    (MobileBERT's trigram input), so a null token's would not be zero: left uncovered."""
+    width = projection.weight.shape[0 if type(projection).__name__ == "Conv1D" else 1]
+    if word is not None and width != word.weight.shape[-1]:
+        s.uncovered.append(f"{name} ({type(projection).__name__} with a bias between the "
+                           f"embedding and the first layer whose input is {width} wide, not the "
+                           f"word embedding's {word.weight.shape[-1]}: the host cannot tell it "
+                           "is one token's carrier, and where it concatenates neighbours "
+                           "(MobileBERT's trigram input) a null token's input is not zero)")
+        return
+    s.add(projection, Site(name, INJECT, f"input of {name}",
+                           functools.partial(gate_projection, projection)))
 
 
 def _word_embedding(backbone: nn.Module) -> nn.Module | None:
@@ -303,12 +325,67 @@ def _table_site(s: _Structure, prefix: str, name: str, table: nn.Module,
         (m for n, m in named[owner].named_modules() if isinstance(m, nn.Embedding)
          and _is_word(m, word)), None)
     if lookup is None:
-        s.uncovered.append(f"{_join(prefix, name)} ({type(table).__name__}: an additive table "
-                           "with no word embedding / inputs_embeds to gate it by)")
+        _patch_table_site(s, prefix, name, table, named[name.rpartition(".")[0]])
         return
     s.add(table, Site(_join(prefix, name), INJECT,
                       f"word embedding (inputs_embeds) of {_join(prefix, owner) or 'root'}",
                       functools.partial(gate_table, table, lookup, named[owner])))
+
+
+def _patches(owner: nn.Module) -> nn.Module | None:
+    """The one patchifying convolution (kernel = stride > 1) in ``owner``, else None."""
+    found = [m for m in owner.modules() if isinstance(m, nn.Conv2d)
+             and m.kernel_size == m.stride and math.prod(m.kernel_size) > 1]
+    return found[0] if len(found) == 1 else None
+
+
+def _patch_table_site(s: _Structure, prefix: str, name: str, table: nn.Module,
+                      owner: nn.Module) -> None:
+    """A position table added to patch embeddings (no ``inputs_embeds`` to take the carrier
+    from): gated by the patch embedding's presence (:func:`gate_patch_table`)."""
+    patches = _patches(owner)
+    if patches is None:
+        s.uncovered.append(f"{_join(prefix, name)} ({type(table).__name__}: an additive table "
+                           "with no word embedding / inputs_embeds or patch embedding to gate it "
+                           "by)")
+        return
+    width = getattr(table, "embedding_dim", None)
+    learned = [w for w in owner.parameters(recurse=False) if w.shape[-1] == width]
+    s.add(table, Site(_join(prefix, name), INJECT, f"patch embedding of {type(owner).__name__}",
+                      functools.partial(gate_patch_table, table, patches, owner, learned)))
+
+
+def _positional_convolutions(s: _Structure, prefix: str, backbone: nn.Module,
+                             lists: list[str]) -> None:
+    """Modules next to a layer list (its parent's other children) that mix tokens: one
+    convolution over positions, stride 1, no other weights (HuBERT's ``pos_conv_embed``, added to
+    the stream) is gated h + ρτ(h)·conv(h); anything else is refused. Siblings that form the
+    carrier boundary (the word embedding, a patchifying convolution) are not next to it."""
+    word = _word_embedding(backbone)
+    for list_path in lists:
+        parent_path = list_path.rpartition(".")[0]
+        parent = backbone.get_submodule(parent_path) if parent_path else backbone
+        for name, module in parent.named_children():
+            mixers = token_mixers(module)
+            if (not mixers or _join(parent_path, name) in lists or _patches(module) is not None
+                    or any(m is word for m in module.modules())):
+                continue                                   # no mixer, or the carrier boundary
+            path = _join(prefix, parent_path, name)
+            convs = [(n, m) for n, m in module.named_modules()
+                     if isinstance(m, nn.modules.conv._ConvNd) and math.prod(m.kernel_size) > 1]
+            others = [n for n, _ in module.named_parameters()
+                      if not (len(convs) == 1 and n.startswith(convs[0][0] + "."))]
+            if len(convs) == 1 and len(mixers) == 1 and not others and set(
+                    convs[0][1].stride) == {1}:
+                s.add(module, Site(path, INJECT, f"input of {path}",
+                                   functools.partial(gate_branch, module, module)))
+            else:
+                s.problems.append(
+                    f"{path} ({type(module).__name__}) mixes tokens next to the layers in "
+                    f"{', '.join(mixers)}{' with ' + ', '.join(others) if others else ''}: only "
+                    "one stride-1 convolution with no other weights can be gated (a second "
+                    "convolution or a norm would read a null token's non-zero intermediate "
+                    f"where it read zero padding), which {_UNGATED}")
 
 
 def _structure(prefix: str, backbone: nn.Module) -> _Structure:
@@ -335,6 +412,7 @@ def _structure(prefix: str, backbone: nn.Module) -> _Structure:
             "attention interface) without a softmax over the keys while other layers use it, so "
             "neither the O attention function nor the softmax route applies there. Register a site for that class with "
             "oretrofit.hosts.torch_nn.register_module_site (docs/transformers.md)")
+    _positional_convolutions(s, prefix, backbone, [p for p, _ in lists])
     if s.problems:
         return s
     _outer_sites(s, prefix, backbone, [p for p, _ in lists])

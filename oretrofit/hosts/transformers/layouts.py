@@ -169,8 +169,10 @@ _NORM_CLASS = re.compile(r"Norm(1P)?$")
 
 def is_norm(module: nn.Module) -> bool:
     """A token-local normalisation: a leaf whose class name ends in ``Norm`` (or Nemotron's
-    ``LayerNorm1P``, weight stored as w − 1)."""
+    ``LayerNorm1P``, weight stored as w − 1), not a weight parametrisation (torch's
+    ``_WeightNorm`` computes a weight, not a hidden state)."""
     return (_NORM_CLASS.search(type(module).__name__) is not None
+            and not type(module).__module__.startswith("torch.nn.utils")
             and not any(True for _ in module.children()))
 
 

@@ -10,7 +10,8 @@ branch gating with hooks.
   prompt with null tokens still excludes them.
 * :func:`gate_branch`, :func:`gate_output_bias` and :func:`gate_table` gate residual branches,
   biased output projections (``nn.Linear`` and GPT-2's ``Conv1D``) and additive position /
-  token-type tables by the presence of the stream they belong to.
+  token-type tables by the presence of the stream they belong to (:mod:`.gates`: the gates
+  outside the layers that no ``inputs_embeds`` carrier reaches).
 * :func:`zero_padded_inputs` builds a mask-free padded batch at the carrier boundary.
 * :func:`check_transformers` is the version gate: it admits the releases
   ``results/transformers-compat.md`` shows passing (:data:`TESTED_RELEASES`) and the later patch
@@ -35,11 +36,14 @@ from ..._host import RetrofitError
 from ..torch_nn import ATTENTION, gated_linear, patch_all
 
 __all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_output_bias", "gate_table",
+           "gated_projection", "INJECT",
            "zero_padded_inputs", "check_transformers", "transformers_version", "TESTED_RELEASES",
            "supported_range", "supported_text", "requirement", "admits", "COVERED_FROM",
            "INTERFACE", "SOFTMAX_ROUTE",
            "covered_from", "before_covered", "not_covered_yet"]
 
+
+INJECT = "inject"
 
 # The passing rows of results/transformers-compat.md (scripts/transformers_compat.py runs the
 # host's tests on the newest patch release of every minor from 4.53, each in its own environment).
@@ -325,9 +329,14 @@ class OGatedBias:
                 "the (batch, tokens, hidden) layout of its residual stream, so the host cannot "
                 "gate it; exclude the model's attention sites or register a site for its class "
                 "with oretrofit.hosts.torch_nn.register_module_site")
-        if isinstance(self, nn.Linear):
-            return gated_linear(self, x, p)
-        return x @ self.weight + o_gate(p, self.bias)                            # Conv1D
+        return gated_projection(self, x, p)
+
+
+def gated_projection(projection: nn.Module, x: Tensor, p: Tensor) -> Tensor:
+    """``W x + p·b`` for an ``nn.Linear`` or transformers' ``Conv1D`` (weight ``(in, out)``)."""
+    if isinstance(projection, nn.Linear):
+        return gated_linear(projection, x, p)
+    return x @ projection.weight + o_gate(p, projection.bias)                   # Conv1D
 
 
 def gate_output_bias(projection: nn.Module, state: CarrierPresence) -> Undo:

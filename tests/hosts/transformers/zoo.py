@@ -28,6 +28,8 @@ _DEEPSEEK = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_siz
                  kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4,
                  v_head_dim=8, first_k_dense_replace=1, n_group=1, topk_group=1)
 _IMAGE = dict(image_size=8, patch_size=4, num_channels=3)
+_AUDIO = dict(conv_dim=(16, 16), conv_kernel=(3, 3), conv_stride=(2, 2),
+              num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2)
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class Architecture:
 
     name: str
     model_type: str
-    family: str                  # decoder-only | encoder-only | encoder-decoder | MoE | vision
+    family: str          # decoder-only | encoder-only | encoder-decoder | MoE | vision | audio
     config: dict[str, Any] = field(default_factory=dict)
     insertion: str = "middle"    # where null insertion keeps old tokens' relation (see describe)
 
@@ -170,6 +172,15 @@ ARCHITECTURES = [
     Architecture("DINOv2", "dinov2", "vision", _IMAGE),
     Architecture("DINOv2 with registers", "dinov2_with_registers", "vision", _IMAGE),
     Architecture("ViT-MSN", "vit_msn", "vision", _IMAGE),
+    # a biased projection between the embedding and the first layer, W x + ρτ(x)·b
+    Architecture("ELECTRA (embedding projection)", "electra", "encoder-only",
+                 dict(embedding_size=16)),
+    # a position table added to patch embeddings, gated by the patch's presence
+    Architecture("CLIP (vision)", "clip_vision_model", "vision", _IMAGE),
+    # the feature projection gated, and one convolution over positions h + ρτ(h)·conv(h)
+    Architecture("HuBERT", "hubert", "audio", _AUDIO, "end"),
+    Architecture("Wav2Vec2", "wav2vec2", "audio", _AUDIO, "end"),
+    Architecture("UniSpeech-SAT", "unispeech-sat", "audio", _AUDIO, "end"),
 ]
 
 # Covered by the softmax route: their attention modules compute attention themselves
@@ -240,6 +251,10 @@ REFUSED = [
     Architecture("MRA (multi-resolution attention)", "mra", "encoder-only"),
     Architecture("CTRL (inline position table)", "ctrl", "decoder-only",
                  dict(n_embd=32, n_layer=2, n_head=4, dff=64, n_positions=64)),
+    Architecture("Data2Vec (audio, stacked positional convolutions)", "data2vec-audio", "audio",
+                 _AUDIO),
+    Architecture("SigLIP (vision, attention-pooling head)", "siglip_vision_model", "vision",
+                 _IMAGE),
 ]
 
 # Retrofitted (their modules compute attention themselves), then refused by the softmax route at

@@ -1,0 +1,95 @@
+"""Gates between the carrier boundary and the first layer that no ``inputs_embeds`` carrier
+reaches: a biased projection (:func:`gate_projection`, W x + ρτ(x)·b) and a position table added
+to patch embeddings (:func:`gate_patch_table`, h + ρτ(h)·e with h the patch embedding). The host
+(:mod:`.host`) decides where they apply.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..._components import o_gate
+from ..._host import RetrofitError
+from ..._patching import SiteConfig, Undo, set_site, site_config
+from ..._presence import presence
+from ..torch_nn import patch_all
+from .releases import INJECT, gated_projection
+
+__all__ = ["OGatedProjection", "gate_projection", "gate_patch_table"]
+
+
+class OGatedProjection:
+    """Mixin for a biased projection between the embedding and the first layer (ELECTRA's
+    ``embeddings_project``, an audio model's ``feature_projection``): ``W x + ρτ(x)·b``.
+
+    A biased projection is a linear map of the carrier plus a constant table b; OInject (eq. 17)
+    gates the table by the carrier's presence. Gating the whole output, ``ρτ(x)·(W x + b)``, also
+    sends a zero input to 0 and agrees at τ→0, but scales the linear part of a weak carrier a
+    second time (ρτ(x)·W x is O(‖x‖³/τ) near 0, no longer linear in x); ``W x + ρτ(x)·b`` keeps
+    ``W x`` exact for every carrier and differs from the host's projection only by the bias a
+    weak carrier emits. x: ``(…, N, d)``, ρτ over its last axis.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        return gated_projection(self, x, presence(x, site_config(self, INJECT).tau))
+
+
+def gate_projection(projection: nn.Module, config: SiteConfig) -> Undo:
+    """Gate a biased projection between the embedding and the first layer by the presence of
+    its input (:class:`OGatedProjection`)."""
+    return set_site(projection, OGatedProjection, INJECT, config)
+
+
+def gate_patch_table(table: nn.Module, patches: nn.Module, owner: nn.Module,
+                     learned: list[nn.Parameter], config: SiteConfig) -> Undo:
+    """OInject (eq. 17) with hooks for a position table added to patch embeddings (CLIP's and
+    SigLIP's vision embeddings, whose forward takes no ``inputs_embeds``): h + ρτ(h)·e, h = the
+    patch embedding ``patches`` emits at the same position (``(B, d, *grid)``, flattened), or, for
+    the ``learned`` tokens placed before the patches (CLIP's class embedding), that vector.
+    ``owner`` (the embeddings module) refuses a call that adds the table without calling it (an
+    interpolated table read from its weight)."""
+    hooks = _PatchTableGate(config, learned)
+    return patch_all(
+        lambda: patches.register_forward_hook(hooks.from_patches).remove,
+        lambda: table.register_forward_hook(hooks.gate).remove,
+        lambda: owner.register_forward_hook(hooks.check).remove)
+
+
+class _PatchTableGate:
+    """The hooks of :func:`gate_patch_table` (a plain object's methods, so they pickle)."""
+
+    def __init__(self, config: SiteConfig, learned: list[nn.Parameter]) -> None:
+        self.config, self.learned, self.p, self.gated = config, learned, None, False
+
+    def from_patches(self, module: nn.Module, args: tuple, output: Tensor) -> None:
+        self.p = presence(output.flatten(2).transpose(1, 2), self.config.tau)   # (B, N)
+        self.gated = False
+
+    def gate(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        p, extra = self.p, output.shape[-2] - self.p.shape[1]
+        if extra:
+            rows = [w.reshape(-1, w.shape[-1]) for w in self.learned]
+            lead = torch.cat(rows) if rows else output.new_zeros(0, output.shape[-1])
+            if lead.shape[0] != extra:
+                raise RetrofitError(
+                    f"{type(module).__name__} (a position table) has {output.shape[-2]} rows for "
+                    f"{p.shape[1]} patches and {lead.shape[0]} learned tokens, so the host cannot "
+                    "tell which carrier each row is added to; exclude this inject site")
+            p = torch.cat([presence(lead, self.config.tau).expand(p.shape[0], -1), p], dim=1)
+        self.gated = True
+        return o_gate(p, output)                           # (B, N) x (B|1, N, d) -> (B, N, d)
+
+    def check(self, module: nn.Module, args: tuple, output: Any) -> None:
+        called, self.p = self.gated, None
+        if not called:
+            raise RetrofitError(
+                f"{type(module).__name__} added its position table without calling it (positions "
+                "interpolated from the table's weight), so the host cannot gate them by the patch "
+                "presences; call the model at its configured image size, without "
+                "interpolate_pos_encoding")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "p": None}

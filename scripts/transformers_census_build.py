@@ -1,0 +1,187 @@
+"""Tiny models from default configs, and the category of a model type, for
+``scripts/transformers_census.py``.
+
+A default config is shrunk generically: the size fields it has (hidden width 32, 4 heads, 2
+key-value heads, head width 8, FFN width 64, 2 layers, 4 experts of which 2 per token, images
+32 px in patches of 8, audio feature channels 32) are passed to ``AutoConfig.for_model`` (and to
+each sub-config), so the config derives the rest as it does for a user; per-layer lists are cut
+to the 2 layers. Attempts, first that builds and runs its example inputs wins: the tiny config
+``tests/hosts/transformers/zoo.py`` gives the model type (its first row) where it has one, every
+field, every field but the image ones, then the layer counts only; each under a cap of 30 M
+parameters (counted on the meta device first).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["build", "category", "ATTEMPTS", "Unbuilt"]
+
+_WIDTH = dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "word_embed_proj_dim",
+                        "projection_dim", "text_embed_dim", "vision_embed_dim"), 32)
+_HEADS = dict.fromkeys(("num_attention_heads", "n_head", "encoder_attention_heads",
+                        "decoder_attention_heads", "num_heads", "n_heads"), 4)
+_OTHER = {"num_key_value_heads": 2, "multi_query_group_num": 2, "head_dim": 8, "kv_channels": 8,
+          "embedding_size": 16, "intermediate_size": 64, "ffn_dim": 64, "encoder_ffn_dim": 64,
+          "decoder_ffn_dim": 64, "d_ff": 64, "d_kv": 8, "moe_intermediate_size": 32,
+          "shared_expert_intermediate_size": 32, "num_experts": 4, "num_local_experts": 4,
+          "n_routed_experts": 4, "num_experts_per_tok": 2}
+_LAYERS = dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "encoder_layers",
+                         "decoder_layers", "num_decoder_layers", "n_layers"), 2)
+_IMAGE = {"image_size": 32, "patch_size": 8}
+ATTEMPTS: dict[str, tuple[dict[str, int], ...] | None] = {
+    "zoo": None,
+    "tiny": (_WIDTH, _HEADS, _OTHER, _LAYERS, _IMAGE),
+    "tiny, default image size": (_WIDTH, _HEADS, _OTHER, _LAYERS),
+    "layer counts only": (_LAYERS,),
+}
+MAX_PARAMETERS = 30_000_000
+_ZOO = Path(__file__).resolve().parents[1] / "tests" / "hosts" / "transformers" / "zoo.py"
+
+
+class _InputsFail(Exception):
+    """The tiny model built, but the census' example inputs do not run it."""
+
+
+class Unbuilt(str):
+    """Why no tiny model ran; ``built`` when one built but its example inputs failed."""
+
+    built = False
+
+
+def _overrides(config: Any, groups: tuple[dict[str, int], ...]) -> dict[str, Any]:
+    """The shrinking keyword arguments for ``config`` (its own fields, then its sub-configs)."""
+    found: dict[str, Any] = {}
+    for group in groups:
+        for name, value in group.items():
+            default = getattr(config, name, None)
+            if isinstance(default, int) and not isinstance(default, bool) and default > value:
+                found[name] = value
+            elif name == "image_size" and isinstance(default, (list, tuple)):
+                found[name] = [value] * len(default)
+    if "conv_dim" in found or isinstance(getattr(config, "conv_dim", None), (list, tuple)):
+        found["conv_dim"] = [32] * len(config.conv_dim)
+    layers = next((getattr(config, n) for n in _LAYERS if isinstance(getattr(config, n, None),
+                                                                      int)), None)
+    if any(n in found for n in _LAYERS) and layers:
+        for name, default in vars(config).items():
+            if isinstance(default, (list, tuple)) and len(default) == layers and layers > 2:
+                found[name] = list(default[:2])
+    for name in getattr(config, "sub_configs", {}) or {}:
+        sub = getattr(config, name, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            shrunk = _overrides(sub, groups)
+            if shrunk:
+                found[name] = {**sub.to_dict(), **shrunk}
+    return found
+
+
+def _jitter(model: nn.Module, seed: int) -> nn.Module:
+    """Every parameter + N(0, 0.05²), as tests/hosts/transformers/zoo.py builds (non-zero biases
+    and norm affines), in eval mode."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return model.eval()
+
+
+def _zoo_config(model_type: str) -> dict[str, Any] | None:
+    """The keyword arguments the zoo builds ``model_type`` with (its first row), or None."""
+    zoo = sys.modules.get("transformers_zoo")
+    if zoo is None:
+        spec = importlib.util.spec_from_file_location("transformers_zoo", _ZOO)
+        zoo = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(zoo)
+    row = next((a for a in zoo.ARCHITECTURES + zoo.REFUSED if a.model_type == model_type), None)
+    return None if row is None else {**zoo._COMMON, **row.config}
+
+
+def _attempt(model_type: str, groups: tuple[dict[str, int], ...] | None, seed: int
+             ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """Build and run one attempt; ``groups`` None: the zoo's config."""
+    from transformers import AutoConfig, AutoModel
+    from oretrofit.hosts.transformers.contracts import example_inputs
+    if groups is None:
+        kwargs = _zoo_config(model_type)
+        if kwargs is None:
+            raise LookupError("not in tests/hosts/transformers/zoo.py")
+    else:
+        kwargs = _overrides(AutoConfig.for_model(model_type), groups)
+    config = AutoConfig.for_model(model_type, **kwargs)
+    with torch.device("meta"):
+        count = sum(p.numel() for p in AutoModel.from_config(config).parameters())
+    if count > MAX_PARAMETERS:
+        raise ValueError(f"{count / 1e6:.0f} M parameters (more than the census' cap of "
+                         f"{MAX_PARAMETERS / 1e6:.0f} M)")
+    torch.manual_seed(seed)
+    model = _jitter(AutoModel.from_config(config), seed)
+    try:
+        inputs = example_inputs(model, seed=seed)
+        with torch.no_grad():
+            model(**inputs)
+    except Exception as error:
+        raise _InputsFail(f"the example inputs do not run it: {type(error).__name__}: "
+                          f"{error}") from error
+    return model, inputs
+
+
+def build(model_type: str, seed: int
+          ) -> tuple[nn.Module, dict[str, torch.Tensor], str] | Unbuilt:
+    """``(model, example inputs, attempt name)``, or why no tiny model builds and runs."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+    if model_type not in MODEL_MAPPING_NAMES:
+        return Unbuilt("no AutoModel class for this config (a sub-config, or a model without a "
+                       "base class)")
+    errors, built = [], False
+    for name, groups in ATTEMPTS.items():
+        try:
+            return (*_attempt(model_type, groups, seed), name)
+        except LookupError:
+            continue
+        except Exception as error:                          # noqa: BLE001 - the next attempt
+            built = built or isinstance(error, _InputsFail)
+            errors.append(f"{name}: {type(error).__name__}: {str(error)[:300]}")
+    reason = Unbuilt("; ".join(errors))
+    reason.built = built
+    return reason
+
+
+_AUDIO = ("SPEECH_SEQ_2_SEQ", "CTC", "AUDIO_CLASSIFICATION", "AUDIO_XVECTOR",
+          "AUDIO_FRAME_CLASSIFICATION", "TEXT_TO_WAVEFORM", "TEXT_TO_SPECTROGRAM", "RNNT", "TDT")
+_MULTIMODAL = ("IMAGE_TEXT_TO_TEXT", "MULTIMODAL_LM", "ZERO_SHOT_IMAGE_CLASSIFICATION",
+               "ZERO_SHOT_OBJECT_DETECTION", "VISUAL_QUESTION_ANSWERING",
+               "DOCUMENT_QUESTION_ANSWERING", "RETRIEVAL", "TEXT_RECOGNITION")
+_TEXT_ENCODER = ("MASKED_LM", "TEXT_ENCODING", "SEQUENCE_CLASSIFICATION", "TOKEN_CLASSIFICATION",
+                 "QUESTION_ANSWERING", "MULTIPLE_CHOICE")
+_VISION = ("IMAGE_CLASSIFICATION", "IMAGE", "MASKED_IMAGE_MODELING", "VIDEO_CLASSIFICATION",
+           "CAUSAL_IMAGE_MODELING", "BACKBONE", "DEPTH_ESTIMATION", "SEMANTIC_SEGMENTATION")
+# first listed wins: a model type in several task mappings takes the first category it is in
+_CATEGORIES = (("audio", _AUDIO), ("multimodal", _MULTIMODAL),
+               ("encoder-decoder", ("SEQ_TO_SEQ_CAUSAL_LM",)), ("text encoder", ("MASKED_LM",)),
+               ("text decoder", ("CAUSAL_LM",)), ("text encoder", _TEXT_ENCODER),
+               ("vision", _VISION))
+
+
+def category(model_type: str) -> str:
+    """audio, multimodal, encoder-decoder, text encoder, text decoder, vision or other: the first
+    of :data:`_CATEGORIES` whose transformers task mappings (``MODEL_FOR_<TASK>_MAPPING_NAMES``)
+    name the model type; else by its name (``…vision…`` / ``…text…`` sub-models)."""
+    from transformers.models.auto import modeling_auto
+    for name, tasks in _CATEGORIES:
+        if any(model_type in getattr(modeling_auto, f"MODEL_FOR_{task}_MAPPING_NAMES", {})
+               for task in tasks):
+            return name
+    if "vision" in model_type or model_type.endswith(("_image_model", "_visual")):
+        return "vision"
+    if "text" in model_type:
+        return "text encoder"
+    if "audio" in model_type or "speech" in model_type:
+        return "audio"
+    return "other"
