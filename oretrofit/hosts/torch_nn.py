@@ -132,7 +132,9 @@ class OMultiheadAttention:
     ``out_i = W_O p_i Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij}) + p_i b_O``. Presences
     come from ``query_carrier`` / ``key_carrier`` (the residual streams, passed by a patched layer)
     or, by default, from ``query`` / ``key``. Both ``batch_first`` layouts, unbatched input,
-    ``key_padding_mask``, ``attn_mask`` (bool or float, 2-D or 3-D) and ``is_causal`` are honoured.
+    ``key_padding_mask``, ``attn_mask`` (bool or float, 2-D or 3-D) and ``is_causal`` are honoured;
+    in training, so is the module's ``dropout`` on the weights: ``out_i = W_O p_i Σ_j δ_ij w_ij v_j
+    + p_i b_O`` (δ_ij ∈ {0, 1/(1 − dropout)}, :func:`oretrofit.o_attention`'s ``dropout_p``).
     """
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor,
@@ -141,9 +143,6 @@ class OMultiheadAttention:
                 is_causal: bool = False, *, query_carrier: Tensor | None = None,
                 key_carrier: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         config = site_config(self, ATTENTION)
-        if self.training and self.dropout > 0.0:
-            raise RetrofitError("OAttention has no attention-weight dropout: call model.eval() "
-                                "or build nn.MultiheadAttention with dropout=0.0")
         packed = query is key and key is value
         unbatched = query.dim() == 2
         query_carrier = query if query_carrier is None else query_carrier
@@ -157,8 +156,10 @@ class OMultiheadAttention:
         q, k, v = self._o_project(q_in, k_in, v_in, packed)                     # (B, H, N, hd)
         mask = _visibility(key_padding_mask, attn_mask, is_causal, batch, self.num_heads, n_q,
                            n_k, q)
+        # the module's attention-weight dropout, in training only, as torch applies it
         out, weights = o_attention(q, k, v, p_q, p_k, mask=mask, eps=config.eps,
-                                   need_weights=need_weights)
+                                   need_weights=need_weights,
+                                   dropout_p=self.dropout if self.training else 0.0)
         out = gated_linear(self.out_proj, out.transpose(1, 2).reshape(batch, n_q, self.embed_dim),
                            p_q)                                                 # (B, Nq, E)
         out = out.squeeze(0) if unbatched else (out if self.batch_first else out.transpose(0, 1))

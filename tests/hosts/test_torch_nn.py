@@ -232,10 +232,28 @@ def test_partial_match_is_refused_then_recorded() -> None:
         assert [row["site"] for row in r.report()] == ["known"]
 
 
-def test_attention_dropout_in_training_is_refused() -> None:
-    layer = nn.TransformerEncoderLayer(D, HEADS, 32, dropout=0.1, batch_first=True)
-    with retrofitted(layer, "oa", TAU), pytest.raises(RetrofitError, match="model.eval"):
-        layer(torch.randn(1, 3, D))
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_attention_dropout_in_training_is_the_modules_own(need_weights: bool) -> None:
+    """In train(), nn.MultiheadAttention's weight dropout acts on the O weights: at τ→0 under one
+    seed the retrofitted module equals the unpatched one (the same (B, H, Nq, Nk) mask is drawn),
+    another seed differs; a null token still emits exactly zero."""
+    attention = nn.MultiheadAttention(D, HEADS, dropout=0.3, batch_first=True).train()
+    x = torch.randn(2, 5, D, generator=torch.Generator().manual_seed(0))
+    with_null = x.clone()
+    with_null[1, 3] = 0.0
+
+    def run(seed: int, tokens: Tensor = x) -> Tensor:
+        torch.manual_seed(seed)
+        return attention(tokens, tokens, tokens, need_weights=need_weights)[0]
+
+    base, other = run(0), run(1)
+    with retrofitted(attention, "oa", 1e-12, eps=1e-12):
+        same, again = run(0), run(1)
+        assert run(0, with_null)[1, 3].abs().max() == 0
+    scale = base.abs().max()
+    assert (same - base).abs().max() <= 1e-5 * scale
+    assert (again - base).abs().max() >= 1e-2 * scale
+    assert (again - other).abs().max() <= 1e-5 * scale
 
 
 # --- torchvision's ViT encoder-block layout (built here: torchvision is not installed) -------
