@@ -287,11 +287,15 @@ def _projection_site(s: _Structure, name: str, projection: nn.Module,
 
 
 def _word_embedding(backbone: nn.Module) -> nn.Module | None:
-    """The backbone's word embedding (None when it has none, e.g. a vision model)."""
+    """The backbone's word embedding: the lookup table ``get_input_embeddings()`` returns. None
+    when it has none (a vision model), or when it returns a whole embeddings module with no
+    ``weight`` of its own (Idefics3's and SmolVLM's SigLIP-style vision embeddings: a patch
+    convolution plus a position table, not a lookup)."""
     try:
-        return backbone.get_input_embeddings()
+        found = backbone.get_input_embeddings()
     except (AttributeError, NotImplementedError):
         return None
+    return found if isinstance(getattr(found, "weight", None), torch.Tensor) else None
 
 
 def _feeds_scores(table: nn.Module, word: nn.Module | None) -> bool:
