@@ -4,7 +4,9 @@
   (``AttentionInterface`` / ``AttentionMaskInterface``). The mask function is required: for an
   implementation name it does not know, transformers builds no mask at all and passes
   ``attention_mask=None``, so padding, causality and sliding windows would silently be lost.
-  Ours materialises the boolean relation (``True`` = visible), never the ``is_causal`` shortcut.
+  Ours materialises the boolean relation (``True`` = visible), except where the model's own
+  implementation is SDPA and SDPA's skips it: a missing mask then means causality as SDPA reads
+  it, from the ``is_causal`` argument or the module's ``is_causal``.
 * Every argument the attention function receives is honoured or refused:
 
     attention_mask, is_causal, sliding_window   the visibility relation m_ij (the mask function
@@ -60,6 +62,26 @@ _STATE = "_oretrofit_attention"          # attribute on a patched attention modu
 _SWITCHED: weakref.WeakValueDictionary[int, "_ImplementationSwitch"] = weakref.WeakValueDictionary()
 
 
+def _check_keys(owner: str, attention_mask: Tensor | None, n_q: int, n_k: int,
+                is_causal: bool | None) -> None:
+    """Refuse a call whose mask does not describe the keys it attends to: a mask over other than
+    ``n_k`` keys, or a causal call without a mask over more keys than queries (SDPA aligns that
+    relation to the first ``n_q`` keys, for an empty static cache; eager cannot run it). Both arise
+    when a layer attends to its cache again within one forward (Dory with more input and output
+    layers than layers: each layer runs twice on one cache), so the model's own masks, built once
+    per forward, no longer fit."""
+    masked = attention_mask is not None and attention_mask.shape[-1] not in (1, n_k)
+    if masked or (attention_mask is None and is_causal and 1 < n_q < n_k):
+        given = ("no mask" if attention_mask is None
+                 else f"a mask over {attention_mask.shape[-1]} keys")
+        raise RetrofitError(
+            f"{owner} attends {n_q} queries to {n_k} keys with {given}: the model's mask "
+            "does not describe the keys (a layer that attends to its KV cache again within one "
+            "forward, e.g. a recurrent or repeated layer), so its own attention is ill-defined "
+            "there (eager fails; SDPA drops the newest keys); call it with use_cache=False, or "
+            "with a config whose layer counts add up")
+
+
 def _score_mask(attention_mask: Tensor | None, query: Tensor, key: Tensor, is_causal: bool | None,
                 sliding_window: int | None, biases: list[Tensor]) -> Tensor | None:
     """The relation m_ij and the additive biases b_ij as one mask for :func:`o_attention`: bool
@@ -67,7 +89,7 @@ def _score_mask(attention_mask: Tensor | None, query: Tensor, key: Tensor, is_ca
     n_q, n_k = query.shape[2], key.shape[2]
     mask = attention_mask
     if mask is None and is_causal and n_q > 1:
-        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril(n_k - n_q)
+        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril()
     if mask is None and sliding_window is not None and n_k > sliding_window:
         raise RetrofitError(f"sliding_window={sliding_window} came without a mask to carry it; "
                             "build the model's masks with its own masking utilities")
@@ -98,14 +120,20 @@ def _with_sinks(sinks: Tensor, key: Tensor, value: Tensor, p_keys: Tensor, mask:
     return zero(key), zero(value), p_keys, torch.cat([bias, sink], dim=-1)
 
 
+def _original_implementation(config: Any) -> str:
+    """The attention implementation ``config`` had before the switch (``sdpa`` when no switch
+    holds it)."""
+    switch = _SWITCHED.get(id(config))
+    return switch.original if switch is not None and switch.config is config else "sdpa"
+
+
 def _run_original(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                   attention_mask: Tensor | None, **kwargs: Any) -> tuple[Tensor, Any]:
     """The attention function the module's config used before the switch. Eager (the modeling
     file's own ``eager_attention_forward``) adds its mask to the scores, so the boolean relation
     our mask function builds becomes additive (0 visible, dtype minimum hidden) for it."""
     from transformers import AttentionInterface
-    switch = _SWITCHED.get(id(module.config))
-    name = switch.original if switch is not None and switch.config is module.config else "sdpa"
+    name = _original_implementation(module.config)
     if name in AttentionInterface._global_mapping:
         function = AttentionInterface._global_mapping[name]
     else:
@@ -141,8 +169,12 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
     if (state.query is None or state.keys is None or state.query.shape[1] != query.shape[2]
             or state.keys.shape[1] != key.shape[2]):
         raise RetrofitError(f"{type(module).__name__} was called without its carrier presences "
-                            "(q/k lengths differ from the captured layer input); call the model, "
-                            "not the attention module alone")
+                            "(q/k lengths differ from the captured layer input): call the model, "
+                            "not the attention module alone; a layer that runs more than once per "
+                            "forward on KV-cache slots other than its layer_idx (Dory's recurrent "
+                            "loops) cannot be tracked: call it with use_cache=False")
+    is_causal = _sdpa_causality(module, attention_mask, is_causal)
+    _check_keys(type(module).__name__, attention_mask, query.shape[2], key.shape[2], is_causal)
     mask = _score_mask(attention_mask, query, key, is_causal, sliding_window, biases)
     p_keys = state.keys
     if sinks is not None:
@@ -155,10 +187,26 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
 
 
 def _o_mask_function(*args: Any, **kwargs: Any) -> Tensor | None:
-    """SDPA's boolean mask (B, 1, Nq, Nk), always materialised for causal models."""
+    """SDPA's boolean mask (B, 1, Nq, Nk). Where the model's own implementation was SDPA, the
+    mask is skipped (None) exactly where SDPA's is, since SDPA then reads causality from the
+    attention module (:func:`_sdpa_causality`), not from the mask the model asked for: PaliGemma's
+    Gemma (``use_bidirectional_attention``) builds a causal mask but attends bidirectionally
+    under SDPA. For any other implementation the relation is materialised."""
     from transformers.masking_utils import sdpa_mask
-    kwargs["allow_is_causal_skip"] = False
+    if _original_implementation(kwargs.get("config")) != "sdpa":
+        kwargs["allow_is_causal_skip"] = False
     return sdpa_mask(*args, **kwargs)
+
+
+def _sdpa_causality(module: nn.Module, attention_mask: Tensor | None,
+                    is_causal: bool | None) -> bool | None:
+    """Causality as the model's own implementation reads it: SDPA without a mask takes the
+    ``is_causal`` argument, else the module's ``is_causal`` (default True), as
+    ``sdpa_attention_forward`` does; otherwise the argument as given."""
+    if (attention_mask is None and is_causal is None
+            and _original_implementation(module.config) == "sdpa"):
+        return getattr(module, "is_causal", True)
+    return is_causal
 
 
 @functools.cache

@@ -287,11 +287,15 @@ def _projection_site(s: _Structure, name: str, projection: nn.Module,
 
 
 def _word_embedding(backbone: nn.Module) -> nn.Module | None:
-    """The backbone's word embedding (None when it has none, e.g. a vision model)."""
+    """The backbone's word embedding: the lookup table ``get_input_embeddings()`` returns. None
+    when it has none (a vision model), or when it returns a whole embeddings module with no
+    ``weight`` of its own (Idefics3's and SmolVLM's SigLIP-style vision embeddings: a patch
+    convolution plus a position table, not a lookup)."""
     try:
-        return backbone.get_input_embeddings()
+        found = backbone.get_input_embeddings()
     except (AttributeError, NotImplementedError):
         return None
+    return found if isinstance(getattr(found, "weight", None), torch.Tensor) else None
 
 
 def _feeds_scores(table: nn.Module, word: nn.Module | None) -> bool:
@@ -318,14 +322,19 @@ def _is_word(embedding: nn.Module, word: nn.Module | None) -> bool:
 
 def _table_site(s: _Structure, prefix: str, name: str, table: nn.Module,
                 named: dict[str, nn.Module], word: nn.Module | None) -> None:
+    """A table added to the word embedding (gated by its presence), or, where the table's
+    embeddings module patchifies and holds no word lookup (a vision tower inside a multimodal
+    model such as PaliGemma, whose root takes ``inputs_embeds`` of the text), to the patches."""
     parts = name.split(".")
     owners = [".".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)]
-    owner = next((o for o in owners if accepts_inputs_embeds(named[o])), None)
+    parent = named[name.rpartition(".")[0]]
+    patches = _patches(parent) is not None and not any(_is_word(m, word) for m in parent.modules())
+    owner = None if patches else next((o for o in owners if accepts_inputs_embeds(named[o])), None)
     lookup = None if owner is None else next(
         (m for n, m in named[owner].named_modules() if isinstance(m, nn.Embedding)
          and _is_word(m, word)), None)
     if lookup is None:
-        _patch_table_site(s, prefix, name, table, named[name.rpartition(".")[0]])
+        _patch_table_site(s, prefix, name, table, parent)
         return
     s.add(table, Site(_join(prefix, name), INJECT,
                       f"word embedding (inputs_embeds) of {_join(prefix, owner) or 'root'}",

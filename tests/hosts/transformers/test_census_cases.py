@@ -1,0 +1,129 @@
+"""The cases the transformers census (scripts/transformers_census.py) found wrong or crashing,
+each on a tiny config at its mechanism: PaliGemma's bidirectional Gemma under SDPA (silently
+wrong before), Dory's layers attending to their cache twice per forward, and Idefics3's /
+SmolVLM's SigLIP-style vision embeddings (no word lookup)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from oretrofit import RetrofitError, retrofitted  # noqa: E402
+from hosts.transformers import zoo  # noqa: E402
+from oretrofit.hosts.transformers.contracts import agreement, null_insertion  # noqa: E402
+
+_TEXT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=8, intermediate_size=64, vocab_size=99)
+_VISION = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+               image_size=8, patch_size=4)
+PALIGEMMA = zoo.Architecture("PaliGemma", "paligemma", "decoder-only",
+                             dict(text_config=dict(_TEXT, model_type="gemma"),
+                                  vision_config=dict(_VISION, vision_use_head=False),
+                                  projection_dim=32, image_token_id=98))
+BIDIRECTIONAL_GEMMA = zoo.Architecture("Gemma (use_bidirectional_attention)", "gemma",
+                                       "decoder-only", dict(_TEXT, use_bidirectional_attention=True))
+
+
+def _agrees(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+    for arm in ("oa", "full-o"):
+        result = agreement(model, inputs, arm, tau=1e-12, eps=1e-12)
+        assert result["relative_max_diff"] <= 1e-4, (arm, result)
+        assert result["revert_bit_identical"] and result["state_dict_keys_unchanged"]
+
+
+def _null_insertion_holds(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+    with retrofitted(model, "full-o", 1e-6):
+        result = null_insertion(model, inputs)
+    assert result["inserted_max_abs"] == 0 and result["old_max_delta"] <= 1e-4
+
+
+@pytest.mark.parametrize("arch", [PALIGEMMA, BIDIRECTIONAL_GEMMA], ids=lambda a: a.name)
+def test_sdpa_without_a_mask_attends_as_the_module_says(arch: zoo.Architecture) -> None:
+    """Gemma with ``use_bidirectional_attention`` (PaliGemma's default) builds a causal mask that
+    SDPA skips, then attends bidirectionally (the module's ``is_causal`` is False): the retrofit
+    does the same (it was causal, 0.25 off); with padding the mask is built and both are causal."""
+    model = zoo.build(arch)
+    attention = model.get_decoder().layers[0].self_attn if arch is PALIGEMMA else \
+        model.layers[0].self_attn
+    assert model.config._attn_implementation == "sdpa" and attention.is_causal is False
+    inputs = zoo.example_inputs(model)
+    padded = dict(inputs, attention_mask=torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]]))
+    _agrees(model, inputs)
+    _agrees(model, dict(padded, input_ids=padded["input_ids"].masked_fill(
+        padded["attention_mask"] == 0, 0)) if arch is PALIGEMMA else padded)
+    _null_insertion_holds(model, inputs)
+
+
+def test_paligemma_image_and_prefix_attend_bidirectionally() -> None:
+    """An image (4 patches of 4 px) in front of a 3-token prefix and a 2-token suffix
+    (``token_type_ids``): the prefix-LM mask the model builds reaches the O attention."""
+    model = zoo.build(PALIGEMMA)
+    ids = torch.tensor([[98] * 4 + [5, 6, 7, 8, 9]] * 2)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+              "token_type_ids": torch.tensor([[0] * 7 + [1, 1]] * 2),
+              "pixel_values": torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))}
+    _agrees(model, inputs)
+
+
+_DORY = dict(_TEXT, num_hidden_layers=4, n_input_layers=1, n_recurrent_layers=2,
+             n_output_layers=1, sliding_window=4)
+
+
+def test_dory_layers_run_twice_on_one_cache_are_refused_by_name() -> None:
+    """More input and output layers than layers (the census' tiny config): each layer runs
+    twice per forward and attends to the keys it cached the first time, which the mask built
+    once per forward does not describe (eager fails; SDPA drops the newest keys)."""
+    model = zoo.build(zoo.Architecture("Dory", "dory", "decoder-only",
+                                       dict(_DORY, num_hidden_layers=2, n_input_layers=8,
+                                            n_output_layers=8, n_recurrent_layers=-14,
+                                            sliding_window=1024)))
+    inputs = zoo.example_inputs(model)
+    with retrofitted(model, "oa", 1e-12, eps=1e-12):
+        with pytest.raises(RetrofitError, match=r"DoryAttention attends 7 queries to 14 keys "
+                                                 r"with no mask.*use_cache=False"):
+            model(**inputs)
+        without_cache = model(**inputs, use_cache=False)
+    assert torch.isfinite(without_cache.last_hidden_state).all()
+
+
+def test_dory_recurrent_loops_with_a_cache_are_refused_by_name() -> None:
+    """Recurrent loops write each loop's keys to cache slots other than the layer's own, which
+    the presences cannot follow: refused, naming use_cache=False."""
+    model = zoo.build(zoo.Architecture("Dory", "dory", "decoder-only", _DORY))
+    with retrofitted(model, "oa", 1e-12, eps=1e-12):
+        with pytest.raises(RetrofitError, match="DoryAttention.*use_cache=False"):
+            model(**zoo.example_inputs(model))
+
+
+@pytest.mark.parametrize("model_type", ["idefics3_vision", "smolvlm_vision"])
+def test_siglip_style_vision_embeddings_gate_their_position_table(model_type: str) -> None:
+    """``get_input_embeddings()`` returns the whole vision embeddings module (a patch
+    convolution and a position table indexed by patch position ids), not a word lookup: the
+    position table is gated by the patch embedding's presence, and every contract holds."""
+    model = zoo.build(zoo.Architecture(model_type, model_type, "vision", _VISION))
+    inputs = zoo.example_inputs(model)
+    _agrees(model, inputs)
+    embeddings = model.embeddings
+    patches = torch.ones(2, 2, 2, dtype=torch.bool)                # every patch of the 8 px image
+
+    def null_first_patch(module: torch.nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        keep = torch.ones(out.shape[-2:], dtype=out.dtype)
+        keep[0, 0] = 0                                            # patch (0, 0) of every image
+        return out * keep
+
+    handle = embeddings.patch_embedding.register_forward_hook(null_first_patch)
+    try:
+        with torch.no_grad():
+            unpatched = embeddings(inputs["pixel_values"], patches)
+            with retrofitted(model, "full-o", 1e-6) as r:
+                assert "embeddings.position_embedding" in r.spec()["sites"]
+                gated = embeddings(inputs["pixel_values"], patches)
+    finally:
+        handle.remove()
+    assert unpatched[:, 0].abs().max() > 1e-2                # the table's row, ungated
+    assert gated[:, 0].abs().max() == 0                      # a null patch stays null
+    assert torch.allclose(gated[:, 1:], unpatched[:, 1:], atol=1e-5)
