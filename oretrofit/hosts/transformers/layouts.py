@@ -325,6 +325,14 @@ LAYOUTS: list[Layout] = [
                    "through 1x1 convolutions, so a norm or presence over the last axis would "
                    "read one channel of every token, not one token; a null token would not stay "
                    "inert"),
+    # The indexer's top-k reaches the attention function as `indices`, or as a mask under eager.
+    Layout("top-k sparse attention", "HY-V4, DeepSeek-V3.2, GLM-MoE-DSA",
+           lambda layer: any(hasattr(m, "indexer") for m in layer.modules()), ffn=(),
+           ffn_carrier=(),
+           refused="each query attends only to the k keys an indexer scores highest (DeepSeek "
+                   "sparse attention): a null key's index score (0 from its zero projections) can "
+                   "outrank a live key's and take its place among the k, so old tokens' outputs "
+                   "would move; a null token would not stay inert"),
     Layout("2-D token grid", "Swin, Swin-v2, Donut-Swin, MaskFormer-Swin, SAM, ViTDet, LeViT",
            _on_grid, ffn=(), ffn_carrier=(), refused=_GRID),
     Layout("language adapters", "X-MOD", _has("output.adapter_modules"), ffn=(), ffn_carrier=(),
