@@ -39,7 +39,7 @@ __all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_output_bias", "
            "gated_projection", "INJECT",
            "zero_padded_inputs", "check_transformers", "transformers_version", "TESTED_RELEASES",
            "supported_range", "supported_text", "requirement", "admits", "COVERED_FROM",
-           "INTERFACE", "SOFTMAX_ROUTE",
+           "INTERFACE", "SOFTMAX_ROUTE", "NEW_LAYOUT",
            "covered_from", "before_covered", "not_covered_yet"]
 
 
