@@ -118,6 +118,11 @@ def _accepts(module: nn.Module, name: str) -> bool:
     return name in inspect.signature(module.forward).parameters
 
 
+def _first(output: Tensor | tuple) -> Tensor:
+    """A module's hidden states: its output, or the first element of a tuple output."""
+    return output[0] if isinstance(output, tuple) else output
+
+
 def _insert(x: Tensor, at: int, count: int) -> Tensor:
     zeros = x.new_zeros(x.shape[0], count, x.shape[-1])
     return torch.cat([x[:, :at], zeros, x[:, at:]], dim=1)
@@ -179,11 +184,13 @@ def null_insertion(model: nn.Module, inputs: dict[str, Tensor], count: int = 2
                 handle.remove()
     elif "pixel_values" in inputs:
         pixels = inputs["pixel_values"][:1]
-        carrier = backbone.embeddings(pixels)                                     # (1, n, d)
+        carrier = _first(backbone.embeddings(pixels))                             # (1, n, d)
 
         def run(h: Tensor, positions: Tensor) -> Any:
-            # the patch embeddings are replaced by the carrier h (positions already added)
-            handle = backbone.embeddings.register_forward_hook(lambda m, args, out: h)
+            # the patch embeddings are replaced by the carrier h (positions already added; an
+            # embedding that also returns the patch grid, as Data2Vec-vision's, keeps it)
+            handle = backbone.embeddings.register_forward_hook(
+                lambda m, args, out: (h, *out[1:]) if isinstance(out, tuple) else h)
             try:
                 return backbone(pixel_values=pixels)
             finally:

@@ -248,6 +248,7 @@ def _outer_sites(s: _Structure, prefix: str, backbone: nn.Module, layer_paths: l
     """Norms and additive tables outside the layers (embeddings, final norms)."""
     inner = lambda n: any(n == p or n.startswith(p + ".") for p in layer_paths)   # noqa: E731
     word = _word_embedding(backbone)
+    words = _word_embeddings(backbone)
     named = dict(backbone.named_modules())
     first_layer = list(named).index(f"{layer_paths[0]}.0")
     for index, (name, module) in enumerate(named.items()):
@@ -258,7 +259,7 @@ def _outer_sites(s: _Structure, prefix: str, backbone: nn.Module, layer_paths: l
             _projection_site(s, _join(prefix, name), module, word)
         elif is_norm(module):
             s.add(module, _norm_site(_join(prefix, name), module))
-        elif (is_additive_table(module) and not _is_word(module, word)
+        elif (is_additive_table(module) and not any(_is_word(module, w) for w in words)
               and not _feeds_scores(module, word)):
             _table_site(s, prefix, name, module, named, word)
         elif index < first_layer and "Rotary" not in type(module).__name__:
@@ -296,6 +297,14 @@ def _word_embedding(backbone: nn.Module) -> nn.Module | None:
     except (AttributeError, NotImplementedError):
         return None
     return found if isinstance(getattr(found, "weight", None), torch.Tensor) else None
+
+
+def _word_embeddings(backbone: nn.Module) -> list[nn.Module]:
+    """The word embeddings of the backbone and of every transformers model inside it (T5Gemma's
+    decoder looks up its own): lookups of the inputs, not tables added to them."""
+    from transformers import PreTrainedModel
+    found = (_word_embedding(m) for m in backbone.modules() if isinstance(m, PreTrainedModel))
+    return [w for w in found if w is not None]
 
 
 def _feeds_scores(table: nn.Module, word: nn.Module | None) -> bool:

@@ -41,8 +41,9 @@ from typing import Callable
 from torch import nn
 
 __all__ = ["Layout", "LAYOUTS", "register_layout", "unregister_layout", "layout_of",
-           "calls_attention_interface", "computes_attention", "attention_modules", "child", "is_norm", "is_qk_norm", "output_projection",
-           "token_mixers", "is_additive_table"]
+           "calls_attention_interface", "computes_attention", "eager_class", "forward_source", "attention_modules",
+           "child", "is_norm", "is_qk_norm", "output_projection", "token_mixers",
+           "is_additive_table"]
 
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "c_proj", "dense", "o", "out_lin", "Wo", "wo")
 
@@ -89,7 +90,7 @@ def first_present(layer: nn.Module, paths: tuple[str, ...]) -> str | None:
 
 
 @functools.cache
-def _forward_source(cls: type) -> str:
+def forward_source(cls: type) -> str:
     try:
         return inspect.getsource(cls.forward)
     except (OSError, TypeError):
@@ -98,11 +99,13 @@ def _forward_source(cls: type) -> str:
 
 def calls_attention_interface(module: nn.Module) -> bool:
     """Whether ``module``'s forward dispatches through transformers' attention interface."""
-    source = _forward_source(type(module))
+    source = forward_source(type(module))
     return "ALL_ATTENTION_FUNCTIONS" in source or "attention_interface(" in source
 
 
 _ATTENTION_CLASS = re.compile(r"Attention|Attn")
+# softmax(x, dim) / x.softmax(dim) / nn.Softmax(dim=-1)(x) (ImageGPT)
+_SOFTMAX_CALL = re.compile(r"softmax\(|Softmax\(")
 
 
 @functools.cache
@@ -114,11 +117,28 @@ def _takes_softmax(cls: type) -> bool:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
         return False
-    if "softmax(" in source:
+    if _SOFTMAX_CALL.search(source):
         return True
     namespace = vars(inspect.getmodule(cls) or object)
-    return any(inspect.isfunction(namespace.get(name)) and "softmax(" in _source_of(namespace[name])
+    return any(inspect.isfunction(namespace.get(name))
+               and _SOFTMAX_CALL.search(_source_of(namespace[name])) is not None
                for name in set(re.findall(r"(?<![.\w])(\w+)\(", source)))
+
+
+@functools.cache
+def eager_class(cls: type) -> type | None:
+    """The class whose ``forward`` computes ``cls``'s attention weights by a softmax: ``cls``
+    itself when it takes one; when ``cls.forward`` calls the fused kernel
+    (``scaled_dot_product_attention``) instead, the nearest base class defining ``forward`` that
+    takes a softmax (the eager implementation the model would have built with
+    ``attn_implementation="eager"``, same weights: Data2Vec-vision's ``…SdpaSelfAttention``);
+    None otherwise."""
+    if _takes_softmax(cls):
+        return cls
+    if "scaled_dot_product_attention(" not in forward_source(cls):
+        return None
+    return next((base for base in cls.__mro__[1:]
+                 if "forward" in vars(base) and _takes_softmax(base)), None)
 
 
 def _source_of(function: Callable) -> str:
@@ -135,11 +155,12 @@ def _own_class(module: nn.Module) -> type:
 
 def computes_attention(module: nn.Module) -> bool:
     """Whether ``module`` computes attention weights itself (the softmax route): its class is
-    named ``…Attention`` / ``…Attn`` and takes a softmax, it does not call the attention
-    interface, and no module inside it is attention-named (of ``BertAttention`` ⊃
+    named ``…Attention`` / ``…Attn`` and takes a softmax (:func:`eager_class`), it does not call
+    the attention interface, and no module inside it is attention-named (of ``BertAttention`` ⊃
     ``BertSelfAttention``, the inner one)."""
     return (_ATTENTION_CLASS.search(type(module).__name__) is not None
-            and not calls_attention_interface(module) and _takes_softmax(_own_class(module))
+            and not calls_attention_interface(module)
+            and eager_class(_own_class(module)) is not None
             and not any(_ATTENTION_CLASS.search(type(m).__name__) for m in module.modules()
                         if m is not module))
 
@@ -159,7 +180,7 @@ def attention_modules(layer: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def _called_before(layer: nn.Module, first: str, second: str) -> bool:
     """Whether the layer's forward calls ``self.first(`` before ``self.second(`` (source order)."""
-    source = _forward_source(type(layer))
+    source = forward_source(type(layer))
     a, b = source.find(f"self.{first}("), source.find(f"self.{second}(")
     return 0 <= a < b
 
@@ -244,6 +265,8 @@ _PRE_FFN_NORMS = ("post_attention_layernorm", "ln_2", "layernorm_after", "mlp_no
 _MLPS = ("mlp", "feed_forward", "block_sparse_moe")
 _T5_FFNS = ("layer.-1.DenseReluDense", "layer.-1.mlp")
 
+_FFN_NORMS = ("layernorm2", "rms_norm2", "ff_layer_norm")
+
 _PER_LAYER_INPUTS = (
     "every layer adds a per-layer embedding looked up from the token ids (per_layer_input_gate / "
     "per_layer_projection), which no carrier presence gates, and Gemma3n's AltUp keeps several "
@@ -251,6 +274,25 @@ _PER_LAYER_INPUTS = (
 _PARALLEL_EXPERTS = (
     "the layer runs a router and experts next to its MLP (two FFN branches the layout cannot "
     "gate as one); a null token would not stay inert")
+
+_GRID_MODULE = re.compile(r"PatchMerging|Subsample")
+
+
+def _on_grid(layer: nn.Module) -> bool:
+    """Whether ``layer`` holds its tokens as a 2-D grid of patches: it partitions them into
+    windows (a ``window_partition`` in its modeling file or on one of its classes) or merges /
+    subsamples neighbours (a ``…PatchMerging`` / ``…Subsample`` module)."""
+    return any(_GRID_MODULE.search(type(m).__name__) or hasattr(type(m), "window_partition")
+               or "window_partition" in vars(inspect.getmodule(type(m)) or object)
+               for m in layer.modules())
+
+
+_GRID = ("its layers hold the tokens as a 2-D grid of patches read by position: window "
+         "attention partitions the grid into windows (zero-padded to whole windows, shifted "
+         "between layers), and patch merging / subsampling pools neighbouring cells into one "
+         "token; zero tokens cannot be inserted without moving the grid, the windows' padding is "
+         "attended to without being a token with a presence, and a pooled null cell takes its "
+         "neighbours' values; a null token would not stay inert")
 
 LAYOUTS: list[Layout] = [
     Layout("per-layer inputs / AltUp", "Gemma3n, Gemma4 (hidden_size_per_layer_input > 0)",
@@ -269,12 +311,30 @@ LAYOUTS: list[Layout] = [
                    "token; a null token would not stay inert"),
     # The layers read and write the residual stream as (tokens, batch, hidden): presences come
     # out (tokens, batch), and where tokens == batch no shape check could tell the axes apart.
-    Layout("time-first layers", "FSMT",
-           lambda layer: type(layer).__module__.endswith(".modeling_fsmt"), ffn=(),
-           ffn_carrier=(),
+    Layout("time-first layers", "FSMT, XLNet",
+           lambda layer: type(layer).__module__.endswith((".modeling_fsmt", ".modeling_xlnet")),
+           ffn=(), ffn_carrier=(),
            refused="its layers run the residual stream time-first (tokens, batch, hidden), so "
                    "the presences of its tokens cannot be placed on the attention scores' "
                    "(batch, tokens) axes; a null token would not stay inert"),
+    # The same, channels-first: the layers read (batch, hidden, tokens) through 1x1 convolutions.
+    Layout("channels-first layers", "SqueezeBERT",
+           lambda layer: type(layer).__module__.endswith(".modeling_squeezebert"), ffn=(),
+           ffn_carrier=(),
+           refused="its layers run the residual stream channels-first (batch, hidden, tokens) "
+                   "through 1x1 convolutions, so a norm or presence over the last axis would "
+                   "read one channel of every token, not one token; a null token would not stay "
+                   "inert"),
+    # The indexer's top-k reaches the attention function as `indices`, or as a mask under eager.
+    Layout("top-k sparse attention", "HY-V4, DeepSeek-V3.2, GLM-MoE-DSA",
+           lambda layer: any(hasattr(m, "indexer") for m in layer.modules()), ffn=(),
+           ffn_carrier=(),
+           refused="each query attends only to the k keys an indexer scores highest (DeepSeek "
+                   "sparse attention): a null key's index score (0 from its zero projections) can "
+                   "outrank a live key's and take its place among the k, so old tokens' outputs "
+                   "would move; a null token would not stay inert"),
+    Layout("2-D token grid", "Swin, Swin-v2, Donut-Swin, MaskFormer-Swin, SAM, ViTDet, LeViT",
+           _on_grid, ffn=(), ffn_carrier=(), refused=_GRID),
     Layout("language adapters", "X-MOD", _has("output.adapter_modules"), ffn=(), ffn_carrier=(),
            refused="a per-language bottleneck adapter with biases runs on the residual stream "
                    "after the FFN (output.adapter_modules), outside every gate; a null token "
@@ -293,16 +353,18 @@ LAYOUTS: list[Layout] = [
            ffn_carrier=("fc1",), cross_carrier=("encoder_attn",)),
     Layout("FFN module, post-norm", "DistilBERT", _has("ffn", "output_layer_norm"),
            ffn=("ffn",), ffn_carrier=("ffn",)),
-    Layout("sandwich norms", "Gemma2, Gemma3", _has("mlp", "pre_feedforward_layernorm"),
-           ffn=("mlp",), ffn_carrier=("pre_feedforward_layernorm",)),
+    Layout("sandwich norms", "Gemma2, Gemma3, T5Gemma", _has("mlp", "pre_feedforward_layernorm"),
+           ffn=("mlp",), ffn_carrier=("pre_feedforward_layernorm",),
+           cross_carrier=("pre_cross_attn_layernorm",)),
     Layout("parallel residual", "GPT-J, Phi, Cohere, GPT-NeoX",
            lambda layer: first_present(layer, _MLPS) is not None and _parallel(layer),
            ffn=_MLPS, ffn_carrier=("",)),
     Layout("post-norm ln_1/ln_2", "OpenAI-GPT",
            lambda layer: _has("mlp", "ln_2")(layer) and _called_before(layer, "mlp", "ln_2"),
            ffn=("mlp",), ffn_carrier=("mlp",)),
-    Layout("pre-norm layernorm1/layernorm2", "CTRL", _has("ffn", "layernorm2"), ffn=("ffn",),
-           ffn_carrier=("layernorm2",)),
+    Layout("pre-norm ffn", "CTRL, AIMv2, NLLB-MoE",
+           lambda layer: _has("ffn")(layer) and first_present(layer, _FFN_NORMS) is not None,
+           ffn=("ffn",), ffn_carrier=_FFN_NORMS, cross_carrier=("cross_attention_layer_norm",)),
     # MptMLP adds the residual itself: the branch is its down projection
     Layout("FFN adding its own residual", "MPT", _has("ffn.down_proj", "norm_2"),
            ffn=("ffn.down_proj",), ffn_carrier=("norm_2",)),

@@ -39,7 +39,7 @@ __all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_output_bias", "
            "gated_projection", "INJECT",
            "zero_padded_inputs", "check_transformers", "transformers_version", "TESTED_RELEASES",
            "supported_range", "supported_text", "requirement", "admits", "COVERED_FROM",
-           "INTERFACE", "SOFTMAX_ROUTE",
+           "INTERFACE", "SOFTMAX_ROUTE", "NEW_LAYOUT",
            "covered_from", "before_covered", "not_covered_yet"]
 
 
@@ -108,6 +108,8 @@ _DOGE = ("computes other attention under SDPA than under eager (its dynamic mask
 # measured by this suite on the newest tested release only, refused before it.
 SOFTMAX_ROUTE = ("its attention is the module's own code, covered by the softmax route "
                  "(softmax_route.py), which is measured on this release only so far")
+NEW_LAYOUT = ("has layers (or a decoder word embedding) the host describes from a layout added "
+              "on the newest tested release, measured on that release only so far")
 COVERED_FROM: dict[str, tuple[str, str]] = {
     "modernbert": ("5.1.0", INTERFACE),
     "qwen3_5_text": ("5.15.1", _QWEN35),              # the model type is new in 5.2
@@ -128,7 +130,10 @@ COVERED_FROM: dict[str, tuple[str, str]] = {
     "doge": ("5.18.0", _DOGE),
     **{model_type: (TESTED_RELEASES[-1], SOFTMAX_ROUTE) for model_type in (
         "xglm", "openai-gpt", "mpt", "bloom", "falcon", "gpt_neo", "big_bird", "roformer",
-        "megatron-bert", "deberta", "deberta-v2", "mpnet", "tapas", "luke", "bigbird_pegasus")},
+        "megatron-bert", "deberta", "deberta-v2", "mpnet", "tapas", "luke", "bigbird_pegasus",
+        "gpt_neox_japanese", "imagegpt", "mvp", "data2vec-vision")},
+    **{model_type: (TESTED_RELEASES[-1], NEW_LAYOUT) for model_type in (
+        "aimv2_vision_model", "nllb-moe", "t5gemma")},
 }
 
 

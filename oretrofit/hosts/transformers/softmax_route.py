@@ -47,9 +47,10 @@ from torch.overrides import TorchFunctionMode
 
 from ..._attention import _source_logit
 from ..._host import RetrofitError
-from ..._patching import SiteConfig, Undo, set_site, site_config
+from ..._patching import SiteConfig, Undo, noop, set_site, site_config
 from ..._presence import compute_dtype
 from ..torch_nn import ATTENTION, patch_all
+from .layouts import eager_class, forward_source as _source
 from .releases import CarrierPresence
 
 __all__ = ["SoftmaxCarrier", "presence_softmax", "attach_softmax_attention", "OSoftmaxAttention"]
@@ -193,18 +194,57 @@ def _fill_value(args: tuple, kwargs: dict) -> Any:
 
 
 class OSoftmaxAttention:
-    """Mixin for an attention module that computes its own weights: its forward runs with its
-    one softmax replaced by :func:`presence_softmax` (module docstring)."""
+    """Mixin for an attention module that computes its own weights: its eager forward
+    (:func:`~.layouts.eager_class`: an SDPA subclass runs its base class's) runs with its one
+    softmax replaced by :func:`presence_softmax` (module docstring)."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         state: SoftmaxCarrier = site_config(self, ATTENTION)
-        swap = _SoftmaxSwap(f"{state.site} ({self._oretrofit['original_class'].__name__})", state)
+        original = self._oretrofit["original_class"]
+        swap = _SoftmaxSwap(f"{state.site} ({original.__name__})", state)
         with swap:
-            out = super().forward(*args, **kwargs)
+            out = (eager_class(original) or original).forward(self, *args, **kwargs)
         if swap.softmaxes != 1:
             raise swap.refuse("showed no softmax in its forward (a fused kernel, or another "
                               "attention implementation: set attn_implementation='eager')")
+        return _gate_returned_biases(self, out, state.query)
+
+
+def _gate_returned_biases(module: nn.Module, out: Any, p: Tensor) -> Any:
+    """A parameter of ``module`` returned as such (GPT-NeoX-Japanese's ``dense_bias``, which its
+    layer adds to the attention output) is a bias b applied after the module: returned as
+    ``p_i·b`` (B, N, d), as the output projection's bias is gated."""
+    own = {id(w) for w in module.parameters(recurse=False)}
+    if not isinstance(out, tuple) or not any(id(o) in own for o in out):
         return out
+    return tuple(p[..., None].to(o.dtype) * o if id(o) in own else o for o in out)
+
+
+class _EagerSwitch:
+    """``config._attn_implementation`` set to ``"eager"`` until called (the undo), for a module
+    that picks its kernel from the config at every call (Falcon): its eager branch is the one
+    that shows the softmax. Undone in reverse order, each restores what it found; pickles with
+    the retrofit's undos."""
+
+    portable_undo = True
+
+    def __init__(self, config: Any) -> None:
+        self.config, self.found = config, config._attn_implementation
+        config._attn_implementation_internal = "eager"
+
+    def release(self) -> None:
+        self.config._attn_implementation_internal = self.found
+
+
+def _switch_to_eager(attention: nn.Module) -> Undo:
+    """:class:`_EagerSwitch` on the module's config when its eager forward reads the
+    implementation from it and it names another; else nothing to undo."""
+    config = getattr(attention, "config", None)
+    source = _source(eager_class(type(attention)) or type(attention))
+    if (config is None or "_attn_implementation" not in source
+            or getattr(config, "_attn_implementation", "eager") == "eager"):
+        return noop
+    return _EagerSwitch(config).release
 
 
 @dataclass
@@ -246,7 +286,8 @@ def attach_softmax_attention(site: str, attention: nn.Module, carrier_module: nn
     """
     index = getattr(attention, "layer_idx", None)
     state = SoftmaxCarrier(config, layer_index if index is None else index, cross, site=site)
-    steps = [lambda: set_site(attention, OSoftmaxAttention, ATTENTION, state),
+    steps = [lambda: _switch_to_eager(attention),
+             lambda: set_site(attention, OSoftmaxAttention, ATTENTION, state),
              lambda: carrier_module.register_forward_pre_hook(state.capture_hook,
                                                               with_kwargs=True).remove]
     if cross:

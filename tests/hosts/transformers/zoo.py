@@ -13,7 +13,7 @@ from torch import nn
 
 from oretrofit.hosts.transformers.contracts import example_inputs
 
-__all__ = ["Architecture", "ARCHITECTURES", "SOFTMAX_ROUTE", "REFUSED", "REFUSED_ON_CALL",
+__all__ = ["Architecture", "ARCHITECTURES", "SOFTMAX_ROUTE", "NEW_LAYOUTS", "REFUSED", "REFUSED_ON_CALL",
            "build", "example_inputs", "expectation", "assert_refused_in_this_release"]
 
 _COMMON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -193,6 +193,8 @@ SOFTMAX_ROUTE = [
                  dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=64), "end"),
     Architecture("BLOOM (ALiBi)", "bloom", "decoder-only", {}, "end"),
     Architecture("Falcon (eager)", "falcon", "decoder-only", dict(attn_implementation="eager")),
+    # picks its kernel from the config at each call: switched to eager while retrofitted
+    Architecture("Falcon (SDPA)", "falcon", "decoder-only", dict(attn_implementation="sdpa")),
     Architecture("GPT-Neo (local window 4)", "gpt_neo", "decoder-only",
                  dict(num_layers=2, attention_types=[[["global", "local"], 1]], window_size=4),
                  "end"),
@@ -207,8 +209,24 @@ SOFTMAX_ROUTE = [
     Architecture("LUKE", "luke", "encoder-only"),
     Architecture("BigBird-Pegasus (full attention)", "bigbird_pegasus", "encoder-decoder",
                  dict(_SEQ2SEQ, attention_type="original_full"), "end"),
+    # the attention returns its output bias for the layer to add: gated by p_i
+    Architecture("GPT-NeoX-Japanese (returned attention bias)", "gpt_neox_japanese",
+                 "decoder-only"),
+    Architecture("ImageGPT", "imagegpt", "decoder-only", _GPT2_NAMES),
+    Architecture("MVP", "mvp", "encoder-decoder", _SEQ2SEQ, "end"),
+    # an SDPA subclass chosen at construction: its eager base class's forward runs
+    Architecture("Data2Vec (vision, SDPA module)", "data2vec-vision", "vision", _IMAGE),
 ]
-ARCHITECTURES += SOFTMAX_ROUTE
+# Covered by layouts added on the newest tested release (measured there only so far).
+NEW_LAYOUTS = [
+    Architecture("AIMv2 (vision, no pooling head)", "aimv2_vision_model", "vision",
+                 dict(_IMAGE, use_head=False)),
+    Architecture("NLLB-MoE", "nllb-moe", "MoE", dict(_SEQ2SEQ, num_experts=4), "end"),
+    # the decoder looks up its own word embedding; cross-attention carrier pre_cross_attn_layernorm
+    Architecture("T5Gemma", "t5gemma", "encoder-decoder",
+                 dict(encoder=dict(_COMMON, head_dim=8), decoder=dict(_COMMON, head_dim=8))),
+]
+ARCHITECTURES += SOFTMAX_ROUTE + NEW_LAYOUTS
 
 REFUSED = [
     Architecture("ALBERT", "albert", "encoder-only", dict(embedding_size=32)),
@@ -255,6 +273,17 @@ REFUSED = [
                  _AUDIO),
     Architecture("SigLIP (vision, attention-pooling head)", "siglip_vision_model", "vision",
                  _IMAGE),
+    Architecture("AIMv2 (vision, attention-pooling head)", "aimv2_vision_model", "vision",
+                 _IMAGE),
+    Architecture("Swin (windows, patch merging)", "swin", "vision",
+                 dict(_IMAGE, embed_dim=16, depths=[1, 1], num_attention_heads=[2, 2],
+                      window_size=2)),
+    Architecture("ViTDet (2-D token grid)", "vitdet", "vision", _IMAGE),
+    Architecture("LeViT (subsampling attention)", "levit", "vision",
+                 dict(num_attention_heads=[4, 8, 12])),
+    Architecture("SqueezeBERT (channels-first)", "squeezebert", "encoder-only",
+                 dict(embedding_size=32)),
+    Architecture("HY-V4 (top-k sparse attention)", "hy_v4", "MoE", dict(head_dim=8)),
 ]
 
 # Retrofitted (their modules compute attention themselves), then refused by the softmax route at
@@ -265,7 +294,6 @@ REFUSED_ON_CALL = [
     Architecture("LED (sliding chunks)", "led", "encoder-decoder",
                  dict(_SEQ2SEQ, attention_window=4)),
     Architecture("LongT5 (local blocks)", "longt5", "encoder-decoder", _T5),
-    Architecture("Falcon (SDPA)", "falcon", "decoder-only", dict(attn_implementation="sdpa")),
 ]
 
 
