@@ -61,14 +61,15 @@ def check_one(model_type: str) -> dict[str, Any]:
     from oretrofit._host import RetrofitError
     from oretrofit._registry import retrofitted
     from oretrofit.hosts.transformers.contracts import agreement, null_insertion, strict_load
-    from transformers_census_build import build, category
+    from transformers_census_build import attention_classes, build, category
     record: dict[str, Any] = {"model_type": model_type, "category": category(model_type)}
     built = build(model_type, SEED)
     if isinstance(built, str):
         return {**record, "status": "unchecked" if built.built else "not buildable",
-                "reason": str(built)}
+                "reason": str(built), **(_attention(built.attention) if built.built else {})}
     model, inputs, shrink = built
-    record.update({"class": type(model).__name__, "shrink": shrink})
+    record.update({"class": type(model).__name__, "shrink": shrink,
+                   **_attention(attention_classes(model))})
     checks: dict[str, Any] = {}
     record["checks"] = checks
     try:
@@ -93,6 +94,11 @@ def check_one(model_type: str) -> dict[str, Any]:
     failed = [name for name, check in checks.items() if not check["ok"]]
     return {**record, "status": "silent wrong" if failed else "passes",
             "reason": f"accepted, but fails: {', '.join(failed)}" if failed else ""}
+
+
+def _attention(classes: list[str]) -> dict[str, Any]:
+    """The record's attention fact: whether the built model has softmax attention, and where."""
+    return {"softmax_attention": bool(classes), "attention_classes": classes}
 
 
 def _worker() -> None:
