@@ -5,7 +5,11 @@ A default config is shrunk generically: the size fields it has (hidden width 32,
 key-value heads, head width 8, FFN width 64, 2 layers, 4 experts of which 2 per token, images
 32 px in patches of 8, audio feature channels 32) are passed to ``AutoConfig.for_model`` (and to
 each sub-config), so the config derives the rest as it does for a user; per-layer lists are cut
-to the 2 layers. Attempts, first that builds and runs its example inputs wins: the tiny config
+to 2 layers keeping a layer of each of the first two kinds (:func:`_two_layers`), and fields
+tied to the shrunk ones keep the default's relation (:func:`_related`: multi-latent heads,
+multimodal rotary sections). The example inputs are
+:func:`oretrofit.hosts.transformers.contracts.example_inputs` (by the model's main input and
+forward signature). Attempts, first that builds and runs its example inputs wins: the tiny config
 ``tests/hosts/transformers/zoo.py`` gives the model type (its first row) where it has one, every
 field, every field but the image ones, then the layer counts only; each under a cap of 30 M
 parameters (counted on the meta device first).

@@ -202,26 +202,16 @@ def insertion_point(model: nn.Module, length: int) -> str:
     return "middle" if _accepts(model.base_model, "position_ids") else "end"
 
 
-def _input_of(module: nn.Module, call: Callable[[], Any]) -> Tensor:
-    """The first positional input ``module`` gets while ``call()`` runs."""
-    seen: list[Tensor] = []
-    handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+def _caught(register: Callable[..., Any], call: Callable[[], Any]) -> Any:
+    """What the hook ``register`` installs sees first while ``call()`` runs: a pre-hook the
+    module's first positional input, a forward hook its output."""
+    seen: list[Any] = []
+    handle = register(lambda m, args, *output: seen.append(output[0] if output else args[0]))
     try:
         call()
     finally:
         handle.remove()
     return seen[0]
-
-
-def _output_of(module: nn.Module, call: Callable[[], Any]) -> Tensor:
-    """The (first tensor of the) output ``module`` returns while ``call()`` runs."""
-    seen: list[Any] = []
-    handle = module.register_forward_hook(lambda m, args, output: seen.append(output))
-    try:
-        call()
-    finally:
-        handle.remove()
-    return _first_tensor(seen[0])
 
 
 def _first_tensor(output: Any) -> Tensor:
@@ -277,7 +267,8 @@ def _carrier_and_run(model: nn.Module, first: dict[str, Any]) -> tuple[Tensor, R
     backbone = model.base_model
     if "input_values" in first:
         waveform, projection = first["input_values"], backbone.feature_projection
-        carrier = _input_of(projection, lambda: backbone(input_values=waveform))  # (1, n, c)
+        carrier = _caught(projection.register_forward_pre_hook,
+                          lambda: backbone(input_values=waveform))  # (1, n, c)
 
         def run(h: Tensor, positions: Tensor, grow: Callable[[Tensor], Tensor]) -> Any:
             # the feature encoder's frames are replaced by the carrier h
@@ -290,7 +281,8 @@ def _carrier_and_run(model: nn.Module, first: dict[str, Any]) -> tuple[Tensor, R
     if "input_ids" not in first:                            # pixels, images or videos
         owner = _embeddings_owner(model)
         _require_token_positions(owner)
-        carrier = _output_of(owner.embeddings, lambda: owner(**first))          # (1, n, d)
+        carrier = _first_tensor(_caught(owner.embeddings.register_forward_hook,
+                                        lambda: owner(**first)))           # (1, n, d)
 
         def run(h: Tensor, positions: Tensor, grow: Callable[[Tensor], Tensor]) -> Any:
             # the patch embeddings are replaced by the carrier h (positions already added)
