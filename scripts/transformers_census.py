@@ -21,6 +21,11 @@ worst outcome), ``error`` (an exception other than a refusal under the retrofit)
 ``timeout`` / ``crash`` (the worker hung or died) and ``not buildable`` (no AutoModel class, or
 no tiny model builds from the default config: excluded from the shares).
 
+Each built architecture also records whether it has softmax attention at all
+(``softmax_attention``, and the ``attention_classes`` found as the host detects attention:
+:func:`transformers_census_build.attention_classes`), so the docs give the share over the text
+and vision encoders and decoders both whole and over those with attention.
+
 Each model type runs in a worker subprocess that answers one JSON line per type; a type that
 hangs or kills its worker is recorded and the worker restarted, and the receipt is rewritten
 after every type, so an interrupted census resumes where it stopped (types already in the receipt
@@ -61,14 +66,15 @@ def check_one(model_type: str) -> dict[str, Any]:
     from oretrofit._host import RetrofitError
     from oretrofit._registry import retrofitted
     from oretrofit.hosts.transformers.contracts import agreement, null_insertion, strict_load
-    from transformers_census_build import build, category
+    from transformers_census_build import attention_classes, build, category
     record: dict[str, Any] = {"model_type": model_type, "category": category(model_type)}
     built = build(model_type, SEED)
     if isinstance(built, str):
         return {**record, "status": "unchecked" if built.built else "not buildable",
-                "reason": str(built)}
+                "reason": str(built), **(_attention(built.attention) if built.built else {})}
     model, inputs, shrink = built
-    record.update({"class": type(model).__name__, "shrink": shrink})
+    record.update({"class": type(model).__name__, "shrink": shrink,
+                   **_attention(attention_classes(model))})
     checks: dict[str, Any] = {}
     record["checks"] = checks
     try:
@@ -93,6 +99,11 @@ def check_one(model_type: str) -> dict[str, Any]:
     failed = [name for name, check in checks.items() if not check["ok"]]
     return {**record, "status": "silent wrong" if failed else "passes",
             "reason": f"accepted, but fails: {', '.join(failed)}" if failed else ""}
+
+
+def _attention(classes: list[str]) -> dict[str, Any]:
+    """The record's attention fact: whether the built model has softmax attention, and where."""
+    return {"softmax_attention": bool(classes), "attention_classes": classes}
 
 
 def _worker() -> None:
@@ -225,8 +236,9 @@ def _rows(receipt: dict[str, Any]) -> Iterator[list[str]]:
         reason = r.get("reason", "").replace("|", "\\|").replace("\n", " ")
         reason = reason if len(reason) <= 240 else reason[:240] + " …"
         status = "**SILENT WRONG**" if r["status"] == "silent wrong" else r["status"]
-        yield [f"`{model_type}`", r.get("category", ""), f"`{r.get('class', '')}`", status,
-               reason]
+        attention = {True: "yes", False: "no"}.get(r.get("softmax_attention"), "–")
+        yield [f"`{model_type}`", r.get("category", ""), f"`{r.get('class', '')}`", attention,
+               status, reason]
 
 
 def census_markdown(receipt: dict[str, Any]) -> str:
@@ -235,6 +247,7 @@ def census_markdown(receipt: dict[str, Any]) -> str:
     records = receipt["architectures"]
     built = [r for r in records.values() if r["status"] != "not buildable"]
     target = [r for r in built if r.get("category") in TARGET]
+    attending = [r for r in target if r.get("softmax_attention")]
     silent = [t for t, r in records.items() if r["status"] == "silent wrong"]
     categories = sorted({r.get("category", "other") for r in built})
     per_status = ", ".join(f"{s} {n}" for s in STATUSES
@@ -245,11 +258,15 @@ def census_markdown(receipt: dict[str, Any]) -> str:
         f"**{len(built)} buildable** from a default config shrunk to tiny sizes.", "",
         f"- pass every contract, both arms: **{_share(built)}** of the buildable ({per_status})",
         f"- text and vision encoders and decoders ({', '.join(TARGET)}): **{_share(target)}**",
+        f"  - of those with softmax attention: **{_share(attending)}**; the other "
+        f"{len(target) - len(attending)} have none (convolutional, state-space or recurrent "
+        "mixers: refused by design, the O form is an attention operator) or never ran their "
+        "inputs (unchecked)",
         *(f"- {c}: {_share([r for r in built if r.get('category') == c])}" for c in categories),
         f"- silent wrong (a retrofit accepted, a contract failed): **{len(silent)}**"
         + (f" ({', '.join(silent)})" if silent else ""), "",
-        pipe_table(["model type", "category", "class", "status", "reason (verbatim in the "
-                    "receipt)"], list(_rows(receipt))), "",
+        pipe_table(["model type", "category", "class", "softmax attention", "status",
+                    "reason (verbatim in the receipt)"], list(_rows(receipt))), "",
         "Not buildable from a default config (excluded from the shares): " + ", ".join(
             f"`{t}`" for t, r in records.items() if r["status"] == "not buildable") + ".", "",
         "Generated by `scripts/transformers_census.py` from "

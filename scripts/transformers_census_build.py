@@ -5,7 +5,11 @@ A default config is shrunk generically: the size fields it has (hidden width 32,
 key-value heads, head width 8, FFN width 64, 2 layers, 4 experts of which 2 per token, images
 32 px in patches of 8, audio feature channels 32) are passed to ``AutoConfig.for_model`` (and to
 each sub-config), so the config derives the rest as it does for a user; per-layer lists are cut
-to the 2 layers. Attempts, first that builds and runs its example inputs wins: the tiny config
+to 2 layers keeping a layer of each of the first two kinds (:func:`_two_layers`), and fields
+tied to the shrunk ones keep the default's relation (:func:`_related`: multi-latent heads,
+multimodal rotary sections). The example inputs are
+:func:`oretrofit.hosts.transformers.contracts.example_inputs` (by the model's main input and
+forward signature). Attempts, first that builds and runs its example inputs wins: the tiny config
 ``tests/hosts/transformers/zoo.py`` gives the model type (its first row) where it has one, every
 field, every field but the image ones, then the layer counts only; each under a cap of 30 M
 parameters (counted on the meta device first).
@@ -14,6 +18,7 @@ parameters (counted on the meta device first).
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["build", "category", "ATTEMPTS", "Unbuilt"]
+__all__ = ["build", "category", "attention_classes", "ATTEMPTS", "Unbuilt"]
 
 _WIDTH = dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "word_embed_proj_dim",
                         "projection_dim", "text_embed_dim", "vision_embed_dim"), 32)
@@ -31,10 +36,14 @@ _OTHER = {"num_key_value_heads": 2, "multi_query_group_num": 2, "head_dim": 8, "
           "embedding_size": 16, "intermediate_size": 64, "ffn_dim": 64, "encoder_ffn_dim": 64,
           "decoder_ffn_dim": 64, "d_ff": 64, "d_kv": 8, "moe_intermediate_size": 32,
           "shared_expert_intermediate_size": 32, "num_experts": 4, "num_local_experts": 4,
-          "n_routed_experts": 4, "num_experts_per_tok": 2}
+          "n_routed_experts": 4, "num_experts_per_tok": 2,
+          # multi-latent attention: the rotary part is the head width, as head_dim says
+          "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "kv_lora_rank": 16,
+          "q_lora_rank": 16}
 _LAYERS = dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "encoder_layers",
                          "decoder_layers", "num_decoder_layers", "n_layers"), 2)
-_IMAGE = {"image_size": 32, "patch_size": 8}
+_IMAGE = {"image_size": 32, "crop_size": 32, "patch_size": 8, "num_frames": 4,
+          "frames_per_clip": 4}
 ATTEMPTS: dict[str, tuple[dict[str, int], ...] | None] = {
     "zoo": None,
     "tiny": (_WIDTH, _HEADS, _OTHER, _LAYERS, _IMAGE),
@@ -46,13 +55,24 @@ _ZOO = Path(__file__).resolve().parents[1] / "tests" / "hosts" / "transformers" 
 
 
 class _InputsFail(Exception):
-    """The tiny model built, but the census' example inputs do not run it."""
+    """The tiny model built (its :func:`attention_classes` kept), but the census' example inputs
+    do not run it."""
+
+    def __init__(self, message: str, attention: list[str]) -> None:
+        super().__init__(message)
+        self.attention = attention
+
+
+class _NotInZoo(Exception):
+    """The zoo has no row for the model type (the next attempt is tried)."""
 
 
 class Unbuilt(str):
-    """Why no tiny model ran; ``built`` when one built but its example inputs failed."""
+    """Why no tiny model ran; ``built`` when one built but its example inputs failed, and then
+    its :func:`attention_classes` in ``attention``."""
 
     built = False
+    attention: list[str] = []
 
 
 def _overrides(config: Any, groups: tuple[dict[str, int], ...]) -> dict[str, Any]:
@@ -65,6 +85,7 @@ def _overrides(config: Any, groups: tuple[dict[str, int], ...]) -> dict[str, Any
                 found[name] = value
             elif name == "image_size" and isinstance(default, (list, tuple)):
                 found[name] = [value] * len(default)
+    found.update(_related(config, found))
     if "conv_dim" in found or isinstance(getattr(config, "conv_dim", None), (list, tuple)):
         found["conv_dim"] = [32] * len(config.conv_dim)
     layers = next((getattr(config, n) for n in _LAYERS if isinstance(getattr(config, n, None),
@@ -72,7 +93,7 @@ def _overrides(config: Any, groups: tuple[dict[str, int], ...]) -> dict[str, Any
     if any(n in found for n in _LAYERS) and layers:
         for name, default in vars(config).items():
             if isinstance(default, (list, tuple)) and len(default) == layers and layers > 2:
-                found[name] = list(default[:2])
+                found[name] = _two_layers(default)
     for name in getattr(config, "sub_configs", {}) or {}:
         sub = getattr(config, name, None)
         if sub is not None and hasattr(sub, "to_dict"):
@@ -80,6 +101,44 @@ def _overrides(config: Any, groups: tuple[dict[str, int], ...]) -> dict[str, Any
             if shrunk:
                 found[name] = {**sub.to_dict(), **shrunk}
     return found
+
+
+def _two_layers(per_layer: list | tuple) -> list:
+    """A per-layer list cut to 2 layers: the first, and the first of another kind where there
+    is one (a hybrid model keeps an attention layer beside a recurrent one)."""
+    return [per_layer[0], next((x for x in per_layer[1:] if x != per_layer[0]), per_layer[1])]
+
+
+def _related(config: Any, found: dict[str, Any]) -> dict[str, Any]:
+    """Fields whose relation to the shrunk ones the default config holds: as many key-value
+    heads as heads where the default has (multi-latent attention expands its keys to every
+    head), and multimodal rotary sections (``mrope_section``, a default of the modeling code
+    where the config lacks it) summing to half the shrunk rotary width."""
+    related: dict[str, Any] = {}
+    heads = getattr(config, "num_attention_heads", None)
+    if "num_key_value_heads" in found and heads == getattr(config, "num_key_value_heads", None):
+        related["num_key_value_heads"] = found.get("num_attention_heads", heads)
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and "mrope_section" in getattr(
+            config, "ignore_keys_at_rope_validation", ()) and "hidden_size" in found:
+        width = found.get("head_dim") or found["hidden_size"] // found.get("num_attention_heads",
+                                                                            heads)
+        half = int(width * rope.get("partial_rotary_factor", 1.0)) // 2
+        related["rope_parameters"] = {**rope, "mrope_section": _proportional(
+            half, rope.get("mrope_section", _MROPE_SECTION))}
+    return related
+
+
+_MROPE_SECTION = (16, 24, 24)         # Qwen2-VL's default, the ratio GLM-4V's (8, 12, 12) share
+
+
+def _proportional(total: int, parts: Any) -> list[int]:
+    """``total`` split in the ratio of ``parts`` (largest remainders round up)."""
+    exact = [total * p / sum(parts) for p in parts]
+    split = [int(x) for x in exact]
+    for i in sorted(range(len(parts)), key=lambda i: split[i] - exact[i])[:total - sum(split)]:
+        split[i] += 1
+    return split
 
 
 def _jitter(model: nn.Module, seed: int) -> nn.Module:
@@ -111,7 +170,7 @@ def _attempt(model_type: str, groups: tuple[dict[str, int], ...] | None, seed: i
     if groups is None:
         kwargs = _zoo_config(model_type)
         if kwargs is None:
-            raise LookupError("not in tests/hosts/transformers/zoo.py")
+            raise _NotInZoo(model_type)
     else:
         kwargs = _overrides(AutoConfig.for_model(model_type), groups)
     config = AutoConfig.for_model(model_type, **kwargs)
@@ -128,7 +187,7 @@ def _attempt(model_type: str, groups: tuple[dict[str, int], ...] | None, seed: i
             model(**inputs)
     except Exception as error:
         raise _InputsFail(f"the example inputs do not run it: {type(error).__name__}: "
-                          f"{error}") from error
+                          f"{error}", attention_classes(model)) from error
     return model, inputs
 
 
@@ -139,17 +198,18 @@ def build(model_type: str, seed: int
     if model_type not in MODEL_MAPPING_NAMES:
         return Unbuilt("no AutoModel class for this config (a sub-config, or a model without a "
                        "base class)")
-    errors, built = [], False
+    errors, ran = [], []
     for name, groups in ATTEMPTS.items():
         try:
             return (*_attempt(model_type, groups, seed), name)
-        except LookupError:
+        except _NotInZoo:
             continue
         except Exception as error:                          # noqa: BLE001 - the next attempt
-            built = built or isinstance(error, _InputsFail)
+            ran += [error] if isinstance(error, _InputsFail) else []
             errors.append(f"{name}: {type(error).__name__}: {str(error)[:300]}")
     reason = Unbuilt("; ".join(errors))
-    reason.built = built
+    reason.built = bool(ran)
+    reason.attention = ran[0].attention if ran else []
     return reason
 
 
@@ -185,3 +245,23 @@ def category(model_type: str) -> str:
     if "audio" in model_type or "speech" in model_type:
         return "audio"
     return "other"
+
+
+def attention_classes(model: nn.Module) -> list[str]:
+    """The classes of ``model``'s softmax attention modules, as the host detects them: modules
+    that call transformers' attention interface, compute their weights by a softmax themselves
+    (:func:`~oretrofit.hosts.transformers.layouts.computes_attention`), or are attention-named
+    and call ``scaled_dot_product_attention``; empty for attention-free (convolutional,
+    state-space, recurrent) models, which the host refuses by design."""
+    from oretrofit.hosts.transformers.layouts import calls_attention_interface, computes_attention
+    return sorted({type(m).__name__ for m in model.modules()
+                   if calls_attention_interface(m) or computes_attention(m)
+                   or ("Attention" in type(m).__name__
+                       and "scaled_dot_product_attention" in _source(type(m)))})
+
+
+def _source(cls: type) -> str:
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):
+        return ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -26,24 +27,83 @@ __all__ = ["example_inputs", "hidden_states", "agreement", "insertion_point", "n
            "padding_delta", "relative_max_diff", "strict_load"]
 
 
+_DEFAULT_IMAGE = 64                   # pixels a side when the config names no image size
+_VISUAL_BOXES = 5                     # region features of a vision-and-language model (LXMERT)
+
+
 def example_inputs(model: nn.Module, batch: int = 2, tokens: int = 7, seed: int = 0
-                   ) -> dict[str, torch.Tensor]:
-    """Model inputs: pixels for vision models, a waveform for audio models (``input_values``,
-    long enough for ``tokens`` frames), token ids (+ decoder ids) otherwise."""
+                   ) -> dict[str, Any]:
+    """Model inputs, by the model's main input: a waveform for audio models (``input_values``,
+    long enough for ``tokens`` frames), pixels for vision models (``pixel_values`` /
+    ``pixel_values_videos``: :func:`_pixels`), token ids (+ decoder ids) otherwise; then the
+    further inputs its forward asks for (:func:`_side_inputs`)."""
     generator = torch.Generator().manual_seed(seed)
     config = model.config
-    if getattr(model, "main_input_name", "") == "input_values":
+    main = getattr(model, "main_input_name", "input_ids")
+    if main == "input_values":
         return {"input_values": torch.randn(batch, _samples(config, tokens),
                                             generator=generator)}
-    if getattr(config, "image_size", None) is not None:
-        size = config.image_size
-        return {"pixel_values": torch.randn(batch, config.num_channels, size, size,
-                                            generator=generator)}
-    ids = torch.randint(3, config.vocab_size, (batch, tokens), generator=generator)
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    if getattr(config, "is_encoder_decoder", False):
-        inputs["decoder_input_ids"] = ids[:, : tokens - 2]
-    return inputs
+    if main.startswith("pixel_values") or getattr(config, "image_size", None) is not None:
+        pixels = _pixels(config, batch, generator)
+        inputs = {main if main.startswith("pixel_values") else "pixel_values": pixels}
+    else:
+        ids = torch.randint(3, config.vocab_size, (batch, tokens), generator=generator)
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if getattr(config, "is_encoder_decoder", False):
+            inputs["decoder_input_ids"] = ids[:, : tokens - 2]
+    return {**inputs, **_side_inputs(model, inputs, generator)}
+
+
+def _image_size(config: Any) -> tuple[int, int]:
+    """``(height, width)`` of ``config.image_size`` (an int, or a list / tuple ending in them),
+    else of ``crop_size``, else :data:`_DEFAULT_IMAGE`."""
+    size = next((s for s in (getattr(config, "image_size", None),
+                             getattr(config, "crop_size", None)) if s is not None),
+                _DEFAULT_IMAGE)
+    return (int(size), int(size)) if isinstance(size, int) else tuple(int(s) for s in size[-2:])
+
+
+def _pixels(config: Any, batch: int, generator: torch.Generator) -> Tensor:
+    """``(B, C, H, W)`` pixels, or ``(B, T, C, H, W)`` for a video config (``num_frames`` /
+    ``frames_per_clip``); ``num_channels`` channels (3 where the config names none)."""
+    frames = getattr(config, "num_frames", None) or getattr(config, "frames_per_clip", None)
+    shape = (batch, *([frames] if frames else []), getattr(config, "num_channels", 3),
+             *_image_size(config))
+    return torch.randn(shape, generator=generator)
+
+
+def _side_inputs(model: nn.Module, inputs: dict[str, Tensor], generator: torch.Generator
+                 ) -> dict[str, Any]:
+    """The further inputs ``model``'s forward takes, beside its main input: ``bbox`` (valid
+    boxes, one a token), ``visual_feats`` / ``visual_pos`` (region features), ``noise`` (the
+    patch order a random-masking model shuffles by, fixed so that calls agree) and
+    ``use_cache=False`` (a one-shot forward; hybrid caches of linear-attention layers cannot
+    answer its length)."""
+    config, found = model.config, {}
+    first = next(iter(inputs.values()))
+    if _accepts(model, "bbox") and "input_ids" in inputs:
+        found["bbox"] = _boxes(config, first.shape, generator)
+    if _accepts(model, "visual_feats"):
+        found["visual_feats"] = torch.rand(first.shape[0], _VISUAL_BOXES,
+                                           config.visual_feat_dim, generator=generator)
+        found["visual_pos"] = torch.rand(first.shape[0], _VISUAL_BOXES, config.visual_pos_dim,
+                                         generator=generator)
+    if _accepts(model, "noise") and first.dim() == 4 and isinstance(config.patch_size, int):
+        height, width = first.shape[-2:]
+        patches = (height // config.patch_size) * (width // config.patch_size)
+        found["noise"] = torch.rand(first.shape[0], patches, generator=generator)
+    if _accepts(model, "use_cache") and getattr(config, "use_cache", False):
+        found["use_cache"] = False
+    return found
+
+
+def _boxes(config: Any, shape: torch.Size, generator: torch.Generator) -> Tensor:
+    """``(B, N, dim_bbox)`` boxes, corners ordered (x0 ≤ x1, y0 ≤ y1): integer coordinates
+    below ``max_2d_position_embeddings`` where the config embeds them, else in [0, 1]."""
+    corners = torch.rand(*shape, getattr(config, "dim_bbox", 4) // 2, 2, generator=generator)
+    boxes = corners.sort(dim=-2).values.flatten(-2)          # (x0, y0) first, then (x1, y1)
+    table = getattr(config, "max_2d_position_embeddings", None)
+    return (boxes * (table - 1)).long() if table else boxes
 
 
 def _samples(config: Any, frames: int) -> int:
@@ -124,7 +184,8 @@ def _first(output: Tensor | tuple) -> Tensor:
 
 
 def _insert(x: Tensor, at: int, count: int) -> Tensor:
-    zeros = x.new_zeros(x.shape[0], count, x.shape[-1])
+    """``x`` (B, N, …) with ``count`` zero rows inserted along the sequence before ``at``."""
+    zeros = x.new_zeros(x.shape[0], count, *x.shape[2:])
     return torch.cat([x[:, :at], zeros, x[:, at:]], dim=1)
 
 
@@ -146,10 +207,11 @@ def insertion_point(model: nn.Module, length: int) -> str:
     return "middle" if _accepts(model.base_model, "position_ids") else "end"
 
 
-def _input_of(module: nn.Module, call: Callable[[], Any]) -> Tensor:
-    """The first positional input ``module`` gets while ``call()`` runs."""
-    seen: list[Tensor] = []
-    handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+def _caught(register: Callable[..., Any], call: Callable[[], Any]) -> Any:
+    """What the hook ``register`` installs sees first while ``call()`` runs: a pre-hook the
+    module's first positional input, a forward hook its output."""
+    seen: list[Any] = []
+    handle = register(lambda m, args, *output: seen.append(output[0] if output else args[0]))
     try:
         call()
     finally:
@@ -157,66 +219,142 @@ def _input_of(module: nn.Module, call: Callable[[], Any]) -> Tensor:
     return seen[0]
 
 
-@torch.no_grad()
-def null_insertion(model: nn.Module, inputs: dict[str, Tensor], count: int = 2
-                   ) -> dict[str, Any]:
-    """Insert ``count`` zero carriers into the first sequence at the carrier boundary (the word
-    embedding, the patch embeddings of a vision model, or the frames an audio model's feature
-    encoder hands its ``feature_projection``) with the old tokens' position ids
-    kept: in the middle when the model takes ``position_ids`` (or adds positions before the
-    boundary), else at the end. Runs on the model as it is (patched or not).
+def _first_tensor(output: Any) -> Tensor:
+    """A module output's tensor: itself, the head of a tuple or a ``ModelOutput``'s first field."""
+    if isinstance(output, Tensor):
+        return output
+    return next(iter(output.values())) if hasattr(output, "keys") else output[0]
 
-    Returns ``where``, ``old_max_delta`` (relative max |Δ| of the old tokens' states over every
-    hidden state; streams without the insertion, e.g. a decoder reading the encoder, compared
-    whole) and ``inserted_max_abs`` (max |h| of the inserted tokens over every hidden state).
-    """
+
+def _replacing(module: nn.Module, h: Tensor) -> Any:
+    """A forward hook handle making ``module`` return ``h`` in place of its (first) tensor output
+    (a bare tensor, the head of a tuple, or the first field of a ``ModelOutput``)."""
+    def hook(m: nn.Module, args: Any, output: Any) -> Any:
+        if isinstance(output, Tensor):
+            return h
+        if hasattr(output, "keys"):
+            output[next(iter(output.keys()))] = h
+            return output
+        return (h, *output[1:])
+    # first of the module's hooks, so that a site's hook reading the output reads h
+    return module.register_forward_hook(hook, prepend=True)
+
+
+def _embeddings_owner(model: nn.Module) -> nn.Module:
+    """The shallowest module that holds the patch ``embeddings``: the model itself (DINOv3's
+    ``base_model`` is its encoder), its backbone, or a tower inside it (transformers 5.0's
+    ``CLIPVisionModel.vision_model``)."""
+    owners = [(0 if not name else name.count(".") + 1, module)
+              for name, module in model.named_modules()
+              if isinstance(getattr(module, "embeddings", None), nn.Module)]
+    if not owners:
+        raise ValueError(f"null insertion is not defined for this input: no module of "
+                         f"{type(model).__name__} holds patch embeddings")
+    return min(owners, key=lambda owner: owner[0])[1]
+
+
+_ROTARY = re.compile(r"Rope|Rotary")
+
+
+def _require_token_positions(owner: nn.Module) -> None:
+    """Raise unless the patch embeddings carry the positions: a rotary table outside them
+    (DINOv3's, computed from the pixel grid and applied to the last patch-count tokens) ties
+    each position to a sequence index, so no inserted token keeps the old tokens' positions and
+    a null insertion is not defined."""
+    rotary = [name for name, m in owner.named_modules() if _ROTARY.search(type(m).__name__)
+              and not name.startswith("embeddings")]
+    if rotary:
+        raise ValueError(f"null insertion is not defined for this input: {type(owner).__name__} "
+                         f"takes rotary positions of the patch grid from {rotary[0]} by sequence "
+                         f"index, so inserted patches would move the old patches' positions")
+
+
+Run = Callable[[Tensor, Tensor, Callable[[Tensor], Tensor]], Any]
+
+
+def _carrier_and_run(model: nn.Module, first: dict[str, Any]) -> tuple[Tensor, Run]:
+    """The carrier ``(1, n, d)`` of ``first`` and ``run(h, positions, grow)``, which runs the
+    model with the carrier replaced by ``h``; ``grow`` lengthens the per-token side inputs (ids
+    under a replaced embedding, boxes) as ``h`` was lengthened."""
     backbone = model.base_model
-    if "input_values" in inputs:
-        waveform, projection = inputs["input_values"][:1], backbone.feature_projection
-        carrier = _input_of(projection, lambda: backbone(input_values=waveform))  # (1, n, c)
+    if "input_values" in first:
+        waveform, projection = first["input_values"], backbone.feature_projection
+        carrier = _caught(projection.register_forward_pre_hook,
+                          lambda: backbone(input_values=waveform))  # (1, n, c)
 
-        def run(h: Tensor, positions: Tensor) -> Any:
+        def run(h: Tensor, positions: Tensor, grow: Callable[[Tensor], Tensor]) -> Any:
             # the feature encoder's frames are replaced by the carrier h
             handle = projection.register_forward_pre_hook(lambda m, args: (h, *args[1:]))
             try:
                 return backbone(input_values=waveform)
             finally:
                 handle.remove()
-    elif "pixel_values" in inputs:
-        pixels = inputs["pixel_values"][:1]
-        carrier = _first(backbone.embeddings(pixels))                             # (1, n, d)
+        return carrier, run
+    if "input_ids" not in first:                            # pixels, images or videos
+        owner = _embeddings_owner(model)
+        _require_token_positions(owner)
+        carrier = _first_tensor(_caught(owner.embeddings.register_forward_hook,
+                                        lambda: owner(**first)))           # (1, n, d)
 
-        def run(h: Tensor, positions: Tensor) -> Any:
-            # the patch embeddings are replaced by the carrier h (positions already added; an
-            # embedding that also returns the patch grid, as Data2Vec-vision's, keeps it)
-            handle = backbone.embeddings.register_forward_hook(
-                lambda m, args, out: (h, *out[1:]) if isinstance(out, tuple) else h)
+        def run(h: Tensor, positions: Tensor, grow: Callable[[Tensor], Tensor]) -> Any:
+            # the patch embeddings are replaced by the carrier h (positions already added)
+            handle = _replacing(owner.embeddings, h)
             try:
-                return backbone(pixel_values=pixels)
+                return owner(**first)
             finally:
                 handle.remove()
-    else:
-        ids = inputs["input_ids"][:1]
-        carrier = model.get_input_embeddings()(ids)                               # (1, n, d)
-        extra = ({"decoder_input_ids": inputs["decoder_input_ids"][:1]}
-                 if "decoder_input_ids" in inputs else {})
-        takes_positions = _accepts(backbone, "position_ids")
+        return carrier, run
+    ids, embedding = first["input_ids"], model.get_input_embeddings()
+    carrier = embedding(ids)                                                      # (1, n, d)
+    by_embeds = _accepts(backbone, "inputs_embeds")
+    per_token = {k for k, v in first.items() if isinstance(v, Tensor) and v.dim() >= 2
+                 and v.shape[:2] == ids.shape and k != "attention_mask"}
+    side = {k: v for k, v in first.items() if k != "attention_mask"
+            and (k != "input_ids" or not by_embeds)}
+    takes_positions = _accepts(backbone, "position_ids")
 
-        def run(h: Tensor, positions: Tensor) -> Any:
-            # an all-ones mask stops transformers reading gapped position ids as packed sequences
-            kwargs = dict(extra, inputs_embeds=h,
-                          attention_mask=torch.ones(h.shape[:2], dtype=torch.long))
-            if takes_positions:
-                kwargs["position_ids"] = positions[None]
+    def run(h: Tensor, positions: Tensor, grow: Callable[[Tensor], Tensor]) -> Any:
+        # an all-ones mask stops transformers reading gapped position ids as packed sequences
+        kwargs = {k: grow(v) if k in per_token else v for k, v in side.items()}
+        kwargs["attention_mask"] = torch.ones(h.shape[:2], dtype=torch.long)
+        if takes_positions:
+            kwargs["position_ids"] = positions[None]
+        if by_embeds:
+            return backbone(**kwargs, inputs_embeds=h)
+        # no inputs_embeds (CLIP's text model): the word embedding's output is replaced by h
+        handle = _replacing(embedding, h)
+        try:
             return backbone(**kwargs)
+        finally:
+            handle.remove()
+    return carrier, run
+
+
+@torch.no_grad()
+def null_insertion(model: nn.Module, inputs: dict[str, Any], count: int = 2
+                   ) -> dict[str, Any]:
+    """Insert ``count`` zero carriers into the first sequence at the carrier boundary (the word
+    embedding, the patch embeddings of a vision model, or the frames an audio model's feature
+    encoder hands its ``feature_projection``) with the old tokens' position ids
+    kept: in the middle when the model takes ``position_ids`` (or adds positions before the
+    boundary), else at the end; per-token side inputs (boxes) get zero rows there. Runs on the
+    model as it is (patched or not).
+
+    Returns ``where``, ``old_max_delta`` (relative max |Δ| of the old tokens' states over every
+    hidden state; streams without the insertion, e.g. a decoder reading the encoder, compared
+    whole) and ``inserted_max_abs`` (max |h| of the inserted tokens over every hidden state).
+    """
+    first = {k: v[:1] if isinstance(v, Tensor) else v for k, v in inputs.items()}
+    carrier, run = _carrier_and_run(model, first)
     n = carrier.shape[1]
     where = insertion_point(model, n + count)
     at = n // 2 if where == "middle" else n
     old_pos = torch.arange(n)
     positions = torch.cat([old_pos[:at], torch.full((count,), max(at - 1, 0)), old_pos[at:]])
     old = torch.cat([torch.arange(at), torch.arange(at + count, n + count)])
-    reference = hidden_states(model, lambda: run(carrier, old_pos))
-    inserted = hidden_states(model, lambda: run(_insert(carrier, at, count), positions))
+    reference = hidden_states(model, lambda: run(carrier, old_pos, lambda x: x))
+    inserted = hidden_states(model, lambda: run(_insert(carrier, at, count), positions,
+                                                lambda x: _insert(x, at, count)))
     deltas, new = [], []
     for key, ref in reference.items():
         state = inserted[key]
