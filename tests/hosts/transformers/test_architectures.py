@@ -72,6 +72,14 @@ def test_null_insertion_measures_the_final_norm_after_the_layers() -> None:
 
 @pytest.mark.parametrize("arch", zoo.REFUSED, ids=[a.name for a in zoo.REFUSED])
 def test_refused_architectures_name_class_reason_and_fix(arch: zoo.Architecture) -> None:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    if arch.model_type not in CONFIG_MAPPING:     # a type this release does not have yet
+        with pytest.raises(ValueError, match=arch.model_type):
+            zoo.build(arch)
+        return
+    if zoo.expectation(arch) != "covered":       # a type covered (in another form) from later:
+        zoo.assert_refused_in_this_release(arch)  # this release is refused first, naming the fix
+        return
     model = zoo.build(arch)
     with pytest.raises(RetrofitError) as error:
         retrofit(model, "oa")

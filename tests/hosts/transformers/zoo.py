@@ -277,7 +277,8 @@ REFUSED = [
                  _IMAGE),
     Architecture("Swin (windows, patch merging)", "swin", "vision",
                  dict(_IMAGE, embed_dim=16, depths=[1, 1], num_attention_heads=[2, 2],
-                      window_size=2)),
+                      num_heads=[2, 2], window_size=2)),     # num_heads: the name before 5.x
+
     Architecture("ViTDet (2-D token grid)", "vitdet", "vision", _IMAGE),
     Architecture("LeViT (subsampling attention)", "levit", "vision",
                  dict(num_attention_heads=[4, 8, 12])),
