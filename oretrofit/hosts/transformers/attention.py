@@ -82,6 +82,26 @@ def _check_keys(owner: str, attention_mask: Tensor | None, n_q: int, n_k: int,
             "with a config whose layer counts add up")
 
 
+def _untracked_presences(module: nn.Module, state: CarrierPresence, n_q: int, n_k: int
+                         ) -> str | None:
+    """Why the captured presences do not fit the call's ``n_q`` queries and ``n_k`` keys (None
+    when they do): none captured for these queries (the attention module called alone), or
+    keys the KV cache holds at a slot other than ``layer_idx``, whose presences the capture
+    (which reads the cache at ``layer_idx``) cannot follow."""
+    owner = type(module).__name__
+    if state.query is None or state.keys is None or state.query.shape[1] != n_q:
+        return (f"{owner} was called without its carrier presences (the query length differs "
+                "from the captured layer input): call the model, not the attention module alone")
+    if state.keys.shape[1] == n_k:
+        return None
+    return (f"{owner} attends to {n_k} keys where its KV cache at layer_idx "
+            f"{getattr(module, 'layer_idx', None)} holds presences for {state.keys.shape[1]}: the "
+            "layer runs more than once per forward and writes its keys to cache slots other than "
+            "its layer_idx (HRM's H/L cycles write slot layer_idx + cycle_offset, Dory's "
+            "recurrent loops one slot a loop), so the presences of its cached keys cannot be "
+            "followed; call the model with use_cache=False")
+
+
 def _score_mask(attention_mask: Tensor | None, query: Tensor, key: Tensor, is_causal: bool | None,
                 sliding_window: int | None, biases: list[Tensor]) -> Tensor | None:
     """The relation m_ij and the additive biases b_ij as one mask for :func:`o_attention`: bool
@@ -166,13 +186,9 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
             f"{type(module).__name__} passes {', '.join(unknown)} to the attention function and "
             "OAttention has no rule for it; exclude this module with exclude=[...] or register a "
             "site for it (oretrofit.hosts.torch_nn.register_module_site)")
-    if (state.query is None or state.keys is None or state.query.shape[1] != query.shape[2]
-            or state.keys.shape[1] != key.shape[2]):
-        raise RetrofitError(f"{type(module).__name__} was called without its carrier presences "
-                            "(q/k lengths differ from the captured layer input): call the model, "
-                            "not the attention module alone; a layer that runs more than once per "
-                            "forward on KV-cache slots other than its layer_idx (Dory's recurrent "
-                            "loops) cannot be tracked: call it with use_cache=False")
+    untracked = _untracked_presences(module, state, query.shape[2], key.shape[2])
+    if untracked:
+        raise RetrofitError(untracked)
     is_causal = _sdpa_causality(module, attention_mask, is_causal)
     _check_keys(type(module).__name__, attention_mask, query.shape[2], key.shape[2], is_causal)
     mask = _score_mask(attention_mask, query, key, is_causal, sliding_window, biases)

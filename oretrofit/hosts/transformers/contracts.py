@@ -352,7 +352,10 @@ def null_insertion(model: nn.Module, inputs: dict[str, Any], count: int = 2
     old_pos = torch.arange(n)
     positions = torch.cat([old_pos[:at], torch.full((count,), max(at - 1, 0)), old_pos[at:]])
     old = torch.cat([torch.arange(at), torch.arange(at + count, n + count)])
-    reference = hidden_states(model, lambda: run(carrier, old_pos, lambda x: x))
+    # a copy: a model may add into the carrier it is given in place (GIT's embeddings:
+    # `embeddings += position_embeddings` on inputs_embeds), which would move the carrier the
+    # inserted run is built from
+    reference = hidden_states(model, lambda: run(carrier.clone(), old_pos, lambda x: x))
     inserted = hidden_states(model, lambda: run(_insert(carrier, at, count), positions,
                                                 lambda x: _insert(x, at, count)))
     deltas, new = [], []

@@ -406,6 +406,24 @@ def _positional_convolutions(s: _Structure, prefix: str, backbone: nn.Module,
                     f"where it read zero padding), which {_UNGATED}")
 
 
+# states a backbone adds to every token's stream inside its forward, from no module a site can
+# gate: {parameter name: what it is}
+_INITIAL_STATES = {"z_L_init": "the low-level state every token's low cycle starts from "
+                               "(HRM: the L stack reads z_L + x with z_L = z_L_init at first)"}
+
+
+def _initial_state_problems(prefix: str, backbone: nn.Module) -> list[str]:
+    """A non-zero :data:`_INITIAL_STATES` parameter of ``backbone``: a null token's stream is
+    never zero there, so its states move and its neighbours read it (zero, it adds nothing)."""
+    return [f"{_join(prefix, name)} ({type(backbone).__name__}) is non-zero: it is {what}, added "
+            "to every token inside the model's forward where no site can gate it, so a null "
+            "token's state is never zero; the host covers the model only with it zero (as HRM "
+            "initialises it and never trains it): zero it, or leave the model unretrofitted"
+            for name, what in _INITIAL_STATES.items()
+            if isinstance(getattr(backbone, name, None), nn.Parameter)
+            and bool(getattr(backbone, name).detach().any())]
+
+
 def _structure(prefix: str, backbone: nn.Module) -> _Structure:
     s = _Structure()
     lists = _layer_lists(backbone)
@@ -482,7 +500,11 @@ class TransformersHost:
         later = [why for _, backbone, _ in structures
                  for why in [not_covered_yet(type(backbone).__name__,
                                              getattr(backbone.config, "model_type", ""))] if why]
-        problems = list(dict.fromkeys(later + [p for _, _, s in structures for p in s.problems]))
+        # parameter values: read on every check (the cached structures hold module shapes only)
+        values = [p for path, backbone, _ in structures
+                  for p in _initial_state_problems(path, backbone)]
+        problems = list(dict.fromkeys(later + [p for _, _, s in structures for p in s.problems]
+                                      + values))
         if problems:
             raise RetrofitError("the transformers host cannot cover "
                                 f"{type(model).__name__}: " + " | ".join(problems))

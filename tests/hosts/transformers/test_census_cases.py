@@ -1,7 +1,8 @@
 """The cases the transformers census (scripts/transformers_census.py) found wrong or crashing,
 each on a tiny config at its mechanism: PaliGemma's bidirectional Gemma under SDPA (silently
-wrong before), Dory's layers attending to their cache twice per forward, and Idefics3's /
-SmolVLM's SigLIP-style vision embeddings (no word lookup)."""
+wrong before), Dory's layers attending to their cache twice per forward, Idefics3's /
+SmolVLM's SigLIP-style vision embeddings (no word lookup), GIT's embeddings adding into the
+``inputs_embeds`` they are given, and HRM's learned initial state added to every token."""
 
 from __future__ import annotations
 
@@ -127,3 +128,54 @@ def test_siglip_style_vision_embeddings_gate_their_position_table(model_type: st
     assert unpatched[:, 0].abs().max() > 1e-2                # the table's row, ungated
     assert gated[:, 0].abs().max() == 0                      # a null patch stays null
     assert torch.allclose(gated[:, 1:], unpatched[:, 1:], atol=1e-5)
+
+
+GIT = zoo.Architecture("GIT", "git", "decoder-only", dict(vision_config=_VISION))
+
+
+def test_git_adding_positions_into_its_inputs_embeds_keeps_null_insertion() -> None:
+    """GIT's embeddings add the position table into the ``inputs_embeds`` they are given, in
+    place: the null insertion contract measured its inserted run from that moved carrier (old
+    tokens 0.4 off, a silent wrong in the census); measured from a copy, the contract holds."""
+    model = zoo.build(GIT)
+    inputs = zoo.example_inputs(model)
+    embeds = model.get_input_embeddings()(inputs["input_ids"])
+    given = embeds.clone()
+    with torch.no_grad():
+        model(inputs_embeds=given, use_cache=False)
+    assert (given - embeds).abs().max() > 1e-2               # the model wrote into its input
+    _agrees(model, inputs)
+    _null_insertion_holds(model, inputs)
+
+
+HRM = zoo.Architecture("HRM-Text", "hrm_text", "decoder-only",
+                       dict(_TEXT, H_cycles=2, L_cycles=2, L_bp_cycles=[1]))
+
+
+def test_hrm_with_a_non_zero_initial_state_is_refused_at_retrofit() -> None:
+    """HRM's low cycle starts every token from ``z_L_init`` (added inside the forward, no site
+    can gate it): non-zero, a null token's states are not zero (4.0 in the census): refused
+    when retrofitted, naming the parameter and the fix."""
+    model = zoo.build(HRM)
+    assert model.z_L_init.abs().max() > 1e-2                  # jittered, as the census builds
+    with pytest.raises(RetrofitError, match=r"z_L_init \(HrmTextModel\) is non-zero.*zero it"):
+        with retrofitted(model, "full-o", 1e-6):
+            pass
+
+
+def test_hrm_with_a_zero_initial_state_holds_and_its_cycles_refuse_the_cache() -> None:
+    """``z_L_init`` zero (as HRM initialises it and never trains it): every contract holds
+    without a cache; with one, each H/L cycle writes slot layer_idx + cycle_offset, which the
+    presences cannot follow: refused on the first call, saying so."""
+    model = zoo.build(HRM)
+    with torch.no_grad():
+        model.z_L_init.zero_()
+    inputs = zoo.example_inputs(model)
+    assert inputs["use_cache"] is False
+    _agrees(model, inputs)
+    _null_insertion_holds(model, inputs)
+    with retrofitted(model, "oa", 1e-12, eps=1e-12):
+        with pytest.raises(RetrofitError, match=r"HrmTextAttention attends to 7 keys where its KV "
+                                                 r"cache at layer_idx 0 holds presences for 14.*"
+                                                 r"cycle_offset.*use_cache=False"):
+            model(**dict(inputs, use_cache=True))
