@@ -86,8 +86,8 @@ def test_dory_layers_run_twice_on_one_cache_are_refused_by_name() -> None:
     with retrofitted(model, "oa", 1e-12, eps=1e-12):
         with pytest.raises(RetrofitError, match=r"DoryAttention attends 7 queries to 14 keys "
                                                  r"with no mask.*use_cache=False"):
-            model(**inputs)
-        without_cache = model(**inputs, use_cache=False)
+            model(**dict(inputs, use_cache=True))    # the example inputs turn the cache off
+        without_cache = model(**inputs)
     assert torch.isfinite(without_cache.last_hidden_state).all()
 
 
@@ -97,7 +97,7 @@ def test_dory_recurrent_loops_with_a_cache_are_refused_by_name() -> None:
     model = zoo.build(zoo.Architecture("Dory", "dory", "decoder-only", _DORY))
     with retrofitted(model, "oa", 1e-12, eps=1e-12):
         with pytest.raises(RetrofitError, match="DoryAttention.*use_cache=False"):
-            model(**zoo.example_inputs(model))
+            model(**dict(zoo.example_inputs(model), use_cache=True))
 
 
 @pytest.mark.parametrize("model_type", ["idefics3_vision", "smolvlm_vision"])
