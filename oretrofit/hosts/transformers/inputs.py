@@ -18,13 +18,16 @@ _VISUAL_BOXES = 5                     # region features of a vision-and-language
 
 def example_inputs(model: nn.Module, batch: int = 2, tokens: int = 7, seed: int = 0
                    ) -> dict[str, Any]:
-    """Model inputs, by the model's main input: a waveform for audio models (``input_values``,
+    """Model inputs, by the model's main input: pre-flattened patches and their grid for a vision
+    tower that takes a ``grid_thw`` (:func:`_patch_grid`), a waveform for audio models (``input_values``,
     long enough for ``tokens`` frames), pixels for vision models (``pixel_values`` /
     ``pixel_values_videos``: :func:`_pixels`), token ids (+ decoder ids) otherwise; then the
     further inputs its forward asks for (:func:`_side_inputs`)."""
     generator = torch.Generator().manual_seed(seed)
     config = model.config
     main = getattr(model, "main_input_name", "input_ids")
+    if any(accepts(model, name) for name in _GRIDS):
+        return _patch_grid(model, batch, generator)
     if main == "input_values":
         return {"input_values": torch.randn(batch, _samples(config, tokens),
                                             generator=generator)}
@@ -37,6 +40,37 @@ def example_inputs(model: nn.Module, batch: int = 2, tokens: int = 7, seed: int 
         if getattr(config, "is_encoder_decoder", False):
             inputs["decoder_input_ids"] = ids[:, : tokens - 2]
     return {**inputs, **_side_inputs(model, inputs, generator)}
+
+
+_GRIDS = ("grid_thw", "image_grid_thw")   # (images, 3): temporal, height, width in patches
+_GRID_SIDE = 4                          # patches a side of each image in a patch grid
+
+
+def _patch_grid(model: nn.Module, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
+    """A vision tower's pre-flattened patches ``(batch · 1 · s · s, C · T · P · P)`` (its first
+    forward parameter: ``hidden_states`` / ``pixel_values``) and their grid ``(batch, 3)`` of
+    ``(1, s, s)``, s = :data:`_GRID_SIDE` (a multiple of the tower's merge size); C the config's
+    ``in_channels`` / ``num_channels`` (3), T its ``temporal_patch_size`` / ``patch_temporal``
+    (1), P its ``patch_size``; ``merge_sizes`` ``(batch,)`` where the forward asks for them."""
+    config = model.config
+    channels = _field(config, ("in_channels", "num_channels"), 3)
+    temporal = _field(config, ("temporal_patch_size", "patch_temporal"), 1)
+    merge = _field(config, ("spatial_merge_size", "merge_size", "merge_kernel_size"), 1)
+    side = _GRID_SIDE * merge
+    grid = torch.tensor([[1, side, side]] * batch)
+    rows = batch * side * side, channels * temporal * config.patch_size ** 2
+    main = next(iter(inspect.signature(model.forward).parameters))
+    inputs = {main: torch.randn(rows, generator=generator),
+              next(n for n in _GRIDS if accepts(model, n)): grid}
+    if accepts(model, "merge_sizes"):
+        inputs["merge_sizes"] = torch.full((batch,), merge)
+    return inputs
+
+
+def _field(config: Any, names: tuple[str, ...], default: int) -> int:
+    """The first of ``names`` the config sets (the first entry of a list), else ``default``."""
+    value = next((v for n in names if (v := getattr(config, n, None)) is not None), default)
+    return int(value[0] if isinstance(value, (list, tuple)) else value)
 
 
 def _image_size(config: Any) -> tuple[int, int]:
