@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ..._registry import retrofitted
 from .releases import zero_padded_inputs
 from .host import layers
-from .inputs import accepts, example_inputs
+from .inputs import GRIDS, accepts, example_inputs
 
 __all__ = ["example_inputs", "hidden_states", "agreement", "insertion_point", "null_insertion",
            "padding_delta", "relative_max_diff", "strict_load"]
@@ -177,6 +177,19 @@ def _require_token_positions(owner: nn.Module) -> None:
                          f"index, so inserted patches would move the old patches' positions")
 
 
+def _require_no_patch_grid(first: dict[str, Any]) -> None:
+    """Raise for a vision tower fed pre-flattened patches and their grid (``grid_thw``): its
+    positions (rotary angles, interpolated position tables, window order) are computed from the
+    grid and assigned to patches by sequence index, so inserted patches would take the old
+    patches' positions, and no grid describes an image with patches inserted in its middle."""
+    grid = next((name for name in GRIDS if name in first), None)
+    if grid is not None:
+        raise ValueError(f"null insertion is not defined for this input: the tower takes "
+                         f"pre-flattened patches with their {grid}, from which it assigns "
+                         f"positions by sequence index; inserted patches would move the old "
+                         f"patches' positions, and no grid holds them")
+
+
 Run = Callable[[Tensor, Tensor, Callable[[Tensor], Tensor]], Any]
 
 
@@ -199,6 +212,7 @@ def _carrier_and_run(model: nn.Module, first: dict[str, Any]) -> tuple[Tensor, R
                 handle.remove()
         return carrier, run
     if "input_ids" not in first:                            # pixels, images or videos
+        _require_no_patch_grid(first)
         owner = _embeddings_owner(model)
         _require_token_positions(owner)
         carrier = _first_tensor(_caught(owner.embeddings.register_forward_hook,

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["example_inputs", "accepts"]
+__all__ = ["example_inputs", "accepts", "GRIDS"]
 
 
 _DEFAULT_IMAGE = 64                   # pixels a side when the config names no image size
@@ -26,7 +26,7 @@ def example_inputs(model: nn.Module, batch: int = 2, tokens: int = 7, seed: int 
     generator = torch.Generator().manual_seed(seed)
     config = model.config
     main = getattr(model, "main_input_name", "input_ids")
-    if any(accepts(model, name) for name in _GRIDS):
+    if any(accepts(model, name) for name in GRIDS):
         return _patch_grid(model, batch, generator)
     if main == "input_values":
         return {"input_values": torch.randn(batch, _samples(config, tokens),
@@ -42,7 +42,7 @@ def example_inputs(model: nn.Module, batch: int = 2, tokens: int = 7, seed: int 
     return {**inputs, **_side_inputs(model, inputs, generator)}
 
 
-_GRIDS = ("grid_thw", "image_grid_thw")   # (images, 3): temporal, height, width in patches
+GRIDS = ("grid_thw", "image_grid_thw")   # (images, 3): temporal, height, width in patches
 _GRID_SIDE = 4                          # patches a side of each image in a patch grid
 
 
@@ -61,7 +61,7 @@ def _patch_grid(model: nn.Module, batch: int, generator: torch.Generator) -> dic
     rows = batch * side * side, channels * temporal * config.patch_size ** 2
     main = next(iter(inspect.signature(model.forward).parameters))
     inputs = {main: torch.randn(rows, generator=generator),
-              next(n for n in _GRIDS if accepts(model, n)): grid}
+              next(n for n in GRIDS if accepts(model, n)): grid}
     if accepts(model, "merge_sizes"):
         inputs["merge_sizes"] = torch.full((batch,), merge)
     return inputs
