@@ -118,6 +118,7 @@ def _related(config: Any, found: dict[str, Any]) -> dict[str, Any]:
     heads = getattr(config, "num_attention_heads", None)
     if "num_key_value_heads" in found and heads == getattr(config, "num_key_value_heads", None):
         related["num_key_value_heads"] = found.get("num_attention_heads", heads)
+    related.update(_expert_groups(config, found))
     rope = getattr(config, "rope_parameters", None)
     if isinstance(rope, dict) and "mrope_section" in getattr(
             config, "ignore_keys_at_rope_validation", ()) and "hidden_size" in found:
@@ -127,6 +128,20 @@ def _related(config: Any, found: dict[str, Any]) -> dict[str, Any]:
         related["rope_parameters"] = {**rope, "mrope_section": _proportional(
             half, rope.get("mrope_section", _MROPE_SECTION))}
     return related
+
+
+def _expert_groups(config: Any, found: dict[str, Any]) -> dict[str, int]:
+    """Group-limited routing (``n_group`` groups of experts, ``topk_group`` of them chosen) kept
+    meaningful over the shrunk experts: groups of 2, chosen in the default's share (at least
+    one); nothing where the config has no groups or the experts are not shrunk."""
+    groups = getattr(config, "n_group", None)
+    experts = next((found[n] for n in ("n_routed_experts", "num_experts", "num_local_experts")
+                    if n in found), None)
+    if not isinstance(groups, int) or experts is None or groups <= experts // 2:
+        return {}
+    shrunk = max(experts // 2, 1)
+    chosen = getattr(config, "topk_group", groups) or groups
+    return {"n_group": shrunk, "topk_group": max(shrunk * chosen // groups, 1)}
 
 
 _MROPE_SECTION = (16, 24, 24)         # Qwen2-VL's default, the ratio GLM-4V's (8, 12, 12) share

@@ -12,7 +12,6 @@ a final norm outside the layers is measured too.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import re
 from typing import Any, Callable, Iterator, Sequence
 
@@ -22,97 +21,10 @@ from torch import Tensor, nn
 from ..._registry import retrofitted
 from .releases import zero_padded_inputs
 from .host import layers
+from .inputs import GRIDS, accepts, example_inputs
 
 __all__ = ["example_inputs", "hidden_states", "agreement", "insertion_point", "null_insertion",
            "padding_delta", "relative_max_diff", "strict_load"]
-
-
-_DEFAULT_IMAGE = 64                   # pixels a side when the config names no image size
-_VISUAL_BOXES = 5                     # region features of a vision-and-language model (LXMERT)
-
-
-def example_inputs(model: nn.Module, batch: int = 2, tokens: int = 7, seed: int = 0
-                   ) -> dict[str, Any]:
-    """Model inputs, by the model's main input: a waveform for audio models (``input_values``,
-    long enough for ``tokens`` frames), pixels for vision models (``pixel_values`` /
-    ``pixel_values_videos``: :func:`_pixels`), token ids (+ decoder ids) otherwise; then the
-    further inputs its forward asks for (:func:`_side_inputs`)."""
-    generator = torch.Generator().manual_seed(seed)
-    config = model.config
-    main = getattr(model, "main_input_name", "input_ids")
-    if main == "input_values":
-        return {"input_values": torch.randn(batch, _samples(config, tokens),
-                                            generator=generator)}
-    if main.startswith("pixel_values") or getattr(config, "image_size", None) is not None:
-        pixels = _pixels(config, batch, generator)
-        inputs = {main if main.startswith("pixel_values") else "pixel_values": pixels}
-    else:
-        ids = torch.randint(3, config.vocab_size, (batch, tokens), generator=generator)
-        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if getattr(config, "is_encoder_decoder", False):
-            inputs["decoder_input_ids"] = ids[:, : tokens - 2]
-    return {**inputs, **_side_inputs(model, inputs, generator)}
-
-
-def _image_size(config: Any) -> tuple[int, int]:
-    """``(height, width)`` of ``config.image_size`` (an int, or a list / tuple ending in them),
-    else of ``crop_size``, else :data:`_DEFAULT_IMAGE`."""
-    size = next((s for s in (getattr(config, "image_size", None),
-                             getattr(config, "crop_size", None)) if s is not None),
-                _DEFAULT_IMAGE)
-    return (int(size), int(size)) if isinstance(size, int) else tuple(int(s) for s in size[-2:])
-
-
-def _pixels(config: Any, batch: int, generator: torch.Generator) -> Tensor:
-    """``(B, C, H, W)`` pixels, or ``(B, T, C, H, W)`` for a video config (``num_frames`` /
-    ``frames_per_clip``); ``num_channels`` channels (3 where the config names none)."""
-    frames = getattr(config, "num_frames", None) or getattr(config, "frames_per_clip", None)
-    shape = (batch, *([frames] if frames else []), getattr(config, "num_channels", 3),
-             *_image_size(config))
-    return torch.randn(shape, generator=generator)
-
-
-def _side_inputs(model: nn.Module, inputs: dict[str, Tensor], generator: torch.Generator
-                 ) -> dict[str, Any]:
-    """The further inputs ``model``'s forward takes, beside its main input: ``bbox`` (valid
-    boxes, one a token), ``visual_feats`` / ``visual_pos`` (region features), ``noise`` (the
-    patch order a random-masking model shuffles by, fixed so that calls agree) and
-    ``use_cache=False`` (a one-shot forward; hybrid caches of linear-attention layers cannot
-    answer its length)."""
-    config, found = model.config, {}
-    first = next(iter(inputs.values()))
-    if _accepts(model, "bbox") and "input_ids" in inputs:
-        found["bbox"] = _boxes(config, first.shape, generator)
-    if _accepts(model, "visual_feats"):
-        found["visual_feats"] = torch.rand(first.shape[0], _VISUAL_BOXES,
-                                           config.visual_feat_dim, generator=generator)
-        found["visual_pos"] = torch.rand(first.shape[0], _VISUAL_BOXES, config.visual_pos_dim,
-                                         generator=generator)
-    if _accepts(model, "noise") and first.dim() == 4 and isinstance(config.patch_size, int):
-        height, width = first.shape[-2:]
-        patches = (height // config.patch_size) * (width // config.patch_size)
-        found["noise"] = torch.rand(first.shape[0], patches, generator=generator)
-    if _accepts(model, "use_cache") and getattr(config, "use_cache", False):
-        found["use_cache"] = False
-    return found
-
-
-def _boxes(config: Any, shape: torch.Size, generator: torch.Generator) -> Tensor:
-    """``(B, N, dim_bbox)`` boxes, corners ordered (x0 ≤ x1, y0 ≤ y1): integer coordinates
-    below ``max_2d_position_embeddings`` where the config embeds them, else in [0, 1]."""
-    corners = torch.rand(*shape, getattr(config, "dim_bbox", 4) // 2, 2, generator=generator)
-    boxes = corners.sort(dim=-2).values.flatten(-2)          # (x0, y0) first, then (x1, y1)
-    table = getattr(config, "max_2d_position_embeddings", None)
-    return (boxes * (table - 1)).long() if table else boxes
-
-
-def _samples(config: Any, frames: int) -> int:
-    """Waveform length whose feature encoder (``conv_kernel`` / ``conv_stride``) emits ``frames``
-    frames: L_{k+1} = (L_k − kernel) // stride + 1, inverted layer by layer."""
-    length = frames
-    for kernel, stride in reversed(list(zip(config.conv_kernel, config.conv_stride))):
-        length = (length - 1) * stride + kernel
-    return length
 
 
 @contextlib.contextmanager
@@ -174,10 +86,6 @@ def agreement(model: nn.Module, inputs: dict[str, Tensor], arm: str, tau: float 
             "state_dict_keys_unchanged": same_keys}
 
 
-def _accepts(module: nn.Module, name: str) -> bool:
-    return name in inspect.signature(module.forward).parameters
-
-
 def _first(output: Tensor | tuple) -> Tensor:
     """A module's hidden states: its output, or the first element of a tuple output."""
     return output[0] if isinstance(output, tuple) else output
@@ -204,7 +112,7 @@ def insertion_point(model: nn.Module, length: int) -> str:
         return "end"                     # relative positions bucketed by sequence index (MPNet)
     if getattr(config, "image_size", None) is not None:
         return "middle"
-    return "middle" if _accepts(model.base_model, "position_ids") else "end"
+    return "middle" if accepts(model.base_model, "position_ids") else "end"
 
 
 def _caught(register: Callable[..., Any], call: Callable[[], Any]) -> Any:
@@ -269,6 +177,19 @@ def _require_token_positions(owner: nn.Module) -> None:
                          f"index, so inserted patches would move the old patches' positions")
 
 
+def _require_no_patch_grid(first: dict[str, Any]) -> None:
+    """Raise for a vision tower fed pre-flattened patches and their grid (``grid_thw``): its
+    positions (rotary angles, interpolated position tables, window order) are computed from the
+    grid and assigned to patches by sequence index, so inserted patches would take the old
+    patches' positions, and no grid describes an image with patches inserted in its middle."""
+    grid = next((name for name in GRIDS if name in first), None)
+    if grid is not None:
+        raise ValueError(f"null insertion is not defined for this input: the tower takes "
+                         f"pre-flattened patches with their {grid}, from which it assigns "
+                         f"positions by sequence index; inserted patches would move the old "
+                         f"patches' positions, and no grid holds them")
+
+
 Run = Callable[[Tensor, Tensor, Callable[[Tensor], Tensor]], Any]
 
 
@@ -291,6 +212,7 @@ def _carrier_and_run(model: nn.Module, first: dict[str, Any]) -> tuple[Tensor, R
                 handle.remove()
         return carrier, run
     if "input_ids" not in first:                            # pixels, images or videos
+        _require_no_patch_grid(first)
         owner = _embeddings_owner(model)
         _require_token_positions(owner)
         carrier = _first_tensor(_caught(owner.embeddings.register_forward_hook,
@@ -306,12 +228,12 @@ def _carrier_and_run(model: nn.Module, first: dict[str, Any]) -> tuple[Tensor, R
         return carrier, run
     ids, embedding = first["input_ids"], model.get_input_embeddings()
     carrier = embedding(ids)                                                      # (1, n, d)
-    by_embeds = _accepts(backbone, "inputs_embeds")
+    by_embeds = accepts(backbone, "inputs_embeds")
     per_token = {k for k, v in first.items() if isinstance(v, Tensor) and v.dim() >= 2
                  and v.shape[:2] == ids.shape and k != "attention_mask"}
     side = {k: v for k, v in first.items() if k != "attention_mask"
             and (k != "input_ids" or not by_embeds)}
-    takes_positions = _accepts(backbone, "position_ids")
+    takes_positions = accepts(backbone, "position_ids")
 
     def run(h: Tensor, positions: Tensor, grow: Callable[[Tensor], Tensor]) -> Any:
         # an all-ones mask stops transformers reading gapped position ids as packed sequences
@@ -391,7 +313,7 @@ def padding_delta(model: nn.Module, sequences: Sequence[Sequence[int]]) -> float
 
     def run(batch: Sequence[Sequence[int]]) -> Tensor:
         given = zero_padded_inputs(model, batch, "right")
-        if not _accepts(target, "position_ids"):
+        if not accepts(target, "position_ids"):
             given.pop("position_ids")
         return target(**given).last_hidden_state                                 # (B, N, d)
 
