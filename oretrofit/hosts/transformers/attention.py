@@ -89,6 +89,11 @@ def _untracked_presences(module: nn.Module, state: CarrierPresence, n_q: int, n_
     keys the KV cache holds at a slot other than ``layer_idx``, whose presences the capture
     (which reads the cache at ``layer_idx``) cannot follow."""
     owner = type(module).__name__
+    if state.query is not None and state.query.dim() != 2:
+        return (f"{owner} runs on a residual stream without a batch axis ({state.query.dim()}-D "
+                "presences: packed sequences, as vision towers with cu_seqlens run), so its "
+                "presences cannot be placed on the attention's (batch, tokens) axes; this host "
+                "has no O form for it")
     if state.query is None or state.keys is None or state.query.shape[1] != n_q:
         return (f"{owner} was called without its carrier presences (the query length differs "
                 "from the captured layer input): call the model, not the attention module alone")

@@ -2,7 +2,8 @@
 each on a tiny config at its mechanism: PaliGemma's bidirectional Gemma under SDPA (silently
 wrong before), Dory's layers attending to their cache twice per forward, Idefics3's /
 SmolVLM's SigLIP-style vision embeddings (no word lookup), GIT's embeddings adding into the
-``inputs_embeds`` they are given, and HRM's learned initial state added to every token."""
+``inputs_embeds`` they are given, HRM's learned initial state added to every token, and
+VideoLLaMA3's vision tower running packed sequences without a batch axis."""
 
 from __future__ import annotations
 
@@ -179,3 +180,20 @@ def test_hrm_with_a_zero_initial_state_holds_and_its_cycles_refuse_the_cache() -
                                                  r"cache at layer_idx 0 holds presences for 14.*"
                                                  r"cycle_offset.*use_cache=False"):
             model(**dict(inputs, use_cache=True))
+
+
+def test_a_packed_residual_stream_without_a_batch_axis_is_refused_by_name() -> None:
+    """VideoLLaMA3's vision tower runs its patches packed as (tokens, hidden) with cu_seqlens:
+    the presences have no batch axis to sit on, so the first call is refused (it crashed with
+    an IndexError before)."""
+    from transformers import AutoConfig, AutoModel
+    from oretrofit.hosts.transformers.inputs import example_inputs
+    config = AutoConfig.for_model("video_llama_3_vision", **dict(_VISION, image_size=16))
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config).eval()
+    inputs = example_inputs(model)
+    assert inputs["pixel_values"].dim() == 2                       # packed patches
+    with retrofitted(model, "oa", 1e-12), pytest.raises(
+            RetrofitError, match=r"VideoLlama3VisionAttention runs on a residual stream without "
+                                 r"a batch axis \(1-D presences"):
+        model(**inputs)
