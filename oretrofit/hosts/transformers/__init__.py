@@ -1,7 +1,9 @@
-"""The generic transformers host: ``host.py`` (its sites), ``layouts.py`` (the layout table),
-``attention.py`` (the O attention function), ``gates.py`` (the gates outside the layers),
-``releases.py`` (the version gate and what differs between releases), ``contracts.py`` (the
-paper's contracts measured on a model), ``calibrate.py`` (τ from lines of text), ``models.py``
-(the models the CLI takes by name) and ``report.py`` (the checks on real pretrained weights).
+"""The generic transformers host: ``host.py`` (the layers' sites), ``boundary.py`` (the sites at
+the token boundary, outside the layers), ``layouts.py`` (the layout table), ``attention.py`` (the
+O attention function), ``softmax_route.py`` (OAttention for modules computing their own
+softmax), ``gates.py`` (the gates outside the layers), ``releases.py`` (the version gate and what
+differs between releases), ``contracts.py`` and ``inputs.py`` (the paper's contracts measured on
+a model, and the inputs they run), ``calibrate.py`` (τ from lines of text), ``models.py`` (the
+models the CLI takes by name) and ``report.py`` (the checks on real pretrained weights).
 Importing this package imports none of them. Needs ``oretrofit[hf]``.
 """
