@@ -58,7 +58,7 @@ from torch import Tensor
 from . import _attention_kernels as kernels
 from ._presence import check_positive, compute_dtype
 
-__all__ = ["o_attention", "o_attention_reference", "o_attention_fused"]
+__all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights"]
 
 # Score offset of a null source on both fused routes: finite, so 0·k stays 0 in the backward,
 # and far enough below any real score (and log ε) that e^{s + offset − max} is exactly 0 in fp32.
@@ -163,6 +163,24 @@ def _split_mask(mask: Tensor | None, dtype: torch.dtype) -> tuple[Tensor | None,
     return visible, finite.to(dtype)
 
 
+def o_weights(scores: Tensor, p_k: Tensor, support: Tensor, eps: float) -> Tensor:
+    """Eq. 6 over the last axis of ``scores`` ``(…, Nq, Nk)``:
+
+        w_ij = m_ij p_j e^{s_ij} / (ε + Σ_t m_it p_t e^{s_it})
+
+    ``p_k`` the source presences and ``support`` (bool, ``m_ij ∧ p_j ≠ 0``), both broadcastable
+    to ``scores``; a score of -inf weighs 0 too. The row maximum M_i over the support is
+    subtracted for stability and ε is carried as ε·e^{-M_i}, which equals eq. 6 exactly in real
+    arithmetic; a row with no support (empty, or every score -inf) gives 0."""
+    neg_inf = torch.full((), float("-inf"), dtype=scores.dtype, device=scores.device)
+    masked = torch.where(support, scores, neg_inf)
+    row_max = masked.amax(dim=-1, keepdim=True) if scores.shape[-1] > 0 else masked.new_zeros(
+        masked.shape[:-1] + (1,))
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)).detach()
+    u = torch.where(support, p_k * torch.exp(masked - row_max), torch.zeros_like(neg_inf))
+    return u / (torch.exp(math.log(eps) - row_max) + u.sum(dim=-1, keepdim=True))
+
+
 def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                           mask: Tensor | None = None, eps: float = 1e-6,
                           scale: float | None = None, need_weights: bool = False,
@@ -170,9 +188,7 @@ def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Ten
                           ) -> tuple[Tensor, Tensor | None]:
     """Materialised OAttention; see :func:`o_attention` for the arguments.
 
-    The row maximum M_i over effective support is subtracted for stability and ε is carried
-    as ε·e^{-M_i}, so w_ij = p_j e^{s_ij - M_i} / (ε e^{-M_i} + Σ_t p_t e^{s_it - M_i}) equals
-    eq. 6 exactly in real arithmetic. With ``dropout_p > 0`` the weights applied to v (and
+    The weights are :func:`o_weights` (eq. 6). With ``dropout_p > 0`` the weights applied to v (and
     returned) are ``F.dropout(w, dropout_p)``: δ_ij w_ij with δ_ij ∈ {0, 1/(1 − dropout_p)}.
     """
     shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
@@ -191,15 +207,7 @@ def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Ten
     support = pk != 0
     if visible is not None:
         support = support & visible
-    neg_inf = torch.full((), float("-inf"), dtype=ct, device=q.device)
-    masked = torch.where(support, scores, neg_inf)
-    row_max = masked.amax(dim=-1, keepdim=True) if shp.n_k > 0 else masked.new_zeros(
-        masked.shape[:-1] + (1,))
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)).detach()
-    u = torch.where(support, pk * torch.exp(masked - row_max), torch.zeros((), dtype=ct,
-                                                                          device=q.device))
-    denom = torch.exp(math.log(eps) - row_max) + u.sum(dim=-1, keepdim=True)
-    weights = u / denom                                                       # (B, H, Nq, Nk)
+    weights = o_weights(scores, pk, support, eps)                             # (B, H, Nq, Nk)
     if dropout_p > 0.0:
         weights = F.dropout(weights, dropout_p)                               # δ_ij w_ij
     pq = _per_query_head(p_q.to(ct), shp.heads)[..., None]                    # (B, H|1, Nq, 1)

@@ -10,7 +10,7 @@ the mask are already inside), followed by code linear in the weights (dropout, h
 
     w_ij = p_i · p_j e^{s_ij} / (ε + Σ_t p_t e^{s_it})
 
-(computed as a softmax over ``[s_ij + log p_j, log ε]`` with the ε column dropped), so that
+(eq. 6's weights :func:`oretrofit._attention.o_weights`, the reference path's, times p_i), so that
 ``w @ v`` is ``p_i Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})``: OAttention (eq. 7) whatever
 the surrounding code, the receiver gate p_i folded into the weights' rows. Dropout on the weights
 in ``train()`` mode is the host's own code after the softmax and stays as it is. The output
@@ -36,7 +36,6 @@ With ``output_attentions`` the weights a module returns are the O weights ``p_i 
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -45,7 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from ..._attention import _source_logit
+from ..._attention import o_weights
 from ..._host import RetrofitError
 from ..._patching import SiteConfig, Undo, noop, set_site, site_config
 from ..._presence import compute_dtype
@@ -93,15 +92,13 @@ def _broadcast(p: Tensor, shape: torch.Size, axis: int, where: str) -> Tensor:
 def presence_softmax(scores: Tensor, p_q: Tensor, p_k: Tensor, eps: float,
                      dtype: torch.dtype | None = None, where: str = "attention") -> Tensor:
     """``w_ij = p_i p_j e^{s_ij} / (ε + Σ_t p_t e^{s_it})`` over the last axis of ``scores``
-    ``(B, …, Nq, Nk)`` (or ``(B·H, Nq, Nk)``); ``p_q`` (B, Nq), ``p_k`` (B, Nk). A row with no
-    visible live source (all −inf) gives 0. Computed in fp32 at least, returned in ``dtype``
-    (default: the scores' dtype)."""
+    ``(B, …, Nq, Nk)`` (or ``(B·H, Nq, Nk)``); ``p_q`` (B, Nq), ``p_k`` (B, Nk): :func:`o_weights`
+    times p_i. A row with no visible live source (all −inf) gives 0. Computed in fp32 at least,
+    returned in ``dtype`` (default: the scores' dtype)."""
     ct = compute_dtype(scores.dtype)
-    logits = scores.to(ct) + _broadcast(_source_logit(p_k.to(ct), ct)[:, 0], scores.shape, -1,
-                                        where)
-    sink = logits.new_full(logits.shape[:-1] + (1,), math.log(eps))
-    w = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
-    w = w * _broadcast(p_q.to(ct), scores.shape, -2, where)
+    pk = _broadcast(p_k.to(ct), scores.shape, -1, where)
+    w = o_weights(scores.to(ct), pk, pk != 0, eps) * _broadcast(p_q.to(ct), scores.shape, -2,
+                                                                   where)
     return w.to(dtype or scores.dtype)
 
 
