@@ -156,23 +156,19 @@ def _proportional(total: int, parts: Any) -> list[int]:
     return split
 
 
-def _jitter(model: nn.Module, seed: int) -> nn.Module:
-    """Every parameter + N(0, 0.05²), as tests/hosts/transformers/zoo.py builds (non-zero biases
-    and norm affines), in eval mode."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    return model.eval()
-
-
-def _zoo_config(model_type: str) -> dict[str, Any] | None:
-    """The keyword arguments the zoo builds ``model_type`` with (its first row), or None."""
+def _zoo() -> Any:
+    """tests/hosts/transformers/zoo.py (the test data), loaded once."""
     zoo = sys.modules.get("transformers_zoo")
     if zoo is None:
         spec = importlib.util.spec_from_file_location("transformers_zoo", _ZOO)
         zoo = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(zoo)
+    return zoo
+
+
+def _zoo_config(model_type: str) -> dict[str, Any] | None:
+    """The keyword arguments the zoo builds ``model_type`` with (its first row), or None."""
+    zoo = _zoo()
     row = next((a for a in zoo.ARCHITECTURES + zoo.REFUSED if a.model_type == model_type), None)
     return None if row is None else {**zoo._COMMON, **row.config}
 
@@ -195,7 +191,7 @@ def _attempt(model_type: str, groups: tuple[dict[str, int], ...] | None, seed: i
         raise ValueError(f"{count / 1e6:.0f} M parameters (more than the census' cap of "
                          f"{MAX_PARAMETERS / 1e6:.0f} M)")
     torch.manual_seed(seed)
-    model = _jitter(AutoModel.from_config(config), seed)
+    model = _zoo().jitter(AutoModel.from_config(config), seed)        # as the zoo builds
     try:
         inputs = example_inputs(model, seed=seed)
         with torch.no_grad():

@@ -311,6 +311,12 @@ def build(arch: Architecture, seed: int = 0) -> nn.Module:
         model = AutoModel.from_config(config)
     finally:
         logging.set_verbosity(verbosity)
+    return jitter(model, seed)
+
+
+def jitter(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Every parameter + N(0, 0.05²) (non-zero biases and norm affines), in eval mode; the
+    census (scripts/transformers_census_build.py) builds its models the same way."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in model.parameters():
