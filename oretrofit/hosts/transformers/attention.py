@@ -85,15 +85,13 @@ def _check_keys(owner: str, attention_mask: Tensor | None, n_q: int, n_k: int,
 def _untracked_presences(module: nn.Module, state: CarrierPresence, n_q: int, n_k: int
                          ) -> str | None:
     """Why the captured presences do not fit the call's ``n_q`` queries and ``n_k`` keys (None
-    when they do): none captured for these queries (the attention module called alone), or
-    keys the KV cache holds at a slot other than ``layer_idx``, whose presences the capture
-    (which reads the cache at ``layer_idx``) cannot follow."""
+    when they do): no batch axis, none captured for these queries (the attention module called
+    alone), or keys the KV cache holds at a slot other than ``layer_idx``, whose presences the
+    capture (which reads the cache at ``layer_idx``) cannot follow."""
     owner = type(module).__name__
-    if state.query is not None and state.query.dim() != 2:
-        return (f"{owner} runs on a residual stream without a batch axis ({state.query.dim()}-D "
-                "presences: packed sequences, as vision towers with cu_seqlens run), so its "
-                "presences cannot be placed on the attention's (batch, tokens) axes; this host "
-                "has no O form for it")
+    unbatched = state.without_batch_axis(owner)
+    if unbatched:
+        return unbatched
     if state.query is None or state.keys is None or state.query.shape[1] != n_q:
         return (f"{owner} was called without its carrier presences (the query length differs "
                 "from the captured layer input): call the model, not the attention module alone")

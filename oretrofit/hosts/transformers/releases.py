@@ -302,6 +302,17 @@ class CarrierPresence:
     def capture_sources(self, sources: Tensor) -> None:
         self.keys = presence(sources, self.config.tau)                           # (B, Nk)
 
+    def without_batch_axis(self, owner: str) -> str | None:
+        """Why the captured presences cannot sit on the attention's (batch, tokens) axes (None
+        when they can): a carrier without a batch axis, as packed sequences run; both routes
+        refuse with it."""
+        if self.query is None or self.query.dim() == 2:
+            return None
+        return (f"{owner} runs on a residual stream without a batch axis ({self.query.dim()}-D "
+                "presences: packed sequences, as vision towers with cu_seqlens run), so its "
+                "presences cannot be placed on the attention's (batch, tokens) axes; this host "
+                "has no O form for it")
+
     def capture_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on the carrier module: the hidden states and the KV cache."""
         self.capture(carrier_of(args, kwargs), kwargs.get("cache", kwargs.get("past_key_values")))

@@ -159,6 +159,9 @@ class _SoftmaxSwap(TorchFunctionMode):
         if p_q is None or p_k is None:
             raise self.refuse("was called without its carrier presences (call the model, not the "
                               "attention module alone)")
+        unbatched = self.state.without_batch_axis(self.where)
+        if unbatched:
+            raise RetrofitError(unbatched)
         n_q, n_k = scores.shape[-2:]
         if (n_q, n_k) != (p_q.shape[1], p_k.shape[1]):
             raise self.refuse(

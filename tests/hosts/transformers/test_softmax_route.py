@@ -108,6 +108,16 @@ def test_what_the_swap_cannot_honour_is_refused_by_name(code, why: str) -> None:
     assert "test.attn (Eager)" in str(error.value) and "exclude=" in str(error.value)
 
 
+def test_a_packed_residual_stream_without_a_batch_axis_is_refused_by_name() -> None:
+    """Presences captured from a (tokens, hidden) stream (packed sequences) have no batch axis
+    to place on the scores: refused as on the interface route, not an unpacking error."""
+    scores, p_q, p_k = _scores()
+    with pytest.raises(RetrofitError, match=r"test.attn \(Eager\) runs on a residual stream "
+                                            r"without a batch axis \(1-D presences"), \
+            _swap(p_q[0], p_k[0]):
+        F.softmax(scores[0], dim=-1)
+
+
 def test_a_module_with_two_softmaxes_is_refused_at_its_first_call() -> None:
     model = zoo.build(_arch("XGLM"))
     attention = model.layers[0].self_attn
