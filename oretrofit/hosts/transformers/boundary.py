@@ -160,8 +160,10 @@ def _table_site(s: Structure, prefix: str, name: str, table: nn.Module,
 
 
 def _patches(owner: nn.Module) -> nn.Module | None:
-    """The one patchifying convolution (kernel = stride > 1) in ``owner``, else None."""
-    found = [m for m in owner.modules() if isinstance(m, nn.Conv2d)
+    """The one patchifying convolution (kernel = stride > 1) in ``owner``, else None: 2-D
+    patches (ViT) or 3-D tubelets of frames × patch (ViViT, V-JEPA 2, Qwen-VL's flattened
+    patches); kernel = stride, so every output token reads its own patch and no other."""
+    found = [m for m in owner.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))
              and m.kernel_size == m.stride and math.prod(m.kernel_size) > 1]
     return found[0] if len(found) == 1 else None
 

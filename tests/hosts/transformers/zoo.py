@@ -177,6 +177,9 @@ ARCHITECTURES = [
                  dict(embedding_size=16)),
     # a position table added to patch embeddings, gated by the patch's presence
     Architecture("CLIP (vision)", "clip_vision_model", "vision", _IMAGE),
+    # the same, patches being 3-D tubelets (Conv3d, kernel = stride): frames × patch
+    Architecture("ViViT (tubelets)", "vivit", "vision",
+                 dict(image_size=8, num_frames=4, tubelet_size=[2, 4, 4], num_channels=3)),
     # the feature projection gated, and one convolution over positions h + ρτ(h)·conv(h)
     Architecture("HuBERT", "hubert", "audio", _AUDIO, "end"),
     Architecture("Wav2Vec2", "wav2vec2", "audio", _AUDIO, "end"),
