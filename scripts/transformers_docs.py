@@ -32,6 +32,8 @@ def _load(name: str, path: Path) -> ModuleType:
 zoo = _load("transformers_zoo", ROOT / "tests" / "hosts" / "transformers" / "zoo.py")
 architectures_table, layouts_table = zoo.architectures_table, zoo.layouts_table
 census = _load("transformers_census", ROOT / "scripts" / "transformers_census.py")
+census_report = _load("transformers_census_report",
+                      ROOT / "scripts" / "transformers_census_report.py")
 
 
 def _quote(path: str) -> Callable[[], str]:
@@ -39,7 +41,7 @@ def _quote(path: str) -> Callable[[], str]:
 
 
 def _census() -> str:
-    return census.census_markdown(json.loads(census.RECEIPT.read_text()))
+    return census_report.census_markdown(json.loads(census.RECEIPT.read_text()))
 
 
 def blocks() -> dict[str, Callable[[], str]]:
