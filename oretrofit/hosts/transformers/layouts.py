@@ -8,8 +8,10 @@ Derived from the model, for every architecture:
 * **attention**: those modules; the first in a layer is its self-attention (carrier: the
   residual stream entering the layer), later ones attend to the encoder output;
 * **output projection**: the attention module's ``o_proj`` / ``out_proj`` / ``c_proj`` /
-  ``dense`` / ``o`` / ``out_lin`` / ``Wo`` (``nn.Linear`` or ``Conv1D``), or its parent's
-  ``output.dense`` (BERT, whose self-attention module has none) or ``output`` (BigBird-Pegasus);
+  ``dense`` / ``o`` / ``out_lin`` / ``Wo`` (``nn.Linear`` or ``Conv1D``), else the one such child
+  its forward calls after the attention interface (InternVL's ``projection_layer``), else its
+  parent's ``output.dense`` (BERT, whose self-attention module has none) or ``output``
+  (BigBird-Pegasus);
 * **norms**: leaf modules whose class name ends in ``Norm`` (LayerNorm, RMSNorm, T5LayerNorm,
   Nemotron's LayerNorm1P, …),
   except per-head query/key norms (``q_norm``, ``k_layernorm``, …: they act on q/k, inside the
@@ -206,14 +208,40 @@ def is_qk_norm(path: str) -> bool:
 
 
 def output_projection(attention: nn.Module, parent: nn.Module | None) -> nn.Module | None:
+    """The projection the attention output goes through: a child named as in
+    :data:`OUTPUT_PROJECTIONS`, else the one projection the forward calls after the attention
+    (:func:`_projection_called_after`), else the parent's ``output.dense`` / ``output``."""
     for name in OUTPUT_PROJECTIONS:
         projection = getattr(attention, name, None)
         if isinstance(projection, nn.Module):
             return projection
-    if parent is None:
-        return None
+    called = _projection_called_after(attention)
+    if called is not None or parent is None:
+        return called
     return next((m for m in (child(parent, "output.dense"), child(parent, "output"))
                  if isinstance(m, nn.Linear)), None)
+
+
+_SELF_CALL = re.compile(r"self\.(\w+)\(")
+
+
+def _is_projection(module: object) -> bool:
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def _projection_called_after(attention: nn.Module) -> nn.Module | None:
+    """The projection child (``nn.Linear`` / ``Conv1D``) that ``attention``'s forward calls after
+    its last call of the attention interface (InternVL's ``projection_layer``, GLM-Image's
+    ``proj``): once the weights are applied, the only projection left is the one the output
+    goes through. None when the forward calls no such child there, or more than one (which of
+    them carries the output the source does not say)."""
+    source = forward_source(_own_class(attention))
+    start = max(source.rfind("attention_interface("), source.rfind("ALL_ATTENTION_FUNCTIONS"))
+    if start < 0:
+        return None
+    called = {name for name in _SELF_CALL.findall(source, start)
+              if _is_projection(getattr(attention, name, None))}
+    return getattr(attention, called.pop()) if len(called) == 1 else None
 
 
 _POSITION_TABLE = re.compile(r"Positional?Embeddings?$")

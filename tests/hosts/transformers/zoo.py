@@ -225,6 +225,8 @@ NEW_LAYOUTS = [
     # the decoder looks up its own word embedding; cross-attention carrier pre_cross_attn_layernorm
     Architecture("T5Gemma", "t5gemma", "encoder-decoder",
                  dict(encoder=dict(_COMMON, head_dim=8), decoder=dict(_COMMON, head_dim=8))),
+    # its output projection is named projection_layer: found as the one the forward calls last
+    Architecture("InternVL (vision)", "internvl_vision", "vision", _IMAGE),
 ]
 ARCHITECTURES += SOFTMAX_ROUTE + NEW_LAYOUTS
 
