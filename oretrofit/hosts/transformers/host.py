@@ -10,7 +10,8 @@ Sites, named by module path (``<layer>`` = one element of the layer list):
                                     its own weights; receivers' presences from the residual stream
                                     entering the layer (cross-attention: entering its branch,
                                     sources: the encoder output); KV-cached keys keep theirs;
-                                    the output projection's bias is gated by p_i
+                                    the output projection's bias is gated by p_i (by pᵀ where
+                                    the module feeds it sequence-first, as MLCD)
     <norm>               norm       ONorm ρτ(h)·Norm(h) (eq. 16), every norm outside attention
     <ffn branch>         ffn        ρτ(h)·FFN(·) (eq. 15), h = the residual stream entering the
                                     FFN branch (per layout: parallel, sandwich, post-norm, …)
@@ -32,7 +33,7 @@ import functools
 import re
 import sys
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -43,9 +44,10 @@ from ..torch_nn import ATTENTION, FFN, patch_all, uncovered_attention
 from .attention import attach_o_attention
 from .boundary import (UNGATED, Structure, initial_state_problems, join, norm_site,
                        outer_sites, positional_convolutions)
+from .gates import gate_sequence_first_bias
 from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
                       first_present, is_norm, is_qk_norm, layout_of, output_projection,
-                      token_mixers)
+                      sequence_first_output, token_mixers)
 from .releases import (INJECT, check_transformers, gate_branch, gate_output_bias,
                        not_covered_yet, supported_text, transformers_version)
 from .softmax_route import attach_softmax_attention
@@ -135,12 +137,14 @@ def _attention_sites(s: Structure, path: str, layer: nn.Module, layout: Layout,
         if projection is None:
             s.uncovered.append(f"{path}.{name} (output projection not found: its bias stays "
                                "ungated)")
+        gate = (gate_sequence_first_bias if projection is not None
+                and sequence_first_output(attention, projection) else gate_output_bias)
         s.add(attention, Site(
             join(path, name), ATTENTION,
             f"residual stream entering {join(path, carrier_path)}"
             + (" (sources: encoder output)" if cross else ""),
             functools.partial(_attention, join(path, name), attention,
-                              child(layer, carrier_path), projection, cross,
+                              child(layer, carrier_path), projection, gate, cross,
                               int(path.rpartition(".")[2]))))
 
 
@@ -199,10 +203,11 @@ def _layer_sites(s: Structure, path: str, layer: nn.Module) -> None:
 
 
 def _attention(name: str, attention: nn.Module, carrier: nn.Module,
-               projection: nn.Module | None, cross: bool, layer_index: int,
-               config: SiteConfig) -> Undo:
+               projection: nn.Module | None, gate: Callable[[nn.Module, Any], Undo],
+               cross: bool, layer_index: int, config: SiteConfig) -> Undo:
     """The interface route where the module calls the attention interface, else the softmax
-    route (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list)."""
+    route (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list); ``gate``
+    gates the output projection's bias by the captured presences."""
     if calls_attention_interface(attention):
         undo_attention, state = attach_o_attention(attention, carrier, config, cross)
     else:
@@ -210,7 +215,7 @@ def _attention(name: str, attention: nn.Module, carrier: nn.Module,
                                                          layer_index)
     steps = [lambda: undo_attention]
     if projection is not None:
-        steps.append(lambda: gate_output_bias(projection, state))
+        steps.append(lambda: gate(projection, state))
     return patch_all(*steps)
 
 

@@ -44,7 +44,8 @@ from torch import nn
 
 __all__ = ["Layout", "LAYOUTS", "register_layout", "unregister_layout", "layout_of",
            "calls_attention_interface", "computes_attention", "eager_class", "forward_source", "attention_modules",
-           "child", "is_norm", "is_qk_norm", "output_projection", "token_mixers",
+           "child", "is_norm", "is_qk_norm", "output_projection", "sequence_first_output",
+           "token_mixers",
            "is_additive_table"]
 
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "c_proj", "dense", "o", "out_lin", "Wo", "wo")
@@ -236,12 +237,31 @@ def _projection_called_after(attention: nn.Module) -> nn.Module | None:
     goes through. None when the forward calls no such child there, or more than one (which of
     them carries the output the source does not say)."""
     source = forward_source(_own_class(attention))
-    start = max(source.rfind("attention_interface("), source.rfind("ALL_ATTENTION_FUNCTIONS"))
+    start = _after_attention(source)
     if start < 0:
         return None
     called = {name for name in _SELF_CALL.findall(source, start)
               if _is_projection(getattr(attention, name, None))}
     return getattr(attention, called.pop()) if len(called) == 1 else None
+
+
+def _after_attention(source: str) -> int:
+    """Where a forward's ``source`` last calls the attention interface (-1: it does not)."""
+    return max(source.rfind("attention_interface("), source.rfind("ALL_ATTENTION_FUNCTIONS"))
+
+
+_SWAP_LEADING_AXES = re.compile(r"\.(permute\(1, 0\b|transpose\(0, 1\))")
+
+
+def sequence_first_output(attention: nn.Module, projection: nn.Module) -> bool:
+    """Whether ``attention``'s forward hands ``projection`` its output sequence-first
+    ``(tokens, batch, ·)``: between its last call of the attention interface and its call of
+    the projection it swaps the output's two leading axes (MLCD's ``permute(1, 0, 2, 3)``)."""
+    source = forward_source(_own_class(attention))
+    name = next((n for n, m in attention.named_children() if m is projection), None)
+    start = _after_attention(source)
+    end = source.find(f"self.{name}(", start) if name is not None and start >= 0 else -1
+    return end >= 0 and _SWAP_LEADING_AXES.search(source, start, end) is not None
 
 
 _POSITION_TABLE = re.compile(r"Positional?Embeddings?$")
@@ -329,14 +349,6 @@ LAYOUTS: list[Layout] = [
            ffn=(), ffn_carrier=(), refused=_PER_LAYER_INPUTS),
     Layout("MLP with parallel experts", "Gemma4 (enable_moe_block)",
            _has("mlp", "router", "experts"), ffn=(), ffn_carrier=(), refused=_PARALLEL_EXPERTS),
-    # The attention module hands its output projection a (tokens, batch, hidden) tensor, so the
-    # projection's bias cannot be gated by the (batch, tokens) presences (when batch == tokens
-    # no shape check could tell); no structure of the layer shows it, hence the class name.
-    Layout("sequence-first attention output", "MLCD",
-           lambda layer: type(layer).__name__.startswith("MLCD"), ffn=(), ffn_carrier=(),
-           refused="the attention module permutes its output to (tokens, batch, hidden) before "
-                   "the biased output projection, so the projection's bias cannot be gated per "
-                   "token; a null token would not stay inert"),
     # The layers read and write the residual stream as (tokens, batch, hidden): presences come
     # out (tokens, batch), and where tokens == batch no shape check could tell the axes apart.
     Layout("time-first layers", "FSMT, XLNet",
@@ -384,6 +396,12 @@ LAYOUTS: list[Layout] = [
     Layout("sandwich norms", "Gemma2, Gemma3, T5Gemma", _has("mlp", "pre_feedforward_layernorm"),
            ffn=("mlp",), ffn_carrier=("pre_feedforward_layernorm",),
            cross_carrier=("pre_cross_attn_layernorm",)),
+    # the norm in front of the MLP is called before it, so its input is the stream entering the
+    # branch (CLIPSeg's decoder calls its layer_norm2 after the MLP: post-norm, not this row)
+    Layout("pre-norm layer_norm2", "CLIP, SigLIP, MLCD",
+           lambda layer: (_has("mlp", "layer_norm2")(layer)
+                          and _called_before(layer, "layer_norm2", "mlp")),
+           ffn=("mlp",), ffn_carrier=("layer_norm2",)),
     Layout("parallel residual", "GPT-J, Phi, Cohere, GPT-NeoX",
            lambda layer: first_present(layer, _MLPS) is not None and _parallel(layer),
            ffn=_MLPS, ffn_carrier=("",)),

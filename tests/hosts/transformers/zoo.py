@@ -262,7 +262,6 @@ REFUSED = [
                       layer_types=["linear_attention", "full_attention"])),
     Architecture("JetMoE (mixture of attention heads)", "jetmoe", "MoE",
                  dict(num_local_experts=4, num_experts_per_tok=2, kv_channels=8)),
-    Architecture("MLCD (vision)", "mlcd", "vision", _IMAGE),
     Architecture("XLM (layers inline)", "xlm", "encoder-only",
                  dict(emb_dim=32, n_layers=2, n_heads=4)),
     Architecture("FSMT (time-first)", "fsmt", "encoder-decoder",
