@@ -200,6 +200,11 @@ def _layer_sites(s: Structure, path: str, layer: nn.Module) -> None:
     full = join(path, next(n for n, m in named if m is branch))
     s.add(branch, Site(full, FFN, f"residual stream entering {join(path, carrier_path)}",
                        functools.partial(gate_branch, carrier, branch)))
+    for container in filter(None, (child(layer, p) for p in layout.adapters)):
+        for adapter in container.children():
+            full = join(path, next(n for n, m in named if m is adapter))
+            s.add(adapter, Site(full, FFN, f"residual stream entering {full} (its input)",
+                                functools.partial(gate_branch, adapter, adapter)))
 
 
 def _attention(name: str, attention: nn.Module, carrier: nn.Module,

@@ -61,6 +61,9 @@ class Layout:
     ``cross_carrier``: the same for cross-attention. ``applies(layer)``: whether the row
     describes this layer. Paths may index module lists (``layer.-1``). ``refused``: why the host
     cannot cover this family (then ``ffn`` / ``ffn_carrier`` are empty and the layer is refused).
+    ``adapters``: paths of containers whose every child is a residual branch of its own, added
+    to the stream it reads (X-MOD's per-language adapters): gated h + ρτ(h)·adapter(h), h its
+    input.
     """
 
     name: str
@@ -70,6 +73,7 @@ class Layout:
     ffn_carrier: tuple[str, ...]
     cross_carrier: tuple[str, ...] = ()
     refused: str = ""
+    adapters: tuple[str, ...] = ()
 
 
 def child(module: nn.Module, path: str) -> nn.Module | None:
@@ -375,10 +379,21 @@ LAYOUTS: list[Layout] = [
                    "would move; a null token would not stay inert"),
     Layout("2-D token grid", "Swin, Swin-v2, Donut-Swin, MaskFormer-Swin, SAM, ViTDet, LeViT",
            _on_grid, ffn=(), ffn_carrier=(), refused=_GRID),
-    Layout("language adapters", "X-MOD", _has("output.adapter_modules"), ffn=(), ffn_carrier=(),
-           refused="a per-language bottleneck adapter with biases runs on the residual stream "
-                   "after the FFN (output.adapter_modules), outside every gate; a null token "
-                   "would not stay inert"),
+    # X-MOD's output adds each language's adapter to the stream after the FFN: with
+    # ln_before_adapter the stream is the norm's output, the adapter's own input; without, it
+    # is the stream before that norm, inside XmodOutput.forward, which no module receives
+    Layout("language adapters after their norm's input", "X-MOD (ln_before_adapter=False)",
+           lambda layer: (_has("output.adapter_modules")(layer)
+                          and not getattr(child(layer, "output"), "ln_before_adapter", True)),
+           ffn=(), ffn_carrier=(),
+           refused="a per-language bottleneck adapter with biases is added to the residual "
+                   "stream before the norm that feeds it (ln_before_adapter=False), a stream "
+                   "computed inside the output module that no module receives, so no gate can "
+                   "read its presence; a null token would not stay inert"),
+    Layout("language adapters", "X-MOD", _has("intermediate", "output.dense",
+                                              "output.adapter_modules"),
+           ffn=("output.dense",), ffn_carrier=("intermediate",),
+           cross_carrier=("crossattention",), adapters=("output.adapter_modules",)),
     Layout("T5 sub-layers", "T5, mT5, UMT5, Switch Transformers",
            lambda layer: first_present(layer, _T5_FFNS) is not None,
            ffn=_T5_FFNS, ffn_carrier=("layer.-1",), cross_carrier=("layer.1",)),

@@ -227,6 +227,9 @@ NEW_LAYOUTS = [
                  dict(encoder=dict(_COMMON, head_dim=8), decoder=dict(_COMMON, head_dim=8))),
     # its output projection is named projection_layer: found as the one the forward calls last
     Architecture("InternVL (vision)", "internvl_vision", "vision", _IMAGE),
+    # a per-language adapter on the stream after the FFN, gated by the presence of its input
+    Architecture("X-MOD (language adapters)", "xmod", "encoder-only",
+                 dict(languages=["en_XX", "de_DE"], default_language="de_DE")),
 ]
 ARCHITECTURES += SOFTMAX_ROUTE + NEW_LAYOUTS
 
@@ -252,8 +255,9 @@ REFUSED = [
                       laurel_rank=4, num_kv_shared_layers=0, intermediate_size=[64, 64],
                       activation_sparsity_pattern=[0.0, 0.0],
                       layer_types=["sliding_attention", "full_attention"])),
-    Architecture("X-MOD", "xmod", "encoder-only", dict(languages=["en_XX"],
-                                                       default_language="en_XX")),
+    Architecture("X-MOD (adapter added before its norm)", "xmod", "encoder-only",
+                 dict(languages=["en_XX", "de_DE"], default_language="en_XX",
+                      ln_before_adapter=False)),
     Architecture("MobileBERT", "mobilebert", "encoder-only",
                  dict(embedding_size=32, intra_bottleneck_size=32, true_hidden_size=32,
                       num_feedforward_networks=1)),
