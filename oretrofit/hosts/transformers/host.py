@@ -89,24 +89,33 @@ def backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _layer_lists(backbone: nn.Module) -> list[tuple[str, nn.ModuleList]]:
-    """Outermost module lists whose elements contain an attention module of either route."""
+    """Outermost module lists whose elements contain an attention module of either route; a
+    list of layer groups (:func:`_groups`) gives way to the lists inside its groups."""
     lists: list[tuple[str, nn.ModuleList]] = []
     for name, module in backbone.named_modules():
         if any(name.startswith(f + ".") for f, _ in lists) or not isinstance(module, nn.ModuleList):
             continue
-        if any(attention_modules(layer) for layer in module):
+        if any(attention_modules(layer) for layer in module) and not _groups(module):
             lists.append((name, module))
     return lists
 
 
+def _groups(module_list: nn.ModuleList) -> bool:
+    """Whether every element holds nothing but one module list: a group of layers (ALBERT's
+    ``AlbertLayerGroup`` runs its ``albert_layers`` in order, and its groups are shared across
+    the depth), whose own elements are the layers that carry the residual stream."""
+    return all([type(c) for c in group.children()] == [nn.ModuleList] for group in module_list)
+
+
 def _self_attending_lists(backbone: nn.Module, interface_lists: list[str]
                           ) -> list[tuple[str, list[str]]]:
-    """Outermost module lists outside ``interface_lists`` whose elements hold attention-named
-    modules (e.g. an encoder stack that computes attention itself), with those class names."""
+    """Outermost module lists outside ``interface_lists`` (and not holding one: a list of layer
+    groups) whose elements hold attention-named modules (e.g. an encoder stack that computes
+    attention itself), with those class names."""
     found: list[tuple[str, list[str]]] = []
     for name, module in backbone.named_modules():
         if (not isinstance(module, nn.ModuleList)
-                or any(name == f or name.startswith(f + ".")
+                or any(name == f or name.startswith(f + ".") or f.startswith(name + ".")
                        for f in interface_lists + [f for f, _ in found])):
             continue
         own = sorted({type(m).__name__ for layer in module for m in layer.modules()

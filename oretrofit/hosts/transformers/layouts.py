@@ -4,7 +4,8 @@ from a loaded model.
 Derived from the model, for every architecture:
 
 * **layers**: the elements of the outermost ``nn.ModuleList`` whose elements contain a module
-  that calls the attention interface (``ALL_ATTENTION_FUNCTIONS``);
+  that calls the attention interface (``ALL_ATTENTION_FUNCTIONS``); where each element holds
+  nothing but a list of layers (ALBERT's layer groups), that list's elements;
 * **attention**: those modules; the first in a layer is its self-attention (carrier: the
   residual stream entering the layer), later ones attend to the encoder output;
 * **output projection**: the attention module's ``o_proj`` / ``out_proj`` / ``c_proj`` /
@@ -406,6 +407,10 @@ LAYOUTS: list[Layout] = [
            cross_carrier=("encoder_attn_layer_norm",)),
     Layout("fc1/fc2 inline, post-norm", "BART", _has("fc1", "fc2"), ffn=("fc2",),
            ffn_carrier=("fc1",), cross_carrier=("encoder_attn",)),
+    # the FFN runs inline (ff_chunk: ffn, activation, ffn_output), full_layer_layer_norm after
+    Layout("ffn/ffn_output inline, post-norm", "ALBERT",
+           _has("ffn", "ffn_output", "full_layer_layer_norm"), ffn=("ffn_output",),
+           ffn_carrier=("ffn",)),
     Layout("FFN module, post-norm", "DistilBERT", _has("ffn", "output_layer_norm"),
            ffn=("ffn",), ffn_carrier=("ffn",)),
     Layout("sandwich norms", "Gemma2, Gemma3, T5Gemma", _has("mlp", "pre_feedforward_layernorm"),

@@ -134,7 +134,7 @@ COVERED_FROM: dict[str, tuple[str, str]] = {
         "megatron-bert", "deberta", "deberta-v2", "mpnet", "tapas", "luke", "bigbird_pegasus",
         "gpt_neox_japanese", "imagegpt", "mvp", "data2vec-vision")},
     **{model_type: (TESTED_RELEASES[-1], NEW_LAYOUT) for model_type in (
-        "aimv2_vision_model", "nllb-moe", "t5gemma", "internvl_vision", "xmod")},
+        "aimv2_vision_model", "nllb-moe", "t5gemma", "internvl_vision", "xmod", "albert")},
 }
 
 

@@ -230,11 +230,15 @@ NEW_LAYOUTS = [
     # a per-language adapter on the stream after the FFN, gated by the presence of its input
     Architecture("X-MOD (language adapters)", "xmod", "encoder-only",
                  dict(languages=["en_XX", "de_DE"], default_language="de_DE")),
+    # layers inside layer groups (the groups' lists hold the layers), one group shared by both
+    Architecture("ALBERT (one shared layer group)", "albert", "encoder-only",
+                 dict(embedding_size=16)),
+    Architecture("ALBERT (2 groups of 2 layers)", "albert", "encoder-only",
+                 dict(embedding_size=16, num_hidden_groups=2, inner_group_num=2)),
 ]
 ARCHITECTURES += SOFTMAX_ROUTE + NEW_LAYOUTS
 
 REFUSED = [
-    Architecture("ALBERT", "albert", "encoder-only", dict(embedding_size=32)),
     Architecture("Mamba", "mamba", "decoder-only", dict(state_size=4, expand=2, time_step_rank=4)),
     Architecture("Jamba (Mamba layers)", "jamba", "MoE",
                  dict(num_experts=4, num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1,
