@@ -101,10 +101,13 @@ def _layer_lists(backbone: nn.Module) -> list[tuple[str, nn.ModuleList]]:
 
 
 def _groups(module_list: nn.ModuleList) -> bool:
-    """Whether every element holds nothing but one module list: a group of layers (ALBERT's
-    ``AlbertLayerGroup`` runs its ``albert_layers`` in order, and its groups are shared across
-    the depth), whose own elements are the layers that carry the residual stream."""
-    return all([type(c) for c in group.children()] == [nn.ModuleList] for group in module_list)
+    """Whether every element holds nothing but one module list of layers that each attend: a
+    group of layers (ALBERT's ``AlbertLayerGroup`` runs its ``albert_layers`` in order, and its
+    groups are shared across the depth), whose own elements carry the residual stream. A T5
+    block's list holds sub-layers, the FFN's without attention: the block is the layer."""
+    return all([type(c) for c in group.children()] == [nn.ModuleList]
+               and all(attention_modules(layer) for layer in next(group.children()))
+               for group in module_list)
 
 
 def _self_attending_lists(backbone: nn.Module, interface_lists: list[str]

@@ -383,7 +383,7 @@ LAYOUTS: list[Layout] = [
     # X-MOD's output adds each language's adapter to the stream after the FFN: with
     # ln_before_adapter the stream is the norm's output, the adapter's own input; without, it
     # is the stream before that norm, inside XmodOutput.forward, which no module receives
-    Layout("language adapters after their norm's input", "X-MOD (ln_before_adapter=False)",
+    Layout("language adapters on the pre-norm stream", "X-MOD (ln_before_adapter=False)",
            lambda layer: (_has("output.adapter_modules")(layer)
                           and not getattr(child(layer, "output"), "ln_before_adapter", True)),
            ffn=(), ffn_carrier=(),
@@ -395,6 +395,25 @@ LAYOUTS: list[Layout] = [
                                               "output.adapter_modules"),
            ffn=("output.dense",), ffn_carrier=("intermediate",),
            cross_carrier=("crossattention",), adapters=("output.adapter_modules",)),
+    # I-BERT's QuantLinear / QuantEmbedding return (value, scaling factor) pairs
+    Layout("integer quantization", "I-BERT",
+           lambda layer: any(type(m).__name__ == "QuantLinear" for m in layer.modules()),
+           ffn=(), ffn_carrier=(),
+           refused="its projections (QuantLinear), tables (QuantEmbedding) and norms "
+                   "(IntLayerNorm) return (value, scaling factor) pairs, and with quant_mode they "
+                   "compute in integers scaled by factors every token shares (QuantAct), where a "
+                   "float presence gate is not defined; the host's projection and table gates "
+                   "handle neither, so the attention's output bias and the position and "
+                   "token-type tables would stay ungated; a null token would not stay inert"),
+    # JetMoE's attention routes each token through its top-k of several (query, output)
+    # projection pairs: experts.reduce, a method, projects and adds the mixture's bias
+    Layout("mixture of attention heads", "JetMoE",
+           lambda layer: any(type(m).__name__.endswith("MoA") for m in layer.modules()),
+           ffn=(), ffn_carrier=(),
+           refused="the attention output goes through a mixture of output projections routed "
+                   "per token (experts.reduce, a method, not a module call) that adds its bias "
+                   "inside, where no hook reaches it, so the bias stays ungated; a null token "
+                   "would not stay inert"),
     Layout("T5 sub-layers", "T5, mT5, UMT5, Switch Transformers",
            lambda layer: first_present(layer, _T5_FFNS) is not None,
            ffn=_T5_FFNS, ffn_carrier=("layer.-1",), cross_carrier=("layer.1",)),

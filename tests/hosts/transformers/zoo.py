@@ -268,6 +268,7 @@ REFUSED = [
     Architecture("MiniMax (lightning attention)", "minimax", "MoE",
                  dict(head_dim=8, num_local_experts=4, num_experts_per_tok=2,
                       layer_types=["linear_attention", "full_attention"])),
+    Architecture("I-BERT (integer quantization)", "ibert", "encoder-only"),
     Architecture("JetMoE (mixture of attention heads)", "jetmoe", "MoE",
                  dict(num_local_experts=4, num_experts_per_tok=2, kv_channels=8)),
     Architecture("XLM (layers inline)", "xlm", "encoder-only",
