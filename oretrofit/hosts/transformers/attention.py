@@ -47,6 +47,7 @@ from ..._attention import o_attention
 from ..._patching import PopAttribute, SiteConfig, Undo
 from ..._host import RetrofitError
 from ..torch_nn import patch_all
+from .layouts import forward_source
 from .releases import CarrierPresence, carrier_of
 
 __all__ = ["IMPLEMENTATION", "ADDITIVE_BIASES", "METADATA", "attach_o_attention",
@@ -85,13 +86,20 @@ def _check_keys(owner: str, attention_mask: Tensor | None, n_q: int, n_k: int,
 def _untracked_presences(module: nn.Module, state: CarrierPresence, n_q: int, n_k: int
                          ) -> str | None:
     """Why the captured presences do not fit the call's ``n_q`` queries and ``n_k`` keys (None
-    when they do): no batch axis, none captured for these queries (the attention module called
-    alone), or keys the KV cache holds at a slot other than ``layer_idx``, whose presences the
+    when they do): no batch axis, a call on one chunk of a packed sequence (vision towers that
+    split their tokens by ``cu_seqlens``), none captured for these queries (the attention module
+    called alone), or keys the KV cache holds at a slot other than ``layer_idx``, whose presences the
     capture (which reads the cache at ``layer_idx``) cannot follow."""
     owner = type(module).__name__
     unbatched = state.without_batch_axis(owner)
     if unbatched:
         return unbatched
+    if (state.query is not None and state.query.shape[1] > n_q
+            and "cu_seqlens" in forward_source(type(module))):
+        return (f"{owner} attends its packed sequence one chunk per call (cu_seqlens splits the "
+                f"{state.query.shape[1]} tokens of its input into images, and this call holds "
+                f"{n_q} queries), and no call says which of the tokens it holds, so the host "
+                "cannot place their presences on it; this host has no O form for it")
     if state.query is None or state.keys is None or state.query.shape[1] != n_q:
         return (f"{owner} was called without its carrier presences (the query length differs "
                 "from the captured layer input): call the model, not the attention module alone")

@@ -1,7 +1,9 @@
-"""Gates between the carrier boundary and the first layer that no ``inputs_embeds`` carrier
-reaches: a biased projection (:func:`gate_projection`, W x + ρτ(x)·b) and a position table added
-to patch embeddings (:func:`gate_patch_table`, h + ρτ(h)·e with h the patch embedding). The host
-(:mod:`.host`) decides where they apply.
+"""Gates the host's usual hooks do not reach: between the carrier boundary and the first layer,
+where no ``inputs_embeds`` carrier reaches, a biased projection (:func:`gate_projection`,
+W x + ρτ(x)·b) and a position table added to patch embeddings (:func:`gate_patch_table`,
+h + ρτ(h)·e with h the patch embedding); and an attention output projection fed its input
+sequence-first (:func:`gate_sequence_first_bias`, W x + pᵀ·b). The host (:mod:`.host`) decides
+where they apply.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from torch import Tensor, nn
 
 from ..._components import o_gate
 from ..._host import RetrofitError
-from ..._patching import SiteConfig, Undo, set_site, site_config
+from ..._patching import SiteConfig, Undo, noop, set_site, site_config
 from ..._presence import presence
-from ..torch_nn import patch_all
-from .releases import INJECT, gated_projection
+from ..torch_nn import ATTENTION, patch_all
+from .releases import INJECT, CarrierPresence, gated_projection
 
-__all__ = ["OGatedProjection", "gate_projection", "gate_patch_table"]
+__all__ = ["OGatedProjection", "OSequenceFirstBias", "gate_projection", "gate_patch_table",
+           "gate_sequence_first_bias"]
 
 
 class OGatedProjection:
@@ -93,3 +96,36 @@ class _PatchTableGate:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "p": None}
+
+
+class OSequenceFirstBias:
+    """Mixin for a biased attention output projection whose module hands it the attention output
+    sequence-first, ``(tokens, batch, ·)`` (MLCD permutes it before projecting and back after;
+    :func:`~.layouts.sequence_first_output` reads that from the forward): ``W x + pᵀ·b``, p the
+    receivers' presences ``(B, N)`` captured for the attention module. The call confirms the
+    order by shape; where the batch holds as many images as tokens, ``(N, B)`` and ``(B, N)``
+    look alike and nothing at the call could confirm it, so that call is refused."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        p = site_config(self, ATTENTION).query                                   # (B, N)
+        owner = f"{type(self).__name__} (an attention output projection fed sequence-first)"
+        if p.shape[0] == p.shape[1]:
+            raise RetrofitError(
+                f"{owner}: the batch holds as many items as tokens ({p.shape[0]}), so a (tokens, "
+                "batch) input cannot be told from a (batch, tokens) one and the presences could "
+                "sit on the wrong axis; call the model with a batch size other than its token "
+                "count")
+        if x.shape[:-1] != p.T.shape:
+            raise RetrofitError(
+                f"{owner} got {tuple(x.shape)} for a carrier of {tuple(p.shape)} (batch, tokens): "
+                "not the (tokens, batch, hidden) its module's forward hands it, so the host "
+                "cannot place the presences on it")
+        return gated_projection(self, x, p.T)
+
+
+def gate_sequence_first_bias(projection: nn.Module, state: CarrierPresence) -> Undo:
+    """Gate the bias of an attention output projection fed sequence-first
+    (:class:`OSequenceFirstBias`; no-op when it has none)."""
+    if getattr(projection, "bias", None) is None:
+        return noop
+    return set_site(projection, OSequenceFirstBias, ATTENTION, state)

@@ -10,7 +10,8 @@ Sites, named by module path (``<layer>`` = one element of the layer list):
                                     its own weights; receivers' presences from the residual stream
                                     entering the layer (cross-attention: entering its branch,
                                     sources: the encoder output); KV-cached keys keep theirs;
-                                    the output projection's bias is gated by p_i
+                                    the output projection's bias is gated by p_i (by pᵀ where
+                                    the module feeds it sequence-first, as MLCD)
     <norm>               norm       ONorm ρτ(h)·Norm(h) (eq. 16), every norm outside attention
     <ffn branch>         ffn        ρτ(h)·FFN(·) (eq. 15), h = the residual stream entering the
                                     FFN branch (per layout: parallel, sandwich, post-norm, …)
@@ -32,7 +33,7 @@ import functools
 import re
 import sys
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -43,9 +44,10 @@ from ..torch_nn import ATTENTION, FFN, patch_all, uncovered_attention
 from .attention import attach_o_attention
 from .boundary import (UNGATED, Structure, initial_state_problems, join, norm_site,
                        outer_sites, positional_convolutions)
+from .gates import gate_sequence_first_bias
 from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
                       first_present, is_norm, is_qk_norm, layout_of, output_projection,
-                      token_mixers)
+                      sequence_first_output, token_mixers)
 from .releases import (INJECT, check_transformers, gate_branch, gate_output_bias,
                        not_covered_yet, supported_text, transformers_version)
 from .softmax_route import attach_softmax_attention
@@ -87,24 +89,36 @@ def backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _layer_lists(backbone: nn.Module) -> list[tuple[str, nn.ModuleList]]:
-    """Outermost module lists whose elements contain an attention module of either route."""
+    """Outermost module lists whose elements contain an attention module of either route; a
+    list of layer groups (:func:`_groups`) gives way to the lists inside its groups."""
     lists: list[tuple[str, nn.ModuleList]] = []
     for name, module in backbone.named_modules():
         if any(name.startswith(f + ".") for f, _ in lists) or not isinstance(module, nn.ModuleList):
             continue
-        if any(attention_modules(layer) for layer in module):
+        if any(attention_modules(layer) for layer in module) and not _groups(module):
             lists.append((name, module))
     return lists
 
 
+def _groups(module_list: nn.ModuleList) -> bool:
+    """Whether every element holds nothing but one module list of layers that each attend: a
+    group of layers (ALBERT's ``AlbertLayerGroup`` runs its ``albert_layers`` in order, and its
+    groups are shared across the depth), whose own elements carry the residual stream. A T5
+    block's list holds sub-layers, the FFN's without attention: the block is the layer."""
+    return all([type(c) for c in group.children()] == [nn.ModuleList]
+               and all(attention_modules(layer) for layer in next(group.children()))
+               for group in module_list)
+
+
 def _self_attending_lists(backbone: nn.Module, interface_lists: list[str]
                           ) -> list[tuple[str, list[str]]]:
-    """Outermost module lists outside ``interface_lists`` whose elements hold attention-named
-    modules (e.g. an encoder stack that computes attention itself), with those class names."""
+    """Outermost module lists outside ``interface_lists`` (and not holding one: a list of layer
+    groups) whose elements hold attention-named modules (e.g. an encoder stack that computes
+    attention itself), with those class names."""
     found: list[tuple[str, list[str]]] = []
     for name, module in backbone.named_modules():
         if (not isinstance(module, nn.ModuleList)
-                or any(name == f or name.startswith(f + ".")
+                or any(name == f or name.startswith(f + ".") or f.startswith(name + ".")
                        for f in interface_lists + [f for f, _ in found])):
             continue
         own = sorted({type(m).__name__ for layer in module for m in layer.modules()
@@ -135,12 +149,14 @@ def _attention_sites(s: Structure, path: str, layer: nn.Module, layout: Layout,
         if projection is None:
             s.uncovered.append(f"{path}.{name} (output projection not found: its bias stays "
                                "ungated)")
+        gate = (gate_sequence_first_bias if projection is not None
+                and sequence_first_output(attention, projection) else gate_output_bias)
         s.add(attention, Site(
             join(path, name), ATTENTION,
             f"residual stream entering {join(path, carrier_path)}"
             + (" (sources: encoder output)" if cross else ""),
             functools.partial(_attention, join(path, name), attention,
-                              child(layer, carrier_path), projection, cross,
+                              child(layer, carrier_path), projection, gate, cross,
                               int(path.rpartition(".")[2]))))
 
 
@@ -196,13 +212,19 @@ def _layer_sites(s: Structure, path: str, layer: nn.Module) -> None:
     full = join(path, next(n for n, m in named if m is branch))
     s.add(branch, Site(full, FFN, f"residual stream entering {join(path, carrier_path)}",
                        functools.partial(gate_branch, carrier, branch)))
+    for container in filter(None, (child(layer, p) for p in layout.adapters)):
+        for adapter in container.children():
+            full = join(path, next(n for n, m in named if m is adapter))
+            s.add(adapter, Site(full, FFN, f"residual stream entering {full} (its input)",
+                                functools.partial(gate_branch, adapter, adapter)))
 
 
 def _attention(name: str, attention: nn.Module, carrier: nn.Module,
-               projection: nn.Module | None, cross: bool, layer_index: int,
-               config: SiteConfig) -> Undo:
+               projection: nn.Module | None, gate: Callable[[nn.Module, Any], Undo],
+               cross: bool, layer_index: int, config: SiteConfig) -> Undo:
     """The interface route where the module calls the attention interface, else the softmax
-    route (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list)."""
+    route (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list); ``gate``
+    gates the output projection's bias by the captured presences."""
     if calls_attention_interface(attention):
         undo_attention, state = attach_o_attention(attention, carrier, config, cross)
     else:
@@ -210,7 +232,7 @@ def _attention(name: str, attention: nn.Module, carrier: nn.Module,
                                                          layer_index)
     steps = [lambda: undo_attention]
     if projection is not None:
-        steps.append(lambda: gate_output_bias(projection, state))
+        steps.append(lambda: gate(projection, state))
     return patch_all(*steps)
 
 

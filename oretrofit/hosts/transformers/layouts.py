@@ -4,12 +4,15 @@ from a loaded model.
 Derived from the model, for every architecture:
 
 * **layers**: the elements of the outermost ``nn.ModuleList`` whose elements contain a module
-  that calls the attention interface (``ALL_ATTENTION_FUNCTIONS``);
+  that calls the attention interface (``ALL_ATTENTION_FUNCTIONS``); where each element holds
+  nothing but a list of layers (ALBERT's layer groups), that list's elements;
 * **attention**: those modules; the first in a layer is its self-attention (carrier: the
   residual stream entering the layer), later ones attend to the encoder output;
 * **output projection**: the attention module's ``o_proj`` / ``out_proj`` / ``c_proj`` /
-  ``dense`` / ``o`` / ``out_lin`` / ``Wo`` (``nn.Linear`` or ``Conv1D``), or its parent's
-  ``output.dense`` (BERT, whose self-attention module has none) or ``output`` (BigBird-Pegasus);
+  ``dense`` / ``o`` / ``out_lin`` / ``Wo`` (``nn.Linear`` or ``Conv1D``), else the one such child
+  its forward calls after the attention interface (InternVL's ``projection_layer``), else its
+  parent's ``output.dense`` (BERT, whose self-attention module has none) or ``output``
+  (BigBird-Pegasus);
 * **norms**: leaf modules whose class name ends in ``Norm`` (LayerNorm, RMSNorm, T5LayerNorm,
   Nemotron's LayerNorm1P, …),
   except per-head query/key norms (``q_norm``, ``k_layernorm``, …: they act on q/k, inside the
@@ -42,7 +45,8 @@ from torch import nn
 
 __all__ = ["Layout", "LAYOUTS", "register_layout", "unregister_layout", "layout_of",
            "calls_attention_interface", "computes_attention", "eager_class", "forward_source", "attention_modules",
-           "child", "is_norm", "is_qk_norm", "output_projection", "token_mixers",
+           "child", "is_norm", "is_qk_norm", "output_projection", "sequence_first_output",
+           "token_mixers",
            "is_additive_table"]
 
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "c_proj", "dense", "o", "out_lin", "Wo", "wo")
@@ -58,6 +62,9 @@ class Layout:
     ``cross_carrier``: the same for cross-attention. ``applies(layer)``: whether the row
     describes this layer. Paths may index module lists (``layer.-1``). ``refused``: why the host
     cannot cover this family (then ``ffn`` / ``ffn_carrier`` are empty and the layer is refused).
+    ``adapters``: paths of containers whose every child is a residual branch of its own, added
+    to the stream it reads (X-MOD's per-language adapters): gated h + ρτ(h)·adapter(h), h its
+    input.
     """
 
     name: str
@@ -67,6 +74,7 @@ class Layout:
     ffn_carrier: tuple[str, ...]
     cross_carrier: tuple[str, ...] = ()
     refused: str = ""
+    adapters: tuple[str, ...] = ()
 
 
 def child(module: nn.Module, path: str) -> nn.Module | None:
@@ -206,14 +214,59 @@ def is_qk_norm(path: str) -> bool:
 
 
 def output_projection(attention: nn.Module, parent: nn.Module | None) -> nn.Module | None:
+    """The projection the attention output goes through: a child named as in
+    :data:`OUTPUT_PROJECTIONS`, else the one projection the forward calls after the attention
+    (:func:`_projection_called_after`), else the parent's ``output.dense`` / ``output``."""
     for name in OUTPUT_PROJECTIONS:
         projection = getattr(attention, name, None)
         if isinstance(projection, nn.Module):
             return projection
-    if parent is None:
-        return None
+    called = _projection_called_after(attention)
+    if called is not None or parent is None:
+        return called
     return next((m for m in (child(parent, "output.dense"), child(parent, "output"))
                  if isinstance(m, nn.Linear)), None)
+
+
+_SELF_CALL = re.compile(r"self\.(\w+)\(")
+
+
+def _is_projection(module: object) -> bool:
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def _projection_called_after(attention: nn.Module) -> nn.Module | None:
+    """The projection child (``nn.Linear`` / ``Conv1D``) that ``attention``'s forward calls after
+    its last call of the attention interface (InternVL's ``projection_layer``, GLM-Image's
+    ``proj``): once the weights are applied, the only projection left is the one the output
+    goes through. None when the forward calls no such child there, or more than one (which of
+    them carries the output the source does not say)."""
+    source = forward_source(_own_class(attention))
+    start = _after_attention(source)
+    if start < 0:
+        return None
+    called = {name for name in _SELF_CALL.findall(source, start)
+              if _is_projection(getattr(attention, name, None))}
+    return getattr(attention, called.pop()) if len(called) == 1 else None
+
+
+def _after_attention(source: str) -> int:
+    """Where a forward's ``source`` last calls the attention interface (-1: it does not)."""
+    return max(source.rfind("attention_interface("), source.rfind("ALL_ATTENTION_FUNCTIONS"))
+
+
+_SWAP_LEADING_AXES = re.compile(r"\.(permute\(1, 0\b|transpose\(0, 1\))")
+
+
+def sequence_first_output(attention: nn.Module, projection: nn.Module) -> bool:
+    """Whether ``attention``'s forward hands ``projection`` its output sequence-first
+    ``(tokens, batch, ·)``: between its last call of the attention interface and its call of
+    the projection it swaps the output's two leading axes (MLCD's ``permute(1, 0, 2, 3)``)."""
+    source = forward_source(_own_class(attention))
+    name = next((n for n, m in attention.named_children() if m is projection), None)
+    start = _after_attention(source)
+    end = source.find(f"self.{name}(", start) if name is not None and start >= 0 else -1
+    return end >= 0 and _SWAP_LEADING_AXES.search(source, start, end) is not None
 
 
 _POSITION_TABLE = re.compile(r"Positional?Embeddings?$")
@@ -301,14 +354,6 @@ LAYOUTS: list[Layout] = [
            ffn=(), ffn_carrier=(), refused=_PER_LAYER_INPUTS),
     Layout("MLP with parallel experts", "Gemma4 (enable_moe_block)",
            _has("mlp", "router", "experts"), ffn=(), ffn_carrier=(), refused=_PARALLEL_EXPERTS),
-    # The attention module hands its output projection a (tokens, batch, hidden) tensor, so the
-    # projection's bias cannot be gated by the (batch, tokens) presences (when batch == tokens
-    # no shape check could tell); no structure of the layer shows it, hence the class name.
-    Layout("sequence-first attention output", "MLCD",
-           lambda layer: type(layer).__name__.startswith("MLCD"), ffn=(), ffn_carrier=(),
-           refused="the attention module permutes its output to (tokens, batch, hidden) before "
-                   "the biased output projection, so the projection's bias cannot be gated per "
-                   "token; a null token would not stay inert"),
     # The layers read and write the residual stream as (tokens, batch, hidden): presences come
     # out (tokens, batch), and where tokens == batch no shape check could tell the axes apart.
     Layout("time-first layers", "FSMT, XLNet",
@@ -335,9 +380,39 @@ LAYOUTS: list[Layout] = [
                    "would move; a null token would not stay inert"),
     Layout("2-D token grid", "Swin, Swin-v2, Donut-Swin, MaskFormer-Swin, SAM, ViTDet, LeViT",
            _on_grid, ffn=(), ffn_carrier=(), refused=_GRID),
-    Layout("language adapters", "X-MOD", _has("output.adapter_modules"), ffn=(), ffn_carrier=(),
-           refused="a per-language bottleneck adapter with biases runs on the residual stream "
-                   "after the FFN (output.adapter_modules), outside every gate; a null token "
+    # X-MOD's output adds each language's adapter to the stream after the FFN: with
+    # ln_before_adapter the stream is the norm's output, the adapter's own input; without, it
+    # is the stream before that norm, inside XmodOutput.forward, which no module receives
+    Layout("language adapters on the pre-norm stream", "X-MOD (ln_before_adapter=False)",
+           lambda layer: (_has("output.adapter_modules")(layer)
+                          and not getattr(child(layer, "output"), "ln_before_adapter", True)),
+           ffn=(), ffn_carrier=(),
+           refused="a per-language bottleneck adapter with biases is added to the residual "
+                   "stream before the norm that feeds it (ln_before_adapter=False), a stream "
+                   "computed inside the output module that no module receives, so no gate can "
+                   "read its presence; a null token would not stay inert"),
+    Layout("language adapters", "X-MOD", _has("intermediate", "output.dense",
+                                              "output.adapter_modules"),
+           ffn=("output.dense",), ffn_carrier=("intermediate",),
+           cross_carrier=("crossattention",), adapters=("output.adapter_modules",)),
+    # I-BERT's QuantLinear / QuantEmbedding return (value, scaling factor) pairs
+    Layout("integer quantization", "I-BERT",
+           lambda layer: any(type(m).__name__ == "QuantLinear" for m in layer.modules()),
+           ffn=(), ffn_carrier=(),
+           refused="its projections (QuantLinear), tables (QuantEmbedding) and norms "
+                   "(IntLayerNorm) return (value, scaling factor) pairs, and with quant_mode they "
+                   "compute in integers scaled by factors every token shares (QuantAct), where a "
+                   "float presence gate is not defined; the host's projection and table gates "
+                   "handle neither, so the attention's output bias and the position and "
+                   "token-type tables would stay ungated; a null token would not stay inert"),
+    # JetMoE's attention routes each token through its top-k of several (query, output)
+    # projection pairs: experts.reduce, a method, projects and adds the mixture's bias
+    Layout("mixture of attention heads", "JetMoE",
+           lambda layer: any(type(m).__name__.endswith("MoA") for m in layer.modules()),
+           ffn=(), ffn_carrier=(),
+           refused="the attention output goes through a mixture of output projections routed "
+                   "per token (experts.reduce, a method, not a module call) that adds its bias "
+                   "inside, where no hook reaches it, so the bias stays ungated; a null token "
                    "would not stay inert"),
     Layout("T5 sub-layers", "T5, mT5, UMT5, Switch Transformers",
            lambda layer: first_present(layer, _T5_FFNS) is not None,
@@ -351,11 +426,21 @@ LAYOUTS: list[Layout] = [
            cross_carrier=("encoder_attn_layer_norm",)),
     Layout("fc1/fc2 inline, post-norm", "BART", _has("fc1", "fc2"), ffn=("fc2",),
            ffn_carrier=("fc1",), cross_carrier=("encoder_attn",)),
+    # the FFN runs inline (ff_chunk: ffn, activation, ffn_output), full_layer_layer_norm after
+    Layout("ffn/ffn_output inline, post-norm", "ALBERT",
+           _has("ffn", "ffn_output", "full_layer_layer_norm"), ffn=("ffn_output",),
+           ffn_carrier=("ffn",)),
     Layout("FFN module, post-norm", "DistilBERT", _has("ffn", "output_layer_norm"),
            ffn=("ffn",), ffn_carrier=("ffn",)),
     Layout("sandwich norms", "Gemma2, Gemma3, T5Gemma", _has("mlp", "pre_feedforward_layernorm"),
            ffn=("mlp",), ffn_carrier=("pre_feedforward_layernorm",),
            cross_carrier=("pre_cross_attn_layernorm",)),
+    # the norm in front of the MLP is called before it, so its input is the stream entering the
+    # branch (CLIPSeg's decoder calls its layer_norm2 after the MLP: post-norm, not this row)
+    Layout("pre-norm layer_norm2", "CLIP, SigLIP, MLCD",
+           lambda layer: (_has("mlp", "layer_norm2")(layer)
+                          and _called_before(layer, "layer_norm2", "mlp")),
+           ffn=("mlp",), ffn_carrier=("layer_norm2",)),
     Layout("parallel residual", "GPT-J, Phi, Cohere, GPT-NeoX",
            lambda layer: first_present(layer, _MLPS) is not None and _parallel(layer),
            ffn=_MLPS, ffn_carrier=("",)),

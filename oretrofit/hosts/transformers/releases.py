@@ -108,8 +108,9 @@ _DOGE = ("computes other attention under SDPA than under eager (its dynamic mask
 # measured by this suite on the newest tested release only, refused before it.
 SOFTMAX_ROUTE = ("its attention is the module's own code, covered by the softmax route "
                  "(softmax_route.py), which is measured on this release only so far")
-NEW_LAYOUT = ("has layers (or a decoder word embedding) the host describes from a layout added "
-              "on the newest tested release, measured on that release only so far")
+NEW_LAYOUT = ("has layers (or a decoder word embedding, or an attention output projection) the "
+              "host describes from a layout or rule added on the newest tested release, measured "
+              "on that release only so far")
 COVERED_FROM: dict[str, tuple[str, str]] = {
     "modernbert": ("5.1.0", INTERFACE),
     "qwen3_5_text": ("5.15.1", _QWEN35),              # the model type is new in 5.2
@@ -133,7 +134,7 @@ COVERED_FROM: dict[str, tuple[str, str]] = {
         "megatron-bert", "deberta", "deberta-v2", "mpnet", "tapas", "luke", "bigbird_pegasus",
         "gpt_neox_japanese", "imagegpt", "mvp", "data2vec-vision")},
     **{model_type: (TESTED_RELEASES[-1], NEW_LAYOUT) for model_type in (
-        "aimv2_vision_model", "nllb-moe", "t5gemma")},
+        "aimv2_vision_model", "nllb-moe", "t5gemma", "internvl_vision", "xmod", "albert")},
 }
 
 

@@ -228,11 +228,20 @@ NEW_LAYOUTS = [
     # the decoder looks up its own word embedding; cross-attention carrier pre_cross_attn_layernorm
     Architecture("T5Gemma", "t5gemma", "encoder-decoder",
                  dict(encoder=dict(_COMMON, head_dim=8), decoder=dict(_COMMON, head_dim=8))),
+    # its output projection is named projection_layer: found as the one the forward calls last
+    Architecture("InternVL (vision)", "internvl_vision", "vision", _IMAGE),
+    # a per-language adapter on the stream after the FFN, gated by the presence of its input
+    Architecture("X-MOD (language adapters)", "xmod", "encoder-only",
+                 dict(languages=["en_XX", "de_DE"], default_language="de_DE")),
+    # layers inside layer groups (the groups' lists hold the layers), one group shared by both
+    Architecture("ALBERT (one shared layer group)", "albert", "encoder-only",
+                 dict(embedding_size=16)),
+    Architecture("ALBERT (2 groups of 2 layers)", "albert", "encoder-only",
+                 dict(embedding_size=16, num_hidden_groups=2, inner_group_num=2)),
 ]
 ARCHITECTURES += SOFTMAX_ROUTE + NEW_LAYOUTS
 
 REFUSED = [
-    Architecture("ALBERT", "albert", "encoder-only", dict(embedding_size=32)),
     Architecture("Mamba", "mamba", "decoder-only", dict(state_size=4, expand=2, time_step_rank=4)),
     Architecture("Jamba (Mamba layers)", "jamba", "MoE",
                  dict(num_experts=4, num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1,
@@ -253,17 +262,18 @@ REFUSED = [
                       laurel_rank=4, num_kv_shared_layers=0, intermediate_size=[64, 64],
                       activation_sparsity_pattern=[0.0, 0.0],
                       layer_types=["sliding_attention", "full_attention"])),
-    Architecture("X-MOD", "xmod", "encoder-only", dict(languages=["en_XX"],
-                                                       default_language="en_XX")),
+    Architecture("X-MOD (adapter added before its norm)", "xmod", "encoder-only",
+                 dict(languages=["en_XX", "de_DE"], default_language="en_XX",
+                      ln_before_adapter=False)),
     Architecture("MobileBERT", "mobilebert", "encoder-only",
                  dict(embedding_size=32, intra_bottleneck_size=32, true_hidden_size=32,
                       num_feedforward_networks=1)),
     Architecture("MiniMax (lightning attention)", "minimax", "MoE",
                  dict(head_dim=8, num_local_experts=4, num_experts_per_tok=2,
                       layer_types=["linear_attention", "full_attention"])),
+    Architecture("I-BERT (integer quantization)", "ibert", "encoder-only"),
     Architecture("JetMoE (mixture of attention heads)", "jetmoe", "MoE",
                  dict(num_local_experts=4, num_experts_per_tok=2, kv_channels=8)),
-    Architecture("MLCD (vision)", "mlcd", "vision", _IMAGE),
     Architecture("XLM (layers inline)", "xlm", "encoder-only",
                  dict(emb_dim=32, n_layers=2, n_heads=4)),
     Architecture("FSMT (time-first)", "fsmt", "encoder-decoder",
