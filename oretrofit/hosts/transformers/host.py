@@ -41,6 +41,7 @@ from ..._patching import SiteConfig, Undo
 from ..._host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, patch_all, uncovered_attention
 from .attention import attach_o_attention
+from .indexer import attach_indexer
 from .boundary import (UNGATED, Structure, initial_state_problems, join, norm_site,
                        outer_sites, positional_convolutions)
 from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
@@ -202,13 +203,14 @@ def _attention(name: str, attention: nn.Module, carrier: nn.Module,
                projection: nn.Module | None, cross: bool, layer_index: int,
                config: SiteConfig) -> Undo:
     """The interface route where the module calls the attention interface, else the softmax
-    route (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list)."""
+    route (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list); a top-k
+    indexer inside it ranks by the same presences (:mod:`.indexer`)."""
     if calls_attention_interface(attention):
         undo_attention, state = attach_o_attention(attention, carrier, config, cross)
     else:
         undo_attention, state = attach_softmax_attention(name, attention, carrier, config, cross,
                                                          layer_index)
-    steps = [lambda: undo_attention]
+    steps = [lambda: undo_attention, lambda: attach_indexer(name, attention, state)]
     if projection is not None:
         steps.append(lambda: gate_output_bias(projection, state))
     return patch_all(*steps)
