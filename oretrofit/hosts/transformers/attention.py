@@ -16,6 +16,10 @@
     position_bias, alibi                        additive score biases b_ij (T5 relative
                                                 positions, ALiBi): s_ij + b_ij
     softcap                                     s_ij = c·tanh(scale·q·k / c) (Gemma2)
+    indices                                     top-k sparse attention (DeepSeek-V3.2): m_ij ∧
+                                                [j ∈ indices_i], the keys an O indexer chose
+                                                (:mod:`.indexer`); also for a module without
+                                                an O site, whose own kernel would ignore them
     s_aux                                       attention sinks (GPT-OSS): one more key of
                                                 logit s_h, value 0, presence 1
     scaling                                     the score scale
@@ -47,8 +51,9 @@ from ..._attention import o_attention
 from ..._patching import PopAttribute, SiteConfig, Undo
 from ..._host import RetrofitError
 from ..torch_nn import patch_all
+from .indexer import selected_keys
 from .layouts import forward_source
-from .releases import CarrierPresence, carrier_of
+from .releases import CarrierPresence
 
 __all__ = ["IMPLEMENTATION", "ADDITIVE_BIASES", "METADATA", "attach_o_attention",
            "o_attention_function", "register_implementation"]
@@ -181,6 +186,10 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
     """transformers attention function: q ``(B, H, Nq, d)``, k/v ``(B, Hkv, Nk, d)`` ->
     ``(B, Nq, H, d)``; OAttention (eq. 7) with the carriers' presences captured for ``module``."""
     state: CarrierPresence | None = module.__dict__.get(_STATE)
+    indices = kwargs.pop("indices", None)
+    if indices is not None:
+        attention_mask = selected_keys(attention_mask, indices, query.shape[2], key.shape[2],
+                                       type(module).__name__)
     if state is None:
         return _run_original(module, query, key, value, attention_mask, scaling=scaling,
                              dropout=dropout, **kwargs)

@@ -45,6 +45,7 @@ from .attention import attach_o_attention
 from .boundary import (UNGATED, Structure, initial_state_problems, join, norm_site,
                        outer_sites, positional_convolutions)
 from .gates import gate_sequence_first_bias
+from .indexer import attach_indexer
 from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
                       first_present, is_norm, is_qk_norm, layout_of, output_projection,
                       sequence_first_output, token_mixers)
@@ -223,14 +224,15 @@ def _attention(name: str, attention: nn.Module, carrier: nn.Module,
                projection: nn.Module | None, gate: Callable[[nn.Module, Any], Undo],
                cross: bool, layer_index: int, config: SiteConfig) -> Undo:
     """The interface route where the module calls the attention interface, else the softmax
-    route (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list); ``gate``
-    gates the output projection's bias by the captured presences."""
+    route (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list); a top-k
+    indexer inside it ranks by the same presences (:mod:`.indexer`); ``gate`` gates the output
+    projection's bias by the captured presences."""
     if calls_attention_interface(attention):
         undo_attention, state = attach_o_attention(attention, carrier, config, cross)
     else:
         undo_attention, state = attach_softmax_attention(name, attention, carrier, config, cross,
                                                          layer_index)
-    steps = [lambda: undo_attention]
+    steps = [lambda: undo_attention, lambda: attach_indexer(name, attention, state)]
     if projection is not None:
         steps.append(lambda: gate(projection, state))
     return patch_all(*steps)

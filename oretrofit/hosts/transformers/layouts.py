@@ -370,14 +370,35 @@ LAYOUTS: list[Layout] = [
                    "through 1x1 convolutions, so a norm or presence over the last axis would "
                    "read one channel of every token, not one token; a null token would not stay "
                    "inert"),
-    # The indexer's top-k reaches the attention function as `indices`, or as a mask under eager.
-    Layout("top-k sparse attention", "HY-V4, DeepSeek-V3.2, GLM-MoE-DSA",
-           lambda layer: any(hasattr(m, "indexer") for m in layer.modules()), ffn=(),
+    # Per-token top-k sparse attention (DeepSeek-V3.2's indexer) is covered by .indexer; these
+    # variants select keys that no presence describes.
+    Layout("compressed sparse attention", "DeepSeek-V4",
+           lambda layer: any(hasattr(m, "compress_rate") for m in layer.modules()), ffn=(),
            ffn_carrier=(),
-           refused="each query attends only to the k keys an indexer scores highest (DeepSeek "
-                   "sparse attention): a null key's index score (0 from its zero projections) can "
-                   "outrank a live key's and take its place among the k, so old tokens' outputs "
-                   "would move; a null token would not stay inert"),
+           refused="its attention attends to compressed keys: a compressor pools each window of "
+                   "compress_rate consecutive token slots into one key (a softmax over the "
+                   "window), and an indexer picks the top-k of those; a null token inside a "
+                   "window moves its key, an insertion shifts every later window, and a "
+                   "compressed key has no presence of its own to weight or rank it by; a null "
+                   "token would not stay inert"),
+    Layout("block top-k sparse attention", "MiniMax-M3",
+           lambda layer: any(hasattr(m, "indexer") and hasattr(m.indexer, "block_size")
+                             for m in layer.modules()), ffn=(), ffn_carrier=(),
+           refused="each query attends only to the blocks of index_block_size consecutive key "
+                   "slots an indexer scores highest (max-pooled per block, the query's local "
+                   "blocks always kept); an insertion shifts the block boundaries of every later "
+                   "key, so which live keys a block holds, and whether it is kept, change with "
+                   "it: no presence weighting of single keys keeps a whole-block selection; a "
+                   "null token would not stay inert"),
+    # Their layers also select keys by a top-k indexer; refused for the carrier, not the indexer.
+    Layout("hyper-connection streams", "HY-V4, DeepSeek-V4", _has("attn_hc", "ffn_hc"), ffn=(),
+           ffn_carrier=(),
+           refused="the layer carries hc_mult copies of the residual stream per token "
+                   "(hyper-connections: attn_hc / ffn_hc mix them into each branch's input and "
+                   "spread the branch's output back over them), so a token's carrier is "
+                   "(hc_mult, hidden) and the presence the host takes over a carrier's last axis "
+                   "would be one per copy, not one per token: OAttention's key and receiver "
+                   "gates are not defined for it"),
     Layout("2-D token grid", "Swin, Swin-v2, Donut-Swin, MaskFormer-Swin, SAM, ViTDet, LeViT",
            _on_grid, ffn=(), ffn_carrier=(), refused=_GRID),
     # X-MOD's output adds each language's adapter to the stream after the FFN: with

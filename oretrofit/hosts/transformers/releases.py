@@ -39,7 +39,7 @@ __all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_output_bias", "
            "gated_projection", "INJECT",
            "zero_padded_inputs", "check_transformers", "transformers_version", "TESTED_RELEASES",
            "supported_range", "supported_text", "requirement", "admits", "COVERED_FROM",
-           "INTERFACE", "SOFTMAX_ROUTE", "NEW_LAYOUT",
+           "INTERFACE", "SOFTMAX_ROUTE", "NEW_LAYOUT", "TOP_K_INDEXER",
            "covered_from", "before_covered", "not_covered_yet"]
 
 
@@ -111,6 +111,9 @@ SOFTMAX_ROUTE = ("its attention is the module's own code, covered by the softmax
 NEW_LAYOUT = ("has layers (or a decoder word embedding, or an attention output projection) the "
               "host describes from a layout or rule added on the newest tested release, measured "
               "on that release only so far")
+TOP_K_INDEXER = ("selects its attention's keys with a top-k indexer (DeepSeek sparse attention), "
+                 "which the host ranks by presence (indexer.py), measured on this release only so "
+                 "far")
 COVERED_FROM: dict[str, tuple[str, str]] = {
     "modernbert": ("5.1.0", INTERFACE),
     "qwen3_5_text": ("5.15.1", _QWEN35),              # the model type is new in 5.2
@@ -135,6 +138,11 @@ COVERED_FROM: dict[str, tuple[str, str]] = {
         "gpt_neox_japanese", "imagegpt", "mvp", "data2vec-vision")},
     **{model_type: (TESTED_RELEASES[-1], NEW_LAYOUT) for model_type in (
         "aimv2_vision_model", "nllb-moe", "t5gemma", "internvl_vision", "xmod", "albert")},
+    # the default minimax_m3_vl_text has dense layers only, which the refused row of indexers
+    # matched too
+    **{model_type: (TESTED_RELEASES[-1], TOP_K_INDEXER) for model_type in (
+        "deepseek_v32", "glm_moe_dsa", "axk2", "mistral_large4", "mistral_large4_text")},
+    "minimax_m3_vl_text": (TESTED_RELEASES[-1], NEW_LAYOUT),
 }
 
 

@@ -297,7 +297,7 @@ REFUSED = [
                  dict(num_attention_heads=[4, 8, 12])),
     Architecture("SqueezeBERT (channels-first)", "squeezebert", "encoder-only",
                  dict(embedding_size=32)),
-    Architecture("HY-V4 (top-k sparse attention)", "hy_v4", "MoE", dict(head_dim=8)),
+    Architecture("HY-V4 (hyper-connections)", "hy_v4", "MoE", dict(head_dim=8)),
 ]
 
 # Retrofitted (their modules compute attention themselves), then refused by the softmax route at
