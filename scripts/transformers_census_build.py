@@ -11,8 +11,8 @@ multimodal rotary sections). The example inputs are
 :func:`oretrofit.hosts.transformers.contracts.example_inputs` (by the model's main input and
 forward signature). Attempts, first that builds and runs its example inputs wins: the tiny config
 ``tests/hosts/transformers/zoo.py`` gives the model type (its first row) where it has one, every
-field, every field but the image ones, then the layer counts only; each under a cap of 30 M
-parameters (counted on the meta device first).
+field, every field but the image ones, every field at a width of 192, then the layer counts
+only; each under a cap of 30 M parameters (counted on the meta device first).
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ ATTEMPTS: dict[str, tuple[dict[str, int], ...] | None] = {
     "zoo": None,
     "tiny": (_WIDTH, _HEADS, _OTHER, _LAYERS, _IMAGE),
     "tiny, default image size": (_WIDTH, _HEADS, _OTHER, _LAYERS),
+    # 768 / 4: the default width's factors kept, for layout embeddings that split the width by
+    # 6 (LiLT's six box tables) or by 4 · dim_bbox into sinusoid pairs (BROS), which 32 breaks
+    "tiny, width 192": (dict.fromkeys(_WIDTH, 192), _HEADS, _OTHER, _LAYERS, _IMAGE),
     "layer counts only": (_LAYERS,),
 }
 MAX_PARAMETERS = 30_000_000
@@ -75,17 +78,13 @@ class Unbuilt(str):
     attention: list[str] = []
 
 
-def _overrides(config: Any, groups: tuple[dict[str, int], ...]) -> dict[str, Any]:
-    """The shrinking keyword arguments for ``config`` (its own fields, then its sub-configs)."""
-    found: dict[str, Any] = {}
-    for group in groups:
-        for name, value in group.items():
-            default = getattr(config, name, None)
-            if isinstance(default, int) and not isinstance(default, bool) and default > value:
-                found[name] = value
-            elif name == "image_size" and isinstance(default, (list, tuple)):
-                found[name] = [value] * len(default)
-    found.update(_related(config, found))
+def _overrides(config: Any, groups: tuple[dict[str, int], ...],
+               widths: dict[int, int] | None = None) -> dict[str, Any]:
+    """The shrinking keyword arguments for ``config`` (its own fields, then its sub-configs);
+    ``widths`` maps the default widths shrunk anywhere in the config to their shrunk values
+    (:func:`_shrunk_widths`)."""
+    widths = _shrunk_widths(config, groups) if widths is None else widths
+    found = _shrunk(config, groups)
     if "conv_dim" in found or isinstance(getattr(config, "conv_dim", None), (list, tuple)):
         found["conv_dim"] = [32] * len(config.conv_dim)
     layers = next((getattr(config, n) for n in _LAYERS if isinstance(getattr(config, n, None),
@@ -94,12 +93,38 @@ def _overrides(config: Any, groups: tuple[dict[str, int], ...]) -> dict[str, Any
         for name, default in vars(config).items():
             if isinstance(default, (list, tuple)) and len(default) == layers and layers > 2:
                 found[name] = _two_layers(default)
+    found.update(_related(config, found, widths))
     for name in getattr(config, "sub_configs", {}) or {}:
         sub = getattr(config, name, None)
         if sub is not None and hasattr(sub, "to_dict"):
-            shrunk = _overrides(sub, groups)
+            shrunk = _overrides(sub, groups, widths)
             if shrunk:
                 found[name] = {**sub.to_dict(), **shrunk}
+    return found
+
+
+def _shrunk(config: Any, groups: tuple[dict[str, int], ...]) -> dict[str, Any]:
+    """The fields of ``groups`` that ``config`` sets above their shrunk value, shrunk."""
+    found: dict[str, Any] = {}
+    for group in groups:
+        for name, value in group.items():
+            default = getattr(config, name, None)
+            if isinstance(default, int) and not isinstance(default, bool) and default > value:
+                found[name] = value
+            elif name == "image_size" and isinstance(default, (list, tuple)):
+                found[name] = [value] * len(default)
+    return found
+
+
+def _shrunk_widths(config: Any, groups: tuple[dict[str, int], ...]) -> dict[int, int]:
+    """``{default width: shrunk width}`` over ``config`` and its sub-configs: the values the
+    width fields (:data:`_WIDTH`) had before the shrink."""
+    found = {getattr(config, name): value for name, value in _shrunk(config, groups).items()
+             if name in _WIDTH}
+    for name in getattr(config, "sub_configs", {}) or {}:
+        sub = getattr(config, name, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            found.update(_shrunk_widths(sub, groups))
     return found
 
 
@@ -109,15 +134,29 @@ def _two_layers(per_layer: list | tuple) -> list:
     return [per_layer[0], next((x for x in per_layer[1:] if x != per_layer[0]), per_layer[1])]
 
 
-def _related(config: Any, found: dict[str, Any]) -> dict[str, Any]:
+_TIED_WIDTH = ("hidden_size", "output_size", "embed_dim")   # suffixes of fields sized like a width
+
+
+def _related(config: Any, found: dict[str, Any], widths: dict[int, int]) -> dict[str, Any]:
     """Fields whose relation to the shrunk ones the default config holds: as many key-value
     heads as heads where the default has (multi-latent attention expands its keys to every
-    head), and multimodal rotary sections (``mrope_section``, a default of the modeling code
-    where the config lacks it) summing to half the shrunk rotary width."""
+    head; per layer too: Sapiens2's ``num_key_value_heads_per_layer``), a width field outside
+    the shrink groups that the default sizes like a shrunk width (ViT's derived
+    ``pooler_output_size``, SAM3's ``fpn_hidden_size`` feeding its DETR's ``hidden_size``), and
+    multimodal rotary sections (``mrope_section``, a default of the modeling code where the
+    config lacks it) summing to half the shrunk rotary width."""
     related: dict[str, Any] = {}
     heads = getattr(config, "num_attention_heads", None)
     if "num_key_value_heads" in found and heads == getattr(config, "num_key_value_heads", None):
         related["num_key_value_heads"] = found.get("num_attention_heads", heads)
+    per_layer = found.get("num_key_value_heads_per_layer")
+    if "num_attention_heads" in found and isinstance(per_layer, list):
+        related["num_key_value_heads_per_layer"] = [
+            found["num_attention_heads"] if n == heads else _OTHER["num_key_value_heads"]
+            for n in per_layer]
+    related.update({name: widths[default] for name, default in vars(config).items()
+                    if name.endswith(_TIED_WIDTH) and name not in found
+                    and isinstance(default, int) and default in widths})
     related.update(_expert_groups(config, found))
     rope = getattr(config, "rope_parameters", None)
     if isinstance(rope, dict) and "mrope_section" in getattr(

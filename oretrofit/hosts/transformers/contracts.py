@@ -164,17 +164,13 @@ def _embeddings_owner(model: nn.Module) -> nn.Module:
 _ROTARY = re.compile(r"Rope|Rotary")
 
 
-def _require_token_positions(owner: nn.Module) -> None:
-    """Raise unless the patch embeddings carry the positions: a rotary table outside them
-    (DINOv3's, computed from the pixel grid and applied to the last patch-count tokens) ties
-    each position to a sequence index, so no inserted token keeps the old tokens' positions and
-    a null insertion is not defined."""
-    rotary = [name for name, m in owner.named_modules() if _ROTARY.search(type(m).__name__)
-              and not name.startswith("embeddings")]
-    if rotary:
-        raise ValueError(f"null insertion is not defined for this input: {type(owner).__name__} "
-                         f"takes rotary positions of the patch grid from {rotary[0]} by sequence "
-                         f"index, so inserted patches would move the old patches' positions")
+def _rotates_by_index(owner: nn.Module) -> bool:
+    """Whether a rotary table outside the patch embeddings (DINOv3's, Sapiens2's) positions the
+    patches: computed from the pixel grid, it rotates the last patch-count tokens by sequence
+    index and leaves the prefix tokens (class, registers) before them unrotated, so old tokens
+    keep their positions only where the nulls go in front of every patch."""
+    return any(_ROTARY.search(type(m).__name__) and not name.startswith("embeddings")
+               for name, m in owner.named_modules())
 
 
 def _require_no_patch_grid(first: dict[str, Any]) -> None:
@@ -214,7 +210,6 @@ def _carrier_and_run(model: nn.Module, first: dict[str, Any]) -> tuple[Tensor, R
     if "input_ids" not in first:                            # pixels, images or videos
         _require_no_patch_grid(first)
         owner = _embeddings_owner(model)
-        _require_token_positions(owner)
         carrier = _first_tensor(_caught(owner.embeddings.register_forward_hook,
                                         lambda: owner(**first)))           # (1, n, d)
 
@@ -259,8 +254,10 @@ def null_insertion(model: nn.Module, inputs: dict[str, Any], count: int = 2
     embedding, the patch embeddings of a vision model, or the frames an audio model's feature
     encoder hands its ``feature_projection``) with the old tokens' position ids
     kept: in the middle when the model takes ``position_ids`` (or adds positions before the
-    boundary), else at the end; per-token side inputs (boxes) get zero rows there. Runs on the
-    model as it is (patched or not).
+    boundary), at the start where a rotary table rotates the last patch-count tokens by
+    sequence index (:func:`_rotates_by_index`), else at the end; per-token side inputs (boxes)
+    get zero rows there. Runs on the model as it is (patched or not); raises ValueError where
+    the model does not run with the longer sequence.
 
     Returns ``where``, ``old_max_delta`` (relative max |Δ| of the old tokens' states over every
     hidden state; streams without the insertion, e.g. a decoder reading the encoder, compared
@@ -269,8 +266,10 @@ def null_insertion(model: nn.Module, inputs: dict[str, Any], count: int = 2
     first = {k: v[:1] if isinstance(v, Tensor) else v for k, v in inputs.items()}
     carrier, run = _carrier_and_run(model, first)
     n = carrier.shape[1]
-    where = insertion_point(model, n + count)
-    at = n // 2 if where == "middle" else n
+    pixels = "input_ids" not in first and "input_values" not in first
+    where = "start" if pixels and _rotates_by_index(_embeddings_owner(model)) \
+        else insertion_point(model, n + count)
+    at = {"start": 0, "middle": n // 2}.get(where, n)
     old_pos = torch.arange(n)
     positions = torch.cat([old_pos[:at], torch.full((count,), max(at - 1, 0)), old_pos[at:]])
     old = torch.cat([torch.arange(at), torch.arange(at + count, n + count)])
@@ -278,8 +277,15 @@ def null_insertion(model: nn.Module, inputs: dict[str, Any], count: int = 2
     # `embeddings += position_embeddings` on inputs_embeds), which would move the carrier the
     # inserted run is built from
     reference = hidden_states(model, lambda: run(carrier.clone(), old_pos, lambda x: x))
-    inserted = hidden_states(model, lambda: run(_insert(carrier, at, count), positions,
-                                                lambda x: _insert(x, at, count)))
+    try:
+        inserted = hidden_states(model, lambda: run(_insert(carrier, at, count), positions,
+                                                    lambda x: _insert(x, at, count)))
+    except RuntimeError as error:       # the reference ran: the longer sequence does not fit
+        raise ValueError(f"null insertion is not defined for this input: "
+                         f"{type(model).__name__} does not run with {count} tokens more than "
+                         f"its input has ({type(error).__name__}: {error}); something after "
+                         f"the carrier is sized by the token count (a position table added "
+                         f"by sequence index, a square grid of the patches)") from error
     deltas, new = [], []
     for key, ref in reference.items():
         state = inserted[key]

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["example_inputs", "accepts", "GRIDS"]
+__all__ = ["example_inputs", "accepts", "GRIDS", "PATCH_ROWS"]
 
 
 _DEFAULT_IMAGE = 64                   # pixels a side when the config names no image size
@@ -18,28 +18,66 @@ _VISUAL_BOXES = 5                     # region features of a vision-and-language
 
 def example_inputs(model: nn.Module, batch: int = 2, tokens: int = 7, seed: int = 0
                    ) -> dict[str, Any]:
-    """Model inputs, by the model's main input: pre-flattened patches and their grid for a vision
-    tower that takes a ``grid_thw`` (:func:`_patch_grid`), a waveform for audio models (``input_values``,
-    long enough for ``tokens`` frames), pixels for vision models (``pixel_values`` /
-    ``pixel_values_videos``: :func:`_pixels`), token ids (+ decoder ids) otherwise; then the
-    further inputs its forward asks for (:func:`_side_inputs`)."""
+    """Model inputs, by the model's main input (:func:`_main_input`): pre-flattened patches and
+    their grid for a vision tower that takes a ``grid_thw`` (:func:`_patch_grid`), patch rows
+    with their sizes or positions for one that takes those (:func:`_patch_rows`), a waveform for
+    audio models (``input_values``, long enough for ``tokens`` frames), pixels for vision models
+    (``pixel_values`` / ``pixel_values_videos``: :func:`_pixels`), token ids (+ decoder ids)
+    otherwise, and both ids and pixels for a model with a text and an image tower
+    (:func:`_two_towers`); then the further inputs its forward asks for (:func:`_side_inputs`)."""
     generator = torch.Generator().manual_seed(seed)
     config = model.config
-    main = getattr(model, "main_input_name", "input_ids")
+    main = _main_input(model)
     if any(accepts(model, name) for name in GRIDS):
         return _patch_grid(model, batch, generator)
+    if any(accepts(model, name) for name in PATCH_ROWS):
+        return _patch_rows(model, batch, generator)
     if main == "input_values":
         return {"input_values": torch.randn(batch, _samples(config, tokens),
                                             generator=generator)}
-    if main.startswith("pixel_values") or getattr(config, "image_size", None) is not None:
-        pixels = _pixels(config, batch, generator)
-        inputs = {main if main.startswith("pixel_values") else "pixel_values": pixels}
-    else:
-        ids = torch.randint(3, config.vocab_size, (batch, tokens), generator=generator)
-        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    inputs: dict[str, Any] = {}
+    both = _two_towers(model)
+    if main.startswith("pixel_values") or getattr(config, "image_size", None) is not None or both:
+        pixels = _pixels(_image_config(config) or config, batch, generator)
+        inputs[main if main.startswith("pixel_values") else "pixel_values"] = pixels
+    if both or not inputs:
+        ids = torch.randint(3, _vocabulary(model), (batch, tokens), generator=generator)
+        inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
         if getattr(config, "is_encoder_decoder", False):
             inputs["decoder_input_ids"] = ids[:, : tokens - 2]
     return {**inputs, **_side_inputs(model, inputs, generator)}
+
+
+def _main_input(model: nn.Module) -> str:
+    """The model's ``main_input_name`` where its forward takes it, else the forward's first
+    parameter (Gemma4's and Kimi-K2.5's vision towers inherit ``input_ids`` but take pixels)."""
+    main = getattr(model, "main_input_name", "input_ids")
+    return main if accepts(model, main) else next(iter(inspect.signature(model.forward).parameters))
+
+
+def _image_config(config: Any) -> Any:
+    """The config that sizes the model's images: the config itself where it names an
+    ``image_size``, else a ``vision_config`` that does (a dual encoder's), else None."""
+    for candidate in (config, getattr(config, "vision_config", None)):
+        if getattr(candidate, "image_size", None) is not None:
+            return candidate
+    return None
+
+
+_IMAGE_TOKENS = ("image_token_id", "image_token_index")
+
+
+def _two_towers(model: nn.Module) -> bool:
+    """Whether the model reads token ids and pixels side by side: its forward takes both, its
+    config names no image token (the placeholder a vision-language model puts its image
+    features at; there text alone runs), and it is a contrastive dual encoder (``return_loss``:
+    CLIP-like) or an image model prompted by text (pixels its main input: SAM3). A captioner
+    that prepends its image to the text (GIT) runs on text alone."""
+    config = model.config
+    return (accepts(model, "input_ids") and accepts(model, "pixel_values")
+            and _image_config(config) is not None
+            and not any(getattr(config, name, None) is not None for name in _IMAGE_TOKENS)
+            and (accepts(model, "return_loss") or _main_input(model).startswith("pixel_values")))
 
 
 GRIDS = ("grid_thw", "image_grid_thw")   # (images, 3): temporal, height, width in patches
@@ -48,7 +86,8 @@ _GRID_SIDE = 4                          # patches a side of each image in a patc
 
 def _patch_grid(model: nn.Module, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
     """A vision tower's pre-flattened patches ``(batch · 1 · s · s, C · T · P · P)`` (its first
-    forward parameter: ``hidden_states`` / ``pixel_values``) and their grid ``(batch, 3)`` of
+    forward parameter: ``hidden_states`` / ``pixel_values``), or ``(batch · s · s, C, P, P)``
+    where a 2-D convolution embeds each patch (Kimi-K2.5), and their grid ``(batch, 3)`` of
     ``(1, s, s)``, s = :data:`_GRID_SIDE` (a multiple of the tower's merge size); C the config's
     ``in_channels`` / ``num_channels`` (3), T its ``temporal_patch_size`` / ``patch_temporal``
     (1), P its ``patch_size``; ``merge_sizes`` ``(batch,)`` where the forward asks for them."""
@@ -58,13 +97,57 @@ def _patch_grid(model: nn.Module, batch: int, generator: torch.Generator) -> dic
     merge = _field(config, ("spatial_merge_size", "merge_size", "merge_kernel_size"), 1)
     side = _GRID_SIDE * merge
     grid = torch.tensor([[1, side, side]] * batch)
-    rows = batch * side * side, channels * temporal * config.patch_size ** 2
+    patch = config.patch_size
+    by_image = any(isinstance(m, nn.Conv2d) and m.kernel_size == (patch, patch)
+                   for m in model.modules())
+    rows = (batch * side * side, *((channels, patch, patch) if by_image
+                                   else (channels * temporal * patch ** 2,)))
     main = next(iter(inspect.signature(model.forward).parameters))
     inputs = {main: torch.randn(rows, generator=generator),
               next(n for n in GRIDS if accepts(model, n)): grid}
     if accepts(model, "merge_sizes"):
         inputs["merge_sizes"] = torch.full((batch,), merge)
     return inputs
+
+
+def _vocabulary(model: nn.Module) -> int:
+    """How many token ids the model embeds: the text config's ``vocab_size`` (a composite
+    config's text sub-config holds it), else the hash buckets of a model that hashes any id
+    (CANINE's code points), else the word embedding's rows."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for found in (getattr(text, "vocab_size", None), getattr(config, "num_hash_buckets", None)):
+        if isinstance(found, int):
+            return found
+    return model.get_input_embeddings().num_embeddings
+
+
+PATCH_ROWS = ("spatial_shapes", "pixel_position_ids", "target_sizes")
+
+
+def _patch_rows(model: nn.Module, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
+    """Images of s × s patches (s = :data:`_GRID_SIDE` times the tower's pooling or window
+    kernel) for a tower that takes flattened patches with their sizes or positions: rows
+    ``(batch, s · s, C · P · P)`` with ``spatial_shapes`` ``(batch, 2)`` of ``(s, s)`` and an
+    all-ones ``pixel_attention_mask`` (SigLIP2), or with ``pixel_position_ids``
+    ``(batch, s · s, 2)`` of (column, row) (Gemma4); MiniCPM-V's pack, every image's patches side
+    by side in one strip of pixels ``(1, C, P, batch · s · s · P)``, with ``target_sizes``
+    ``(batch, 2)`` of ``(s, s)``."""
+    config = model.config
+    channels, patch = _field(config, ("num_channels", "in_channels"), 3), config.patch_size
+    side = _GRID_SIDE * _field(config, ("pooling_kernel_size", "window_kernel_size"), 1)
+    sizes = torch.tensor([[side, side]] * batch)
+    main = _main_input(model)
+    if accepts(model, "target_sizes"):
+        strip = torch.randn(1, channels, patch, batch * side * side * patch, generator=generator)
+        return {main: strip, "target_sizes": sizes}
+    rows = torch.randn(batch, side * side, channels * patch * patch, generator=generator)
+    if accepts(model, "spatial_shapes"):
+        return {main: rows, "spatial_shapes": sizes,
+                "pixel_attention_mask": torch.ones(batch, side * side, dtype=torch.long)}
+    row, column = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    positions = torch.stack([column.flatten(), row.flatten()], dim=-1)
+    return {main: rows, "pixel_position_ids": positions.expand(batch, -1, -1)}
 
 
 def _field(config: Any, names: tuple[str, ...], default: int) -> int:
@@ -101,7 +184,7 @@ def _side_inputs(model: nn.Module, inputs: dict[str, Tensor], generator: torch.G
     config, found = model.config, {}
     first = next(iter(inputs.values()))
     if accepts(model, "bbox") and "input_ids" in inputs:
-        found["bbox"] = _boxes(config, first.shape, generator)
+        found["bbox"] = _boxes(config, inputs["input_ids"].shape, generator)
     if accepts(model, "visual_feats"):
         found["visual_feats"] = torch.rand(first.shape[0], _VISUAL_BOXES,
                                            config.visual_feat_dim, generator=generator)

@@ -192,7 +192,8 @@ def test_a_packed_residual_stream_without_a_batch_axis_is_refused_by_name() -> N
     torch.manual_seed(0)
     model = AutoModel.from_config(config).eval()
     inputs = example_inputs(model)
-    assert inputs["pixel_values"].dim() == 2                       # packed patches
+    grid = next(v for k, v in inputs.items() if k.endswith("grid_thw"))
+    assert inputs["pixel_values"].shape[0] == grid.prod(-1).sum()   # packed patches, no batch
     with retrofitted(model, "oa", 1e-12), pytest.raises(
             RetrofitError, match=r"VideoLlama3VisionAttention runs on a residual stream without "
                                  r"a batch axis \(1-D presences"):
