@@ -76,6 +76,21 @@ def outer_sites(s: Structure, prefix: str, backbone: nn.Module, layer_paths: lis
                             "a table added inline, no module to gate it by the carrier)"
                             for b, buffer in module.named_buffers(recurse=False)
                             if buffer.is_floating_point() and buffer.dim() == 2]
+        elif index > first_layer and index < len(named):
+            s.uncovered += _inline_between_layers(join(prefix, name), module)
+
+
+def _inline_between_layers(path: str, module: nn.Module) -> list[str]:
+    """Learned parameters a module after the first layer, outside the layers and heads, holds
+    itself: the backbone adds them to the stream between layers inside its forward (YOLOS's
+    ``mid_position_embeddings``, one position table per layer), where no site gates them, so a
+    null token's stream would turn non-zero there. Norms, tables and projections are sites of
+    their own and never reach here."""
+    return [f"{join(path, name)} (parameter of {type(module).__name__} after the first layer: "
+            "added to the stream between layers inside the backbone's forward, no module to "
+            "gate it by the carrier)"
+            for name, weight in module.named_parameters(recurse=False)
+            if weight.is_floating_point()]
 
 
 def _projection_site(s: Structure, name: str, projection: nn.Module,

@@ -2,8 +2,9 @@
 each on a tiny config at its mechanism: PaliGemma's bidirectional Gemma under SDPA (silently
 wrong before), Dory's layers attending to their cache twice per forward, Idefics3's /
 SmolVLM's SigLIP-style vision embeddings (no word lookup), GIT's embeddings adding into the
-``inputs_embeds`` they are given, HRM's learned initial state added to every token, and
-VideoLLaMA3's vision tower running packed sequences without a batch axis."""
+``inputs_embeds`` they are given, HRM's learned initial state added to every token,
+VideoLLaMA3's vision tower running packed sequences without a batch axis, and YOLOS's position
+tables added between layers (silently wrong before)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from oretrofit import RetrofitError, retrofitted  # noqa: E402
+from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
 from hosts.transformers import zoo  # noqa: E402
 from oretrofit.hosts.transformers.contracts import agreement, null_insertion  # noqa: E402
 
@@ -198,3 +199,37 @@ def test_a_packed_residual_stream_without_a_batch_axis_is_refused_by_name() -> N
             RetrofitError, match=r"VideoLlama3VisionAttention runs on a residual stream without "
                                  r"a batch axis \(1-D presences"):
         model(**inputs)
+
+
+def _yolos(mid_positions: bool) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModel
+    config = AutoConfig.for_model("yolos", **dict(_VISION, image_size=[8, 8], num_hidden_layers=2),
+                                  num_detection_tokens=3,
+                                  use_mid_position_embeddings=mid_positions)
+    torch.manual_seed(0)
+    return zoo.jitter(AutoModel.from_config(config).eval())
+
+
+def test_a_table_added_between_layers_is_refused_and_without_it_a_null_stays_zero() -> None:
+    """YOLOS with ``use_mid_position_embeddings`` adds one position table per layer to the
+    stream between layers, inside its encoder's forward: no site gates it, so a zeroed token was
+    0.24 after layer 1 under full-o, accepted. Refused naming the parameter; without it the
+    retrofit holds a zeroed token at exactly 0 through every layer."""
+    with pytest.raises(RetrofitError, match=r"encoder\.interpolation\.mid_position_embeddings "
+                                            r"\(parameter of InterpolateMidPositionEmbeddings"):
+        retrofit(_yolos(True), "full-o", 1e-6)
+    model = _yolos(False)
+    inputs = zoo.example_inputs(model)
+    _agrees(model, inputs)
+
+    def zero_token(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output.index_fill(1, torch.tensor([3]), 0.0)        # (B, N, d): token 3 zeroed
+
+    handle = model.embeddings.register_forward_hook(zero_token)
+    try:
+        with retrofitted(model, "full-o", 1e-6):
+            states = model(**inputs, output_hidden_states=True).hidden_states
+    finally:
+        handle.remove()
+    assert len(states) == 3 and all(s[:, 3].abs().max() == 0 for s in states)
+    assert all(s[:, 2].abs().max() > 0 for s in states)
