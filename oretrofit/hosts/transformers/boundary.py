@@ -3,7 +3,7 @@ derives the layers' own): norms and additive tables of the embeddings (OInject h
 gated by the word embedding, or the patch embedding where there is no ``inputs_embeds``),
 biased projections between the embedding and the first layer (W x + ρτ(x)·b), one positional
 convolution next to the layers (h + ρτ(h)·conv(h)), and the refusal of learned states added to
-every token where no site can gate them. Also :class:`Structure`, what one backbone's sites are
+every token where no site can gate them (an initial state, parameters added between layers). Also :class:`Structure`, what one backbone's sites are
 built from.
 """
 
@@ -76,21 +76,6 @@ def outer_sites(s: Structure, prefix: str, backbone: nn.Module, layer_paths: lis
                             "a table added inline, no module to gate it by the carrier)"
                             for b, buffer in module.named_buffers(recurse=False)
                             if buffer.is_floating_point() and buffer.dim() == 2]
-        elif index > first_layer and index < len(named):
-            s.uncovered += _inline_between_layers(join(prefix, name), module)
-
-
-def _inline_between_layers(path: str, module: nn.Module) -> list[str]:
-    """Learned parameters a module after the first layer, outside the layers and heads, holds
-    itself: the backbone adds them to the stream between layers inside its forward (YOLOS's
-    ``mid_position_embeddings``, one position table per layer), where no site gates them, so a
-    null token's stream would turn non-zero there. Norms, tables and projections are sites of
-    their own and never reach here."""
-    return [f"{join(path, name)} (parameter of {type(module).__name__} after the first layer: "
-            "added to the stream between layers inside the backbone's forward, no module to "
-            "gate it by the carrier)"
-            for name, weight in module.named_parameters(recurse=False)
-            if weight.is_floating_point()]
 
 
 def _projection_site(s: Structure, name: str, projection: nn.Module,
@@ -230,6 +215,32 @@ def positional_convolutions(s: Structure, prefix: str, backbone: nn.Module,
                     "one stride-1 convolution with no other weights can be gated (a second "
                     "convolution or a norm would read a null token's non-zero intermediate "
                     f"where it read zero padding), which {UNGATED}")
+
+
+def parameters_between_layers(s: Structure, prefix: str, backbone: nn.Module,
+                              lists: list[str]) -> None:
+    """Learned parameters of a module registered after a layer list, next to it (its parent's
+    other children), that is no site of its own (a norm, a lookup, a projection, a convolution
+    over positions) and no rotary table: the parent adds them to the stream between layers
+    inside its forward (YOLOS's ``mid_position_embeddings``, one position table per layer),
+    where no site gates them, so a null token's stream would turn non-zero there."""
+    sites = (nn.Embedding, nn.Linear, nn.modules.conv._ConvNd)
+    for list_path in lists:
+        parent_path = list_path.rpartition(".")[0]
+        parent = backbone.get_submodule(parent_path) if parent_path else backbone
+        names = [name for name, _ in parent.named_children()]
+        after = names[names.index(list_path.rpartition(".")[2]) + 1:]
+        for name in after:
+            module = parent.get_submodule(name)
+            if (join(parent_path, name) in lists or is_norm(module) or isinstance(module, sites)
+                    or type(module).__name__ == "Conv1D" or "Rotary" in type(module).__name__
+                    or token_mixers(module) or _in_pooler(name)):
+                continue
+            s.uncovered += [f"{join(prefix, parent_path, name, weight)} (parameter of "
+                            f"{type(module).__name__} next to the layers: added to the stream "
+                            "between layers inside the forward of "
+                            f"{type(parent).__name__}, no module to gate it by the carrier)"
+                            for weight, _ in module.named_parameters()]
 
 
 # states a backbone adds to every token's stream inside its forward, from no module a site can

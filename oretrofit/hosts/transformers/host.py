@@ -43,7 +43,7 @@ from ..._host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, patch_all, uncovered_attention
 from .attention import attach_o_attention
 from .boundary import (UNGATED, Structure, initial_state_problems, join, norm_site,
-                       outer_sites, positional_convolutions)
+                       outer_sites, parameters_between_layers, positional_convolutions)
 from .gates import gate_sequence_first_bias
 from .indexer import attach_indexer
 from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
@@ -263,6 +263,7 @@ def _structure(prefix: str, backbone: nn.Module) -> Structure:
             "neither the O attention function nor the softmax route applies there. Register a site for that class with "
             "oretrofit.hosts.torch_nn.register_module_site (docs/transformers.md)")
     positional_convolutions(s, prefix, backbone, [p for p, _ in lists])
+    parameters_between_layers(s, prefix, backbone, [p for p, _ in lists])
     if s.problems:
         return s
     outer_sites(s, prefix, backbone, [p for p, _ in lists])

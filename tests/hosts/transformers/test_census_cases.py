@@ -216,7 +216,7 @@ def test_a_table_added_between_layers_is_refused_and_without_it_a_null_stays_zer
     0.24 after layer 1 under full-o, accepted. Refused naming the parameter; without it the
     retrofit holds a zeroed token at exactly 0 through every layer."""
     with pytest.raises(RetrofitError, match=r"encoder\.interpolation\.mid_position_embeddings "
-                                            r"\(parameter of InterpolateMidPositionEmbeddings"):
+                                            r"\(parameter of InterpolateMidPositionEmbeddings next to the layers"):
         retrofit(_yolos(True), "full-o", 1e-6)
     model = _yolos(False)
     inputs = zoo.example_inputs(model)
