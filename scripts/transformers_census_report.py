@@ -45,6 +45,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("top-k sparse attention (an indexer picks the keys)", False, r"top-k sparse"),
     Family("banded or chunked attention scores (local windows)", False,
            r"whose last two axes are not"),
+    Family("attention that is not one softmax over the keys (several per call, another axis, "
+           "another normalisation, weights read by other code)", False,
+           r"calls softmax more than once|takes its softmax over axis|calls (a log-softmax|a "
+           r"softmin|a normalisation|a fused attention kernel)|passes its attention weights to"),
     Family("weights no site gates (an output projection, table, projection or pooling head)",
            False, r"only partly covered"),
     Family("a layer layout the host does not describe or cannot gate", False,

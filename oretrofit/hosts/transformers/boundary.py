@@ -219,11 +219,13 @@ def positional_convolutions(s: Structure, prefix: str, backbone: nn.Module,
 
 def parameters_between_layers(s: Structure, prefix: str, backbone: nn.Module,
                               lists: list[str]) -> None:
-    """Learned parameters of a module registered after a layer list, next to it (its parent's
-    other children), that is no site of its own (a norm, a lookup, a projection, a convolution
-    over positions) and no rotary table: the parent adds them to the stream between layers
-    inside its forward (YOLOS's ``mid_position_embeddings``, one position table per layer),
-    where no site gates them, so a null token's stream would turn non-zero there."""
+    """Parameters a module registered after a layer list, next to it (its parent's other
+    children), holds itself, where the module is no site of its own (a norm, a lookup, a
+    projection, a convolution over positions) and no rotary table: the parent adds them to the
+    stream between layers inside its forward (YOLOS's ``mid_position_embeddings``, one position
+    table per layer), where no site gates them, so a null token's stream would turn non-zero
+    there. A submodule's parameters are its own (Higgs Audio's ``embed_audio_tokens`` holds a
+    lookup, not a table added between layers)."""
     sites = (nn.Embedding, nn.Linear, nn.modules.conv._ConvNd)
     for list_path in lists:
         parent_path = list_path.rpartition(".")[0]
@@ -240,7 +242,7 @@ def parameters_between_layers(s: Structure, prefix: str, backbone: nn.Module,
                             f"{type(module).__name__} next to the layers: added to the stream "
                             "between layers inside the forward of "
                             f"{type(parent).__name__}, no module to gate it by the carrier)"
-                            for weight, _ in module.named_parameters()]
+                            for weight, _ in module.named_parameters(recurse=False)]
 
 
 # states a backbone adds to every token's stream inside its forward, from no module a site can

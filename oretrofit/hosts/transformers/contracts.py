@@ -22,9 +22,20 @@ from ..._registry import retrofitted
 from .releases import zero_padded_inputs
 from .host import layers
 from .inputs import GRIDS, accepts, example_inputs
+from .layouts import calls_attention_interface, computes_attention
 
 __all__ = ["example_inputs", "hidden_states", "agreement", "insertion_point", "null_insertion",
            "padding_delta", "relative_max_diff", "strict_load"]
+
+
+def _layer_input(args: tuple, kwargs: dict[str, Any]) -> Tensor:
+    """The stream a layer is called with: its first positional argument, else
+    ``hidden_states=``, else its first tensor keyword (SAM's two-way layers take ``queries=``)."""
+    if args:
+        return args[0]
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    return next(v for v in kwargs.values() if isinstance(v, Tensor))
 
 
 @contextlib.contextmanager
@@ -35,7 +46,7 @@ def _recording(model: nn.Module) -> Iterator[dict[str, Tensor]]:
         if path.endswith(".0"):
             handles.append(layer.register_forward_pre_hook(
                 lambda m, args, kwargs, key=path[:-2] + ".input": states.__setitem__(
-                    key, args[0] if args else kwargs["hidden_states"]), with_kwargs=True))
+                    key, _layer_input(args, kwargs)), with_kwargs=True))
         handles.append(layer.register_forward_hook(
             lambda m, args, output, key=path: states.__setitem__(
                 key, output[0] if isinstance(output, (tuple, list)) else output)))
@@ -168,8 +179,11 @@ def _rotates_by_index(owner: nn.Module) -> bool:
     """Whether a rotary table outside the patch embeddings (DINOv3's, Sapiens2's) positions the
     patches: computed from the pixel grid, it rotates the last patch-count tokens by sequence
     index and leaves the prefix tokens (class, registers) before them unrotated, so old tokens
-    keep their positions only where the nulls go in front of every patch."""
+    keep their positions only where the nulls go in front of every patch. An attention module
+    that rotates by index itself (V-JEPA 2's ``VJEPA2RopeAttention``: every token, from index 0)
+    is no such table: its old tokens keep their positions only with the nulls at the end."""
     return any(_ROTARY.search(type(m).__name__) and not name.startswith("embeddings")
+               and not calls_attention_interface(m) and not computes_attention(m)
                for name, m in owner.named_modules())
 
 

@@ -180,6 +180,11 @@ ARCHITECTURES = [
     # the same, patches being 3-D tubelets (Conv3d, kernel = stride): frames × patch
     Architecture("ViViT (tubelets)", "vivit", "vision",
                  dict(image_size=8, num_frames=4, tubelet_size=[2, 4, 4], num_channels=3)),
+    # tubelets, and rotary positions its attention takes by token index (nulls at the end)
+    Architecture("V-JEPA 2 (tubelets, rotary by index)", "vjepa2", "vision",
+                 dict(mlp_ratio=2.0, crop_size=16, frames_per_clip=4, tubelet_size=2,
+                      patch_size=8, pred_hidden_size=32, pred_num_hidden_layers=1,
+                      pred_num_attention_heads=4, pred_num_mask_tokens=2), "end"),
     # the feature projection gated, and one convolution over positions h + ρτ(h)·conv(h)
     Architecture("HuBERT", "hubert", "audio", _AUDIO, "end"),
     Architecture("Wav2Vec2", "wav2vec2", "audio", _AUDIO, "end"),
