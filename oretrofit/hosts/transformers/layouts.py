@@ -26,7 +26,9 @@ Derived from the model, for every architecture:
   attention module at all; the host cannot gate them, so a model holding one is refused.
 
 The table below says, per layout, which module is the FFN branch and which module's input is
-the residual stream entering it (and the cross-attention's). Rows are tried in order; the first
+the residual stream entering it (and the cross-attention's); for the MLP layers no other row
+describes, which stream that is is read from the layer's call (:mod:`.stream`: parallel residual,
+pre-norm or post-norm), not from module names. Rows are tried in order; the first
 whose ``applies`` holds wins. A row with ``refused`` set describes a family the host knows it
 cannot cover; a layer it applies to is refused with that reason. :func:`register_layout` puts a
 new row first.

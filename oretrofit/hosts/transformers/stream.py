@@ -37,7 +37,7 @@ from ..._host import RetrofitError
 from ..._patching import SiteConfig, Undo
 from ..._presence import presence
 from ..torch_nn import patch_all
-from .layouts import is_norm, is_qk_norm
+from .layouts import _NORM_CLASS, is_qk_norm
 from .releases import _gate_output, carrier_of
 
 __all__ = ["gate_traced_branch"]
@@ -96,9 +96,11 @@ class _Sums(TorchFunctionMode):
 
 
 def _in_front(module: nn.Module, path: str) -> bool:
-    """A module whose output a branch may read instead of the stream: a norm, or the
-    ``nn.Identity`` a layer holds where it leaves one out (ModernBERT's first ``attn_norm``)."""
-    return (is_norm(module) and not is_qk_norm(path)) or isinstance(module, nn.Identity)
+    """A module whose output a branch may read instead of the stream: a norm (a leaf, or one
+    wrapping a norm, as AXK2's gated ``input_layernorm``), or the ``nn.Identity`` a layer holds
+    where it leaves one out (ModernBERT's first ``attn_norm``)."""
+    return ((_NORM_CLASS.search(type(module).__name__) is not None and not is_qk_norm(path))
+            or isinstance(module, nn.Identity))
 
 
 def _stream(branch_input: Tensor, attention_input: Tensor | None,
