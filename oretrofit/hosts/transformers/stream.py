@@ -7,20 +7,22 @@ is added to. Module names do not say which tensor that is (DINOv2's ``norm2``, W
 norm of the attention *output*, all look alike), so it is read from the tensors the layer passes
 at each call, by identity:
 
-* the MLP reads a norm's output, and the layer's attention reads a norm's output too
-  (pre-norm): the stream is that norm's input; it is the layer's own input where the attention
-  and the MLP read it side by side (parallel residual: GPT-J, Phi, GPT-NeoX, Falcon);
+* the MLP reads a norm's output, and the layer's attention reads a norm's output too (or the
+  ``nn.Identity`` standing in for one: ModernBERT's first layer) (pre-norm): the stream is that
+  norm's input; it is the layer's own input where the attention and the MLP read it side by
+  side (parallel residual: GPT-J, Phi, GPT-NeoX, Falcon);
 * the MLP reads a norm's output and the attention reads the layer input as it came (post-norm:
   Wav2Vec2, HuBERT, OpenAI-GPT): the norm normalises the sums, its output is the stream, which
   the MLP reads;
 * the MLP reads no norm's output (OLMo2's norms act on the branches' outputs): it reads the
   stream itself.
 
-This is decided before the branch runs, as its gate needs it. Each decision is then checked at
-the first call that makes it: from the branch's output to the layer's return, a
-:class:`~torch.overrides.TorchFunctionMode` follows every tensor computed from that output
-(dropout, layer scale, sums) and records what it is added to; the stream must be among those
-tensors, or the call is refused with a :class:`RetrofitError` naming the branch.
+This is decided before the branch runs, as its gate needs it, and checked by the first call
+that makes the decision: over that call a :class:`~torch.overrides.TorchFunctionMode` notes the
+summands of every sum of the stream's shape (Cohere adds ``residual + attention + mlp``), follows
+every tensor computed from the branch's output (dropout, layer scale) and records what it is
+added to; the stream must be among those summands, or the call is refused with a
+:class:`RetrofitError` naming the branch (and so is a later call that decides otherwise).
 """
 
 from __future__ import annotations
@@ -53,13 +55,15 @@ def _tensors(tree: Any) -> list[Tensor]:
 
 
 class _Sums(TorchFunctionMode):
-    """Over one layer call: the summands of each sum it computes, the sum itself included
-    (through scaling by a parameter or a number: Doge's ``input_residual * residual``), and,
-    once :meth:`seed` names the branch's output, the summands of every tensor that a tensor
-    computed from it is added to."""
+    """Over one layer call: the summands of each sum of the stream's ``shape`` it computes, the
+    sum itself included (through scaling by a parameter or a number: Doge's
+    ``input_residual * residual``), and, once :meth:`seed` names the branch's output, the
+    summands of every tensor that a tensor computed from it is added to. Only tensors of the
+    stream's shape are followed (and kept alive): not the attention's scores."""
 
-    def __init__(self) -> None:
+    def __init__(self, shape: torch.Size) -> None:
         super().__init__()
+        self.shape = shape
         self.kept: dict[int, Tensor] = {}     # every tensor an id below names, kept alive
         self.terms: dict[int, frozenset[int]] = {}
         self.derived: set[int] = set()
@@ -75,6 +79,18 @@ class _Sums(TorchFunctionMode):
     def summands(self, t: Tensor) -> frozenset[int]:
         return self.terms.get(id(t), frozenset({id(t)}))
 
+    def _follow(self, func: Callable, inputs: list[Tensor], out: Tensor) -> None:
+        """Note ``out``'s summands: a sum's, or, scaled, its one activation's."""
+        if func in _ADDS and len(inputs) == 2:
+            for t in (*inputs, out):
+                self._keep(t)
+            self.terms[id(out)] = frozenset({id(out)}).union(*map(self.summands, inputs))
+        elif func in _SCALES:
+            scaled = [t for t in inputs if not isinstance(t, nn.Parameter)]
+            if len(scaled) == 1:
+                self._keep(scaled[0])
+                self.terms[self._keep(out)] = self.summands(scaled[0])
+
     def __torch_function__(self, func: Callable, types: tuple, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -84,14 +100,8 @@ class _Sums(TorchFunctionMode):
             if func in _ADDS:
                 self.addends += [self.summands(t) for t in inputs if id(t) not in self.derived]
             self.derived.update(self._keep(t) for t in _tensors(out))
-        elif func in _ADDS and len(inputs) == 2 and isinstance(out, Tensor):
-            a, b = (self.kept[self._keep(t)] for t in inputs)
-            self.terms[self._keep(out)] = frozenset({id(out)}) | self.summands(a) | self.summands(b)
-        elif func in _SCALES and isinstance(out, Tensor):
-            scaled = [t for t in inputs if not isinstance(t, nn.Parameter)]
-            if len(scaled) == 1:
-                self._keep(scaled[0])
-                self.terms[self._keep(out)] = self.summands(scaled[0])
+        elif isinstance(out, Tensor) and out.shape == self.shape:
+            self._follow(func, inputs, out)
         return out
 
 
@@ -141,7 +151,7 @@ class _TracedGate:
         self._clear()
         self.layer_input = carrier_of(args, kwargs)
         if not self.checked:                    # until a call has confirmed a decision
-            self.trace = _Sums()
+            self.trace = _Sums(self.layer_input.shape)
             self.trace.__enter__()
 
     def enter_attention(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
