@@ -14,7 +14,8 @@ Sites, named by module path (``<layer>`` = one element of the layer list):
                                     the module feeds it sequence-first, as MLCD)
     <norm>               norm       ONorm ρτ(h)·Norm(h) (eq. 16), every norm outside attention
     <ffn branch>         ffn        ρτ(h)·FFN(·) (eq. 15), h = the residual stream entering the
-                                    FFN branch (per layout: parallel, sandwich, post-norm, …)
+                                    FFN branch (per layout: sandwich, post-norm, …; an MLP's
+                                    read from the layer's call, :mod:`.stream`)
     <position table>     inject     OInject h + ρτ(h)·e (eq. 17) for learned position and
                                     token-type tables, h = the word embedding / inputs_embeds
                                     (vision: the patch embedding at that position)
@@ -52,6 +53,7 @@ from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interf
 from .releases import (INJECT, check_transformers, gate_branch, gate_output_bias,
                        not_covered_yet, supported_text, transformers_version)
 from .softmax_route import attach_softmax_attention
+from .stream import gate_traced_branch
 
 __all__ = ["TransformersHost", "INJECT", "backbones", "layers", "forget_structures"]
 
@@ -205,14 +207,19 @@ def _layer_sites(s: Structure, path: str, layer: nn.Module) -> None:
             s.add(norm, norm_site(join(path, name), norm))
     ffn_path, carrier_path = first_present(layer, layout.ffn), first_present(layer,
                                                                            layout.ffn_carrier)
-    if ffn_path is None or carrier_path is None:
+    if ffn_path is None or (carrier_path is None and not layout.traced):
         s.problems.append(f"{type(layer).__name__}: layout {layout.name!r} finds no FFN branch "
                           f"or carrier in it; {_HOWTO}")
         return
-    branch, carrier = child(layer, ffn_path), child(layer, carrier_path)
+    branch = child(layer, ffn_path)
     full = join(path, next(n for n, m in named if m is branch))
-    s.add(branch, Site(full, FFN, f"residual stream entering {join(path, carrier_path)}",
-                       functools.partial(gate_branch, carrier, branch)))
+    if layout.traced:
+        s.add(branch, Site(full, FFN, f"residual stream entering {full} (traced at the call)",
+                           functools.partial(gate_traced_branch, full, layer, attentions[0][1],
+                                             branch)))
+    else:
+        s.add(branch, Site(full, FFN, f"residual stream entering {join(path, carrier_path)}",
+                           functools.partial(gate_branch, child(layer, carrier_path), branch)))
     for container in filter(None, (child(layer, p) for p in layout.adapters)):
         for adapter in container.children():
             full = join(path, next(n for n, m in named if m is adapter))

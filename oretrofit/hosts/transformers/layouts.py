@@ -26,7 +26,9 @@ Derived from the model, for every architecture:
   attention module at all; the host cannot gate them, so a model holding one is refused.
 
 The table below says, per layout, which module is the FFN branch and which module's input is
-the residual stream entering it (and the cross-attention's). Rows are tried in order; the first
+the residual stream entering it (and the cross-attention's); for the MLP layers no other row
+describes, which stream that is is read from the layer's call (:mod:`.stream`: parallel residual,
+pre-norm or post-norm), not from module names. Rows are tried in order; the first
 whose ``applies`` holds wins. A row with ``refused`` set describes a family the host knows it
 cannot cover; a layer it applies to is refused with that reason. :func:`register_layout` puts a
 new row first.
@@ -64,7 +66,8 @@ class Layout:
     cannot cover this family (then ``ffn`` / ``ffn_carrier`` are empty and the layer is refused).
     ``adapters``: paths of containers whose every child is a residual branch of its own, added
     to the stream it reads (X-MOD's per-language adapters): gated h + ρτ(h)·adapter(h), h its
-    input.
+    input. ``traced``: the FFN carrier is read from the layer's call (:mod:`.stream`), not named
+    (``ffn_carrier`` is empty).
     """
 
     name: str
@@ -75,6 +78,7 @@ class Layout:
     cross_carrier: tuple[str, ...] = ()
     refused: str = ""
     adapters: tuple[str, ...] = ()
+    traced: bool = False
 
 
 def child(module: nn.Module, path: str) -> nn.Module | None:
@@ -305,16 +309,15 @@ def _pre_norm_fc(layer: nn.Module) -> bool:
     return bool(flag) if flag is not None else _called_before(layer, "final_layer_norm", "fc1")
 
 
-def _parallel(layer: nn.Module) -> bool:
-    """Attention and MLP both read the layer input: a config flag (GPT-NeoX, StableLM), or no
-    norm in front of the MLP of its own (GPT-J, Phi, Cohere)."""
-    flag = getattr(layer, "use_parallel_residual", None)
-    if flag is not None:
-        return bool(flag)
-    return first_present(layer, _PRE_FFN_NORMS) is None
+def _adds_own_residual(layer: nn.Module) -> bool:
+    """The layer's MLP takes the residual and adds it (its forward has a ``residual``
+    parameter), and that residual is the stream in front of the MLP's norm (BLOOM's
+    ``apply_residual_connection_post_layernorm`` would make it the norm's output instead)."""
+    mlp = child(layer, first_present(layer, ("ffn", "mlp")) or "ffn")
+    return (mlp is not None and "residual" in inspect.signature(mlp.forward).parameters
+            and not getattr(layer, "apply_residual_connection_post_layernorm", False))
 
 
-_PRE_FFN_NORMS = ("post_attention_layernorm", "ln_2", "layernorm_after", "mlp_norm", "ffn_norm")
 _MLPS = ("mlp", "feed_forward", "block_sparse_moe")
 _T5_FFNS = ("layer.-1.DenseReluDense", "layer.-1.mlp")
 
@@ -456,28 +459,20 @@ LAYOUTS: list[Layout] = [
     Layout("sandwich norms", "Gemma2, Gemma3, T5Gemma", _has("mlp", "pre_feedforward_layernorm"),
            ffn=("mlp",), ffn_carrier=("pre_feedforward_layernorm",),
            cross_carrier=("pre_cross_attn_layernorm",)),
-    # the norm in front of the MLP is called before it, so its input is the stream entering the
-    # branch (CLIPSeg's decoder calls its layer_norm2 after the MLP: post-norm, not this row)
-    Layout("pre-norm layer_norm2", "CLIP, SigLIP, MLCD",
-           lambda layer: (_has("mlp", "layer_norm2")(layer)
-                          and _called_before(layer, "layer_norm2", "mlp")),
-           ffn=("mlp",), ffn_carrier=("layer_norm2",)),
-    Layout("parallel residual", "GPT-J, Phi, Cohere, GPT-NeoX",
-           lambda layer: first_present(layer, _MLPS) is not None and _parallel(layer),
-           ffn=_MLPS, ffn_carrier=("",)),
-    Layout("post-norm ln_1/ln_2", "OpenAI-GPT",
-           lambda layer: _has("mlp", "ln_2")(layer) and _called_before(layer, "mlp", "ln_2"),
-           ffn=("mlp",), ffn_carrier=("mlp",)),
+    # MptMLP and BloomMLP add the residual they are given: the branch is their down projection
+    Layout("FFN adding its own residual", "MPT, BLOOM", _adds_own_residual,
+           ffn=("ffn.down_proj", "mlp.dense_4h_to_h"),
+           ffn_carrier=("norm_2", "post_attention_layernorm")),
+    # which tensor the MLP's output is added to is read from the layer's call (.stream):
+    # the input of the norm in front of it (pre-norm; the layer input where attention and MLP
+    # read it side by side), or its own input (post-norm, or norms after the branches)
+    Layout("MLP branch, stream traced",
+           "Llama, GPT-2, GPT-J, Phi, GPT-NeoX, Falcon, DINOv2, CLIP, OLMo2, Wav2Vec2, OpenAI-GPT",
+           lambda layer: first_present(layer, _MLPS) is not None, ffn=_MLPS, ffn_carrier=(),
+           cross_carrier=("ln_cross_attn",), traced=True),
     Layout("pre-norm ffn", "CTRL, AIMv2, NLLB-MoE",
            lambda layer: _has("ffn")(layer) and first_present(layer, _FFN_NORMS) is not None,
            ffn=("ffn",), ffn_carrier=_FFN_NORMS, cross_carrier=("cross_attention_layer_norm",)),
-    # MptMLP adds the residual itself: the branch is its down projection
-    Layout("FFN adding its own residual", "MPT", _has("ffn.down_proj", "norm_2"),
-           ffn=("ffn.down_proj",), ffn_carrier=("norm_2",)),
-    Layout("pre-norm", "Llama, Qwen2, Mistral, Gemma, Phi-3, Mixtral, GPT-2, ViT, ModernBERT",
-           lambda layer: (first_present(layer, _MLPS) is not None
-                          and first_present(layer, _PRE_FFN_NORMS) is not None),
-           ffn=_MLPS, ffn_carrier=_PRE_FFN_NORMS, cross_carrier=("ln_cross_attn",)),
 ]
 
 

@@ -142,10 +142,12 @@ def test_softcap_and_position_bias_reach_the_operator() -> None:
 
 def test_layouts_are_derived_per_family() -> None:
     expected = {
-        "GPT-J": ["parallel residual"], "Gemma2 (softcap 0.5, sliding window 4)": ["sandwich norms"],
+        "GPT-J": ["MLP branch, stream traced"],
+        "Gemma2 (softcap 0.5, sliding window 4)": ["sandwich norms"],
         "BERT": ["intermediate/output split"], "OPT": ["fc1/fc2 inline, pre-norm"],
         "OPT (post-norm)": ["fc1/fc2 inline, post-norm"], "BART": ["fc1/fc2 inline, post-norm"],
-        "T5": ["T5 sub-layers"], "GPT-NeoX (sequential)": ["pre-norm"]}
+        "T5": ["T5 sub-layers"], "GPT-NeoX (sequential)": ["MLP branch, stream traced"],
+        "BLOOM (ALiBi)": ["FFN adding its own residual"]}
     covered = {name for name in expected if zoo.expectation(_arch(name)) == "covered"}
     assert {"Gemma2 (softcap 0.5, sliding window 4)", "BERT", "OPT", "BART"} <= covered
     assert {name: zoo.describe(_arch(name))["layouts"] for name in covered} == {

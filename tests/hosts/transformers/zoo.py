@@ -454,6 +454,10 @@ def architectures_table() -> str:
             "is current.\n")
 
 
+_TRACED = ("read from the layer's call: the input of the norm the MLP reads (pre-norm), the "
+           "layer (parallel residual), or the MLP itself (post-norm, or no norm in front of it)")
+
+
 def layouts_table() -> str:
     """The built-in rows of :data:`LAYOUTS`, in the order they are tried."""
     from oretrofit._markdown import pipe_table
@@ -462,5 +466,6 @@ def layouts_table() -> str:
     return pipe_table(["layout", "examples", "FFN branch", "its carrier enters", "cross-attention "
                        "carrier enters"],
                       [[row.name, row.examples, f"refused: {row.refused}" if row.refused
-                        else code(row.ffn), code(row.ffn_carrier), code(row.cross_carrier)]
+                        else code(row.ffn), _TRACED if row.traced else code(row.ffn_carrier),
+                        code(row.cross_carrier)]
                        for row in LAYOUTS]) + "\n"
