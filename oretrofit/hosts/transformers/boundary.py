@@ -1,6 +1,7 @@
 """The transformers host's sites at the token boundary, outside the layers (:mod:`.host`
 derives the layers' own): norms and additive tables of the embeddings (OInject h + ρτ(h)·e,
 gated by the word embedding, or the patch embedding where there is no ``inputs_embeds``),
+attention-pooling heads (:mod:`.pooling`),
 biased projections between the embedding and the first layer (W x + ρτ(x)·b), one positional
 convolution next to the layers (h + ρτ(h)·conv(h)), and the refusal of learned states added to
 every token where no site can gate them. Also :class:`Structure`, what one backbone's sites are
@@ -21,6 +22,7 @@ from ..._patching import set_site
 from ..torch_nn import NORM, ONormSite
 from .gates import gate_patch_table, gate_projection
 from .layouts import is_additive_table, is_norm, token_mixers
+from .pooling import pooling_attention, pooling_site
 from .releases import INJECT, accepts_inputs_embeds, gate_branch, gate_table
 
 __all__ = ["Structure", "UNGATED", "join", "norm_site", "outer_sites", "positional_convolutions",
@@ -60,8 +62,13 @@ def outer_sites(s: Structure, prefix: str, backbone: nn.Module, layer_paths: lis
     words = _word_embeddings(backbone)
     named = dict(backbone.named_modules())
     first_layer = list(named).index(f"{layer_paths[0]}.0")
+    heads: list[str] = []
     for index, (name, module) in enumerate(named.items()):
-        if inner(name):
+        if inner(name) or any(name.startswith(h + ".") for h in heads):
+            continue
+        if pooling_attention(module) is not None:
+            heads.append(name)
+            _pooling_head_site(s, join(prefix, name), module)
             continue
         index = len(named) if _in_pooler(name) else index    # a head, whatever its order
         if index < first_layer and _biased_projection(module):
@@ -78,6 +85,16 @@ def outer_sites(s: Structure, prefix: str, backbone: nn.Module, layer_paths: lis
                             if buffer.is_floating_point() and buffer.dim() == 2]
         elif index > first_layer and index < len(named):
             s.uncovered += _inline_between_layers(join(prefix, name), module)
+
+
+def _pooling_head_site(s: Structure, path: str, head: nn.Module) -> None:
+    """An attention-pooling head (:mod:`.pooling`): one attention site, its norm and MLP a
+    read-out of the pooled vector."""
+    site = pooling_site(path, head)
+    if isinstance(site, str):
+        s.problems.append(site)
+    else:
+        s.add(head, site)
 
 
 def _inline_between_layers(path: str, module: nn.Module) -> list[str]:

@@ -6,7 +6,9 @@ Hidden states are the residual streams the host sees: the input of each layer li
 layer and the output of every layer (read with forward hooks, so every architecture is measured
 the same way, encoder and decoder stacks included), and what the backbone returns after its
 last layer (``last_hidden_state``, and ``encoder_last_hidden_state`` of an encoder–decoder), so
-a final norm outside the layers is measured too.
+a final norm outside the layers is measured too. The ``pooler_output`` is measured where an
+attention-pooling head (:mod:`.pooling`, a site) makes it; other poolers and heads are read-outs
+the host leaves as they are (a mean over the tokens counts a null), and are not measured.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..._registry import retrofitted
 from .releases import zero_padded_inputs
 from .host import layers
 from .inputs import GRIDS, accepts, example_inputs
+from .pooling import pooling_attention
 
 __all__ = ["example_inputs", "hidden_states", "agreement", "insertion_point", "null_insertion",
            "padding_delta", "relative_max_diff", "strict_load"]
@@ -39,8 +42,9 @@ def _recording(model: nn.Module) -> Iterator[dict[str, Tensor]]:
         handles.append(layer.register_forward_hook(
             lambda m, args, output, key=path: states.__setitem__(
                 key, output[0] if isinstance(output, (tuple, list)) else output)))
+    pooled = any(pooling_attention(m) is not None for m in model.modules())
     handles.append(model.base_model.register_forward_hook(
-        lambda m, args, output: states.update(_backbone_outputs(output))))
+        lambda m, args, output: states.update(_backbone_outputs(output, pooled))))
     try:
         yield states
     finally:
@@ -48,10 +52,13 @@ def _recording(model: nn.Module) -> Iterator[dict[str, Tensor]]:
             handle.remove()
 
 
-def _backbone_outputs(output: Any) -> dict[str, Tensor]:
-    """The final states a backbone returns: ``{"output": (B, N, d)[, "encoder_output": …]}``."""
+def _backbone_outputs(output: Any, pooled: bool) -> dict[str, Tensor]:
+    """The final states a backbone returns: ``{"output": (B, N, d)[, "encoder_output": …]
+    [, "pooled": (B, d)]}``, the pooled vector where ``pooled`` (the model holds an attention-
+    pooling head, a site of its own)."""
     found = {"output": getattr(output, "last_hidden_state", None),
-             "encoder_output": getattr(output, "encoder_last_hidden_state", None)}
+             "encoder_output": getattr(output, "encoder_last_hidden_state", None),
+             "pooled": getattr(output, "pooler_output", None) if pooled else None}
     return {key: state for key, state in found.items() if isinstance(state, Tensor)}
 
 
@@ -260,8 +267,8 @@ def null_insertion(model: nn.Module, inputs: dict[str, Any], count: int = 2
     the model does not run with the longer sequence.
 
     Returns ``where``, ``old_max_delta`` (relative max |Δ| of the old tokens' states over every
-    hidden state; streams without the insertion, e.g. a decoder reading the encoder, compared
-    whole) and ``inserted_max_abs`` (max |h| of the inserted tokens over every hidden state).
+    hidden state; streams without the insertion, e.g. a decoder reading the encoder, and pooled
+    vectors compared whole) and ``inserted_max_abs`` (max |h| of the inserted tokens over every hidden state).
     """
     first = {k: v[:1] if isinstance(v, Tensor) else v for k, v in inputs.items()}
     carrier, run = _carrier_and_run(model, first)
@@ -289,7 +296,7 @@ def null_insertion(model: nn.Module, inputs: dict[str, Any], count: int = 2
     deltas, new = [], []
     for key, ref in reference.items():
         state = inserted[key]
-        if state.shape[1] == n + count:
+        if state.dim() == 3 and state.shape[1] == n + count:      # (B, N, d), not pooled
             new.append(state[:, at:at + count].abs().max().item())
             state = state[:, old]
         deltas.append(((state - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())

@@ -238,6 +238,9 @@ NEW_LAYOUTS = [
                  dict(embedding_size=16)),
     Architecture("ALBERT (2 groups of 2 layers)", "albert", "encoder-only",
                  dict(embedding_size=16, num_hidden_groups=2, inner_group_num=2)),
+    # a learned probe attending over the tokens: O cross-attention, the probe's presence 1
+    Architecture("SigLIP (vision, attention-pooling head)", "siglip_vision_model", "vision",
+                 _IMAGE),
 ]
 ARCHITECTURES += SOFTMAX_ROUTE + NEW_LAYOUTS
 
@@ -284,8 +287,6 @@ REFUSED = [
                  dict(n_embd=32, n_layer=2, n_head=4, dff=64, n_positions=64)),
     Architecture("Data2Vec (audio, stacked positional convolutions)", "data2vec-audio", "audio",
                  _AUDIO),
-    Architecture("SigLIP (vision, attention-pooling head)", "siglip_vision_model", "vision",
-                 _IMAGE),
     Architecture("AIMv2 (vision, attention-pooling head)", "aimv2_vision_model", "vision",
                  _IMAGE),
     Architecture("Swin (windows, patch merging)", "swin", "vision",
