@@ -241,6 +241,12 @@ NEW_LAYOUTS = [
     # a learned probe attending over the tokens: O cross-attention, the probe's presence 1
     Architecture("SigLIP (vision, attention-pooling head)", "siglip_vision_model", "vision",
                  _IMAGE),
+    # the same head; a position table resized per image in the embeddings' own method, gated
+    Architecture("SigLIP2 (vision, NaFlex rows)", "siglip2_vision_model", "vision",
+                 dict(patch_size=4, num_patches=64), "end"),
+    # a position lookup by pixel positions, gated; nulls as one whole cell of its pooler
+    Architecture("Gemma4 (vision)", "gemma4_vision", "vision", dict(head_dim=8, patch_size=4),
+                 "start"),
 ]
 ARCHITECTURES += SOFTMAX_ROUTE + NEW_LAYOUTS
 
