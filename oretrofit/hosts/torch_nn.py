@@ -152,7 +152,7 @@ class OMultiheadAttention:
         if unbatched and key_padding_mask is not None:
             key_padding_mask = key_padding_mask.unsqueeze(0)
         batch, n_q, n_k = q_in.shape[0], q_in.shape[1], k_in.shape[1]
-        p_q, p_k = presence(q_car, config.tau), presence(k_car, config.tau)    # (B, Nq), (B, Nk)
+        p_q, p_k = self._o_presences(q_car, k_car, config.tau)                 # (B, Nq), (B, Nk)
         q, k, v = self._o_project(q_in, k_in, v_in, packed)                     # (B, H, N, hd)
         mask = _visibility(key_padding_mask, attn_mask, is_causal, batch, self.num_heads, n_q,
                            n_k, q)
@@ -167,6 +167,11 @@ class OMultiheadAttention:
             weights = weights.mean(dim=1) if average_attn_weights else weights
             weights = weights.squeeze(0) if unbatched else weights
         return out, weights
+
+    def _o_presences(self, query_carrier: Tensor, key_carrier: Tensor, tau: float
+                     ) -> tuple[Tensor, Tensor]:
+        """ρτ of the batch-major query and key carriers: ``(B, Nq)``, ``(B, Nk)``."""
+        return presence(query_carrier, tau), presence(key_carrier, tau)
 
     def _o_project(self, query: Tensor, key: Tensor, value: Tensor, packed: bool
                    ) -> tuple[Tensor, Tensor, Tensor]:

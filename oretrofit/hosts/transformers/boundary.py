@@ -1,10 +1,12 @@
 """The transformers host's sites at the token boundary, outside the layers (:mod:`.host`
 derives the layers' own): norms and additive tables of the embeddings (OInject h + ρτ(h)·e,
-gated by the word embedding, or the patch embedding where there is no ``inputs_embeds``),
+gated by the word embedding, or the patch embedding where there is no ``inputs_embeds``; a
+position term an embeddings module computes itself, gated by its patch projection's output),
+attention-pooling heads (:mod:`.pooling`),
 biased projections between the embedding and the first layer (W x + ρτ(x)·b), one positional
 convolution next to the layers (h + ρτ(h)·conv(h)), and the refusal of learned states added to
-every token where no site can gate them (an initial state, parameters added between layers). Also :class:`Structure`, what one backbone's sites are
-built from.
+every token where no site can gate them (an initial state, parameters added between layers).
+Also :class:`Structure`, what one backbone's sites are built from.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from torch import nn
 from ..._host import Site
 from ..._patching import set_site
 from ..torch_nn import NORM, ONormSite
-from .gates import gate_patch_table, gate_projection
+from .gates import POSITION_TERMS, gate_patch_table, gate_position_term, gate_projection
 from .layouts import is_additive_table, is_norm, token_mixers
+from .pooling import pooling_attention, pooling_site
 from .releases import INJECT, accepts_inputs_embeds, gate_branch, gate_table
 
 __all__ = ["Structure", "UNGATED", "join", "norm_site", "outer_sites", "positional_convolutions",
@@ -60,14 +63,28 @@ def outer_sites(s: Structure, prefix: str, backbone: nn.Module, layer_paths: lis
     words = _word_embeddings(backbone)
     named = dict(backbone.named_modules())
     first_layer = list(named).index(f"{layer_paths[0]}.0")
+    heads: list[str] = []
+    terms: list[str] = []        # embeddings modules that compute their position term themselves
     for index, (name, module) in enumerate(named.items()):
-        if inner(name):
+        if inner(name) or any(name.startswith(h + ".") for h in heads):
+            continue
+        if pooling_attention(module) is not None:
+            heads.append(name)
+            _pooling_head_site(s, join(prefix, name), module)
             continue
         index = len(named) if _in_pooler(name) else index    # a head, whatever its order
+        patches = _position_term_patches(module) if index < first_layer else None
+        if patches is not None:
+            terms.append(name)
+            s.add(module, Site(join(prefix, name), INJECT,
+                               f"patch embedding of {type(module).__name__} (its position term)",
+                               functools.partial(gate_position_term, module, patches)))
         if index < first_layer and _biased_projection(module):
             _projection_site(s, join(prefix, name), module, word)
         elif is_norm(module):
             s.add(module, norm_site(join(prefix, name), module))
+        elif any(name.startswith(t + ".") for t in terms) and is_additive_table(module):
+            continue                          # its weight is read by the owner's position term
         elif (is_additive_table(module) and not any(_is_word(module, w) for w in words)
               and not _feeds_scores(module, word)):
             _table_site(s, prefix, name, module, named, word)
@@ -76,6 +93,27 @@ def outer_sites(s: Structure, prefix: str, backbone: nn.Module, layer_paths: lis
                             "a table added inline, no module to gate it by the carrier)"
                             for b, buffer in module.named_buffers(recurse=False)
                             if buffer.is_floating_point() and buffer.dim() == 2]
+
+
+def _position_term_patches(owner: nn.Module) -> nn.Module | None:
+    """The patch projection of an embeddings module that computes its position term in a method
+    of its own from a table's weight (:data:`~.gates.POSITION_TERMS`: SigLIP2's table resized per
+    image, Gemma4's lookup by pixel positions): its one ``nn.Linear`` child, reading each row's
+    flattened patch. None for any other module."""
+    if not any(callable(getattr(type(owner), method, None)) for method in POSITION_TERMS):
+        return None
+    linears = [m for m in owner.children() if isinstance(m, nn.Linear)]
+    return linears[0] if len(linears) == 1 else None
+
+
+def _pooling_head_site(s: Structure, path: str, head: nn.Module) -> None:
+    """An attention-pooling head (:mod:`.pooling`): one attention site, its norm and MLP a
+    read-out of the pooled vector."""
+    site = pooling_site(path, head)
+    if isinstance(site, str):
+        s.problems.append(site)
+    else:
+        s.add(head, site)
 
 
 def _projection_site(s: Structure, name: str, projection: nn.Module,

@@ -6,7 +6,9 @@ Hidden states are the residual streams the host sees: the input of each layer li
 layer and the output of every layer (read with forward hooks, so every architecture is measured
 the same way, encoder and decoder stacks included), and what the backbone returns after its
 last layer (``last_hidden_state``, and ``encoder_last_hidden_state`` of an encoder–decoder), so
-a final norm outside the layers is measured too.
+a final norm outside the layers is measured too. The ``pooler_output`` is measured where an
+attention-pooling head (:mod:`.pooling`, a site) makes it; other poolers and heads are read-outs
+the host leaves as they are (a mean over the tokens counts a null), and are not measured.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from torch import Tensor, nn
 from ..._registry import retrofitted
 from .releases import zero_padded_inputs
 from .host import layers
-from .inputs import GRIDS, accepts, example_inputs
+from .inputs import GRIDS, PATCH_ROWS, accepts, example_inputs
 from .layouts import calls_attention_interface, computes_attention
+from .pooling import pooling_attention
 
 __all__ = ["example_inputs", "hidden_states", "agreement", "insertion_point", "null_insertion",
            "padding_delta", "relative_max_diff", "strict_load"]
@@ -50,8 +53,9 @@ def _recording(model: nn.Module) -> Iterator[dict[str, Tensor]]:
         handles.append(layer.register_forward_hook(
             lambda m, args, output, key=path: states.__setitem__(
                 key, output[0] if isinstance(output, (tuple, list)) else output)))
+    pooled = any(pooling_attention(m) is not None for m in model.modules())
     handles.append(model.base_model.register_forward_hook(
-        lambda m, args, output: states.update(_backbone_outputs(output))))
+        lambda m, args, output: states.update(_backbone_outputs(output, pooled))))
     try:
         yield states
     finally:
@@ -59,10 +63,13 @@ def _recording(model: nn.Module) -> Iterator[dict[str, Tensor]]:
             handle.remove()
 
 
-def _backbone_outputs(output: Any) -> dict[str, Tensor]:
-    """The final states a backbone returns: ``{"output": (B, N, d)[, "encoder_output": …]}``."""
+def _backbone_outputs(output: Any, pooled: bool) -> dict[str, Tensor]:
+    """The final states a backbone returns: ``{"output": (B, N, d)[, "encoder_output": …]
+    [, "pooled": (B, d)]}``, the pooled vector where ``pooled`` (the model holds an attention-
+    pooling head, a site of its own)."""
     found = {"output": getattr(output, "last_hidden_state", None),
-             "encoder_output": getattr(output, "encoder_last_hidden_state", None)}
+             "encoder_output": getattr(output, "encoder_last_hidden_state", None),
+             "pooled": getattr(output, "pooler_output", None) if pooled else None}
     return {key: state for key, state in found.items() if isinstance(state, Tensor)}
 
 
@@ -102,10 +109,11 @@ def _first(output: Tensor | tuple) -> Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
-def _insert(x: Tensor, at: int, count: int) -> Tensor:
-    """``x`` (B, N, …) with ``count`` zero rows inserted along the sequence before ``at``."""
-    zeros = x.new_zeros(x.shape[0], count, *x.shape[2:])
-    return torch.cat([x[:, :at], zeros, x[:, at:]], dim=1)
+def _insert(x: Tensor, at: int, count: int, value: int = 0) -> Tensor:
+    """``x`` (B, N, …) with ``count`` rows of ``value`` (zero) inserted along the sequence before
+    ``at``."""
+    rows = x.new_full((x.shape[0], count, *x.shape[2:]), value)
+    return torch.cat([x[:, :at], rows, x[:, at:]], dim=1)
 
 
 def insertion_point(model: nn.Module, length: int) -> str:
@@ -159,17 +167,35 @@ def _replacing(module: nn.Module, h: Tensor) -> Any:
     return module.register_forward_hook(hook, prepend=True)
 
 
-def _embeddings_owner(model: nn.Module) -> nn.Module:
-    """The shallowest module that holds the patch ``embeddings``: the model itself (DINOv3's
-    ``base_model`` is its encoder), its backbone, or a tower inside it (transformers 5.0's
-    ``CLIPVisionModel.vision_model``)."""
-    owners = [(0 if not name else name.count(".") + 1, module)
+_PATCH_EMBEDDINGS = ("embeddings", "patch_embedder")     # Gemma4's tower: patch_embedder
+
+
+def _patch_embeddings(module: nn.Module) -> nn.Module | None:
+    found = (getattr(module, name, None) for name in _PATCH_EMBEDDINGS)
+    return next((e for e in found if isinstance(e, nn.Module)), None)
+
+
+def _embeddings_owner(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """The shallowest module that holds the patch embeddings (``embeddings``, Gemma4's
+    ``patch_embedder``), and those: the model itself (DINOv3's ``base_model`` is its encoder),
+    its backbone, or a tower inside it (transformers 5.0's ``CLIPVisionModel.vision_model``)."""
+    owners = [(0 if not name else name.count(".") + 1, module, embeddings)
               for name, module in model.named_modules()
-              if isinstance(getattr(module, "embeddings", None), nn.Module)]
+              for embeddings in [_patch_embeddings(module)] if embeddings is not None]
     if not owners:
         raise ValueError(f"null insertion is not defined for this input: no module of "
                          f"{type(model).__name__} holds patch embeddings")
-    return min(owners, key=lambda owner: owner[0])[1]
+    return min(owners, key=lambda owner: owner[0])[1:]
+
+
+def _patch_row_inputs(first: dict[str, Any], n: int) -> list[str]:
+    """The inputs given one row per patch beside patch rows (SigLIP2's ``pixel_values`` and
+    ``pixel_attention_mask``, Gemma4's ``pixel_values`` and ``pixel_position_ids``): ``(1, n, …)``
+    tensors of a tower fed patch rows with their sizes or positions (:data:`PATCH_ROWS`)."""
+    if not any(name in first for name in PATCH_ROWS):
+        return []
+    return [k for k, v in first.items() if isinstance(v, Tensor) and 2 <= v.dim() <= 3
+            and v.shape[:2] == (1, n)]
 
 
 _ROTARY = re.compile(r"Rope|Rotary")
@@ -223,15 +249,19 @@ def _carrier_and_run(model: nn.Module, first: dict[str, Any]) -> tuple[Tensor, R
         return carrier, run
     if "input_ids" not in first:                            # pixels, images or videos
         _require_no_patch_grid(first)
-        owner = _embeddings_owner(model)
-        carrier = _first_tensor(_caught(owner.embeddings.register_forward_hook,
+        owner, embeddings = _embeddings_owner(model)
+        carrier = _first_tensor(_caught(embeddings.register_forward_hook,
                                         lambda: owner(**first)))           # (1, n, d)
+        rows = _patch_row_inputs(first, carrier.shape[1])
 
-        def run(h: Tensor, positions: Tensor, grow: Callable[[Tensor], Tensor]) -> Any:
-            # the patch embeddings are replaced by the carrier h (positions already added)
-            handle = _replacing(owner.embeddings, h)
+        def run(h: Tensor, positions: Tensor, grow: Callable[..., Tensor]) -> Any:
+            # the patch embeddings are replaced by the carrier h (positions already added); the
+            # rows given per patch grow with it, a mask's by ones (a null is inert by its
+            # presence, not by the mask)
+            kwargs = {**first, **{k: grow(first[k], value=int("mask" in k)) for k in rows}}
+            handle = _replacing(embeddings, h)
             try:
-                return owner(**first)
+                return owner(**kwargs)
             finally:
                 handle.remove()
         return carrier, run
@@ -261,27 +291,40 @@ def _carrier_and_run(model: nn.Module, first: dict[str, Any]) -> tuple[Tensor, R
     return carrier, run
 
 
+def _whole_cells(model: nn.Module, count: int) -> int:
+    """``count`` rounded up to whole cells of k × k patches (k: ``pooling_kernel_size``) for a
+    tower that averages its patches in such cells by their positions and sizes its output by the
+    patch count (Gemma4's pooler): another count cannot be pooled. Nulls at a real position
+    join that position's cell and add 0 to it, the average dividing by k² whatever the cell
+    holds; the cell left without tokens at the end of the longer output is dropped by the
+    pooler itself."""
+    k = getattr(model.config, "pooling_kernel_size", None)
+    return count if not isinstance(k, int) else -(-count // k ** 2) * k ** 2
+
+
 @torch.no_grad()
 def null_insertion(model: nn.Module, inputs: dict[str, Any], count: int = 2
                    ) -> dict[str, Any]:
-    """Insert ``count`` zero carriers into the first sequence at the carrier boundary (the word
-    embedding, the patch embeddings of a vision model, or the frames an audio model's feature
-    encoder hands its ``feature_projection``) with the old tokens' position ids
-    kept: in the middle when the model takes ``position_ids`` (or adds positions before the
+    """Insert ``count`` zero carriers (whole pooling cells: :func:`_whole_cells`) into the first
+    sequence at the carrier boundary (the word embedding, the patch embeddings of a vision model,
+    or the frames an audio model's feature encoder hands its ``feature_projection``; inputs
+    given one row per patch grow with it, :func:`_patch_row_inputs`) with the old tokens'
+    position ids kept: in the middle when the model takes ``position_ids`` (or adds positions before the
     boundary), at the start where a rotary table rotates the last patch-count tokens by
     sequence index (:func:`_rotates_by_index`), else at the end; per-token side inputs (boxes)
     get zero rows there. Runs on the model as it is (patched or not); raises ValueError where
     the model does not run with the longer sequence.
 
     Returns ``where``, ``old_max_delta`` (relative max |Δ| of the old tokens' states over every
-    hidden state; streams without the insertion, e.g. a decoder reading the encoder, compared
-    whole) and ``inserted_max_abs`` (max |h| of the inserted tokens over every hidden state).
+    hidden state; streams without the insertion, e.g. a decoder reading the encoder, and pooled
+    vectors compared whole) and ``inserted_max_abs`` (max |h| of the inserted tokens over every hidden state).
     """
     first = {k: v[:1] if isinstance(v, Tensor) else v for k, v in inputs.items()}
+    count = _whole_cells(model, count)
     carrier, run = _carrier_and_run(model, first)
     n = carrier.shape[1]
     pixels = "input_ids" not in first and "input_values" not in first
-    where = "start" if pixels and _rotates_by_index(_embeddings_owner(model)) \
+    where = "start" if pixels and _rotates_by_index(_embeddings_owner(model)[0]) \
         else insertion_point(model, n + count)
     at = {"start": 0, "middle": n // 2}.get(where, n)
     old_pos = torch.arange(n)
@@ -290,10 +333,12 @@ def null_insertion(model: nn.Module, inputs: dict[str, Any], count: int = 2
     # a copy: a model may add into the carrier it is given in place (GIT's embeddings:
     # `embeddings += position_embeddings` on inputs_embeds), which would move the carrier the
     # inserted run is built from
-    reference = hidden_states(model, lambda: run(carrier.clone(), old_pos, lambda x: x))
+    reference = hidden_states(model, lambda: run(carrier.clone(), old_pos,
+                                                     lambda x, value=0: x))
     try:
         inserted = hidden_states(model, lambda: run(_insert(carrier, at, count), positions,
-                                                    lambda x: _insert(x, at, count)))
+                                                    lambda x, value=0: _insert(x, at, count,
+                                                                               value)))
     except RuntimeError as error:       # the reference ran: the longer sequence does not fit
         raise ValueError(f"null insertion is not defined for this input: "
                          f"{type(model).__name__} does not run with {count} tokens more than "
@@ -303,7 +348,7 @@ def null_insertion(model: nn.Module, inputs: dict[str, Any], count: int = 2
     deltas, new = [], []
     for key, ref in reference.items():
         state = inserted[key]
-        if state.shape[1] == n + count:
+        if state.dim() == 3 and state.shape[1] == n + count:      # (B, N, d), not pooled
             new.append(state[:, at:at + count].abs().max().item())
             state = state[:, old]
         deltas.append(((state - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())

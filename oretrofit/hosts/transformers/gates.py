@@ -1,7 +1,9 @@
 """Gates the host's usual hooks do not reach: between the carrier boundary and the first layer,
 where no ``inputs_embeds`` carrier reaches, a biased projection (:func:`gate_projection`,
-W x + ρτ(x)·b) and a position table added to patch embeddings (:func:`gate_patch_table`,
-h + ρτ(h)·e with h the patch embedding); and an attention output projection fed its input
+W x + ρτ(x)·b), a position table added to patch embeddings (:func:`gate_patch_table`,
+h + ρτ(h)·e with h the patch embedding) and a position term an embeddings module computes in a
+method of its own (:func:`gate_position_term`: SigLIP2's table resized per image, Gemma4's
+lookup by pixel positions); and an attention output projection fed its input
 sequence-first (:func:`gate_sequence_first_bias`, W x + pᵀ·b). The host (:mod:`.host`) decides
 where they apply.
 """
@@ -20,7 +22,8 @@ from ..._presence import presence
 from ..torch_nn import ATTENTION, patch_all
 from .releases import INJECT, CarrierPresence, gated_projection
 
-__all__ = ["OGatedProjection", "OSequenceFirstBias", "gate_projection", "gate_patch_table",
+__all__ = ["OGatedProjection", "OSequenceFirstBias", "OResizedPositions", "OPositionLookup",
+           "POSITION_TERMS", "gate_projection", "gate_patch_table", "gate_position_term",
            "gate_sequence_first_bias"]
 
 
@@ -96,6 +99,92 @@ class _PatchTableGate:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "p": None}
+
+
+class _PositionTerm:
+    """Mixin base of :func:`gate_position_term`: the embeddings module's own position method
+    (``_position_method``) returns ``ρτ(h)·e``, h the patch embedding's output in the same call."""
+
+    _position_method = ""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().forward(*args, **kwargs)
+        site_config(self, INJECT).check(type(self).__name__, output)
+        return output
+
+    def _o_gated_term(self, *args: Any, **kwargs: Any) -> Tensor:
+        term = getattr(super(), self._position_method)(*args, **kwargs)
+        return site_config(self, INJECT).gate(type(self).__name__, term)
+
+
+class OResizedPositions(_PositionTerm):
+    """SigLIP2's ``resize_positional_embeddings``: the table resized to each image's
+    ``spatial_shapes`` (padding rows take the first cell's), gated row by row."""
+
+    _position_method = "resize_positional_embeddings"
+
+    def resize_positional_embeddings(self, *args: Any, **kwargs: Any) -> Tensor:
+        return self._o_gated_term(*args, **kwargs)
+
+
+class OPositionLookup(_PositionTerm):
+    """Gemma4's ``_position_embeddings``: the (column, row) tables looked up by
+    ``pixel_position_ids`` and summed (0 at padding positions), gated row by row."""
+
+    _position_method = "_position_embeddings"
+
+    def _position_embeddings(self, *args: Any, **kwargs: Any) -> Tensor:
+        return self._o_gated_term(*args, **kwargs)
+
+
+# the method an embeddings module computes its position term in -> the mixin that gates it
+POSITION_TERMS = {mixin._position_method: mixin for mixin in (OResizedPositions, OPositionLookup)}
+
+
+def gate_position_term(owner: nn.Module, patches: nn.Module, config: SiteConfig) -> Undo:
+    """OInject (eq. 17) for a position term an embeddings module computes in a method of its own
+    from a table's weight (:data:`POSITION_TERMS`; no table module is called) and adds to its
+    patch embedding ``patches`` (one ``nn.Linear`` over each row's flattened patch):
+    h + ρτ(h)·e, h = the patch embedding of the row. The module's output must be exactly
+    h + ρτ(h)·e; any other use of the term is refused at the call."""
+    method = next(name for name in POSITION_TERMS if hasattr(owner, name))
+    gate = _PositionTermGate(config)
+    return patch_all(
+        lambda: patches.register_forward_hook(gate.from_patches).remove,
+        lambda: set_site(owner, POSITION_TERMS[method], INJECT, gate))
+
+
+class _PositionTermGate:
+    """The state of :func:`gate_position_term` (a plain object, so it pickles): the patch
+    embedding's output of the current call and the gated term; the site config of the mixin."""
+
+    def __init__(self, config: SiteConfig) -> None:
+        self.tau, self.eps = config.tau, config.eps
+        self.h: Tensor | None = None
+        self.gated: Tensor | None = None
+
+    def from_patches(self, module: nn.Module, args: tuple, output: Tensor) -> None:
+        self.h, self.gated = output, None
+
+    def gate(self, owner: str, term: Tensor) -> Tensor:
+        if self.h is None or term.shape != self.h.shape:
+            raise RetrofitError(
+                f"{owner} computed a position term {tuple(term.shape)} for patch embeddings "
+                f"{None if self.h is None else tuple(self.h.shape)}: not one row per patch, so "
+                "the host cannot gate each row by its patch's presence")
+        self.gated = o_gate(presence(self.h, self.tau), term)
+        return self.gated
+
+    def check(self, owner: str, output: Any) -> None:
+        h, gated, self.h, self.gated = self.h, self.gated, None, None
+        if gated is None or not (isinstance(output, Tensor) and torch.equal(output, h + gated)):
+            raise RetrofitError(
+                f"{owner} did not return its patch embeddings plus the gated "
+                "position term (it skipped the term, or transformed the sum), so the host cannot "
+                "tell that each row is h + ρτ(h)·e")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "h": None, "gated": None}
 
 
 class OSequenceFirstBias:

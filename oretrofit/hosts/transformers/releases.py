@@ -138,7 +138,7 @@ COVERED_FROM: dict[str, tuple[str, str]] = {
         "gpt_neox_japanese", "imagegpt", "mvp", "data2vec-vision")},
     **{model_type: (TESTED_RELEASES[-1], NEW_LAYOUT) for model_type in (
         "aimv2_vision_model", "nllb-moe", "t5gemma", "internvl_vision", "xmod", "albert",
-        "vjepa2")},
+        "vjepa2", "siglip_vision_model", "siglip2_vision_model", "gemma4_vision")},
     # the default minimax_m3_vl_text has dense layers only, which the refused row of indexers
     # matched too
     **{model_type: (TESTED_RELEASES[-1], TOP_K_INDEXER) for model_type in (

@@ -243,6 +243,15 @@ NEW_LAYOUTS = [
                  dict(embedding_size=16)),
     Architecture("ALBERT (2 groups of 2 layers)", "albert", "encoder-only",
                  dict(embedding_size=16, num_hidden_groups=2, inner_group_num=2)),
+    # a learned probe attending over the tokens: O cross-attention, the probe's presence 1
+    Architecture("SigLIP (vision, attention-pooling head)", "siglip_vision_model", "vision",
+                 _IMAGE),
+    # the same head; a position table resized per image in the embeddings' own method, gated
+    Architecture("SigLIP2 (vision, NaFlex rows)", "siglip2_vision_model", "vision",
+                 dict(patch_size=4, num_patches=64), "end"),
+    # a position lookup by pixel positions, gated; nulls as one whole cell of its pooler
+    Architecture("Gemma4 (vision)", "gemma4_vision", "vision", dict(head_dim=8, patch_size=4),
+                 "start"),
 ]
 ARCHITECTURES += SOFTMAX_ROUTE + NEW_LAYOUTS
 
@@ -289,8 +298,6 @@ REFUSED = [
                  dict(n_embd=32, n_layer=2, n_head=4, dff=64, n_positions=64)),
     Architecture("Data2Vec (audio, stacked positional convolutions)", "data2vec-audio", "audio",
                  _AUDIO),
-    Architecture("SigLIP (vision, attention-pooling head)", "siglip_vision_model", "vision",
-                 _IMAGE),
     Architecture("AIMv2 (vision, attention-pooling head)", "aimv2_vision_model", "vision",
                  _IMAGE),
     Architecture("Swin (windows, patch merging)", "swin", "vision",
@@ -381,10 +388,9 @@ def assert_refused_in_this_release(arch: Architecture) -> None:
 
 def describe(arch: Architecture) -> dict[str, Any]:
     """What the host derives for ``arch``: model class, layouts, sites per kind (``full-o``) and
-    where null insertion happens (see
-    :func:`oretrofit.hosts.transformers.contracts.null_insertion`)."""
+    where null insertion happens (the row's ``insertion``, which test_architectures checks
+    :func:`oretrofit.hosts.transformers.contracts.null_insertion` measures)."""
     from oretrofit._registry import plan_retrofit
-    from oretrofit.hosts.transformers.contracts import insertion_point
     from oretrofit.hosts.transformers.host import layers
     from oretrofit.hosts.transformers.layouts import layout_of
     model = build(arch)
@@ -395,7 +401,7 @@ def describe(arch: Architecture) -> dict[str, Any]:
     return {"name": arch.name, "family": arch.family, "class": type(model).__name__,
             "layouts": sorted({layout_of(layer).name for _, layer in layers(model)}),
             "sites": kinds,
-            "insertion": insertion_point(model, 9)}
+            "insertion": arch.insertion}
 
 
 def refusal(arch: Architecture) -> str:
