@@ -135,7 +135,7 @@ def test_patch_twice_and_revert_twice_raise() -> None:
     (dict(tau=0.0), ValueError, "tau"),
     (dict(tau=-1e-8), ValueError, "tau"),
     (dict(eps=0.0), ValueError, "eps"),
-    (dict(targets=["nothing.*"]), RetrofitError, "targets pattern .nothing\.\*. matches no site"),
+    (dict(targets=["nothing.*"]), RetrofitError, r"targets pattern .nothing\.\*. matches no site"),
     (dict(exclude=["block.*"]), RetrofitError, "no site matched"),
     (dict(site_tau={"other.*": 1.0}), RetrofitError, "matches no planned site"),
     (dict(site_tau={"block.*": 0.0}), ValueError, "site_tau"),
