@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -22,7 +23,7 @@ from ..._host import Site
 from ..._patching import set_site
 from ..torch_nn import NORM, ONormSite
 from .gates import POSITION_TERMS, gate_patch_table, gate_position_term, gate_projection
-from .layouts import is_additive_table, is_norm, token_mixers
+from .layouts import is_additive_table, is_norm, is_projection, token_mixers
 from .pooling import pooling_attention, pooling_site
 from .releases import INJECT, accepts_inputs_embeds, gate_branch, gate_table
 
@@ -167,8 +168,7 @@ def _in_pooler(name: str) -> bool:
 
 
 def _biased_projection(module: nn.Module) -> bool:
-    return ((isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D")
-            and module.bias is not None)
+    return is_projection(module) and module.bias is not None
 
 
 def _is_word(embedding: nn.Module, word: nn.Module | None) -> bool:
@@ -229,30 +229,27 @@ def positional_convolutions(s: Structure, prefix: str, backbone: nn.Module,
     the stream) is gated h + ρτ(h)·conv(h); anything else is refused. Siblings that form the
     carrier boundary (the word embedding, a patchifying convolution) are not next to it."""
     word = _word_embedding(backbone)
-    for list_path in lists:
-        parent_path = list_path.rpartition(".")[0]
-        parent = backbone.get_submodule(parent_path) if parent_path else backbone
-        for name, module in parent.named_children():
-            mixers = token_mixers(module)
-            if (not mixers or join(parent_path, name) in lists or _patches(module) is not None
-                    or any(m is word for m in module.modules())):
-                continue                                   # no mixer, or the carrier boundary
-            path = join(prefix, parent_path, name)
-            convs = [(n, m) for n, m in module.named_modules()
-                     if isinstance(m, nn.modules.conv._ConvNd) and math.prod(m.kernel_size) > 1]
-            others = [n for n, _ in module.named_parameters()
-                      if not (len(convs) == 1 and n.startswith(convs[0][0] + "."))]
-            if len(convs) == 1 and len(mixers) == 1 and not others and set(
-                    convs[0][1].stride) == {1}:
-                s.add(module, Site(path, INJECT, f"input of {path}",
-                                   functools.partial(gate_branch, module, module)))
-            else:
-                s.problems.append(
-                    f"{path} ({type(module).__name__}) mixes tokens next to the layers in "
-                    f"{', '.join(mixers)}{' with ' + ', '.join(others) if others else ''}: only "
-                    "one stride-1 convolution with no other weights can be gated (a second "
-                    "convolution or a norm would read a null token's non-zero intermediate "
-                    f"where it read zero padding), which {UNGATED}")
+    for parent_path, _, name, module, _ in _next_to_layers(backbone, lists):
+        mixers = token_mixers(module)
+        if (not mixers or _patches(module) is not None
+                or any(m is word for m in module.modules())):
+            continue                                       # no mixer, or the carrier boundary
+        path = join(prefix, parent_path, name)
+        convs = [(n, m) for n, m in module.named_modules()
+                 if isinstance(m, nn.modules.conv._ConvNd) and math.prod(m.kernel_size) > 1]
+        others = [n for n, _ in module.named_parameters()
+                  if not (len(convs) == 1 and n.startswith(convs[0][0] + "."))]
+        if len(convs) == 1 and len(mixers) == 1 and not others and set(
+                convs[0][1].stride) == {1}:
+            s.add(module, Site(path, INJECT, f"input of {path}",
+                               functools.partial(gate_branch, module, module)))
+        else:
+            s.problems.append(
+                f"{path} ({type(module).__name__}) mixes tokens next to the layers in "
+                f"{', '.join(mixers)}{' with ' + ', '.join(others) if others else ''}: only "
+                "one stride-1 convolution with no other weights can be gated (a second "
+                "convolution or a norm would read a null token's non-zero intermediate "
+                f"where it read zero padding), which {UNGATED}")
 
 
 def parameters_between_layers(s: Structure, prefix: str, backbone: nn.Module,
@@ -264,23 +261,30 @@ def parameters_between_layers(s: Structure, prefix: str, backbone: nn.Module,
     table per layer), where no site gates them, so a null token's stream would turn non-zero
     there. A submodule's parameters are its own (Higgs Audio's ``embed_audio_tokens`` holds a
     lookup, not a table added between layers)."""
-    sites = (nn.Embedding, nn.Linear, nn.modules.conv._ConvNd)
+    for parent_path, parent, name, module, after in _next_to_layers(backbone, lists):
+        if (not after or is_norm(module) or is_projection(module)
+                or isinstance(module, (nn.Embedding, nn.modules.conv._ConvNd))
+                or "Rotary" in type(module).__name__ or token_mixers(module) or _in_pooler(name)):
+            continue
+        s.uncovered += [f"{join(prefix, parent_path, name, weight)} (parameter of "
+                        f"{type(module).__name__} next to the layers: added to the stream "
+                        "between layers inside the forward of "
+                        f"{type(parent).__name__}, no module to gate it by the carrier)"
+                        for weight, _ in module.named_parameters(recurse=False)]
+
+
+def _next_to_layers(backbone: nn.Module, lists: list[str]
+                    ) -> Iterator[tuple[str, nn.Module, str, nn.Module, bool]]:
+    """``(parent path, parent, name, module, after)`` for each module next to a layer list (its
+    parent's other children, other layer lists left out); ``after``: registered after the list."""
     for list_path in lists:
-        parent_path = list_path.rpartition(".")[0]
+        parent_path, _, list_name = list_path.rpartition(".")
         parent = backbone.get_submodule(parent_path) if parent_path else backbone
-        names = [name for name, _ in parent.named_children()]
-        after = names[names.index(list_path.rpartition(".")[2]) + 1:]
-        for name in after:
-            module = parent.get_submodule(name)
-            if (join(parent_path, name) in lists or is_norm(module) or isinstance(module, sites)
-                    or type(module).__name__ == "Conv1D" or "Rotary" in type(module).__name__
-                    or token_mixers(module) or _in_pooler(name)):
-                continue
-            s.uncovered += [f"{join(prefix, parent_path, name, weight)} (parameter of "
-                            f"{type(module).__name__} next to the layers: added to the stream "
-                            "between layers inside the forward of "
-                            f"{type(parent).__name__}, no module to gate it by the carrier)"
-                            for weight, _ in module.named_parameters(recurse=False)]
+        after = False
+        for name, module in parent.named_children():
+            after = after or name == list_name
+            if join(parent_path, name) not in lists:
+                yield parent_path, parent, name, module, after
 
 
 # states a backbone adds to every token's stream inside its forward, from no module a site can

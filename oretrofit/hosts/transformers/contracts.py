@@ -104,11 +104,6 @@ def agreement(model: nn.Module, inputs: dict[str, Tensor], arm: str, tau: float 
             "state_dict_keys_unchanged": same_keys}
 
 
-def _first(output: Tensor | tuple) -> Tensor:
-    """A module's hidden states: its output, or the first element of a tuple output."""
-    return output[0] if isinstance(output, tuple) else output
-
-
 def _insert(x: Tensor, at: int, count: int, value: int = 0) -> Tensor:
     """``x`` (B, N, …) with ``count`` rows of ``value`` (zero) inserted along the sequence before
     ``at``."""

@@ -52,7 +52,12 @@ def _main_input(model: nn.Module) -> str:
     """The model's ``main_input_name`` where its forward takes it, else the forward's first
     parameter (Gemma4's and Kimi-K2.5's vision towers inherit ``input_ids`` but take pixels)."""
     main = getattr(model, "main_input_name", "input_ids")
-    return main if accepts(model, main) else next(iter(inspect.signature(model.forward).parameters))
+    return main if accepts(model, main) else _first_parameter(model)
+
+
+def _first_parameter(model: nn.Module) -> str:
+    """The name of the first parameter of ``model.forward``."""
+    return next(iter(inspect.signature(model.forward).parameters))
 
 
 def _image_config(config: Any) -> Any:
@@ -102,8 +107,7 @@ def _patch_grid(model: nn.Module, batch: int, generator: torch.Generator) -> dic
                    for m in model.modules())
     rows = (batch * side * side, *((channels, patch, patch) if by_image
                                    else (channels * temporal * patch ** 2,)))
-    main = next(iter(inspect.signature(model.forward).parameters))
-    inputs = {main: torch.randn(rows, generator=generator),
+    inputs = {_first_parameter(model): torch.randn(rows, generator=generator),
               next(n for n in GRIDS if accepts(model, n)): grid}
     if accepts(model, "merge_sizes"):
         inputs["merge_sizes"] = torch.full((batch,), merge)

@@ -46,10 +46,10 @@ from typing import Callable
 from torch import nn
 
 __all__ = ["Layout", "LAYOUTS", "register_layout", "unregister_layout", "layout_of",
-           "calls_attention_interface", "computes_attention", "eager_class", "forward_source", "attention_modules",
-           "child", "is_norm", "is_qk_norm", "output_projection", "sequence_first_output",
-           "token_mixers",
-           "is_additive_table"]
+           "calls_attention_interface", "computes_attention", "eager_class", "forward_source",
+           "attention_modules", "child", "is_attention_named", "is_norm", "is_norm_named",
+           "is_projection", "is_qk_norm", "output_projection", "sequence_first_output",
+           "token_mixers", "is_additive_table"]
 
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "c_proj", "dense", "o", "out_lin", "Wo", "wo")
 
@@ -116,6 +116,12 @@ def calls_attention_interface(module: nn.Module) -> bool:
 
 
 _ATTENTION_CLASS = re.compile(r"Attention|Attn")
+
+
+def is_attention_named(module: nn.Module) -> bool:
+    """Whether ``module``'s class is named ``…Attention`` / ``…Attn``."""
+    return _ATTENTION_CLASS.search(type(module).__name__) is not None
+
 # softmax(x, dim) / x.softmax(dim) / nn.Softmax(dim=-1)(x) (ImageGPT)
 _SOFTMAX_CALL = re.compile(r"softmax\(|Softmax\(")
 
@@ -170,11 +176,9 @@ def computes_attention(module: nn.Module) -> bool:
     named ``…Attention`` / ``…Attn`` and takes a softmax (:func:`eager_class`), it does not call
     the attention interface, and no module inside it is attention-named (of ``BertAttention`` ⊃
     ``BertSelfAttention``, the inner one)."""
-    return (_ATTENTION_CLASS.search(type(module).__name__) is not None
-            and not calls_attention_interface(module)
+    return (is_attention_named(module) and not calls_attention_interface(module)
             and eager_class(_own_class(module)) is not None
-            and not any(_ATTENTION_CLASS.search(type(m).__name__) for m in module.modules()
-                        if m is not module))
+            and not any(is_attention_named(m) for m in module.modules() if m is not module))
 
 
 def attention_modules(layer: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -200,11 +204,16 @@ def _called_before(layer: nn.Module, first: str, second: str) -> bool:
 _NORM_CLASS = re.compile(r"Norm(1P)?$")
 
 
+def is_norm_named(module: nn.Module) -> bool:
+    """Whether ``module``'s class name ends in ``Norm`` (or is Nemotron's ``LayerNorm1P``)."""
+    return _NORM_CLASS.search(type(module).__name__) is not None
+
+
 def is_norm(module: nn.Module) -> bool:
     """A token-local normalisation: a leaf whose class name ends in ``Norm`` (or Nemotron's
     ``LayerNorm1P``, weight stored as w − 1), not a weight parametrisation (torch's
     ``_WeightNorm`` computes a weight, not a hidden state)."""
-    return (_NORM_CLASS.search(type(module).__name__) is not None
+    return (is_norm_named(module)
             and not type(module).__module__.startswith("torch.nn.utils")
             and not any(True for _ in module.children()))
 
@@ -235,7 +244,8 @@ def output_projection(attention: nn.Module, parent: nn.Module | None) -> nn.Modu
 _SELF_CALL = re.compile(r"self\.(\w+)\(")
 
 
-def _is_projection(module: object) -> bool:
+def is_projection(module: object) -> bool:
+    """A token-wise projection: ``nn.Linear`` or transformers' ``Conv1D`` (GPT-2's)."""
     return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
 
 
@@ -250,7 +260,7 @@ def _projection_called_after(attention: nn.Module) -> nn.Module | None:
     if start < 0:
         return None
     called = {name for name in _SELF_CALL.findall(source, start)
-              if _is_projection(getattr(attention, name, None))}
+              if is_projection(getattr(attention, name, None))}
     return getattr(attention, called.pop()) if len(called) == 1 else None
 
 

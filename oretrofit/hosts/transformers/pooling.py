@@ -17,7 +17,6 @@ gated pooling like BERT's pooler, left as it is.
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 
 import torch
@@ -27,11 +26,9 @@ from ..._host import RetrofitError, Site
 from ..._patching import SiteConfig, Undo, set_site, site_config
 from ..._presence import presence
 from ..torch_nn import ATTENTION, OMultiheadAttention
-from .layouts import token_mixers
+from .layouts import is_attention_named, token_mixers
 
 __all__ = ["OProbeAttention", "ProbeConfig", "pooling_attention", "pooling_site"]
-
-_ATTENTION_CLASS = re.compile(r"Attention|Attn")
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,7 +72,7 @@ def pooling_attention(head: nn.Module) -> tuple[str, nn.MultiheadAttention] | No
     name, attention = attentions[0]
     inside = lambda n: n == name or n.startswith(name + ".")               # noqa: E731
     others = [n for n, m in head.named_modules()
-              if n and not inside(n) and _ATTENTION_CLASS.search(type(m).__name__)]
+              if n and not inside(n) and is_attention_named(m)]
     return None if others else (name, attention)
 
 

@@ -35,8 +35,8 @@ from ..._presence import presence
 from ..._host import RetrofitError
 from ..torch_nn import ATTENTION, gated_linear, patch_all
 
-__all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_output_bias", "gate_table",
-           "gated_projection", "INJECT",
+__all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_branch_output",
+           "gate_output_bias", "gate_table", "gated_projection", "INJECT",
            "zero_padded_inputs", "check_transformers", "transformers_version", "TESTED_RELEASES",
            "supported_range", "supported_text", "requirement", "admits", "COVERED_FROM",
            "INTERFACE", "SOFTMAX_ROUTE", "NEW_LAYOUT", "TOP_K_INDEXER",
@@ -384,7 +384,7 @@ def _gate(p: Tensor, y: Tensor, branch: nn.Module) -> Tensor:
     return o_gate(p, y)
 
 
-def _gate_output(p: Tensor, output: Any, branch: nn.Module) -> Any:
+def gate_branch_output(p: Tensor, output: Any, branch: nn.Module) -> Any:
     """ρτ · branch output; a tuple output (MoE blocks: hidden, router logits) gates its first."""
     if isinstance(output, tuple):
         return (_gate(p, output[0], branch), *output[1:])
@@ -403,7 +403,7 @@ class _BranchGate:
 
     def gate(self, module: nn.Module, args: tuple, output: Any) -> Any:
         p, self.p = self.p, None
-        return _gate_output(p, output, module)
+        return gate_branch_output(p, output, module)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "p": None}

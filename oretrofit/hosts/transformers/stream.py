@@ -39,8 +39,8 @@ from ..._host import RetrofitError
 from ..._patching import SiteConfig, Undo
 from ..._presence import presence
 from ..torch_nn import patch_all
-from .layouts import _NORM_CLASS, is_qk_norm
-from .releases import _gate_output, carrier_of
+from .layouts import is_norm_named, is_qk_norm
+from .releases import carrier_of, gate_branch_output
 
 __all__ = ["gate_traced_branch"]
 
@@ -109,7 +109,7 @@ def _in_front(module: nn.Module, path: str) -> bool:
     """A module whose output a branch may read instead of the stream: a norm (a leaf, or one
     wrapping a norm, as AXK2's gated ``input_layernorm``), or the ``nn.Identity`` a layer holds
     where it leaves one out (ModernBERT's first ``attn_norm``)."""
-    return ((_NORM_CLASS.search(type(module).__name__) is not None and not is_qk_norm(path))
+    return ((is_norm_named(module) and not is_qk_norm(path))
             or isinstance(module, nn.Identity))
 
 
@@ -171,7 +171,7 @@ class _TracedGate:
         self.p = presence(self.stream, self.config.tau)
 
     def leave_branch(self, module: nn.Module, args: tuple, output: Any) -> Any:
-        gated = _gate_output(self.p, output, module)
+        gated = gate_branch_output(self.p, output, module)
         if self.trace is not None:
             self.trace.seed(_tensors(gated))
         return gated
