@@ -171,15 +171,14 @@ def test_corrupt_files_are_named_with_the_fix(tmp_path):
     _run(out, [data])
     cell = next((out / "cells").glob("*.json"))
     cell.write_bytes(b"\x00\xff garbage")
-    with pytest.raises(RunMismatch, match=f"{cell} is unreadable or corrupt .*delete it and "
-                                          "re-run"):
+    with pytest.raises(RunMismatch, match=f"{cell} is not UTF-8 text .*delete it and re-run"):
         _run(out, [data])
     cell.write_text('{"dataset": "x"}')
     with pytest.raises(RunMismatch, match="is not a complete cell record .*rmse"):
         render([out], plots=False)
     cell.unlink()
     (out / "run.json").write_text("{not json")
-    with pytest.raises(RunMismatch, match=f"{out / 'run.json'} is unreadable or corrupt"):
+    with pytest.raises(RunMismatch, match=f"{out / 'run.json'} is not valid JSON .*restore it"):
         render([out], plots=False)
 
 
