@@ -61,17 +61,8 @@ def test_an_infinite_target_is_refused_not_dropped(tmp_path):
         load_dataset(f"file:{path}#y")
 
 
-@pytest.mark.parametrize("kind", ["fifo", "folder", "device"])
-def test_a_special_file_as_data_is_named_for_what_it_is(tmp_path, kind):
-    path = tmp_path / "t.csv"
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "folder":
-        path.mkdir()
-    else:
-        path = Path("/dev/null")
-    what = {"fifo": r"a named pipe \(FIFO\)", "folder": "a folder",
-            "device": "a character device"}[kind]
+def test_a_special_file_as_data_is_named_for_what_it_is(special_file):
+    path, what = special_file
     with pytest.raises(DatasetUnavailable, match=rf"data file {path} is {what}, not a regular "
                                                  r"file; pass an existing CSV or parquet file"):
         load_dataset(f"file:{path}#y")

@@ -7,22 +7,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from oretrofit._atomic import LinkedPath, TEMP_SUFFIX, scratch_folder, write_text_atomic
 from oretrofit.regress import Matrix, ModelSettings, render, run_matrix
 from oretrofit.regress.protocol import SplitProtocol
+from regress.test_reliability_files import _table
 
 SMALL = SplitProtocol(max_train=16, max_test=8)
-
-
-def _table(path: Path, rows: int = 40) -> Path:
-    frame = pd.DataFrame({"a": np.arange(rows, dtype=float), "b": np.arange(rows) % 7})
-    frame["y"] = 0.5 * frame["a"] + frame["b"]
-    frame.to_csv(path, index=False)
-    return path
 
 
 def _run(out: Path, data: Path):

@@ -4,7 +4,6 @@ refused without opening it, and bytes that are no checkpoint are called so."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -42,17 +41,8 @@ def test_a_config_larger_than_its_weights_is_refused_before_any_model_is_built(s
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("kind", ["fifo", "folder", "device"])
-def test_a_special_file_as_checkpoint_is_refused_without_reading_it(tmp_path, kind):
-    path = tmp_path / "tabpfn-v3-x.ckpt"
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "folder":
-        path.mkdir()
-    else:
-        path = Path("/dev/zero")
-    what = {"fifo": "a named pipe \\(FIFO\\)", "folder": "a folder",
-            "device": "a character device"}[kind]
+def test_a_special_file_as_checkpoint_is_refused_without_reading_it(special_file):
+    path, what = special_file
     with pytest.raises(RetrofitError, match=rf"checkpoint {path} is {what}, not a regular file; "
                                             r"pass a TabPFN .ckpt or .safetensors file"):
         resolve_model_path(path)
