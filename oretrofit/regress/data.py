@@ -299,7 +299,7 @@ def _load_openml(did: int, cache_dir: str | os.PathLike[str] | None, network: bo
     cached = _openml_cached(source, did)
     if not cached and not network:
         raise _openml_missing(did, root, f"not in the openml cache at {root}")
-    check_cache_entry(source, did, MAX_FEATURES, DatasetUnavailable,
+    check_cache_entry(source, did, _data_files(did), MAX_FEATURES, DatasetUnavailable,
                       lambda count: _too_wide(f"openml:{did}", count))
     skip_parquet = "true" if cached and not (source / f"dataset_{did}.pq").is_file() else None
     previous_root = openml.config.get_config_as_dict()["cachedir"]

@@ -43,6 +43,15 @@ def test_an_arff_header_wider_than_the_limit_is_refused_before_its_data(openml_c
     assert time.perf_counter() - started < 5.0
 
 
+def test_a_device_in_the_openml_cache_is_refused_not_copied(openml_cache):
+    features = _folder(openml_cache) / "features.xml"
+    features.symlink_to("/dev/zero")
+    with pytest.raises(DatasetUnavailable, match=rf"the OpenML cache file {features} is a "
+                                                 r"character device, not a regular file; "
+                                                 r"delete it"):
+        load_dataset(42, openml_cache=openml_cache, network=False)
+
+
 def test_numbers_stored_as_strings_are_coded_as_numbers(tmp_path):
     path = tmp_path / "t.parquet"
     pd.DataFrame({"size": ["2", "10", "1.5", None, "2"] * 8,
