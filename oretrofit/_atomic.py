@@ -114,15 +114,17 @@ def refuse_link(path: str | os.PathLike[str], found: os.stat_result | None = Non
                          f"its contents); {fix}")
 
 
-def make_folder(path: str | os.PathLike[str]) -> Path:
-    """Create the folder ``path`` and its missing parents; a file in the way is refused by
-    name (not ``[Errno 17] File exists``)."""
+def make_folder(path: str | os.PathLike[str], output: str | os.PathLike[str] | None = None
+                ) -> Path:
+    """Create the folder ``path`` and its missing parents; a file in the way is refused naming
+    it and ``output`` (what the folder is for; ``path`` itself by default), not as
+    ``[Errno 17] File exists``."""
     path = Path(path)
     for folder in (*reversed(path.parents), path):
         if folder.exists() and not folder.is_dir():
-            raise NotADirectoryError(f"{folder} is a file, so no folder can be made there for "
-                                     f"{path}; name an output path whose folders are folders, "
-                                     "or move the file")
+            raise NotADirectoryError(f"{folder} is a file, not a folder, so {output or path} "
+                                     "cannot be made under it; name an output path whose "
+                                     "folders are folders, or move the file")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -142,7 +144,7 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb",
     if mode not in ("wb", "w"):
         raise ValueError(f"mode must be 'wb' or 'w', got {mode!r}")
     path = Path(path)
-    make_folder(path.parent)
+    make_folder(path.parent, path)
     if path.is_dir() and not path.is_symlink():
         raise IsADirectoryError(f"{path} is a folder; name a file to write")
     sweep_temp_files(path.parent)

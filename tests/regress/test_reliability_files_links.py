@@ -58,8 +58,9 @@ def test_a_linked_tables_folder_is_refused_and_nothing_written_there(tmp_path):
 
 def test_an_output_whose_folder_is_a_file_is_named(tmp_path):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(NotADirectoryError, match=r"file is a file, so no folder can be made "
-                                                  r"there for .*file/sub; name an output path"):
+    with pytest.raises(NotADirectoryError, match=r"file is a file, not a folder, so "
+                                                  r".*file/sub/out.md cannot be made under it; "
+                                                  r"name an output path whose folders are"):
         write_text_atomic(tmp_path / "file" / "sub" / "out.md", "x")
 
 
