@@ -105,7 +105,7 @@ def test_a_failed_start_leaves_the_folder_usable(tmp_path):
               "two.csv#y has 2 rows; the split leaves 1 train row"),
              (lambda: _run(out, [f"file:{good}#y"],
                            model=ModelSettings(str(_wrong_shape(tmp_path)))),
-              "shape-v3.ckpt does not build a TabPFN v3 host"),
+              "shape-v3.ckpt: its architecture config does not describe its weights"),
              (lambda: _run(out, [f"file:{good}#y"], n_jobs=0), "--n-jobs must be an integer")]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
