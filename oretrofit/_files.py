@@ -98,12 +98,15 @@ def read_bytes(path: str | os.PathLike[str], what: str, kind: str, fix: str) -> 
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise FileRefused(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+    chunks, size = [], 0
     with os.fdopen(fd, "rb") as fh:
         _check(path, os.fstat(fd), what, kind, fix)          # swapped since the first look?
-        data = fh.read(LIMITS[kind] + 1)
-    if len(data) > LIMITS[kind]:                             # it grew while read
-        raise _too_large(path, len(data), what, kind, fix)
-    return data
+        while chunk := fh.read(_MiB):
+            size += len(chunk)
+            if size > LIMITS[kind]:                          # it grew while read
+                raise _too_large(path, size, what, kind, fix)
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def read_text(path: str | os.PathLike[str], what: str, kind: str, fix: str) -> str:

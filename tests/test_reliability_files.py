@@ -67,3 +67,11 @@ def test_dev_zero_as_text_file_is_refused_by_the_cli(tmp_path):
     assert ("error: --text-file /dev/zero is a character device, not a regular file; give a "
             "UTF-8 text file, one calibration sample per line") in " ".join(result.stderr.split())
     assert not Path(tmp_path / "s.json").exists()
+
+
+def test_a_file_larger_than_its_size_says_is_cut_at_the_cap(monkeypatch):
+    """/proc files are regular files that report size 0: the read itself stops at the cap."""
+    monkeypatch.setitem(_files.LIMITS, "text", 64)
+    with pytest.raises(FileRefused, match=r"the file /proc/self/maps holds .* MiB or more, more "
+                                          r"than the 0 MiB oretrofit reads for a text file"):
+        read_text("/proc/self/maps", "the file", "text", "fix")
