@@ -90,7 +90,7 @@ def load_minilm() -> tuple[nn.Module, Any]:
     """all-MiniLM-L6-v2 as an fp32 ``BertModel`` in eval mode, and its tokenizer."""
     from transformers import AutoModel, AutoTokenizer
 
-    from .models import from_pretrained
+    from .loading import from_pretrained
     path = minilm_path()
     return from_pretrained(AutoModel, path).eval(), from_pretrained(AutoTokenizer, path)
 
@@ -99,7 +99,7 @@ def load_smollm2() -> tuple[nn.Module, Any]:
     """SmolLM2-135M-Instruct de-quantised from GGUF Q4_1 to an fp32 ``LlamaForCausalLM``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .models import from_pretrained
+    from .loading import from_pretrained
     path = smollm2_dir()
     model = from_pretrained(AutoModelForCausalLM, path, gguf_file=SMOLLM2_GGUF,
                             dtype=torch.float32)
