@@ -8,6 +8,11 @@ the model version from the file name (``v2.5``, ``v2.6``, ``v3``, ``v3.5``; see
 borders are criterion state (``criterion.borders``), from v3 the model's
 ``regression_borders``. Files written here also carry
 an ``oretrofit`` entry ``{"weights": "random" | ..., "size", "seed"}`` that tabpfn ignores.
+
+Loading reads regular files only (:func:`oretrofit._files.regular_file`: a FIFO or device is
+refused unopened) and checks, before any model is built, that the architecture config holds
+only keys the version knows and describes the weights: the model is built on the meta device
+(no memory) and its tensor shapes compared with the checkpoint's.
 """
 
 from __future__ import annotations
