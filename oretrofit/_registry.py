@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import inspect
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from torch import nn
 
 from ._compose import compose, uncovered_error
+from ._files import FileRefused, read_json
 from ._host import KINDS, Host, RetrofitError, Site, register_host, registered_hosts
 from ._patching import SiteConfig, Undo, portable
 from ._presence import TAU_RETROFIT, check_positive
@@ -381,10 +381,9 @@ def read_spec(spec: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
                             f"{type(spec).__name__}; pass Retrofit.spec() or a saved spec's path")
     if not isinstance(spec, Mapping):
         try:
-            spec = json.loads(Path(spec).read_text())
-        except (OSError, ValueError) as exc:
-            raise RetrofitError(f"cannot read the patch spec {spec}: {exc}; pass a spec saved "
-                                "by Retrofit.save_spec") from exc
+            spec = read_json(spec, "the patch spec", "pass a spec saved by Retrofit.save_spec")
+        except FileRefused as exc:
+            raise RetrofitError(str(exc)) from None
         if not isinstance(spec, Mapping):
             raise RetrofitError("a patch spec is a JSON object saved by Retrofit.save_spec")
     if spec.get("schema_version") != SPEC_VERSION:

@@ -1,6 +1,7 @@
 """Shared fixtures: every test starts from a fixed seed; complete calibration records; a pickle
-payload that proves code ran."""
+payload that proves code ran; a path that is no regular file."""
 
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,3 +41,17 @@ class CodePayload:
 def code_payload(tmp_path: Path) -> CodePayload:
     """A :class:`CodePayload` whose marker is ``tmp_path / "payload-ran"`` (absent until run)."""
     return CodePayload(tmp_path / "payload-ran")
+
+
+@pytest.fixture(params=["fifo", "folder", "device"])
+def special_file(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, str]:
+    """``(path, what)``: a path that is no regular file (a FIFO named ``x.ckpt`` with no writer,
+    a folder, or ``/dev/null``) and, as a regex, what oretrofit's refusal calls it."""
+    path = tmp_path / "tabpfn-v3-x.ckpt"
+    if request.param == "fifo":
+        os.mkfifo(path)
+        return path, r"a named pipe \(FIFO\)"
+    if request.param == "folder":
+        path.mkdir()
+        return path, "a folder"
+    return Path("/dev/null"), "a character device"

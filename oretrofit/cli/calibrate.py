@@ -39,14 +39,14 @@ def _form(given_tabpfn: list[str], given_text: list[str], model: str | None,
 def _check_out(out: Path) -> None:
     """Refuse, before calibrating, an ``--out`` the spec cannot be written to (a folder, a path
     under a file) or must not replace (an existing file that is not a patch spec)."""
-    import json
+    from oretrofit._files import read_json
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; give the spec's file path, e.g. "
                          f"{out / 'spec.json'}")
     if out.exists():
         try:
-            found = json.loads(out.read_text())
-        except (OSError, UnicodeDecodeError, ValueError):
+            found = read_json(out, "--out", "")
+        except ValueError:                  # not JSON, or no regular file (never waited on)
             found = None
         if not (isinstance(found, dict) and "schema_version" in found and "arm" in found):
             raise ValueError(f"--out {out} exists and is not a patch spec, so calibrate would "
@@ -71,17 +71,14 @@ def _calibrate_tabpfn(model_path: str | None, datasets: list[str], seeds: list[i
 def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int | None,
                             **settings: Any) -> dict[str, Any]:
     from oretrofit.hosts.transformers.calibrate import BUILTIN_TEXTS, builtin_texts, calibrate_text
+    from oretrofit._files import read_text
     from oretrofit.hosts.transformers.models import load_model_and_tokenizer
     if text_file is None:
         lines, source = builtin_texts(), BUILTIN_TEXTS
     else:
-        try:
-            lines, source = text_file.read_text().splitlines(), str(text_file)
-        except OSError as exc:
-            raise ValueError(f"cannot read --text-file {text_file}: {exc}") from None
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"--text-file {text_file} is not UTF-8 text ({exc}); give a UTF-8 "
-                             "text file, one calibration sample per line") from None
+        lines = read_text(text_file, "--text-file", "text", "give a UTF-8 text file, one "
+                          "calibration sample per line").splitlines()
+        source = str(text_file)
     host, tokenizer = load_model_and_tokenizer(model)
     spec = calibrate_text(host, tokenizer, lines, source=source, max_tokens=max_tokens,
                           **settings)

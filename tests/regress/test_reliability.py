@@ -105,7 +105,7 @@ def test_a_failed_start_leaves_the_folder_usable(tmp_path):
               "two.csv#y has 2 rows; the split leaves 1 train row"),
              (lambda: _run(out, [f"file:{good}#y"],
                            model=ModelSettings(str(_wrong_shape(tmp_path)))),
-              "shape-v3.ckpt does not build a TabPFN v3 host"),
+              "shape-v3.ckpt: its architecture config does not describe its weights"),
              (lambda: _run(out, [f"file:{good}#y"], n_jobs=0), "--n-jobs must be an integer")]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -171,15 +171,14 @@ def test_corrupt_files_are_named_with_the_fix(tmp_path):
     _run(out, [data])
     cell = next((out / "cells").glob("*.json"))
     cell.write_bytes(b"\x00\xff garbage")
-    with pytest.raises(RunMismatch, match=f"{cell} is unreadable or corrupt .*delete it and "
-                                          "re-run"):
+    with pytest.raises(RunMismatch, match=f"{cell} is not UTF-8 text .*delete it and re-run"):
         _run(out, [data])
     cell.write_text('{"dataset": "x"}')
     with pytest.raises(RunMismatch, match="is not a complete cell record .*rmse"):
         render([out], plots=False)
     cell.unlink()
     (out / "run.json").write_text("{not json")
-    with pytest.raises(RunMismatch, match=f"{out / 'run.json'} is unreadable or corrupt"):
+    with pytest.raises(RunMismatch, match=f"{out / 'run.json'} is not valid JSON .*restore it"):
         render([out], plots=False)
 
 

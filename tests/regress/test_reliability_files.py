@@ -14,12 +14,11 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from oretrofit._atomic import TEMP_SUFFIX, atomic_file
+from oretrofit._atomic import TEMP_SUFFIX, LinkedPath, atomic_file
 from oretrofit.cli.app import app
 from oretrofit.regress import Matrix, ModelSettings, render, run_matrix
 from oretrofit.regress.data import MAX_FEATURES, DatasetUnavailable, load_dataset
 from oretrofit.regress.protocol import SplitProtocol
-from oretrofit.regress.store import FolderBusy
 
 SMALL = SplitProtocol(max_train=16, max_test=8)
 
@@ -74,7 +73,8 @@ def test_a_linked_lock_file_is_refused_and_its_target_kept(tmp_path):
     victim.write_text("keep me")
     out.mkdir()
     (out / ".lock").symlink_to(victim)
-    with pytest.raises(FolderBusy, match=r"\.lock is a symbolic link .*delete the link"):
+    with pytest.raises(LinkedPath, match=r"\.lock is a symbolic link .*never writes through a "
+                                         r"link: delete it"):
         _run(out, _table(tmp_path / "t.csv"))
     assert victim.read_text() == "keep me"
 

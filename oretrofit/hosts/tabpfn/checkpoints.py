@@ -8,6 +8,11 @@ the model version from the file name (``v2.5``, ``v2.6``, ``v3``, ``v3.5``; see
 borders are criterion state (``criterion.borders``), from v3 the model's
 ``regression_borders``. Files written here also carry
 an ``oretrofit`` entry ``{"weights": "random" | ..., "size", "seed"}`` that tabpfn ignores.
+
+Loading reads regular files only (:func:`oretrofit._files.regular_file`: a FIFO or device is
+refused unopened) and checks, before any model is built, that the architecture config holds
+only keys the version knows and describes the weights: the model is built on the meta device
+(no memory) and its tensor shapes compared with the checkpoint's.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any, Iterator
 import torch
 
 from ..._atomic import atomic_file
+from ..._files import FileRefused, regular_file
 from ..._provenance import cache_dir, sha256_file
 from ..._registry import RetrofitError
 from . import releases
@@ -260,8 +266,12 @@ def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
                 checkpoint["state_dict"] = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
         else:
             checkpoint = torch.load(resolved, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:        # torch's weights-only refusal of a code pickle
-        raise RetrofitError(
+    except pickle.UnpicklingError as exc:
+        if "Unsupported global" not in str(exc):     # not a code pickle: other bytes
+            raise RetrofitError(f"checkpoint {path} is not a checkpoint: neither a torch file "
+                                "nor safetensors (its bytes do not parse); re-download or "
+                                "re-create it") from None
+        raise RetrofitError(                     # torch's weights-only refusal of a code pickle
             f"checkpoint {path} holds pickled Python objects, not a weights-only checkpoint (a "
             "model saved whole, with oretrofit.save or torch.save(model)?); oretrofit never "
             "unpickles code from a checkpoint: pass a TabPFN checkpoint (.ckpt or .safetensors, e.g. "
@@ -278,7 +288,48 @@ def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
     version_of_checkpoint(str(checkpoint["architecture_name"]))      # refused by name
     _check_inference_fields(path, checkpoint["inference_config"])
     _check_finite(path, checkpoint["state_dict"])
+    _check_shapes(path, checkpoint)
     return checkpoint
+
+
+def _parse_config(checkpoint: dict[str, Any], where: str) -> tuple[Any, Any]:
+    """``(architecture module, parsed config)`` of a checkpoint; a key of its architecture
+    config that the version does not know is refused by name (tabpfn would drop it with a
+    log line, and a model other than the one meant would run)."""
+    from .versions import architecture, version_of_checkpoint
+    row = version_of_checkpoint(checkpoint["architecture_name"])
+    arch = architecture(row)
+    if not isinstance(checkpoint["config"], dict):
+        raise RetrofitError(f"{where}: the architecture config is not a dict; re-download or "
+                            "re-create the checkpoint")
+    config, unused = arch.parse_config(dict(checkpoint["config"]))
+    if unused:
+        raise RetrofitError(f"{where}: the architecture config has keys TabPFN {row.label} "
+                            f"(tabpfn {version('tabpfn')}) does not know: "
+                            f"{', '.join(map(str, unused))}; they would be ignored, so the "
+                            "checkpoint is refused: re-create it with this tabpfn, or remove "
+                            "the keys")
+    return arch, config
+
+
+def _check_shapes(path: Path, checkpoint: dict[str, Any]) -> None:
+    """Refuse an architecture config that does not describe the checkpoint's weights (a huge
+    ``embed_dim`` or ``nlayers`` would otherwise allocate its model before the weights are
+    compared), by the first tensor that differs: the model is built on the meta device, which
+    allocates nothing."""
+    arch, config = _parse_config(checkpoint, f"checkpoint {path}")
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in arch.get_architecture(config).state_dict()
+                    .items()}
+    found = {k: tuple(v.shape) for k, v in checkpoint["state_dict"].items()
+             if "criterion." not in k and torch.is_tensor(v)}
+    for name in sorted({*expected, *found}):
+        if expected.get(name) != found.get(name):
+            raise RetrofitError(
+                f"checkpoint {path}: its architecture config does not describe its weights: "
+                f"tensor {name!r} has shape {found.get(name, 'none (missing)')}, the config "
+                f"asks for {expected.get(name, 'none (unexpected tensor)')}; re-download or "
+                "re-create the checkpoint")
 
 
 def _check_finite(path: Path, state_dict: dict[str, Any]) -> None:
@@ -307,8 +358,10 @@ def _check_inference_fields(path: Path, stored: dict[str, Any]) -> None:
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The checkpoint dict, loaded weights-only (cached by path, mtime and size; read-only)."""
     path = Path(path).resolve()
-    if not path.exists():
-        raise RetrofitError(f"checkpoint {path} does not exist")
+    try:
+        regular_file(path, "checkpoint", "checkpoint", "pass a TabPFN .ckpt or .safetensors file")
+    except FileRefused as exc:
+        raise RetrofitError(str(exc)) from None
     stat = path.stat()
     return _load_cached(str(path), (stat.st_mtime_ns, stat.st_size))
 
@@ -330,9 +383,7 @@ def build_model(checkpoint: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
     """
     from tabpfn.inference_config import InferenceConfig
 
-    from .versions import architecture, version_of_checkpoint
-    arch = architecture(version_of_checkpoint(checkpoint["architecture_name"]))
-    config, _ = arch.parse_config(dict(checkpoint["config"]))
+    arch, config = _parse_config(checkpoint, "the checkpoint")
     with _no_parameter_init():
         model = arch.get_architecture(config)
     state = {k: v for k, v in checkpoint["state_dict"].items() if "criterion." not in k}

@@ -4,6 +4,7 @@ O attention function), ``softmax_route.py`` (OAttention for modules computing th
 softmax), ``gates.py`` (the gates outside the layers), ``releases.py`` (the version gate and what
 differs between releases), ``contracts.py`` and ``inputs.py`` (the paper's contracts measured on
 a model, and the inputs they run), ``calibrate.py`` (τ from lines of text), ``models.py`` (the
-models the CLI takes by name) and ``report.py`` (the checks on real pretrained weights).
+models the CLI takes by name), ``loading.py`` (every ``from_pretrained``: offline, never a
+folder's own code) and ``report.py`` (the checks on real pretrained weights).
 Importing this package imports none of them. Needs ``oretrofit[hf]``.
 """

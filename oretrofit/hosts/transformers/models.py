@@ -6,11 +6,12 @@ or ``smollm2`` (SmolLM2-135M-Instruct), with their tokenizer when asked for.
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 from typing import Any
 
 from torch import nn
+
+from .loading import from_pretrained
 
 __all__ = ["SHIPPED", "load_model", "load_model_and_tokenizer"]
 
@@ -19,7 +20,7 @@ SHIPPED = ("minilm", "smollm2")
 
 def _folder(name: str) -> Path:
     path = Path(name)
-    if not (path / "config.json").is_file():
+    if not path.is_dir() or not (path / "config.json").exists():
         raise ValueError(f"{name!r} is neither a transformers folder (no config.json) nor one of "
                          f"{', '.join(SHIPPED)}")
     return path
@@ -31,19 +32,12 @@ def _shipped(name: str) -> tuple[nn.Module, Any]:
 
 
 def load_model(name: str) -> nn.Module:
-    """A shipped model by name, or ``AutoModel`` from a local folder (offline), in eval mode."""
+    """A shipped model by name, or ``AutoModel`` from a local folder (offline, never running
+    the folder's own code: :func:`.loading.from_pretrained`), in eval mode."""
     if name in SHIPPED:
         return _shipped(name)[0]
-    path = _folder(name)
     from transformers import AutoModel
-    try:
-        return AutoModel.from_pretrained(path, local_files_only=True).eval()
-    except pickle.UnpicklingError:       # torch's weights-only refusal of a code pickle
-        raise ValueError(
-            f"{name} holds its weights as a pickle with Python objects in it (pytorch_model.bin), "
-            "which oretrofit never unpickles; re-save the model as safetensors "
-            "(model.save_pretrained(folder, safe_serialization=True) where you trust the file), "
-            "then pass the folder again") from None
+    return from_pretrained(AutoModel, _folder(name)).eval()
 
 
 def load_model_and_tokenizer(name: str) -> tuple[nn.Module, Any]:
@@ -57,9 +51,10 @@ def load_model_and_tokenizer(name: str) -> tuple[nn.Module, Any]:
     # without saved tokenizer files transformers may build an empty tokenizer (every word unknown)
     if not any((path / f).is_file() for f in ("tokenizer_config.json", "tokenizer.json")):
         raise ValueError(f"{name} holds no tokenizer (no tokenizer_config.json); {fix}")
+    model = load_model(name)            # refuses a folder naming code of its own first
     from transformers import AutoTokenizer
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = from_pretrained(AutoTokenizer, path)
     except (OSError, ValueError, TypeError) as exc:
         raise ValueError(f"the tokenizer in {name} does not load ({exc}); {fix}") from None
-    return load_model(name), tokenizer
+    return model, tokenizer

@@ -89,16 +89,21 @@ def smollm2_dir() -> Path:
 def load_minilm() -> tuple[nn.Module, Any]:
     """all-MiniLM-L6-v2 as an fp32 ``BertModel`` in eval mode, and its tokenizer."""
     from transformers import AutoModel, AutoTokenizer
+
+    from .loading import from_pretrained
     path = minilm_path()
-    return AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    return from_pretrained(AutoModel, path).eval(), from_pretrained(AutoTokenizer, path)
 
 
 def load_smollm2() -> tuple[nn.Module, Any]:
     """SmolLM2-135M-Instruct de-quantised from GGUF Q4_1 to an fp32 ``LlamaForCausalLM``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .loading import from_pretrained
     path = smollm2_dir()
-    model = AutoModelForCausalLM.from_pretrained(path, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=SMOLLM2_GGUF)
+    model = from_pretrained(AutoModelForCausalLM, path, gguf_file=SMOLLM2_GGUF,
+                            dtype=torch.float32)
+    tokenizer = from_pretrained(AutoTokenizer, path, gguf_file=SMOLLM2_GGUF)
     # SmolLM2's tokenizer adds no BOS; transformers 5.0-5.5 convert the GGUF one to a Llama-style
     # tokenizer that prepends <|im_start|> (id 1): the same text would be other tokens there
     tokenizer.add_bos_token = False

@@ -1,0 +1,130 @@
+"""Reading a file oretrofit is given, bounded: regular files only, at most a size that fits the
+kind of file.
+
+Every file oretrofit reads from a user (a patch spec, ``--text-file``, a checkpoint, a model
+folder, an OpenML cache, a run folder's JSON) is first checked by :func:`regular_file`: a folder,
+a named pipe (FIFO), a device or a socket is refused by what it is, from its ``stat`` alone (a
+FIFO is never opened, so nothing waits for a writer), and so is a file larger than the cap of its
+kind (:data:`LIMITS`). The readers here (:func:`read_bytes`, :func:`read_text`,
+:func:`read_json`) open with ``O_NONBLOCK``, check the opened file again (it may have been
+swapped since) and read at most the cap, so ``/dev/zero`` or a file that grows while it is read
+is refused instead of filling the memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LIMITS", "FileRefused", "regular_file", "check_folder_files", "read_bytes",
+           "read_text", "read_json"]
+
+_MiB = 1 << 20
+# The largest file of each kind oretrofit reads (bytes): far above any real one of the kind.
+LIMITS: dict[str, int] = {
+    "json": 64 * _MiB,            # patch specs, run-folder records, model configs
+    "xml": 16 * _MiB,             # OpenML descriptions
+    "text": 256 * _MiB,           # --text-file
+    "table": 8 << 30,             # --data CSV/parquet, OpenML ARFF/parquet
+    "checkpoint": 64 << 30,       # TabPFN checkpoints, model weights
+}
+
+
+class FileRefused(ValueError):
+    """A file that is not a regular file, or larger than its kind allows; the message names
+    the file, what it is and the fix."""
+
+
+def _kind_of(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _check(path: Path, found: os.stat_result, what: str, kind: str, fix: str) -> None:
+    if not stat.S_ISREG(found.st_mode):
+        raise FileRefused(f"{what} {path} is {_kind_of(found.st_mode)}, not a regular file; "
+                          f"{fix}")
+    if found.st_size > LIMITS[kind]:
+        raise _too_large(path, found.st_size, what, kind, fix)
+
+
+def _too_large(path: Path, size: int, what: str, kind: str, fix: str) -> FileRefused:
+    return FileRefused(f"{what} {path} holds {size / _MiB:,.1f} MiB or more, more than the "
+                       f"{LIMITS[kind] / _MiB:,.0f} MiB oretrofit reads for a {kind} file; {fix}")
+
+
+def regular_file(path: str | os.PathLike[str], what: str, kind: str, fix: str) -> Path:
+    """``path`` when it is a regular file (a link to one counts) within the cap of ``kind``
+    (a key of :data:`LIMITS`); otherwise :class:`FileRefused` naming ``what`` it should be, what
+    it is, and ``fix``. Never opens the file."""
+    path = Path(path)
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        raise FileRefused(f"{what} {path} does not exist; {fix}") from None
+    except OSError as exc:
+        raise FileRefused(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+    _check(path, found, what, kind, fix)
+    return path
+
+
+def check_folder_files(folder: str | os.PathLike[str], what: str, fix: str) -> None:
+    """Refuse a FIFO, device or socket among ``folder``'s entries (and those of its
+    subfolders), by name: a library reading the folder would wait on it or read it without
+    end. Never opens an entry."""
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = Path(root) / name
+            try:
+                mode = path.stat().st_mode
+            except OSError:                   # a dangling link: the reader reports it
+                continue
+            if not stat.S_ISREG(mode):
+                raise FileRefused(f"{what} {folder} holds {path.name} ({path}), which is "
+                                  f"{_kind_of(mode)}, not a regular file; {fix}")
+
+
+def read_bytes(path: str | os.PathLike[str], what: str, kind: str, fix: str) -> bytes:
+    """The bytes of a regular file of at most the cap of ``kind`` (module docstring)."""
+    path = regular_file(path, what, kind, fix)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise FileRefused(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+    chunks, size = [], 0
+    with os.fdopen(fd, "rb") as fh:
+        _check(path, os.fstat(fd), what, kind, fix)          # swapped since the first look?
+        while chunk := fh.read(_MiB):
+            size += len(chunk)
+            if size > LIMITS[kind]:                          # it grew while read
+                raise _too_large(path, size, what, kind, fix)
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def read_text(path: str | os.PathLike[str], what: str, kind: str, fix: str) -> str:
+    """:func:`read_bytes` decoded as UTF-8 (a file that is not is refused by name)."""
+    data = read_bytes(path, what, kind, fix)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FileRefused(f"{what} {path} is not UTF-8 text (byte {exc.start}: "
+                          f"{data[exc.start:exc.start + 1]!r}); {fix}") from None
+
+
+def read_json(path: str | os.PathLike[str], what: str, fix: str) -> Any:
+    """The JSON value of a file of at most ``LIMITS["json"]`` bytes; a file that is not JSON is
+    refused naming the line and column."""
+    text = read_text(path, what, "json", fix)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FileRefused(f"{what} {path} is not valid JSON (line {exc.lineno}, column "
+                          f"{exc.colno}: {exc.msg}); {fix}") from None
