@@ -30,7 +30,8 @@ def test_the_all_extra_holds_every_extra_but_the_tests() -> None:
     """``oretrofit[all]`` installs what every verb needs, ``check minilm``'s weights included."""
     import tomllib
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
     named = re.fullmatch(r"oretrofit\[([a-z,]+)\]", extras["all"][0])
     assert named and set(named.group(1).split(",")) == set(extras) - {"all", "test"}
 

@@ -119,7 +119,8 @@ def _method(model: nn.Module, name: str) -> Callable[..., Any]:
     if not callable(method):
         raise RuntimeError(f"predict_batched: this tabpfn's {type(model).__name__} has no "
                            f"{name}, where its tokens are made; the installed release is not "
-                           f"one predict_batched knows: pip install 'tabpfn=={releases.TESTED_RELEASES[-1]}'")
+                           "one predict_batched knows: pip install "
+                           f"'tabpfn=={releases.TESTED_RELEASES[-1]}'")
     return method
 
 

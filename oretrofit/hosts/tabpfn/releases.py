@@ -44,8 +44,8 @@ from ..._host import RetrofitError
 
 __all__ = ["TESTED_RELEASES", "installed_version", "check_release", "require_tested_release",
            "model_specs", "load_model_kwargs", "save_safetensors", "ensure_config",
-           "decoder_keys", "kv_cache_entry", "always_quantizes_cache", "cache_options", "QUANTIZED_CACHE_REFUSAL",
-           "PER_FEATURE_REFUSAL"]
+           "decoder_keys", "kv_cache_entry", "always_quantizes_cache", "cache_options",
+           "QUANTIZED_CACHE_REFUSAL", "PER_FEATURE_REFUSAL"]
 
 TESTED_RELEASES: tuple[str, ...] = (
     "8.0.1", "8.0.2", "8.0.3", "8.0.4", "8.0.5", "8.0.6", "8.0.7", "8.0.8", "8.1.0", "8.2.0",

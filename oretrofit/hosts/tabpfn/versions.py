@@ -13,11 +13,13 @@ v3         ``tabpfn_v3.TabPFNV3``          8.0.1       ``v3``     retrofitted
 v3.5       ``tabpfn_v3_5.TabPFNV3p5``      9.0.0       ``v3_5``   retrofitted (also v3.5-fast, the
                                                                   same class)
 v2 PFT     ``base.transformer.             2.0.0       none       refused: tabpfn 2.x–7.x's
-           PerFeatureTransformer``                                architecture of v2 and v2.5; tabpfn
+           PerFeatureTransformer``                                architecture of v2, v2.5; tabpfn
                                                                   8.1.0+ loads their checkpoints as
                                                                   ``TabPFNV2`` / ``TabPFNV2p5``
 =========  ==============================  ==========  =========  ==================================
 
+The ``v2 PFT`` row (``PerFeatureTransformer``, which tabpfn 2.0 defines in
+``tabpfn.model.transformer``) is there to refuse tabpfn 2.x–7.x's models by name, with the fix.
 A model of any other class under ``tabpfn.architectures`` (a version a later tabpfn adds) is
 refused with the versions that are supported. Inside a retrofitted version every module must be
 of a type the version's row lists (``modules``): the types its sites gate, the token-local ones
@@ -37,7 +39,8 @@ from torch import nn
 from ..._host import RetrofitError, Site
 from .releases import PER_FEATURE_REFUSAL, installed_version
 
-__all__ = ["ModelVersion", "VERSIONS", "version_of", "is_vendor_class", "supported", "check_modules", "architecture",
+__all__ = ["ModelVersion", "VERSIONS", "version_of", "is_vendor_class", "supported",
+           "check_modules", "architecture",
            "version_of_checkpoint", "version_from_name", "other_task_sites"]
 
 # torch.nn types that are token-local or containers (never a token boundary)

@@ -378,7 +378,8 @@ def _gate(p: Tensor, y: Tensor, branch: nn.Module) -> Tensor:
     if y.shape[:-1] != p.shape:
         raise RetrofitError(f"{type(branch).__name__} returned {tuple(y.shape)} for a residual "
                             f"stream of {tuple(p.shape)} tokens; its layout names the wrong FFN "
-                            "branch (register a layout: oretrofit.hosts.transformers.layouts.register_layout)")
+                            "branch (register a layout: "
+                            "oretrofit.hosts.transformers.layouts.register_layout)")
     return o_gate(p, y)
 
 
