@@ -17,6 +17,9 @@ running this script) with ``tabpfn==X`` installed on top, and whatever that rele
    must be refused by name;
 4. ``oretrofit patch --model-path demo`` must run, or refuse with a message (never a traceback).
 
+A release the host's gate refuses (tabpfn 2.x to 7.x) skips 1 and 2; its row is ``refused``
+when the gate, every model version the release ships and the demo command all refuse it by name.
+
 Usage: ``python scripts/tabpfn_compat.py [--venvs DIR] [--releases 8.0.1,9.2.0] [--out FILE]``.
 ``--check`` is the in-environment step 2 (prints one JSON line).
 """
@@ -44,12 +47,13 @@ TESTS = ["tests/hosts/tabpfn", "tests/regress/test_cli.py"]
 # calibration of random hosts (minutes a release; the same code on every release)
 IGNORED = ["--ignore=tests/hosts/tabpfn/test_docs.py",
            "--ignore=tests/hosts/tabpfn/test_calibrate_versions.py"]
-RELEASES = ["8.0.1", "8.0.2", "8.0.3", "8.0.4", "8.0.5", "8.0.6", "8.0.7", "8.0.8", "8.1.0",
+RELEASES = ["2.0.0", "2.2.1", "6.0.0", "6.4.1", "7.0.0", "7.1.1",       # refused by the gate
+            "8.0.1", "8.0.2", "8.0.3", "8.0.4", "8.0.5", "8.0.6", "8.0.7", "8.0.8", "8.1.0",
             "8.2.0", "8.3.0", "8.4.0", "8.5.0", "9.0.0", "9.1.0", "9.2.0"]
 ARMS = ("base", "oa", "full-o")
 # the model versions of oretrofit.hosts.tabpfn.versions.VERSIONS, one column each (the table is
 # written outside the release environments; tests/test_release_envs.py keeps them equal)
-LABELS = ("v2", "v2.5", "v2.6", "v3", "v3.5")
+LABELS = ("v2", "v2.5", "v2.6", "v3", "v3.5", "v2 PFT")
 TAU, MAX_REL = 1e-8, 1e-4
 VERSION_TAU, VERSION_REL = 1e-12, 1e-5
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -57,11 +61,21 @@ SOURCE = ROOT          # where the checks run: an export of the committed HEAD (
 
 
 def check() -> dict:
-    """Step 2, inside one environment: diabetes through the random host for every arm."""
+    """Steps 2 and 3, inside one environment: diabetes through the random host for every arm,
+    and each model version; on a release the host's gate refuses, the refusal instead (its
+    message, and each model version the release ships refused by name)."""
     import importlib.metadata
 
-    import numpy as np
     import torch
+
+    from oretrofit import RetrofitError
+    from oretrofit.hosts.tabpfn import releases
+    found = {"tabpfn": importlib.metadata.version("tabpfn"), "torch": torch.__version__}
+    try:
+        releases.require_tested_release()
+    except RetrofitError as err:
+        return {**found, "refused": str(err), "versions": check_versions(refused=True)}
+    import numpy as np
     from sklearn.datasets import load_diabetes
 
     from oretrofit.tabpfn import make_regressor
@@ -72,65 +86,94 @@ def check() -> dict:
         predictions[arm] = regressor.fit(x[:300], y[:300]).predict(x[300:])
     base = predictions["base"]
     rel = {arm: float(np.abs(p - base).max() / np.abs(base).max()) for arm, p in predictions.items()}
-    return {"tabpfn": importlib.metadata.version("tabpfn"),
-            "torch": torch.__version__, "rel": rel, "versions": check_versions(),
+    return {**found, "rel": rel, "versions": check_versions(refused=False),
             "finite": bool(all(np.isfinite(p).all() for p in predictions.values()))}
 
 
-def check_versions() -> dict[str, str]:
-    """Step 3: per model version of the table, ``-`` (not shipped by this release),
-    ``refused`` (refused by name), or the largest τ→0 relative deviation (both tasks, both
-    arms) as ``1.2e-13``; ``error: …`` when the check itself fails."""
-    import importlib
+def _ships(module: str) -> bool:
+    """Whether the installed tabpfn has ``module`` (False also when a parent package is
+    missing)."""
     import importlib.util
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _refusal_cell(row, module: str, release_refused: bool) -> str:
+    """``refused`` when retrofitting an instance of ``row``'s class (from ``module``; its
+    weights do not matter here) raises naming the model version, or the release when the gate
+    refuses it."""
+    import importlib
 
     import torch
-    from tabpfn.architectures.interface import PerformanceOptions
 
     import oretrofit
+    from oretrofit.hosts.tabpfn.releases import installed_version
+    cls = getattr(importlib.import_module(module), row.cls)
+    model = cls.__new__(cls)
+    torch.nn.Module.__init__(model)
+    # a model version the host retrofits is refused by the release; any other by its own name
+    named = (f"tabpfn {installed_version()} " if release_refused and row.sites
+             else f"TabPFN {row.label}")
+    try:
+        oretrofit.retrofit(model, "oa")
+    except oretrofit.RetrofitError as err:
+        return "refused" if named in str(err) else str(err)
+    return "NOT refused"
+
+
+def check_versions(refused: bool) -> dict[str, str]:
+    """Step 3: per model version of the table, ``-`` (not shipped by this release),
+    ``refused`` (refused by name; every version a ``refused`` release ships), or the largest
+    τ→0 relative deviation (both tasks, both arms) as ``1.2e-13``; ``error: …`` when the check
+    itself fails."""
     from oretrofit.hosts.tabpfn import versions
-    from oretrofit.hosts.tabpfn.checkpoints import random_model
-    full = PerformanceOptions(use_chunkwise_inference=False)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(26, 1, 4, generator=g, dtype=torch.float64)
-    y = x[:20, 0] @ torch.randn(4, generator=g, dtype=torch.float64)
     out: dict[str, str] = {}
     for row in versions.VERSIONS:
-        if importlib.util.find_spec(row.module) is None:
+        module = next((name for name in row.defining_modules if _ships(name)), None)
+        if module is None:
             out[row.label] = "-"
             continue
         try:
-            if row.sites is None:
-                # an instance of the release's own class (its weights do not matter here)
-                cls = getattr(importlib.import_module(row.module), row.cls)
-                model = cls.__new__(cls)
-                torch.nn.Module.__init__(model)
-                try:
-                    oretrofit.retrofit(model, "oa")
-                    out[row.label] = "NOT refused"
-                except oretrofit.RetrofitError as err:
-                    out[row.label] = "refused" if f"TabPFN {row.label}" in str(err) else str(err)
-                continue
-            worst = 0.0
-            for task in ("regressor", "classifier"):
-                model = random_model(row.label, "small", 0, task)[0].double()
-                target = torch.bucketize(y, y.new_tensor([-0.5, 0.5])).double() \
-                    if task == "classifier" else y
-                kw = ({"task_type": "multiclass" if task == "classifier" else "regression"}
-                      if row.label == "v3.5" else {})
-                with torch.no_grad():
-                    base = model(x, target, performance_options=full, **kw)
-                    for arm in ("oa", "full-o"):
-                        with oretrofit.retrofitted(model, arm, VERSION_TAU, eps=VERSION_TAU):
-                            patched = model(x, target, performance_options=full, **kw)
-                        worst = max(worst, float((patched - base).abs().max() / base.abs().max()))
-            out[row.label] = f"{worst:.1e}"
+            out[row.label] = (_refusal_cell(row, module, refused) if refused or row.sites is None
+                              else f"{_tau_deviation(row):.1e}")
         except Exception as err:  # noqa: BLE001  (the receipt says what failed)
             out[row.label] = f"error: {type(err).__name__}: {str(err)[:80]}"
     return out
 
 
+def _tau_deviation(row) -> float:
+    """The largest relative deviation of a random ``row`` model's predictions from the
+    unpatched model's, both tasks, oa and full-o, float64, τ = ε = VERSION_TAU."""
+    import torch
+    from tabpfn.architectures.interface import PerformanceOptions
+
+    import oretrofit
+    from oretrofit.hosts.tabpfn.checkpoints import random_model
+    full = PerformanceOptions(use_chunkwise_inference=False)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(26, 1, 4, generator=g, dtype=torch.float64)
+    y = x[:20, 0] @ torch.randn(4, generator=g, dtype=torch.float64)
+    worst = 0.0
+    for task in ("regressor", "classifier"):
+        model = random_model(row.label, "small", 0, task)[0].double()
+        target = torch.bucketize(y, y.new_tensor([-0.5, 0.5])).double() \
+            if task == "classifier" else y
+        kw = ({"task_type": "multiclass" if task == "classifier" else "regression"}
+              if row.label == "v3.5" else {})
+        with torch.no_grad():
+            base = model(x, target, performance_options=full, **kw)
+            for arm in ("oa", "full-o"):
+                with oretrofit.retrofitted(model, arm, VERSION_TAU, eps=VERSION_TAU):
+                    patched = model(x, target, performance_options=full, **kw)
+                worst = max(worst, float((patched - base).abs().max() / base.abs().max()))
+    return worst
+
+
 def _version_ok(cell: str) -> bool:
+    """A model-version cell of an admitted release: not shipped, refused by name, or within
+    VERSION_REL."""
     if cell in ("-", "refused"):
         return True
     try:
@@ -150,15 +193,19 @@ def ensure_venv(venv: Path, release: str) -> None:
 
 
 def run_release(venv: Path, release: str) -> dict:
-    """All three checks for one release; ``ok`` only when every one passes."""
+    """All four checks for one release; ``ok`` only when every one passes. A release the host's
+    gate refuses (``refused``) skips the tests and the diabetes fit: it is ``ok`` when the gate,
+    every model version it ships and the demo command refuse it with a message."""
     python = str(venv / "bin" / "python")
     start = time.monotonic()
-    tests = _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS, *IGNORED])
     checked = _run([python, str(SOURCE / "scripts" / "tabpfn_compat.py"), "--check"])
     try:
         diabetes = json.loads(checked.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         diabetes = {"error": (checked.stderr.strip().splitlines() or ["no output"])[-1]}
+    refused = "refused" in diabetes
+    tests = None if refused else _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                       *TESTS, *IGNORED])
     # the export's command line (a layered environment has no entry points of its own)
     demo = _run([python, "-m", "oretrofit.cli.app", "patch", "--model-path", "demo", "--arm",
                  "full-o", "--tau", str(TAU), "--json"])
@@ -168,14 +215,24 @@ def run_release(venv: Path, release: str) -> dict:
     demo_outcome = ("runs" if demo.returncode == 0 else "traceback" if traceback else
                     "refused: " + refusal[:120])
     rel = diabetes.get("rel", {})
-    diabetes_ok = (diabetes.get("finite", False) and rel.get("base") == 0.0
-                   and all(v <= MAX_REL for v in rel.values()))
+    diabetes_ok = refused or (diabetes.get("finite", False) and rel.get("base") == 0.0
+                              and all(v <= MAX_REL for v in rel.values()))
     versions_ok = bool(diabetes.get("versions")) and all(
-        _version_ok(cell) for cell in diabetes["versions"].values())
-    ok = tests.returncode == 0 and diabetes_ok and versions_ok and not traceback
-    return {"release": release, "ok": ok, "tests": pytest_summary(tests.stdout),
-            "tests_rc": tests.returncode, "diabetes": diabetes, "demo": demo_outcome,
-            "torch": diabetes.get("torch", "?"), "wall_s": round(time.monotonic() - start)}
+        (cell in ("-", "refused")) if refused else _version_ok(cell)
+        for cell in diabetes["versions"].values())
+    tests_ok = (demo.returncode != 0) if refused else tests.returncode == 0
+    ok = tests_ok and diabetes_ok and versions_ok and not traceback
+    return {"release": release, "ok": ok,
+            "tests": "not run (refused)" if refused else pytest_summary(tests.stdout),
+            "tests_rc": None if refused else tests.returncode, "diabetes": diabetes,
+            "demo": demo_outcome, "torch": diabetes.get("torch", "?"),
+            "wall_s": round(time.monotonic() - start)}
+
+
+def _outcome(row: dict) -> str:
+    if not row["ok"]:
+        return "FAIL"
+    return "refused" if "refused" in row["diabetes"] else "pass"
 
 
 def _version_cell(row: dict, label: str) -> str:
@@ -207,17 +264,21 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "model's predictions from the unpatched model's, both tasks, oa and full-o, float64, "
         f"τ = ε = {VERSION_TAU:g}) or refused by name (`refused`); `-`: the release does not "
         "ship it, and (4) `oretrofit patch --model-path demo` runs or refuses with a message, "
-        "never a traceback. The host's version gate admits exactly the passing releases.",
+        "never a traceback. The host's version gate admits exactly the passing releases. A "
+        "release the gate refuses (`refused`: tabpfn 2.x to 7.x, whose `PerFeatureTransformer` "
+        "the host does not retrofit) is not put through (1) and (2): its row shows that the gate, "
+        "every model version it ships (`refused`) and the demo command refuse it by name, "
+        "with the `pip install` that fixes it, and never with a bare import error.",
         "",
         *provenance_lines(command, commit),
-        *([f"- rows whose model-version cells read `not run (COMMIT)` are an earlier sweep's, "
-           "on that commit (before the model-version columns); this sweep did not reach them"]
+        *([f"- a model-version cell that reads `not run (COMMIT)` is an earlier sweep's row, on "
+           "that commit, from before the column existed; this sweep did not run that release"]
           if any("from_commit" in row for row in rows) else []),
         "",
         *markdown_table(
             ["tabpfn", "outcome", "TabPFN tests", "diabetes oa Δ", "diabetes full-o Δ",
              *LABELS, "demo", "torch", "wall s"],
-            [[row["release"], "pass" if row["ok"] else "FAIL", row["tests"], rel(row, "oa"),
+            [[row["release"], _outcome(row), row["tests"], rel(row, "oa"),
               rel(row, "full-o"),
               *(_version_cell(row, label) for label in LABELS),
               row["demo"], row["torch"], row["wall_s"]] for row in rows]),
@@ -253,7 +314,7 @@ def main() -> None:
         except RuntimeError as err:
             rows.append({"release": release, "ok": False, "tests": f"install failed: {err}"[:200],
                          "tests_rc": -1, "diabetes": {}, "demo": "-", "torch": "-", "wall_s": 0})
-        print(f"{release}: {'pass' if rows[-1]['ok'] else 'FAIL'} ({rows[-1]['tests']})",
+        print(f"{release}: {_outcome(rows[-1])} ({rows[-1]['tests']})",
               flush=True)
         # rewritten after every release: an interrupted sweep keeps the rows it has, and the
         # releases it has not reached keep their earlier rows, marked with their commit

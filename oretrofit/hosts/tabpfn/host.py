@@ -23,7 +23,7 @@ class TabPFNHost:
 
     def matches(self, model: nn.Module) -> bool:
         """Any tabpfn architecture, so that the other versions get a clear refusal in check."""
-        return any(c.__module__.startswith("tabpfn.architectures.") for c in type(model).__mro__)
+        return any(versions.is_vendor_class(c) for c in type(model).__mro__)
 
     def check(self, model: nn.Module) -> None:
         row = versions.version_of(model)

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from ..._host import RetrofitError
+from . import releases
 
 __all__ = ["RecordedCall", "Layout", "CellAndRowTokens", "BlockInput", "BOUNDARIES",
            "boundaries_of", "instance_attr", "n_out"]
@@ -118,7 +119,8 @@ def _method(model: nn.Module, name: str) -> Callable[..., Any]:
     if not callable(method):
         raise RuntimeError(f"predict_batched: this tabpfn's {type(model).__name__} has no "
                            f"{name}, where its tokens are made; the installed release is not "
-                           "one predict_batched knows (docs/tabpfn.md, 'Many datasets')")
+                           "one predict_batched knows: pip install "
+                           f"'tabpfn=={releases.TESTED_RELEASES[-1]}'")
     return method
 
 

@@ -25,7 +25,8 @@ KV cache quantization  none (8.0.1); always int8              the estimator's
 =====================  =====================================  ==================================
 
 The gate admits exactly :data:`TESTED_RELEASES`, the rows of ``results/tabpfn-compat.md`` that
-pass (``scripts/tabpfn_compat.py`` runs the checks on each release in its own environment).
+pass (``scripts/tabpfn_compat.py`` runs the checks on each release in its own environment); the
+rows of older releases (2.x to 7.x) show each refused by name.
 """
 
 from __future__ import annotations
@@ -41,14 +42,19 @@ from torch import Tensor, nn
 
 from ..._host import RetrofitError
 
-__all__ = ["TESTED_RELEASES", "installed_version", "check_release",
+__all__ = ["TESTED_RELEASES", "installed_version", "check_release", "require_tested_release",
            "model_specs", "load_model_kwargs", "save_safetensors", "ensure_config",
-           "decoder_keys", "kv_cache_entry", "always_quantizes_cache", "cache_options", "QUANTIZED_CACHE_REFUSAL"]
+           "decoder_keys", "kv_cache_entry", "always_quantizes_cache", "cache_options",
+           "QUANTIZED_CACHE_REFUSAL", "PER_FEATURE_REFUSAL"]
 
 TESTED_RELEASES: tuple[str, ...] = (
     "8.0.1", "8.0.2", "8.0.3", "8.0.4", "8.0.5", "8.0.6", "8.0.7", "8.0.8", "8.1.0", "8.2.0",
     "8.3.0", "8.4.0", "8.5.0", "9.0.0", "9.1.0", "9.2.0")
 Task = Literal["regressor", "classifier"]
+PER_FEATURE_REFUSAL = (
+    "tabpfn 2.x to 7.x build TabPFN v2 and v2.5 as PerFeatureTransformer, which the host does "
+    "not retrofit; tabpfn 8.1.0 and later load the same checkpoints as TabPFNV2 and TabPFNV2p5, "
+    f"which it does: pip install 'tabpfn>=8.1.0,<={TESTED_RELEASES[-1]}'")
 QUANTIZED_CACHE_REFUSAL = (
     "this TabPFN v3 KV cache is quantized; the train rows' presences travel in it and must "
     "keep their precision under 'oa'/'full-o': pass kv_cache_precision='auto' (tabpfn 8.2.0+), "
@@ -65,14 +71,34 @@ def installed_version() -> str | None:
 
 
 def check_release(version: str | None) -> None:
-    """Refuse a tabpfn release the host has not been shown to work with, naming the fix."""
+    """Refuse a tabpfn release the host has not been shown to work with, naming the fix: an
+    older one (2.x to 7.x build TabPFN v2 and v2.5 as ``PerFeatureTransformer``, which the host
+    does not retrofit), a newer one, or none installed."""
     if version in TESTED_RELEASES:
         return
-    newest = TESTED_RELEASES[-1]
-    raise RetrofitError(
-        f"tabpfn {version or '(not installed)'} is not supported by the TabPFN host; the "
-        f"releases it is tested on are {TESTED_RELEASES[0]} to {newest} (results/tabpfn-compat.md): "
-        f"pip install 'tabpfn=={newest}' (or install 'oretrofit[tabpfn]')")
+    oldest, newest = TESTED_RELEASES[0], TESTED_RELEASES[-1]
+    fix = f"pip install 'tabpfn>={oldest},<={newest}' (or pip install 'oretrofit[tabpfn]')"
+    if version is None:
+        raise RetrofitError(f"the TabPFN host needs tabpfn {oldest} to {newest}, and tabpfn is "
+                            f"not installed: {fix}")
+    if _major(version) < _major(oldest):
+        raise RetrofitError(f"tabpfn {version} is older than the TabPFN host supports ({oldest} "
+                            f"to {newest}): {PER_FEATURE_REFUSAL}")
+    raise RetrofitError(f"tabpfn {version} is not supported by the TabPFN host: it is tested on "
+                        f"tabpfn {oldest} to {newest} only, and {version} is not one of those "
+                        f"releases: {fix}")
+
+
+def _major(version: str) -> int:
+    """The major release number of ``version`` (``7`` for ``7.1.1``; ``-1`` when it has none)."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else -1
+
+
+def require_tested_release() -> None:
+    """Refuse the installed tabpfn before any of tabpfn's modules is imported (an older release
+    lacks some: ``tabpfn.inference_config`` before 6.0), unless it is a tested release."""
+    check_release(installed_version())
 
 
 def _has_model_specs() -> bool:

@@ -12,8 +12,14 @@ v2.6       ``tabpfn_v2_6.TabPFNV2p6``      8.0.1       ``v2_5``   retrofitted (v
 v3         ``tabpfn_v3.TabPFNV3``          8.0.1       ``v3``     retrofitted
 v3.5       ``tabpfn_v3_5.TabPFNV3p5``      9.0.0       ``v3_5``   retrofitted (also v3.5-fast, the
                                                                   same class)
+v2 PFT     ``base.transformer.             2.0.0       none       refused: tabpfn 2.x–7.x's
+           PerFeatureTransformer``                                architecture of v2, v2.5; tabpfn
+                                                                  8.1.0+ loads their checkpoints as
+                                                                  ``TabPFNV2`` / ``TabPFNV2p5``
 =========  ==============================  ==========  =========  ==================================
 
+The ``v2 PFT`` row (``PerFeatureTransformer``, which tabpfn 2.0 defines in
+``tabpfn.model.transformer``) is there to refuse tabpfn 2.x–7.x's models by name, with the fix.
 A model of any other class under ``tabpfn.architectures`` (a version a later tabpfn adds) is
 refused with the versions that are supported. Inside a retrofitted version every module must be
 of a type the version's row lists (``modules``): the types its sites gate, the token-local ones
@@ -31,8 +37,10 @@ from typing import Any
 from torch import nn
 
 from ..._host import RetrofitError, Site
+from .releases import PER_FEATURE_REFUSAL, installed_version
 
-__all__ = ["ModelVersion", "VERSIONS", "version_of", "supported", "check_modules", "architecture",
+__all__ = ["ModelVersion", "VERSIONS", "version_of", "is_vendor_class", "supported",
+           "check_modules", "architecture",
            "version_of_checkpoint", "version_from_name", "other_task_sites"]
 
 # torch.nn types that are token-local or containers (never a token boundary)
@@ -44,6 +52,8 @@ _V3_MODULES = frozenset({
     "InducedSelfAttentionBlock", "MLP", "ManyClassDecoder", "RotaryEmbedding",
     "SoftmaxScalingMLP", "TrainableOrthogonalEmbedding", "TransformerBlock",
     "_DtypeMatchingRMSNorm"})
+# where tabpfn's releases define their model classes (tabpfn.model: 2.0's PerFeatureTransformer)
+_VENDOR_PACKAGES = ("tabpfn.architectures.", "tabpfn.model.")
 _V2_5_MODULES = frozenset({"AddThinkingRows", "AlongColumnAttention", "AlongRowAttention",
                            "TabPFNBlock"})
 
@@ -51,7 +61,8 @@ _V2_5_MODULES = frozenset({"AddThinkingRows", "AlongColumnAttention", "AlongRowA
 @dataclass(frozen=True)
 class ModelVersion:
     """One row: ``label`` (tabpfn's ``ModelVersion`` value), the architecture ``module`` and
-    model ``cls`` (``architecture_name`` in a checkpoint is the module's last part),
+    model ``cls`` (``architecture_name`` in a checkpoint is the module's last part;
+    ``older_modules``: where older releases define it),
     ``first_release`` (the oldest tabpfn that ships it), ``sites`` (the module under
     ``oretrofit.hosts.tabpfn`` whose ``sites(model)`` lists them; None = refused),
     ``refusal`` (why not, for a refused row) and ``modules`` (the tabpfn module types the
@@ -66,6 +77,13 @@ class ModelVersion:
     refusal: str = ""
     modules: frozenset[str] = frozenset()
     names: tuple[str, ...] = ()
+    older_modules: tuple[str, ...] = ()
+
+    @property
+    def defining_modules(self) -> tuple[str, ...]:
+        """Where a release may define ``cls``: ``module``, or in older releases
+        ``older_modules`` (tabpfn 2.0 defines PerFeatureTransformer in ``tabpfn.model``)."""
+        return (self.module, *self.older_modules)
 
     @property
     def architecture_name(self) -> str:
@@ -89,7 +107,15 @@ VERSIONS: tuple[ModelVersion, ...] = (
                      "TabPFNV3p5", "FourierFeatureGroupEmbedder",
                      "FourierPlusMetadataFeatureGroupEmbedder", "MultiTaskHeads",
                      "_PreHeadMLP"}, names=("v3.5-fast", "v3.5")),
+    ModelVersion("v2 PFT", "tabpfn.architectures.base.transformer", "PerFeatureTransformer",
+                 "2.0.0", refusal=PER_FEATURE_REFUSAL,
+                 older_modules=("tabpfn.model.transformer",)),
 )
+
+
+def is_vendor_class(cls: type) -> bool:
+    """Whether ``cls`` is one of tabpfn's model architecture classes (any release's)."""
+    return cls.__module__.startswith(_VENDOR_PACKAGES)
 
 
 def supported() -> str:
@@ -101,11 +127,10 @@ def supported() -> str:
 def version_of(model: nn.Module) -> ModelVersion:
     """The row of ``model``'s class (its vendor class, also under an O-subclass); refused when
     the class is not one of the table or the row is refused."""
-    vendor = next((c for c in type(model).__mro__
-                   if c.__module__.startswith("tabpfn.architectures.")), type(model))
+    vendor = next((c for c in type(model).__mro__ if is_vendor_class(c)), type(model))
     name = f"{vendor.__module__}.{vendor.__name__}"
-    row = next((v for v in VERSIONS if (v.module, v.cls) == (vendor.__module__, vendor.__name__)),
-               None)
+    row = next((v for v in VERSIONS
+                if vendor.__module__ in v.defining_modules and vendor.__name__ == v.cls), None)
     if row is None:
         raise RetrofitError(f"{name} is not supported: it is no TabPFN model version oretrofit "
                             f"knows (a later tabpfn?); supported: {supported()}")
@@ -135,7 +160,6 @@ def architecture(row: ModelVersion) -> Any:
     try:
         return importlib.import_module(row.module)
     except ModuleNotFoundError:
-        from .releases import installed_version
         raise RetrofitError(f"TabPFN {row.label} ships from tabpfn {row.first_release}; tabpfn "
                             f"{installed_version()} is installed: pip install "
                             f"'tabpfn>={row.first_release}'") from None

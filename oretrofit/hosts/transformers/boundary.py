@@ -32,8 +32,7 @@ __all__ = ["Structure", "UNGATED", "join", "norm_site", "outer_sites", "position
 
 UNGATED = ("the transformers host cannot gate (a null token would move its neighbours): no O "
             "form for this mixer exists here, so the model is refused; only models whose "
-            "layers all mix tokens by softmax attention are covered "
-            "(docs/transformers.md, 'Supported architectures')")
+            "layers all mix tokens by softmax attention are covered")
 
 def join(*parts: str) -> str:
     return ".".join(p for p in parts if p)

@@ -61,7 +61,7 @@ _ATTENTION_NAME = re.compile(r"Attention|Attn")
 _CACHE: dict[int, tuple[Any, tuple, list]] = {}     # id(model) -> (weakref, fingerprint, result)
 _HOWTO = ("register a layout with oretrofit.hosts.transformers.layouts.register_layout("
           "Layout(...)) naming the FFN branch and the module whose input is the residual stream "
-          "entering it (docs/transformers.md, 'Registering a layout')")
+          "entering it")
 _REFUSED_HOWTO = ("this host has no O form for it, so the model cannot be retrofitted by it "
                   "(a layout registered for this layer with register_layout would be tried first)")
 
@@ -258,7 +258,7 @@ def _structure(prefix: str, backbone: nn.Module) -> Structure:
         s.problems.append(
             f"{type(backbone).__name__}: no module calls transformers' attention interface "
             f"(ALL_ATTENTION_FUNCTIONS); {why}. Register a site for that class with "
-            "oretrofit.hosts.torch_nn.register_module_site (docs/transformers.md)")
+            "oretrofit.register_module_site(ThatClass, 'attention', apply)")
         return s
     for list_path, layers in lists:
         for i, layer in enumerate(layers):
@@ -268,7 +268,7 @@ def _structure(prefix: str, backbone: nn.Module) -> Structure:
             f"{join(prefix, list_path)}: {', '.join(attentions)} computes attention itself (no "
             "attention interface) without a softmax over the keys while other layers use it, so "
             "neither the O attention function nor the softmax route applies there. Register a site for that class with "
-            "oretrofit.hosts.torch_nn.register_module_site (docs/transformers.md)")
+            "oretrofit.register_module_site(ThatClass, 'attention', apply)")
     positional_convolutions(s, prefix, backbone, [p for p, _ in lists])
     parameters_between_layers(s, prefix, backbone, [p for p, _ in lists])
     if s.problems:
@@ -291,8 +291,7 @@ class TransformersHost:
     name = "transformers"
     specificity = 10
     supports = (f"transformers {supported_text()} models whose attention goes through the "
-                "AttentionInterface (decoder-only, encoder-only, encoder-decoder, MoE, ViT; "
-                "docs/transformers.md)")
+                "AttentionInterface (decoder-only, encoder-only, encoder-decoder, MoE, ViT)")
 
     def matches(self, model: nn.Module) -> bool:
         return bool(backbones(model))

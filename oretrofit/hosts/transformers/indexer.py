@@ -121,8 +121,7 @@ class _TopkSwap(TorchFunctionMode):
         return RetrofitError(
             f"{self.site.where} (its indexer) {why}, so the top-k selection cannot rank by "
             "s_ij + log p_j (it needs one top-k of per-token key scores (batch, queries, keys) "
-            "whose indices reach the attention unchanged); this host has no O form for it "
-            "(docs/transformers.md, 'Top-k sparse attention')")
+            "whose indices reach the attention unchanged); this host has no O form for it")
 
     def __torch_function__(self, func: Callable, types: tuple, args: tuple = (),
                            kwargs: dict | None = None) -> Any:

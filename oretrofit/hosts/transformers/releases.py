@@ -66,8 +66,7 @@ _BEFORE_MASK_INTERFACE = (
 _4X = ("support starts at 5.0.0: transformers 4.53 to 4.57 have the attention and mask interfaces, "
        "but there BERT and its family (all-MiniLM-L6-v2 among them), DistilBERT, StableLM, "
        "Qwen2-MoE, OLMoE and Phi-MoE compute attention themselves (BertSdpaSelfAttention, ...), so "
-       "the host cannot cover them, and the host's tests fail on more "
-       "(results/transformers-compat.md)")
+       "the host cannot cover them, and the host's tests fail on more")
 
 # Minors the gate refuses because their rows fail, with why (named in the refusal); the compat
 # sweep tries them every time, and a minor leaves this table once its row passes.
@@ -78,8 +77,7 @@ BLOCKED: dict[str, str] = {
            "5.5 fixed it",
     "5.25": "transformers 5.25 installs since kernels 0.19.1 is on the package index, but there "
             "Falcon routes attention through the interface, so the host no longer refuses it and "
-            "no test covers it yet (its row in results/transformers-compat.md: Falcon's "
-            "refusal tests fail)",
+            "no test covers it yet (Falcon's refusal tests fail on it)",
 }
 
 
@@ -245,7 +243,7 @@ def _why_not(version: str) -> str:
     if name in BLOCKED:
         return f"; {BLOCKED[name]}"
     if name in _gaps():
-        return f"; results/transformers-compat.md has no passing row for {name} yet"
+        return f"; oretrofit's tests have not passed on transformers {name} yet"
     return ""
 
 
@@ -262,7 +260,7 @@ def check_transformers() -> None:
         return
     raise RetrofitError(
         f"transformers {version} is not supported by the transformers host; it is tested on "
-        f"{supported_text()} (results/transformers-compat.md){_why_not(version)}: "
+        f"{supported_text()}{_why_not(version)}: "
         f'pip install "{requirement()}"')
 
 
@@ -380,7 +378,8 @@ def _gate(p: Tensor, y: Tensor, branch: nn.Module) -> Tensor:
     if y.shape[:-1] != p.shape:
         raise RetrofitError(f"{type(branch).__name__} returned {tuple(y.shape)} for a residual "
                             f"stream of {tuple(p.shape)} tokens; its layout names the wrong FFN "
-                            "branch (register a layout, docs/transformers.md)")
+                            "branch (register a layout: "
+                            "oretrofit.hosts.transformers.layouts.register_layout)")
     return o_gate(p, y)
 
 

@@ -121,8 +121,7 @@ class _SoftmaxSwap(TorchFunctionMode):
         return RetrofitError(
             f"{self.where} {why}, so the softmax route cannot make it OAttention (it needs one "
             "softmax over the keys whose weights only meet dropout, a head mask and the "
-            "values); exclude this module with exclude=[...] (docs/transformers.md, 'The "
-            "softmax route')")
+            "values); exclude this module with exclude=[...]")
 
     def _is_weights(self, t: Tensor) -> bool:
         ref = self._weights.get(id(t))

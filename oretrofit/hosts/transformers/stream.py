@@ -145,7 +145,7 @@ class _TracedGate:
     def _refuse(self, why: str) -> RetrofitError:
         return RetrofitError(f"{self.name}: {why}, so the host cannot tell which residual stream "
                              "to gate this FFN branch by; register a layout naming it "
-                             "(docs/transformers.md, 'Registering a layout')")
+                             "(oretrofit.hosts.transformers.layouts.register_layout)")
 
     def enter_layer(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._clear()

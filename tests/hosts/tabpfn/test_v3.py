@@ -154,8 +154,9 @@ def test_errors_name_the_fix(fresh_model, monkeypatch):
     r.revert()
     for untested in ("7.0.0", "8.0.0", "9.3.0", "9.2.0.dev1"):
         monkeypatch.setattr(releases, "installed_version", lambda v=untested: v)
-        with pytest.raises(RetrofitError, match=rf"tabpfn {untested} is not supported.*"
-                                                r"8\.0\.1 to 9\.2\.0.*pip install 'tabpfn==9\.2\.0'"):
+        with pytest.raises(RetrofitError, match=rf"tabpfn {untested} is (not supported|older).*"
+                                                r"8\.0\.1 to 9\.2\.0.*pip install "
+                                                r"'tabpfn>=8\.[01]\.[01],<=9\.2\.0'"):
             oretrofit.retrofit(model, "oa")
     assert "_oretrofit" not in model.icl_blocks[0].__dict__       # nothing half-patched
     monkeypatch.undo()

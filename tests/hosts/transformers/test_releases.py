@@ -55,7 +55,7 @@ def test_a_refused_release_is_named_with_where_support_starts_why_and_the_fix(mo
     message = str(err.value)
     assert f"transformers {version} is not supported" in message and why in message
     assert common.supported_text() in message
-    assert "results/transformers-compat.md" in message
+    assert "results/" not in message                      # no file an installed wheel lacks
     assert f'pip install "{common.requirement()}"' in message
     if version.startswith("4."):
         assert f"support starts at {common.TESTED_RELEASES[0]}" in message
