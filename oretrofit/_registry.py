@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import inspect
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from ._host import KINDS, Host, RetrofitError, Site, register_host, registered_h
 from ._patching import SiteConfig, Undo, portable
 from ._presence import TAU_RETROFIT, check_positive
 from ._serialize import (attach, check_calibrated_weights, check_spec, check_spec_entries,
-                         footprint, strip, unstrip)
+                         footprint, parse_spec_json, strip, unstrip)
 from ._version import __version__
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
@@ -381,10 +380,11 @@ def read_spec(spec: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
                             f"{type(spec).__name__}; pass Retrofit.spec() or a saved spec's path")
     if not isinstance(spec, Mapping):
         try:
-            spec = json.loads(Path(spec).read_text())
+            text = Path(spec).read_text()
         except (OSError, ValueError) as exc:
             raise RetrofitError(f"cannot read the patch spec {spec}: {exc}; pass a spec saved "
                                 "by Retrofit.save_spec") from exc
+        spec = parse_spec_json(text, spec)
         if not isinstance(spec, Mapping):
             raise RetrofitError("a patch spec is a JSON object saved by Retrofit.save_spec")
     if spec.get("schema_version") != SPEC_VERSION:

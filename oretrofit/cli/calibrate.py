@@ -39,14 +39,14 @@ def _form(given_tabpfn: list[str], given_text: list[str], model: str | None,
 def _check_out(out: Path) -> None:
     """Refuse, before calibrating, an ``--out`` the spec cannot be written to (a folder, a path
     under a file) or must not replace (an existing file that is not a patch spec)."""
-    import json
+    from oretrofit._serialize import parse_spec_json
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; give the spec's file path, e.g. "
                          f"{out / 'spec.json'}")
     if out.exists():
         try:
-            found = json.loads(out.read_text())
-        except (OSError, UnicodeDecodeError, ValueError):
+            found = parse_spec_json(out.read_text(), out)
+        except (OSError, ValueError):      # RetrofitError and UnicodeDecodeError among them
             found = None
         if not (isinstance(found, dict) and "schema_version" in found and "arm" in found):
             raise ValueError(f"--out {out} exists and is not a patch spec, so calibrate would "
