@@ -15,17 +15,23 @@ SCHEMA_VERSION = 1
 
 
 def parse_site_tau(values: list[str] | None) -> dict[str, float]:
-    """``['re:icl\\..*=1e-6', 'te.*=1e-4']`` -> {pattern: τ}; the last '=' separates τ."""
+    """``['re:icl\\..*=1e-6', 'te.*=1e-4']`` -> {pattern: τ}; the last '=' separates τ. A
+    pattern given twice is refused (one τ would silently replace the other)."""
     out: dict[str, float] = {}
     for item in values or []:
         pattern, sep, tau = item.rpartition("=")
         try:
             if not sep or not pattern:
                 raise ValueError
-            out[pattern] = float(tau)
+            value = float(tau)
         except ValueError:
             raise typer.BadParameter(f"{item!r} is not PATTERN=TAU (e.g. 're:icl\\..*=1e-6')",
                                      param_hint="--site-tau") from None
+        if pattern in out:
+            raise typer.BadParameter(f"pattern {pattern!r} is given twice (τ {out[pattern]:g} "
+                                     f"and {value:g}); give each pattern one τ",
+                                     param_hint="--site-tau")
+        out[pattern] = value
     return out
 
 

@@ -75,6 +75,10 @@ def test_table_and_dry_run(cli, tmp_path):
 def test_bad_input_exits_with_the_fix(cli, tmp_path):
     result = _run(cli, "--site-tau", "icl.*")
     assert result.exit_code == 2 and "PATTERN=TAU" in result.output
+    result = _run(cli, "--site-tau", "icl.*=1e-6", "--site-tau", "te.*=1", "--site-tau",
+                  "icl.*=1e-3")                      # the last τ won, without a word
+    assert result.exit_code == 2 and "pattern 'icl.*' is given twice (τ 1e-06 and 0.001)" in \
+        " ".join(result.output.replace("│", " ").split())
     result = _run(cli, "--arm", "everything")
     assert result.exit_code == 2 and "unknown arm" in result.output
     result = CliRunner().invoke(cli, ["patch", "--model-path", str(tmp_path / "none-v3.ckpt")])
