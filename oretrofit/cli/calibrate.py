@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from . import choices
 from .errors import fail
 
 DEFAULT_SEEDS = [11]
@@ -114,7 +115,7 @@ def register(app: typer.Typer) -> None:
         max_tokens: int = typer.Option(None, "--max-tokens", help="transformers form: tokens kept "
                                        "per line (default 128, or the model's positions when "
                                        "fewer)"),
-        arm: str = typer.Option("full-o", "--arm", help="oa or full-o"),
+        arm: str = typer.Option("full-o", "--arm", help="oa or full-o", callback=choices.O_ARMS),
         delta: float = typer.Option(1e-3, "--delta", help="largest gate δ a carrier at the quantile "
                                     "may get (presence ≥ 1−δ)"),
         quantile: float = typer.Option(0.01, "--quantile", help="low quantile q of each site's "

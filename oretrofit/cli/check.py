@@ -25,6 +25,7 @@ from typing import Any, Iterator, Mapping
 
 import typer
 
+from . import choices
 from .errors import fail
 
 SCHEMA_VERSION = 1
@@ -128,7 +129,8 @@ def register(app: typer.Typer) -> None:
     @app.command("check")
     def check(
         model: str = typer.Argument(..., help="a local transformers folder, or minilm / smollm2"),
-        arm: str = typer.Option(None, "--arm", help="oa or full-o (default: both)"),
+        arm: str = typer.Option(None, "--arm", help="oa or full-o (default: both)",
+                                callback=choices.O_ARMS),
         tau: float = typer.Option(None, "--tau", help="τ of null insertion and padding "
                                   "(default 1e-6)"),
         spec: Path = typer.Option(None, "--spec", help="run null insertion and padding under a "
@@ -139,8 +141,6 @@ def register(app: typer.Typer) -> None:
         """Retrofit a transformers model and print the paper's contracts on it (exit 1 when one
         does not hold, 2 when the model cannot be retrofitted)."""
         from oretrofit._registry import RetrofitError
-        if arm not in (None, "oa", "full-o"):
-            raise typer.BadParameter("choose oa or full-o", param_hint="--arm")
         given = [flag for flag, value in (("--arm", arm), ("--tau", tau)) if value is not None]
         if spec is not None and given:
             raise fail(f"--spec sets the arm and every site's τ itself; drop "

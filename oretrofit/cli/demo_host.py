@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+from . import choices
 from .errors import fail
 
 from oretrofit.demo_host.inference import DEFAULT_PRESET, PRESETS
@@ -123,7 +124,7 @@ def train(
 def export(
     run: Path = typer.Option(..., "--run", help="A `demo-host train` output folder"),
     out: Path = typer.Option(..., "--out", help="Checkpoint to write (.ckpt or .safetensors); the name must contain v3"),
-    inference: str = typer.Option(DEFAULT_PRESET, "--inference",
+    inference: str = typer.Option(DEFAULT_PRESET, "--inference", callback=choices.INFERENCE_PRESET,
                                   help="Inference preset the checkpoint carries (see `demo-host eval --help`)"),
 ) -> None:
     """Write a run's weights as a standalone tabpfn-format checkpoint (no optimiser state)."""
@@ -160,7 +161,7 @@ def evaluate(
     datasets: str = typer.Option("evaluation", "--datasets",
                                  help="A suite (evaluation: the issue's four; validation: the tables "
                                       "choices are made on) or comma-separated dataset specs"),
-    inference: str = typer.Option(None, "--inference",
+    inference: str = typer.Option(None, "--inference", callback=choices.INFERENCE_PRESET,
                                   help="Run the hosts with this inference preset instead of the "
                                        "checkpoint's own: " + ", ".join(PRESETS)
                                        + "; add -xN for N ensemble members (v2-no-ypower-x16)"),

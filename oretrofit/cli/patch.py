@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 
+from . import choices
 from .errors import fail
 
 SCHEMA_VERSION = 1
@@ -123,7 +124,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("patch")
     def patch(
-        arm: str = typer.Option(None, "--arm", help="base, oa or full-o (default full-o)"),
+        arm: str = typer.Option(None, "--arm", help="base, oa or full-o (default full-o)",
+                                callback=choices.ARMS),
         tau: float = typer.Option(None, "--tau", help="presence scale τ > 0 (default 1e-8)"),
         eps: float = typer.Option(None, "--eps", help="OAttention ε > 0 (default 1e-6)"),
         model_path: str = typer.Option(None, "--model-path", help="TabPFN v3 checkpoint "

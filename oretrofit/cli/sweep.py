@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from .choices import one_of
+
 __all__ = ["register"]
 
 sweep_app = typer.Typer(no_args_is_help=True, help="Measure the operators' contracts and write receipts.")
@@ -15,7 +17,8 @@ _err = Console(stderr=True)
 
 @sweep_app.command("operators")
 def operators(
-    device: str = typer.Option("cpu", "--device", help="Where to run the operators: cpu or cuda"),
+    device: str = typer.Option("cpu", "--device", help="Where to run the operators: cpu or cuda",
+                               callback=one_of(lambda: ("cpu", "cuda"))),
     out: Path = typer.Option(Path("results"), "--out", help="Folder for operators.json and operators.md"),
     as_json: bool = typer.Option(False, "--json", help="Print the receipt as one JSON object"),
     quick: bool = typer.Option(False, "--quick", help="One seed and one shape per table (a smoke run)"),
@@ -27,8 +30,6 @@ def operators(
     from .._provenance import environment, write_json_atomic
     from ..sweep import SweepConfig, operators_markdown, run_operator_sweep
 
-    if device not in ("cpu", "cuda"):
-        raise typer.BadParameter(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise typer.BadParameter("--device cuda was requested but torch sees no CUDA device; "
                                  "use --device cpu")

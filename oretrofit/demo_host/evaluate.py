@@ -154,6 +154,10 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
     """
     if max_train_rows is not None and max_train_rows < 2:
         raise ValueError(f"max_train_rows must be at least 2, got {max_train_rows}")
+    if inference is not None and not hosts:
+        raise ValueError(f"inference preset {inference!r} is for the hosts, and none is given "
+                         "(baselines only): give a host checkpoint (--checkpoint) or drop "
+                         "--inference")
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.model_selection import train_test_split
 

@@ -58,3 +58,11 @@ def test_baselines_are_reused_only_under_the_same_cap(capped):
 def test_a_cap_below_two_rows_is_refused():
     with pytest.raises(ValueError, match="max_train_rows must be at least 2"):
         evaluate({}, ["sklearn:diabetes"], max_train_rows=1)
+
+
+def test_an_inference_preset_without_a_host_is_refused():
+    """``demo-host eval --inference v2 --out R`` without --checkpoint ran the baselines and
+    recorded nothing of the preset."""
+    with pytest.raises(ValueError, match="inference preset 'v2' is for the hosts, and none is "
+                                         "given.*--checkpoint"):
+        evaluate({}, ["sklearn:diabetes"], inference="v2")
