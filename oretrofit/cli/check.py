@@ -19,7 +19,6 @@ for the spec's arm.
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -27,6 +26,7 @@ import typer
 
 from . import choices
 from .errors import fail
+from .output import print_json
 
 SCHEMA_VERSION = 1
 LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4}
@@ -55,7 +55,7 @@ def run_check(name: str, arms: list[str], tau: float | None,
     import oretrofit
     from oretrofit._provenance import environment, portable
     from oretrofit.hosts.transformers.contracts import (agreement, example_inputs, null_insertion,
-                                                        padding_delta)
+                                                        padding_delta, require_finite_weights)
     from oretrofit.hosts.transformers.models import load_model
     spec = oretrofit.read_spec(spec_file) if spec_file is not None else None
     if spec is not None:
@@ -64,6 +64,7 @@ def run_check(name: str, arms: list[str], tau: float | None,
                              "is nothing to check; pass a spec of arm oa or full-o")
         arms = [spec["arm"]]
     model = load_model(name)
+    require_finite_weights(model, name)
     inputs = example_inputs(model, batch=2, tokens=12)
     insertion_arm = "full-o" if "full-o" in arms else arms[-1]
     sequences = ([inputs["input_ids"][0].tolist(), inputs["input_ids"][1, :7].tolist()]
@@ -152,7 +153,7 @@ def register(app: typer.Typer) -> None:
         except (RetrofitError, ValueError, OSError) as err:
             raise fail(err) from None
         if json_out:
-            print(json.dumps(summary, default=str))
+            print_json(summary)
         else:
             _print_table(summary)
         if not summary["holds"]:

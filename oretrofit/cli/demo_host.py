@@ -6,7 +6,6 @@ name; `pretrain-refresh-docs` is now `make docs` (scripts/refresh_docs.py)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import typer
 
 from . import choices
 from .errors import fail
+from .output import print_json
 
 from oretrofit.demo_host.inference import DEFAULT_PRESET, PRESETS
 
@@ -113,8 +113,8 @@ def train(
         raise fail(exc) from exc
     summary["command"] = portable(" ".join(["oretrofit", *sys.argv[1:]]))
     if json_out:                                  # a record: paths as receipts name them
-        print(json.dumps({"schema_version": 1, **summary,
-                          "checkpoint": portable(Path(summary["checkpoint"]))}, default=str))
+        print_json({"schema_version": 1, **summary,
+                    "checkpoint": portable(Path(summary["checkpoint"]))})
     else:
         print(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s, final NLL "
               f"{summary['final_nll']:.4f}; checkpoint {summary['checkpoint']}")
@@ -184,7 +184,7 @@ def evaluate(
     except ValueError as exc:
         raise fail(exc) from exc
     if json_out:
-        print(json.dumps(receipt, default=str))
+        print_json(receipt)
     else:
         print(markdown_table(receipt))
 

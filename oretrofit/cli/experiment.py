@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from .errors import fail
+from .output import print_json
 
 
 def _split_list(values: list[str] | None) -> tuple[str, ...] | None:
@@ -58,10 +58,10 @@ def experiment(
     except ValueError as err:
         raise fail(err) from None
     if json_out:
-        print(json.dumps({"schema_version": 1, "study": name, "receipt": str(result.receipt_path),
-                          "table": str(result.table_path), "complete": result.complete,
-                          "runs_done": result.runs_done, "runs_planned": result.runs_planned,
-                          "wall_s": result.wall_s, "markdown": result.markdown}))
+        print_json({"schema_version": 1, "study": name, "receipt": str(result.receipt_path),
+                    "table": str(result.table_path), "complete": result.complete,
+                    "runs_done": result.runs_done, "runs_planned": result.runs_planned,
+                    "wall_s": result.wall_s, "markdown": result.markdown})
     else:
         print(result.markdown)
 

@@ -3,7 +3,6 @@ write a patched artifact."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import typer
 
 from . import choices
 from .errors import fail
+from .output import print_json
 
 SCHEMA_VERSION = 1
 
@@ -169,6 +169,6 @@ def register(app: typer.Typer) -> None:
         except (RetrofitError, ValueError) as err:
             raise fail(err) from None
         if json_out:
-            print(json.dumps(summary, default=str))
+            print_json(summary)
         else:
             _print_table(summary)

@@ -5,7 +5,6 @@ Tables (Markdown) or one ``--json`` object go to stdout; progress and errors go 
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -14,6 +13,7 @@ import typer
 
 from . import choices
 from .errors import fail
+from .output import print_json
 
 SCHEMA_VERSION = 1
 
@@ -120,11 +120,11 @@ def _execute(matrix: Any, options: RunOptions) -> None:
 
 def _emit(rendered: Any, json_out: bool, extra: dict[str, Any]) -> None:
     if json_out:
-        print(json.dumps({"schema_version": SCHEMA_VERSION, "kind": "oretrofit.regress",
-                          **extra, "settings": rendered.settings,
-                          "files": {k: str(v) for k, v in rendered.files.items()},
-                          "rows": [asdict(r) for r in rendered.summary.rows],
-                          "notes": rendered.summary.notes}, default=str))
+        print_json({"schema_version": SCHEMA_VERSION, "kind": "oretrofit.regress",
+                    **extra, "settings": rendered.settings,
+                    "files": {k: str(v) for k, v in rendered.files.items()},
+                    "rows": [asdict(r) for r in rendered.summary.rows],
+                    "notes": rendered.summary.notes})
     else:
         print(rendered.markdown)
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 import typer
 from rich.console import Console
 
 from .choices import one_of
+from .output import json_text
 
 __all__ = ["register"]
 
@@ -43,7 +43,7 @@ def operators(
     md_path = out / f"{stem}.md"
     write_text_atomic(md_path, table)
     _err.print(f"wrote {json_path} and {md_path} in {receipt['seconds']:.1f} s")
-    typer.echo(json.dumps(receipt, default=str) if as_json else table)
+    typer.echo(json_text(receipt) if as_json else table)
 
 
 def register(app: typer.Typer) -> None:

@@ -85,6 +85,24 @@ def test_refused_and_missing_models_exit_2_with_the_reason(cli: typer.Typer,
     assert missing.exit_code == 2 and "minilm, smollm2" in missing.output
 
 
+def test_a_nan_weight_is_named_before_any_contract_runs(cli: typer.Typer, tmp_path: Path
+                                                        ) -> None:
+    """It was reported as "agreement 0.0" and "revert not bit-identical", never named, and the
+    JSON held a bare NaN."""
+    import torch
+    arch = next(a for a in zoo.ARCHITECTURES if a.name == "Llama")
+    model = zoo.build(arch, 0)
+    with torch.no_grad():
+        model.get_parameter("layers.1.mlp.up_proj.weight")[0, :3] = float("nan")
+        model.get_parameter("norm.weight")[0] = float("inf")
+    model.save_pretrained(tmp_path / "llama")
+    result = CliRunner().invoke(cli, ["check", str(tmp_path / "llama"), "--json"])
+    assert result.exit_code == 2 and result.stdout == ""
+    message = " ".join(result.output.split())
+    assert "2 weight(s) hold NaN or infinite values: layers.1.mlp.up_proj.weight (3 of " in message
+    assert "norm.weight (1 of " in message and "no contract can be measured" in message
+
+
 def test_calibrate_then_check_under_the_spec(cli: typer.Typer, tmp_path: Path) -> None:
     folder = _with_tokenizer(_saved("Llama", tmp_path / "llama"))
     spec_file = tmp_path / "spec.json"
