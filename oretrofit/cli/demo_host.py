@@ -26,9 +26,14 @@ def parse_budget(text: str) -> float:
     """Seconds in a budget such as ``2h``, ``90m``, ``1h30m``, ``300s`` or ``300``."""
     parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
     if not text.strip() or parts is None or not any(parts.groups()):
-        raise typer.BadParameter(f"budget {text!r} is not a duration; write e.g. 2h, 90m, 1h30m or 300s")
+        raise typer.BadParameter(f"budget {text!r} is not a duration; write e.g. 2h, 90m, 1h30m or 300s",
+                                 param_hint="--budget")
     hours, minutes, seconds = (float(g) if g else 0.0 for g in parts.groups())
-    return hours * _UNITS["h"] + minutes * _UNITS["m"] + seconds
+    total = hours * _UNITS["h"] + minutes * _UNITS["m"] + seconds
+    if total <= 0:
+        raise typer.BadParameter(f"budget {text!r} is no time at all; give a positive duration, e.g. 300s",
+                                 param_hint="--budget")
+    return total
 
 
 def parse_overrides(items: list[str], defaults: Any, flag: str) -> Any:
@@ -70,18 +75,18 @@ demo_app = typer.Typer(name="demo-host", no_args_is_help=True, add_completion=Fa
 def train(
     out: Path = typer.Option(..., "--out", help="Run folder: train_state.pt, tabpfn-v3-demo.ckpt, loss.csv"),
     budget: str = typer.Option("2h", "--budget", help="Wall-clock training budget, e.g. 2h, 90m, 300s"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/train_state.pt"),
-    max_steps: int = typer.Option(None, "--max-steps",
+    max_steps: int = typer.Option(None, "--max-steps", min=1,
                                   help="Stop after this many steps (each stage's with --curriculum; smoke runs)"),
     budget_steps: int = typer.Option(None, "--budget-steps",
                                      help="Train exactly N steps, the schedule over steps instead of "
                                           "wall-clock (the same steps on any machine); replaces --budget"),
     init_from: Path = typer.Option(None, "--init-from",
                                    help="Start a new stage from this run folder's weights (fresh optimiser)"),
-    lr: float = typer.Option(None, "--lr", help="Peak learning rate (default: TrainConfig's)"),
-    batch_size: int = typer.Option(None, "--batch-size", help="Tasks per step (default: TrainConfig's)"),
-    workers: int = typer.Option(None, "--workers",
+    lr: float = typer.Option(None, "--lr", min=0.0, help="Peak learning rate (default: TrainConfig's)"),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, help="Tasks per step (default: TrainConfig's)"),
+    workers: int = typer.Option(None, "--workers", min=1,
                                 help="Worker processes, one core each, splitting every step's tasks and "
                                      "averaging their gradients (default 1)"),
     prior: list[str] = typer.Option([], "--prior", help="Prior override KEY=VALUE, e.g. max_rows=512 (repeatable)"),
@@ -157,7 +162,7 @@ def evaluate(
     random_reference: bool = typer.Option(True, "--random-reference/--no-random-reference",
                                           help="Also score the random-weight host of the same size"),
     out: Path = typer.Option(..., "--out", help="Evaluation receipt JSON to write"),
-    seeds: int = typer.Option(3, "--seeds", help="Number of 70/30 split seeds"),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Number of 70/30 split seeds"),
     datasets: str = typer.Option("evaluation", "--datasets",
                                  help="A suite (evaluation: the issue's four; validation: the tables "
                                       "choices are made on) or comma-separated dataset specs"),
@@ -167,7 +172,7 @@ def evaluate(
                                        + "; add -xN for N ensemble members (v2-no-ypower-x16)"),
     reuse_baselines: Path = typer.Option(None, "--reuse-baselines",
                                          help="Earlier receipt whose baseline rows to reuse (same data)"),
-    max_train_rows: int = typer.Option(None, "--max-train-rows",
+    max_train_rows: int = typer.Option(None, "--max-train-rows", min=2,
                                         help="Keep only each split's first N train rows (learning curves)"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
 ) -> None:

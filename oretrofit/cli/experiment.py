@@ -48,9 +48,13 @@ def experiment(
     try:
         if chosen is not None:
             check_tasks(chosen, study.TASKS)
-        seed_values = tuple(int(s) for s in _split_list(seeds) or SEEDS)
     except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
+        raise typer.BadParameter(str(err), param_hint="--datasets") from None
+    try:
+        seed_values = tuple(int(s) for s in _split_list(seeds) or SEEDS)
+    except ValueError:
+        raise typer.BadParameter(f"seeds are integers, comma-separated or repeated (e.g. 11,23), "
+                                 f"got {','.join(seeds)!r}", param_hint="--seeds") from None
     options = StudyOptions(chosen, seed_values, epochs, batch_size, quick)
     try:
         result = run_study(study, options, out, execute=not report_only,

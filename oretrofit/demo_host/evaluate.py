@@ -154,6 +154,11 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
     """
     if max_train_rows is not None and max_train_rows < 2:
         raise ValueError(f"max_train_rows must be at least 2, got {max_train_rows}")
+    if n_seeds < 1:
+        raise ValueError(f"the number of split seeds (--seeds) must be at least 1, got {n_seeds}")
+    if not datasets:
+        raise ValueError("no dataset to evaluate: give --datasets a suite (evaluation, "
+                         "validation) or comma-separated dataset specs")
     if inference is not None and not hosts:
         raise ValueError(f"inference preset {inference!r} is for the hosts, and none is given "
                          "(baselines only): give a host checkpoint (--checkpoint) or drop "
