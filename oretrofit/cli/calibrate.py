@@ -46,7 +46,7 @@ def _check_out(out: Path) -> None:
                          f"{out / 'spec.json'}")
     if out.exists():
         try:
-            found = parse_spec_json(out.read_text(), out)
+            found = parse_spec_json(out.read_text())
         except (OSError, ValueError):      # RetrofitError and UnicodeDecodeError among them
             found = None
         if not (isinstance(found, dict) and "schema_version" in found and "arm" in found):

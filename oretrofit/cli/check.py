@@ -27,6 +27,7 @@ import typer
 from . import choices
 from .errors import fail
 from .output import print_json
+from .specs import read_spec_option
 
 SCHEMA_VERSION = 1
 LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4}
@@ -52,12 +53,11 @@ def run_check(name: str, arms: list[str], tau: float | None,
 
     With ``spec_file``, ``arms`` and ``tau`` are the spec's: pass ``[]`` and None.
     """
-    import oretrofit
     from oretrofit._provenance import environment, portable
     from oretrofit.hosts.transformers.contracts import (agreement, example_inputs, null_insertion,
                                                         padding_delta, require_finite_weights)
     from oretrofit.hosts.transformers.models import load_model
-    spec = oretrofit.read_spec(spec_file) if spec_file is not None else None
+    spec = read_spec_option(spec_file) if spec_file is not None else None
     if spec is not None:
         if spec["arm"] == "base":
             raise ValueError(f"the spec {spec_file} has arm 'base': it patches nothing, so there "

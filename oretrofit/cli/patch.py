@@ -11,6 +11,7 @@ import typer
 from . import choices
 from .errors import fail
 from .output import print_json
+from .specs import read_spec_option
 
 SCHEMA_VERSION = 1
 
@@ -87,7 +88,7 @@ def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
     checkpoint = load_checkpoint(path)
     model, _, _ = build_model(checkpoint)
     sha = checkpoint_sha256(path)
-    given = dict(oretrofit.read_spec(spec_file)) if spec_file is not None else None
+    given = read_spec_option(spec_file) if spec_file is not None else None
     if given is not None:
         check_spec_checkpoint(given, path)
         settings = _spec_settings(given)

@@ -80,7 +80,8 @@ def test_bad_input_exits_with_the_fix(cli, tmp_path):
     assert result.exit_code == 2 and "pattern 'icl.*' is given twice (τ 1e-06 and 0.001)" in \
         " ".join(result.output.replace("│", " ").split())
     result = _run(cli, "--arm", "everything")
-    assert result.exit_code == 2 and "unknown arm" in result.output
+    assert result.exit_code == 2 and "'everything' is not one of base, oa, full-o" in \
+        " ".join(result.output.replace("│", " ").split())
     result = CliRunner().invoke(cli, ["patch", "--model-path", str(tmp_path / "none-v3.ckpt")])
     assert result.exit_code == 2 and "does not exist" in result.output
     result = _run(cli, "--tau", "-1")
@@ -160,3 +161,14 @@ def test_a_spec_that_does_not_fit_the_checkpoint_is_refused(cli, spec_file, tmp_
         assert not out.exists()
     missing = _run(cli, "--spec", str(tmp_path / "nowhere.json"))
     assert missing.exit_code == 2 and "cannot read the patch spec" in missing.output
+
+
+def test_a_spec_file_giving_a_key_twice_is_refused_naming_the_flag_file_and_key(cli, spec_file,
+                                                                                tmp_path):
+    """The second ``tau`` won without a word."""
+    twice = tmp_path / "twice.json"
+    twice.write_text(spec_file.read_text().replace('"tau":', '"tau": 1, "tau":', 1))
+    result = _run(cli, "--spec", str(twice), "--dry-run")
+    output = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and f"--spec {twice}: the patch spec gives the key 'tau' " \
+                                      "twice in one object" in output, output
