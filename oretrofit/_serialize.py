@@ -76,8 +76,9 @@ def unstrip(taken: list[tuple[nn.Module, type, dict[str, Any]]]) -> None:
 
 
 def check_spec(made: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
-    """Refuse a spec whose host, host versions or site list differ from ``made``, the spec that
-    applying it to this model gave (a cut or edited spec, another host, other versions)."""
+    """Refuse a spec whose host, host versions, site list or uncovered modules differ from
+    ``made``, the spec that applying it to this model gave (a cut or edited spec, another host,
+    other versions)."""
     for key, what in (("host", "host"), ("host_versions", "host package versions"),
                       ("sites", "site list"), ("uncovered", "list of uncovered modules")):
         if spec[key] != made[key]:
@@ -111,8 +112,9 @@ _SPEC_FIX = "re-create the spec (`oretrofit calibrate --out`, Retrofit.save_spec
 
 
 def parse_spec_json(text: str) -> Any:
-    """The JSON value of a patch spec file's ``text``: a key given twice in one object (JSON keeps the last without a word) or nesting deeper than
-    :data:`SPEC_MAX_DEPTH` is a :class:`RetrofitError`, and so is text that is not JSON."""
+    """The JSON value of a patch spec file's ``text``. A key given twice in one object (JSON
+    keeps the last without a word), nesting deeper than :data:`SPEC_MAX_DEPTH` and text that
+    is not JSON are each a :class:`RetrofitError` naming the key or the path."""
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         found: dict[str, Any] = {}
         for key, value in pairs:
@@ -126,17 +128,15 @@ def parse_spec_json(text: str) -> Any:
 
     try:
         value = json.loads(text, object_pairs_hook=unique)
-    except RecursionError:
-        value = None
-        deep = "deeper than Python's JSON parser follows"
+        below = _too_deep(value, "", SPEC_MAX_DEPTH)
     except json.JSONDecodeError as exc:
         raise RetrofitError(f"the patch spec is not JSON ({exc}); {_SPEC_FIX}") from None
-    else:
-        below = _too_deep(value, "", SPEC_MAX_DEPTH)
-        deep = None if below is None else f"deeper, below {below[:60]}{'…' * (len(below) > 60)}"
-    if deep is not None:
-        raise RetrofitError(f"the patch spec nests objects or lists {deep} (a spec "
-                            f"nests at most {SPEC_MAX_DEPTH} levels); {_SPEC_FIX}")
+    except RecursionError:
+        below = "[…] (deeper than Python's JSON parser follows)"
+    if below is not None:
+        raise RetrofitError(f"the patch spec nests objects or lists more than {SPEC_MAX_DEPTH} "
+                            f"levels deep, below {below[:60]}{'…' * (len(below) > 60)}; "
+                            f"{_SPEC_FIX}")
     return value
 
 
@@ -160,7 +160,9 @@ def check_spec_entries(spec: Mapping[str, Any]) -> None:
     object of pattern -> positive τ, ``targets`` / ``exclude`` lists of strings (or null),
     ``sites`` / ``uncovered`` lists of strings, ``calibration`` null or an object holding
     :data:`CALIBRATION_KEYS` (its ``data`` an object); an arm ``base`` spec names no site, no
-    site τ and no calibration. (A string where a list belongs would be read letter by letter.)"""
+    site τ and no calibration. An entry outside :data:`SPEC_KEYS` and :data:`ARTIFACT_KEYS` (or
+    a calibration entry outside its keys) and ``targets: []`` (which retrofit reads as no
+    filter) are refused too. (A string where a list belongs would be read letter by letter.)"""
     def refuse(what: str) -> RetrofitError:
         return RetrofitError(f"the patch spec's {what}; {_SPEC_FIX}")
 

@@ -133,8 +133,8 @@ def test_a_patched_artifacts_own_entries_are_known(demo_spec):
 
 @pytest.mark.parametrize("text, message", [
     ('{"tau": 1e-8, "tau": 1e-3}', "gives the key 'tau' twice in one object"),
-    ('{"calibration": ' * 40 + "null" + "}" * 40, "nests objects or lists deeper, below "
-                                                   "['calibration']['calibration']"),
+    ('{"calibration": ' * 40 + "null" + "}" * 40, "nests objects or lists more than 32 levels "
+                                                   "deep, below ['calibration']['calibration']"),
     ("[" * 100_000 + "]" * 100_000, "deeper than Python's JSON parser follows"),
     ("{", "the patch spec is not JSON (Expecting property name")])
 def test_spec_json_with_a_key_twice_or_nested_too_deep_is_refused(tmp_path, text, message):
