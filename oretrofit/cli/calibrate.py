@@ -72,6 +72,7 @@ def _calibrate_tabpfn(model_path: str | None, datasets: list[str], seeds: list[i
 def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int | None,
                             **settings: Any) -> dict[str, Any]:
     from oretrofit.hosts.transformers.calibrate import BUILTIN_TEXTS, builtin_texts, calibrate_text
+    from oretrofit.hosts.transformers.contracts import require_finite_weights
     from oretrofit.hosts.transformers.models import load_model_and_tokenizer
     if text_file is None:
         lines, source = builtin_texts(), BUILTIN_TEXTS
@@ -84,6 +85,7 @@ def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int 
             raise ValueError(f"--text-file {text_file} is not UTF-8 text ({exc}); give a UTF-8 "
                              "text file, one calibration sample per line") from None
     host, tokenizer = load_model_and_tokenizer(model)
+    require_finite_weights(host, model)
     spec = calibrate_text(host, tokenizer, lines, source=source, max_tokens=max_tokens,
                           **settings)
     spec["calibration"]["data"]["model"] = model

@@ -85,7 +85,9 @@ def hidden_states(model: nn.Module, call: Callable[[], Any]) -> dict[str, Tensor
 def require_finite_weights(model: nn.Module, source: str) -> None:
     """Refuse a model (loaded from ``source``) whose parameters hold NaN or ±inf, naming each such
     weight (module.param) and how many of its values: every hidden state would carry them, so
-    no contract could be measured (agreement and exact revert compare NaN with NaN)."""
+    no contract could be measured (agreement and exact revert compare NaN with NaN) and no
+    carrier calibrated (a NaN norm is no carrier). ``oretrofit check`` and ``calibrate --model``
+    call it on the model they load."""
     found = [(name, int((~torch.isfinite(p)).sum()), p.numel())
              for name, p in model.named_parameters() if p.is_floating_point()]
     found = [entry for entry in found if entry[1]]
@@ -94,8 +96,8 @@ def require_finite_weights(model: nn.Module, source: str) -> None:
         more = f" and {len(found) - 5} more" if len(found) > 5 else ""
         raise RetrofitError(
             f"{source}: {len(found)} weight(s) hold NaN or infinite values: {named}{more}; no "
-            "contract can be measured on them. Load the weights the model was trained to (a "
-            "re-download or re-export), or repair those tensors before checking")
+            "contract can be measured and no τ calibrated on them. Load the weights the model "
+            "was trained to (a re-download or re-export), or repair those tensors first")
 
 
 def relative_max_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
