@@ -24,12 +24,12 @@ from typing import Any, Iterator, Mapping, Sequence
 from torch import nn
 
 from ._compose import compose, uncovered_error
-from ._files import FileRefused, read_json
+from ._files import FileRefused, read_text
 from ._host import KINDS, Host, RetrofitError, Site, register_host, registered_hosts
 from ._patching import SiteConfig, Undo, portable
 from ._presence import TAU_RETROFIT, check_positive
 from ._serialize import (attach, check_calibrated_weights, check_spec, check_spec_entries,
-                         footprint, strip, unstrip)
+                         footprint, parse_spec_json, strip, unstrip)
 from ._version import __version__
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
@@ -381,9 +381,11 @@ def read_spec(spec: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
                             f"{type(spec).__name__}; pass Retrofit.spec() or a saved spec's path")
     if not isinstance(spec, Mapping):
         try:
-            spec = read_json(spec, "the patch spec", "pass a spec saved by Retrofit.save_spec")
+            text = read_text(spec, "the patch spec", "json", "pass a spec saved by "
+                             "Retrofit.save_spec")
         except FileRefused as exc:
             raise RetrofitError(str(exc)) from None
+        spec = parse_spec_json(text)
         if not isinstance(spec, Mapping):
             raise RetrofitError("a patch spec is a JSON object saved by Retrofit.save_spec")
     if spec.get("schema_version") != SPEC_VERSION:

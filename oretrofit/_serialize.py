@@ -18,6 +18,7 @@ re-applying the spec. One whose undos are closures (a user's site) is refused wi
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,6 +32,7 @@ from ._presence import check_positive
 from ._provenance import weights_digest
 
 __all__ = ["footprint", "attach", "strip", "unstrip", "check_spec", "check_spec_entries",
+           "parse_spec_json",
            "calibrated_weights_digest", "check_calibrated_weights", "save"]
 
 _STATE = "_oretrofit"                     # the per-module patch state set_site keeps
@@ -74,10 +76,11 @@ def unstrip(taken: list[tuple[nn.Module, type, dict[str, Any]]]) -> None:
 
 
 def check_spec(made: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
-    """Refuse a spec whose host, host versions or site list differ from ``made``, the spec that
-    applying it to this model gave (a cut or edited spec, another host, other versions)."""
+    """Refuse a spec whose host, host versions, site list or uncovered modules differ from
+    ``made``, the spec that applying it to this model gave (a cut or edited spec, another host,
+    other versions)."""
     for key, what in (("host", "host"), ("host_versions", "host package versions"),
-                      ("sites", "site list")):
+                      ("sites", "site list"), ("uncovered", "list of uncovered modules")):
         if spec[key] != made[key]:
             mine, theirs = made[key], spec[key]
             if key == "sites":
@@ -98,6 +101,57 @@ SPEC_KEYS = ("schema_version", "oretrofit", "host", "hosts", "host_versions", "a
 # ``data.checkpoint_sha256`` (checked against the checkpoint wherever one is loaded:
 # make_regressor, ``oretrofit patch``, ``regress``, ``check``).
 CALIBRATION_KEYS = ("delta", "quantile", "probe_tau", "data", "sites", "rule")
+# Entries a spec may hold besides SPEC_KEYS: those a patched artifact's spec adds
+# (``oretrofit patch --out``); and a calibration record's besides CALIBRATION_KEYS. Any other
+# entry is refused: an entry no check reads (a misspelt ``site_tua``) would be silently ignored.
+ARTIFACT_KEYS = ("source_checkpoint_sha256", "weights")
+CALIBRATION_OPTIONAL_KEYS = ("weights_sha256",)
+# How deeply a spec's JSON may nest (the calibration record's data is the deepest, at 3 levels).
+SPEC_MAX_DEPTH = 32
+_SPEC_FIX = "re-create the spec (`oretrofit calibrate --out`, Retrofit.save_spec)"
+
+
+def parse_spec_json(text: str) -> Any:
+    """The JSON value of a patch spec file's ``text``. A key given twice in one object (JSON
+    keeps the last without a word), nesting deeper than :data:`SPEC_MAX_DEPTH` and text that
+    is not JSON are each a :class:`RetrofitError` naming the key or the path."""
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in found:
+                raise RetrofitError(
+                    f"the patch spec gives the key {key!r} twice in one object (in "
+                    f"{{{', '.join(repr(k) for k, _ in pairs)[:120]}}}); JSON would keep only "
+                    f"the last. Keep one of them, or {_SPEC_FIX}")
+            found[key] = value
+        return found
+
+    try:
+        value = json.loads(text, object_pairs_hook=unique)
+        below = _too_deep(value, "", SPEC_MAX_DEPTH)
+    except json.JSONDecodeError as exc:
+        raise RetrofitError(f"the patch spec is not JSON ({exc}); {_SPEC_FIX}") from None
+    except RecursionError:
+        below = "[…] (deeper than Python's JSON parser follows)"
+    if below is not None:
+        raise RetrofitError(f"the patch spec nests objects or lists more than {SPEC_MAX_DEPTH} "
+                            f"levels deep, below {below[:60]}{'…' * (len(below) > 60)}; "
+                            f"{_SPEC_FIX}")
+    return value
+
+
+def _too_deep(value: Any, path: str, levels: int) -> str | None:
+    """The path below which ``value`` nests more than ``levels`` objects or lists, else None."""
+    children = (value.items() if isinstance(value, dict) else enumerate(value)
+                if isinstance(value, list) else ())
+    for key, child in children:
+        where = f"{path}[{key!r}]"
+        if levels == 0:
+            return where
+        found = _too_deep(child, where, levels - 1)
+        if found is not None:
+            return found
+    return None
 
 
 def check_spec_entries(spec: Mapping[str, Any]) -> None:
@@ -106,16 +160,17 @@ def check_spec_entries(spec: Mapping[str, Any]) -> None:
     object of pattern -> positive τ, ``targets`` / ``exclude`` lists of strings (or null),
     ``sites`` / ``uncovered`` lists of strings, ``calibration`` null or an object holding
     :data:`CALIBRATION_KEYS` (its ``data`` an object); an arm ``base`` spec names no site, no
-    site τ and no calibration. (A string where a list belongs would be read letter by letter.)"""
-    fix = "re-create the spec (`oretrofit calibrate --out`, Retrofit.save_spec)"
-
+    site τ and no calibration. An entry outside :data:`SPEC_KEYS` and :data:`ARTIFACT_KEYS` (or
+    a calibration entry outside its keys) and ``targets: []`` (which retrofit reads as no
+    filter) are refused too. (A string where a list belongs would be read letter by letter.)"""
     def refuse(what: str) -> RetrofitError:
-        return RetrofitError(f"the patch spec's {what}; {fix}")
+        return RetrofitError(f"the patch spec's {what}; {_SPEC_FIX}")
 
     missing = [key for key in SPEC_KEYS if key not in spec]
     if missing:
         raise RetrofitError(f"the patch spec lacks {', '.join(missing)} (every entry is checked "
-                            f"when the spec is applied, so none may be left out); {fix}")
+                            f"when the spec is applied, so none may be left out); {_SPEC_FIX}")
+    _refuse_unknown(spec, (*SPEC_KEYS, *ARTIFACT_KEYS), "")
     if not isinstance(spec["arm"], str):
         raise refuse(f"arm must be a string (oa, full-o, base), got {spec['arm']!r}")
     site_tau = spec.get("site_tau") or {}
@@ -132,6 +187,10 @@ def check_spec_entries(spec: Mapping[str, Any]) -> None:
         if (value is not None or key in ("sites", "uncovered")) and not (
                 isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise refuse(f"{key} must be a list of site names or patterns, got {value!r}")
+    if spec["targets"] == []:
+        raise refuse("targets is an empty list, which would keep no site, yet retrofit reads it "
+                     "as no filter and patches every site: write null to patch every site, or "
+                     "list the site patterns to keep")
     calibration = spec["calibration"]
     if calibration is not None:
         if not (isinstance(calibration, Mapping) and isinstance(calibration.get("data"), Mapping)):
@@ -140,6 +199,8 @@ def check_spec_entries(spec: Mapping[str, Any]) -> None:
         absent = [key for key in CALIBRATION_KEYS if key not in calibration]
         if absent:
             raise refuse(f"calibration record lacks {', '.join(absent)}")
+        _refuse_unknown(calibration, (*CALIBRATION_KEYS, *CALIBRATION_OPTIONAL_KEYS),
+                        "calibration.")
         if "weights_sha256" not in calibration and "checkpoint_sha256" not in calibration["data"]:
             raise refuse("calibration record names no weights its τ were read from "
                          "(weights_sha256, or data.checkpoint_sha256)")
@@ -147,6 +208,17 @@ def check_spec_entries(spec: Mapping[str, Any]) -> None:
         raise refuse(f"arm is 'base', which patches nothing, but it names "
                      f"{len(spec['sites'])} site(s){', site τ' if site_tau else ''}"
                      f"{', a calibration' if calibration is not None else ''} (an edited arm?)")
+
+
+def _refuse_unknown(record: Mapping[str, Any], known: tuple[str, ...], path: str) -> None:
+    """Refuse an entry of ``record`` (at ``path`` in the spec) that no check reads."""
+    unknown = [key for key in record if key not in known]
+    if unknown:
+        raise RetrofitError(
+            f"the patch spec has the unknown entr{'y' if len(unknown) == 1 else 'ies'} "
+            f"{', '.join(repr(path + str(k)) for k in unknown)} (it knows "
+            f"{', '.join(path + k for k in known)}); a misspelt entry would be ignored, so it "
+            f"is refused: correct or remove it, or {_SPEC_FIX}")
 
 
 def calibrated_weights_digest(model: nn.Module) -> str:

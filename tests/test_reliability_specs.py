@@ -108,6 +108,44 @@ def test_something_that_is_not_a_spec_is_named(given):
         read_spec(given)
 
 
+@pytest.mark.parametrize("edit, message", [
+    ({"site_tua": {"te.col": 1e-3}}, "unknown entry 'site_tua'"),
+    ({"calibration": "keep"}, "unknown entry 'calibration.quantil'"),
+    ({"targets": []}, "targets is an empty list"),
+    ({"uncovered": ["te.col"]}, "list of uncovered modules is ['te.col'], applying it here "
+                                "gives []")])
+def test_an_entry_no_check_reads_or_that_misstates_the_model_is_refused(demo_spec, edit, message):
+    """An unknown entry, ``targets: []`` (read as no filter: every site patched) and an
+    ``uncovered`` list the model does not give were all applied without a word."""
+    if edit == {"calibration": "keep"}:
+        edit = {"calibration": {**demo_spec["calibration"], "quantil": 0.5}}
+    model = build_model(load_checkpoint(resolve_model_path("demo")))[0]
+    with pytest.raises(RetrofitError, match="(?i)re-create") as refused:
+        apply_spec(model, {**demo_spec, **edit})
+    assert message in str(refused.value)
+    assert Retrofit.of(model) is None
+
+
+def test_a_patched_artifacts_own_entries_are_known(demo_spec):
+    spec = {**demo_spec, "source_checkpoint_sha256": "0" * 64, "weights": "demo"}
+    assert read_spec(spec) is spec
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"tau": 1e-8, "tau": 1e-3}', "gives the key 'tau' twice in one object"),
+    ('{"calibration": ' * 40 + "null" + "}" * 40, "nests objects or lists more than 32 levels "
+                                                   "deep, below ['calibration']['calibration']"),
+    ("[" * 100_000 + "]" * 100_000, "deeper than Python's JSON parser follows"),
+    ("{", "the patch spec is not JSON (Expecting property name")])
+def test_spec_json_with_a_key_twice_or_nested_too_deep_is_refused(tmp_path, text, message):
+    """A key given twice kept the last; deep nesting was a RecursionError."""
+    path = tmp_path / "spec.json"
+    path.write_text(text)
+    with pytest.raises(RetrofitError, match=r"re-create the spec") as refused:
+        read_spec(path)
+    assert message in str(refused.value)
+
+
 # --- apply_spec: the model the spec was made for --------------------------------------------
 
 def test_a_calibrated_spec_is_refused_on_other_weights_and_fits_its_own():

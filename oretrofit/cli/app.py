@@ -11,6 +11,7 @@ import typer
 import typer.core
 
 from . import calibrate, check, demo_host, experiment, patch, regress, reproduce, sweep
+from .errors import interrupted
 
 # The order `oretrofit --help` lists the verbs in; a verb not named here comes after these.
 ORDER = ("patch", "check", "calibrate", "regress", "reproduce", "tables", "sweep", "experiment",
@@ -18,6 +19,13 @@ ORDER = ("patch", "check", "calibrate", "regress", "reproduce", "tables", "sweep
 
 
 class _Verbs(typer.core.TyperGroup):
+    def invoke(self, ctx: typer.Context) -> object:
+        """Run the verb; a Ctrl-C says what it left behind (typer would exit 130 silently)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise interrupted() from None
+
     def list_commands(self, ctx: typer.Context) -> list[str]:
         names = super().list_commands(ctx)
         return sorted(names, key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER))

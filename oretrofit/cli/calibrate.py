@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from . import choices
 from .errors import fail
 
 DEFAULT_SEEDS = [11]
@@ -39,14 +40,15 @@ def _form(given_tabpfn: list[str], given_text: list[str], model: str | None,
 def _check_out(out: Path) -> None:
     """Refuse, before calibrating, an ``--out`` the spec cannot be written to (a folder, a path
     under a file) or must not replace (an existing file that is not a patch spec)."""
-    from oretrofit._files import read_json
+    from oretrofit._files import read_text
+    from oretrofit._serialize import parse_spec_json
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; give the spec's file path, e.g. "
                          f"{out / 'spec.json'}")
     if out.exists():
         try:
-            found = read_json(out, "--out", "")
-        except ValueError:                  # not JSON, or no regular file (never waited on)
+            found = parse_spec_json(read_text(out, "--out", "json", ""))
+        except ValueError:      # not JSON, no regular file (never waited on), RetrofitError
             found = None
         if not (isinstance(found, dict) and "schema_version" in found and "arm" in found):
             raise ValueError(f"--out {out} exists and is not a patch spec, so calibrate would "
@@ -72,6 +74,7 @@ def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int 
                             **settings: Any) -> dict[str, Any]:
     from oretrofit.hosts.transformers.calibrate import BUILTIN_TEXTS, builtin_texts, calibrate_text
     from oretrofit._files import read_text
+    from oretrofit.hosts.transformers.contracts import require_finite_weights
     from oretrofit.hosts.transformers.models import load_model_and_tokenizer
     if text_file is None:
         lines, source = builtin_texts(), BUILTIN_TEXTS
@@ -80,6 +83,7 @@ def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int 
                           "calibration sample per line").splitlines()
         source = str(text_file)
     host, tokenizer = load_model_and_tokenizer(model)
+    require_finite_weights(host, model)
     spec = calibrate_text(host, tokenizer, lines, source=source, max_tokens=max_tokens,
                           **settings)
     spec["calibration"]["data"]["model"] = model
@@ -111,7 +115,7 @@ def register(app: typer.Typer) -> None:
         max_tokens: int = typer.Option(None, "--max-tokens", help="transformers form: tokens kept "
                                        "per line (default 128, or the model's positions when "
                                        "fewer)"),
-        arm: str = typer.Option("full-o", "--arm", help="oa or full-o"),
+        arm: str = typer.Option("full-o", "--arm", help="oa or full-o", callback=choices.O_ARMS),
         delta: float = typer.Option(1e-3, "--delta", help="largest gate δ a carrier at the quantile "
                                     "may get (presence ≥ 1−δ)"),
         quantile: float = typer.Option(0.01, "--quantile", help="low quantile q of each site's "

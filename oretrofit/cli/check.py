@@ -19,13 +19,15 @@ for the spec's arm.
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import typer
 
+from . import choices
 from .errors import fail
+from .output import print_json
+from .specs import read_spec_option
 
 SCHEMA_VERSION = 1
 LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4}
@@ -51,18 +53,18 @@ def run_check(name: str, arms: list[str], tau: float | None,
 
     With ``spec_file``, ``arms`` and ``tau`` are the spec's: pass ``[]`` and None.
     """
-    import oretrofit
     from oretrofit._provenance import environment, portable
     from oretrofit.hosts.transformers.contracts import (agreement, example_inputs, null_insertion,
-                                                        padding_delta)
+                                                        padding_delta, require_finite_weights)
     from oretrofit.hosts.transformers.models import load_model
-    spec = oretrofit.read_spec(spec_file) if spec_file is not None else None
+    spec = read_spec_option(spec_file) if spec_file is not None else None
     if spec is not None:
         if spec["arm"] == "base":
             raise ValueError(f"the spec {spec_file} has arm 'base': it patches nothing, so there "
                              "is nothing to check; pass a spec of arm oa or full-o")
         arms = [spec["arm"]]
     model = load_model(name)
+    require_finite_weights(model, name)
     inputs = example_inputs(model, batch=2, tokens=12)
     insertion_arm = "full-o" if "full-o" in arms else arms[-1]
     sequences = ([inputs["input_ids"][0].tolist(), inputs["input_ids"][1, :7].tolist()]
@@ -128,7 +130,8 @@ def register(app: typer.Typer) -> None:
     @app.command("check")
     def check(
         model: str = typer.Argument(..., help="a local transformers folder, or minilm / smollm2"),
-        arm: str = typer.Option(None, "--arm", help="oa or full-o (default: both)"),
+        arm: str = typer.Option(None, "--arm", help="oa or full-o (default: both)",
+                                callback=choices.O_ARMS),
         tau: float = typer.Option(None, "--tau", help="τ of null insertion and padding "
                                   "(default 1e-6)"),
         spec: Path = typer.Option(None, "--spec", help="run null insertion and padding under a "
@@ -139,8 +142,6 @@ def register(app: typer.Typer) -> None:
         """Retrofit a transformers model and print the paper's contracts on it (exit 1 when one
         does not hold, 2 when the model cannot be retrofitted)."""
         from oretrofit._registry import RetrofitError
-        if arm not in (None, "oa", "full-o"):
-            raise typer.BadParameter("choose oa or full-o", param_hint="--arm")
         given = [flag for flag, value in (("--arm", arm), ("--tau", tau)) if value is not None]
         if spec is not None and given:
             raise fail(f"--spec sets the arm and every site's τ itself; drop "
@@ -152,7 +153,7 @@ def register(app: typer.Typer) -> None:
         except (RetrofitError, ValueError, OSError) as err:
             raise fail(err) from None
         if json_out:
-            print(json.dumps(summary, default=str))
+            print_json(summary)
         else:
             _print_table(summary)
         if not summary["holds"]:

@@ -6,7 +6,6 @@ name; `pretrain-refresh-docs` is now `make docs` (scripts/refresh_docs.py)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import sys
 from pathlib import Path
@@ -14,7 +13,9 @@ from typing import Any
 
 import typer
 
+from . import choices
 from .errors import fail
+from .output import print_json
 
 from oretrofit.demo_host.inference import DEFAULT_PRESET, PRESETS
 
@@ -25,9 +26,14 @@ def parse_budget(text: str) -> float:
     """Seconds in a budget such as ``2h``, ``90m``, ``1h30m``, ``300s`` or ``300``."""
     parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
     if not text.strip() or parts is None or not any(parts.groups()):
-        raise typer.BadParameter(f"budget {text!r} is not a duration; write e.g. 2h, 90m, 1h30m or 300s")
+        raise typer.BadParameter(f"budget {text!r} is not a duration; write e.g. 2h, 90m, 1h30m or 300s",
+                                 param_hint="--budget")
     hours, minutes, seconds = (float(g) if g else 0.0 for g in parts.groups())
-    return hours * _UNITS["h"] + minutes * _UNITS["m"] + seconds
+    total = hours * _UNITS["h"] + minutes * _UNITS["m"] + seconds
+    if total <= 0:
+        raise typer.BadParameter(f"budget {text!r} is no time at all; give a positive duration, e.g. 300s",
+                                 param_hint="--budget")
+    return total
 
 
 def parse_overrides(items: list[str], defaults: Any, flag: str) -> Any:
@@ -69,18 +75,18 @@ demo_app = typer.Typer(name="demo-host", no_args_is_help=True, add_completion=Fa
 def train(
     out: Path = typer.Option(..., "--out", help="Run folder: train_state.pt, tabpfn-v3-demo.ckpt, loss.csv"),
     budget: str = typer.Option("2h", "--budget", help="Wall-clock training budget, e.g. 2h, 90m, 300s"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/train_state.pt"),
-    max_steps: int = typer.Option(None, "--max-steps",
+    max_steps: int = typer.Option(None, "--max-steps", min=1,
                                   help="Stop after this many steps (each stage's with --curriculum; smoke runs)"),
     budget_steps: int = typer.Option(None, "--budget-steps",
                                      help="Train exactly N steps, the schedule over steps instead of "
                                           "wall-clock (the same steps on any machine); replaces --budget"),
     init_from: Path = typer.Option(None, "--init-from",
                                    help="Start a new stage from this run folder's weights (fresh optimiser)"),
-    lr: float = typer.Option(None, "--lr", help="Peak learning rate (default: TrainConfig's)"),
-    batch_size: int = typer.Option(None, "--batch-size", help="Tasks per step (default: TrainConfig's)"),
-    workers: int = typer.Option(None, "--workers",
+    lr: float = typer.Option(None, "--lr", min=0.0, help="Peak learning rate (default: TrainConfig's)"),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, help="Tasks per step (default: TrainConfig's)"),
+    workers: int = typer.Option(None, "--workers", min=1,
                                 help="Worker processes, one core each, splitting every step's tasks and "
                                      "averaging their gradients (default 1)"),
     prior: list[str] = typer.Option([], "--prior", help="Prior override KEY=VALUE, e.g. max_rows=512 (repeatable)"),
@@ -112,8 +118,8 @@ def train(
         raise fail(exc) from exc
     summary["command"] = portable(" ".join(["oretrofit", *sys.argv[1:]]))
     if json_out:                                  # a record: paths as receipts name them
-        print(json.dumps({"schema_version": 1, **summary,
-                          "checkpoint": portable(Path(summary["checkpoint"]))}, default=str))
+        print_json({"schema_version": 1, **summary,
+                    "checkpoint": portable(Path(summary["checkpoint"]))})
     else:
         print(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s, final NLL "
               f"{summary['final_nll']:.4f}; checkpoint {summary['checkpoint']}")
@@ -123,7 +129,7 @@ def train(
 def export(
     run: Path = typer.Option(..., "--run", help="A `demo-host train` output folder"),
     out: Path = typer.Option(..., "--out", help="Checkpoint to write (.ckpt or .safetensors); the name must contain v3"),
-    inference: str = typer.Option(DEFAULT_PRESET, "--inference",
+    inference: str = typer.Option(DEFAULT_PRESET, "--inference", callback=choices.INFERENCE_PRESET,
                                   help="Inference preset the checkpoint carries (see `demo-host eval --help`)"),
 ) -> None:
     """Write a run's weights as a standalone tabpfn-format checkpoint (no optimiser state)."""
@@ -156,17 +162,17 @@ def evaluate(
     random_reference: bool = typer.Option(True, "--random-reference/--no-random-reference",
                                           help="Also score the random-weight host of the same size"),
     out: Path = typer.Option(..., "--out", help="Evaluation receipt JSON to write"),
-    seeds: int = typer.Option(3, "--seeds", help="Number of 70/30 split seeds"),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Number of 70/30 split seeds"),
     datasets: str = typer.Option("evaluation", "--datasets",
                                  help="A suite (evaluation: the issue's four; validation: the tables "
                                       "choices are made on) or comma-separated dataset specs"),
-    inference: str = typer.Option(None, "--inference",
+    inference: str = typer.Option(None, "--inference", callback=choices.INFERENCE_PRESET,
                                   help="Run the hosts with this inference preset instead of the "
                                        "checkpoint's own: " + ", ".join(PRESETS)
                                        + "; add -xN for N ensemble members (v2-no-ypower-x16)"),
     reuse_baselines: Path = typer.Option(None, "--reuse-baselines",
                                          help="Earlier receipt whose baseline rows to reuse (same data)"),
-    max_train_rows: int = typer.Option(None, "--max-train-rows",
+    max_train_rows: int = typer.Option(None, "--max-train-rows", min=2,
                                         help="Keep only each split's first N train rows (learning curves)"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
 ) -> None:
@@ -183,7 +189,7 @@ def evaluate(
     except ValueError as exc:
         raise fail(exc) from exc
     if json_out:
-        print(json.dumps(receipt, default=str))
+        print_json(receipt)
     else:
         print(markdown_table(receipt))
 

@@ -3,7 +3,7 @@
 Messages are printed verbatim (no rich markup), so ``[...]`` in a path or value shows as
 typed. An exception a verb does not handle itself reaches :func:`run` (the entry point's
 wrapper) and is printed the same way, without a traceback; ``ORETROFIT_TRACEBACK=1`` re-raises
-it for debugging.
+it for debugging. Ctrl-C prints one ``interrupted:`` line and exits 130 (:func:`interrupted`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from typing import Callable, NoReturn
 
 import typer
 
-__all__ = ["EXIT_ERROR", "fail", "message", "run", "warn"]
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "fail", "interrupted", "message", "run", "warn"]
 
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130                    # 128 + SIGINT, as shells report a Ctrl-C
 
 
 def message(exc: BaseException) -> str:
@@ -47,13 +48,21 @@ def fail(exc: BaseException | str) -> typer.Exit:
     return typer.Exit(EXIT_ERROR)
 
 
+def interrupted() -> typer.Exit:
+    """Print what a Ctrl-C left behind and return the Exit (status 130) to raise."""
+    _print("interrupted: stopped by Ctrl-C; nothing is half-written (oretrofit writes each file "
+           "whole or not at all). Rerun the same command to finish: regress, reproduce and "
+           "experiment skip what is already done, demo-host train continues with --resume")
+    return typer.Exit(EXIT_INTERRUPTED)
+
+
 def run(app: Callable[[], object]) -> NoReturn:
-    """Call the typer app; an escaping exception becomes one plain ``error:`` line, exit 2."""
+    """Call the typer app; an escaping exception becomes one plain ``error:`` line, exit 2. (A
+    Ctrl-C while a verb runs is handled in the app, where typer would swallow it: app.py.)"""
     try:
         app()
     except KeyboardInterrupt:
-        _print("error: interrupted")
-        sys.exit(130)
+        sys.exit(interrupted().exit_code)
     except Exception as exc:  # noqa: BLE001  (every verb's unhandled error, printed plainly)
         if os.environ.get("ORETROFIT_TRACEBACK"):
             raise

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from .errors import fail
+from .output import print_json
 
 
 def _split_list(values: list[str] | None) -> tuple[str, ...] | None:
@@ -48,9 +48,13 @@ def experiment(
     try:
         if chosen is not None:
             check_tasks(chosen, study.TASKS)
-        seed_values = tuple(int(s) for s in _split_list(seeds) or SEEDS)
     except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
+        raise typer.BadParameter(str(err), param_hint="--datasets") from None
+    try:
+        seed_values = tuple(int(s) for s in _split_list(seeds) or SEEDS)
+    except ValueError:
+        raise typer.BadParameter(f"seeds are integers, comma-separated or repeated (e.g. 11,23), "
+                                 f"got {','.join(seeds)!r}", param_hint="--seeds") from None
     options = StudyOptions(chosen, seed_values, epochs, batch_size, quick)
     try:
         result = run_study(study, options, out, execute=not report_only,
@@ -58,10 +62,10 @@ def experiment(
     except ValueError as err:
         raise fail(err) from None
     if json_out:
-        print(json.dumps({"schema_version": 1, "study": name, "receipt": str(result.receipt_path),
-                          "table": str(result.table_path), "complete": result.complete,
-                          "runs_done": result.runs_done, "runs_planned": result.runs_planned,
-                          "wall_s": result.wall_s, "markdown": result.markdown}))
+        print_json({"schema_version": 1, "study": name, "receipt": str(result.receipt_path),
+                    "table": str(result.table_path), "complete": result.complete,
+                    "runs_done": result.runs_done, "runs_planned": result.runs_planned,
+                    "wall_s": result.wall_s, "markdown": result.markdown})
     else:
         print(result.markdown)
 

@@ -3,29 +3,37 @@ write a patched artifact."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from . import choices
 from .errors import fail
+from .output import print_json
+from .specs import read_spec_option
 
 SCHEMA_VERSION = 1
 
 
 def parse_site_tau(values: list[str] | None) -> dict[str, float]:
-    """``['re:icl\\..*=1e-6', 'te.*=1e-4']`` -> {pattern: τ}; the last '=' separates τ."""
+    """``['re:icl\\..*=1e-6', 'te.*=1e-4']`` -> {pattern: τ}; the last '=' separates τ. A
+    pattern given twice is refused (one τ would silently replace the other)."""
     out: dict[str, float] = {}
     for item in values or []:
         pattern, sep, tau = item.rpartition("=")
         try:
             if not sep or not pattern:
                 raise ValueError
-            out[pattern] = float(tau)
+            value = float(tau)
         except ValueError:
             raise typer.BadParameter(f"{item!r} is not PATTERN=TAU (e.g. 're:icl\\..*=1e-6')",
                                      param_hint="--site-tau") from None
+        if pattern in out:
+            raise typer.BadParameter(f"pattern {pattern!r} is given twice (τ {out[pattern]:g} "
+                                     f"and {value:g}); give each pattern one τ",
+                                     param_hint="--site-tau")
+        out[pattern] = value
     return out
 
 
@@ -80,7 +88,7 @@ def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
     checkpoint = load_checkpoint(path)
     model, _, _ = build_model(checkpoint)
     sha = checkpoint_sha256(path)
-    given = dict(oretrofit.read_spec(spec_file)) if spec_file is not None else None
+    given = read_spec_option(spec_file) if spec_file is not None else None
     if given is not None:
         check_spec_checkpoint(given, path)
         settings = _spec_settings(given)
@@ -117,7 +125,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("patch")
     def patch(
-        arm: str = typer.Option(None, "--arm", help="base, oa or full-o (default full-o)"),
+        arm: str = typer.Option(None, "--arm", help="base, oa or full-o (default full-o)",
+                                callback=choices.ARMS),
         tau: float = typer.Option(None, "--tau", help="presence scale τ > 0 (default 1e-8)"),
         eps: float = typer.Option(None, "--eps", help="OAttention ε > 0 (default 1e-6)"),
         model_path: str = typer.Option(None, "--model-path", help="TabPFN v3 checkpoint "
@@ -161,6 +170,6 @@ def register(app: typer.Typer) -> None:
         except (RetrofitError, ValueError) as err:
             raise fail(err) from None
         if json_out:
-            print(json.dumps(summary, default=str))
+            print_json(summary)
         else:
             _print_table(summary)

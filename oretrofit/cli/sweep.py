@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 import typer
 from rich.console import Console
+
+from .choices import one_of
+from .output import json_text
 
 __all__ = ["register"]
 
@@ -15,7 +17,8 @@ _err = Console(stderr=True)
 
 @sweep_app.command("operators")
 def operators(
-    device: str = typer.Option("cpu", "--device", help="Where to run the operators: cpu or cuda"),
+    device: str = typer.Option("cpu", "--device", help="Where to run the operators: cpu or cuda",
+                               callback=one_of(lambda: ("cpu", "cuda"))),
     out: Path = typer.Option(Path("results"), "--out", help="Folder for operators.json and operators.md"),
     as_json: bool = typer.Option(False, "--json", help="Print the receipt as one JSON object"),
     quick: bool = typer.Option(False, "--quick", help="One seed and one shape per table (a smoke run)"),
@@ -27,8 +30,6 @@ def operators(
     from .._provenance import environment, write_json_atomic
     from ..sweep import SweepConfig, operators_markdown, run_operator_sweep
 
-    if device not in ("cpu", "cuda"):
-        raise typer.BadParameter(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise typer.BadParameter("--device cuda was requested but torch sees no CUDA device; "
                                  "use --device cpu")
@@ -42,7 +43,7 @@ def operators(
     md_path = out / f"{stem}.md"
     write_text_atomic(md_path, table)
     _err.print(f"wrote {json_path} and {md_path} in {receipt['seconds']:.1f} s")
-    typer.echo(json.dumps(receipt, default=str) if as_json else table)
+    typer.echo(json_text(receipt) if as_json else table)
 
 
 def register(app: typer.Typer) -> None:

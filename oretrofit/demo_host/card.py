@@ -7,7 +7,6 @@ evaluation receipt written by :func:`oretrofit.demo_host.evaluate.evaluate`; not
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from .._atomic import atomic_file, write_text_atomic
 from .._markdown import pipe_table
 from .._provenance import portable
 from . import prior as prior_module
-from .evaluate import markdown_table, split_key
+from .evaluate import SCORES, markdown_table, read_receipt, split_key
 from .inference import describe, recorded_preset
 from .train import config_from_state, load_state, stage_record, stage_totals
 
@@ -144,7 +143,7 @@ def write_card(run: Path, evaluation: Path, out: Path, training_command: str,
     """Write the Markdown card at ``out`` and its loss-curve PNG beside it; return the card's path."""
     run, out = Path(run), Path(out)
     state = load_state(run, "point --run at a `demo-host train` output folder")
-    receipt = json.loads(Path(evaluation).read_text())
+    receipt = read_receipt(evaluation, f"--evaluation {evaluation}", SCORES)
     cfg = state["train_config"]
     stages = [*state.get("stages", []), stage_record(state)]
     total_steps, total_s = stage_totals(state)

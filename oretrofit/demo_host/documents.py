@@ -11,13 +11,13 @@ document), and the documents' tests check the same tables with the same parser.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .._atomic import write_text_atomic
 from .card import compare_runs
+from .evaluate import SCORES, read_receipt
 
 __all__ = ["Comparison", "comparisons", "labelled_receipts", "refresh_comparisons", "refresh_documents"]
 
@@ -79,7 +79,7 @@ def labelled_receipts(items: Iterable[str], root: Path = Path(".")) -> dict[str,
         file = Path(root) / path
         if not file.is_file():
             raise ValueError(f"--receipt {item!r}: {path} does not exist; give a `demo-host eval` receipt")
-        receipts[label] = json.loads(file.read_text())
+        receipts[label] = read_receipt(file, f"--receipt {item}", SCORES)
     return receipts
 
 

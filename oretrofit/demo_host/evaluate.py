@@ -124,13 +124,35 @@ def split_key(receipt: dict[str, Any]) -> tuple[Any, Any]:
     return receipt.get("test_fraction"), receipt.get("max_train_rows")
 
 
+# The entries of a `demo-host eval` receipt that its readers use: the card and the comparison
+# read the scores, --reuse-baselines the rows and the datasets' checksums.
+SCORES = ("hosts", "summary")
+ROWS = ("datasets", "results")
+
+
+def read_receipt(path: Path | str, given: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The `demo-host eval` receipt at ``path``, ``given`` as the user typed it (e.g.
+    ``--evaluation FILE``); a file that is not JSON, or not an object holding ``keys``, is a
+    ValueError naming ``given``."""
+    fix = "give a receipt written by `oretrofit demo-host eval --out`"
+    try:
+        receipt = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError) as exc:     # UnicodeDecodeError among them
+        raise ValueError(f"{given}: cannot be read as a receipt ({exc}); {fix}") from None
+    missing = [key for key in keys if not isinstance(receipt, dict) or key not in receipt]
+    if missing:
+        raise ValueError(f"{given}: not a `demo-host eval` receipt (a JSON object with "
+                         f"{', '.join(keys)}; it lacks {', '.join(missing)}); {fix}")
+    return receipt
+
+
 def _reusable_baselines(previous: Path | None, data_receipts: dict[str, Any],
                         max_train_rows: int | None) -> dict[tuple, dict]:
     """Baseline rows of an earlier receipt, keyed (dataset, seed, model), for datasets whose checksum
     matches, when that receipt used the same split and train-row cap."""
     if previous is None:
         return {}
-    old = json.loads(Path(previous).read_text())
+    old = read_receipt(previous, f"--reuse-baselines {previous}", ROWS)
     if split_key(old) != (TEST_FRACTION, max_train_rows):
         return {}
     same = {spec for spec, info in old["datasets"].items()
@@ -154,6 +176,15 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
     """
     if max_train_rows is not None and max_train_rows < 2:
         raise ValueError(f"max_train_rows must be at least 2, got {max_train_rows}")
+    if n_seeds < 1:
+        raise ValueError(f"the number of split seeds (--seeds) must be at least 1, got {n_seeds}")
+    if not datasets:
+        raise ValueError("no dataset to evaluate: give --datasets a suite (evaluation, "
+                         "validation) or comma-separated dataset specs")
+    if inference is not None and not hosts:
+        raise ValueError(f"inference preset {inference!r} is for the hosts, and none is given "
+                         "(baselines only): give a host checkpoint (--checkpoint) or drop "
+                         "--inference")
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.model_selection import train_test_split
 

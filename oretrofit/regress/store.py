@@ -43,6 +43,7 @@ from .._atomic import make_folder, own_folder, refuse_link, sweep_temp_files
 from .._files import FileRefused
 from .._files import read_json as read_bounded_json
 from .._provenance import write_json_atomic
+from .cell_fields import cell_problem
 from .data import Dataset, spec_slug
 from .variants import check_record
 
@@ -243,13 +244,10 @@ class RunFolder:
         fix = "delete it and re-run; the run recomputes that cell"
         found = [(p, read_json(p, fix)) for p in sorted(self.cells_dir.glob("*.json"))]
         for path, cell in found:
-            if not isinstance(cell, dict) or any(k not in cell for k in _CELL_KEYS):
-                raise RunMismatch(f"{path} is not a complete cell record (needs "
-                                  f"{', '.join(_CELL_KEYS)}); {fix}")
+            problem = cell_problem(cell)
+            if problem is not None:
+                raise RunMismatch(f"{path} {problem}; {fix}")
         return [cell for _, cell in found]
-
-
-_CELL_KEYS = ("dataset", "seed", "arm", "tau", "rmse", "r2")
 
 
 def _difference(found: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:

@@ -67,7 +67,7 @@ def test_the_calibrated_spec_keeps_predictions_near_base_on_held_out_rows(spec):
 @pytest.mark.parametrize("args,message", [
     (["--seed", "11", "--seed", "11"], "must not repeat"),
     (["--delta", "0"], "delta must be in"),
-    (["--arm", "nope"], "unknown arm"),
+    (["--arm", "nope"], "'nope' is not one of oa, full-o"),
 ])
 def test_bad_settings_are_refused_and_write_nothing(cli, tmp_path, args, message):
     out = tmp_path / "spec.json"

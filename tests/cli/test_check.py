@@ -85,6 +85,32 @@ def test_refused_and_missing_models_exit_2_with_the_reason(cli: typer.Typer,
     assert missing.exit_code == 2 and "minilm, smollm2" in missing.output
 
 
+@pytest.mark.parametrize("verb", [["check", "--json"], ["calibrate", "--out", "spec.json"]])
+def test_a_nan_weight_is_named_before_anything_is_measured(cli: typer.Typer, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           verb: list[str]) -> None:
+    """`check` reported "agreement 0.0" and "revert not bit-identical", never naming the weight,
+    and its JSON held a bare NaN; `calibrate` said a site "saw no non-zero carrier"."""
+    import torch
+    arch = next(a for a in zoo.ARCHITECTURES if a.name == "Llama")
+    model = zoo.build(arch, 0)
+    with torch.no_grad():
+        model.get_parameter("layers.1.mlp.up_proj.weight")[0, :3] = float("nan")
+        model.get_parameter("norm.weight")[0] = float("inf")
+    folder = tmp_path / "llama"
+    model.save_pretrained(folder)
+    _with_tokenizer(folder)
+    monkeypatch.chdir(tmp_path)
+    args = [verb[0], str(folder), *verb[1:]] if verb[0] == "check" else [
+        verb[0], "--model", str(folder), *verb[1:]]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and result.stdout == ""
+    message = " ".join(result.output.split())
+    assert "2 weight(s) hold NaN or infinite values: layers.1.mlp.up_proj.weight (3 of " in message
+    assert "norm.weight (1 of " in message and "no contract can be measured and no τ" in message
+    assert not (tmp_path / "spec.json").exists()
+
+
 def test_calibrate_then_check_under_the_spec(cli: typer.Typer, tmp_path: Path) -> None:
     folder = _with_tokenizer(_saved("Llama", tmp_path / "llama"))
     spec_file = tmp_path / "spec.json"

@@ -75,8 +75,13 @@ def test_table_and_dry_run(cli, tmp_path):
 def test_bad_input_exits_with_the_fix(cli, tmp_path):
     result = _run(cli, "--site-tau", "icl.*")
     assert result.exit_code == 2 and "PATTERN=TAU" in result.output
+    result = _run(cli, "--site-tau", "icl.*=1e-6", "--site-tau", "te.*=1", "--site-tau",
+                  "icl.*=1e-3")                      # the last τ won, without a word
+    assert result.exit_code == 2 and "pattern 'icl.*' is given twice (τ 1e-06 and 0.001)" in \
+        " ".join(result.output.replace("│", " ").split())
     result = _run(cli, "--arm", "everything")
-    assert result.exit_code == 2 and "unknown arm" in result.output
+    assert result.exit_code == 2 and "'everything' is not one of base, oa, full-o" in \
+        " ".join(result.output.replace("│", " ").split())
     result = CliRunner().invoke(cli, ["patch", "--model-path", str(tmp_path / "none-v3.ckpt")])
     assert result.exit_code == 2 and "does not exist" in result.output
     result = _run(cli, "--tau", "-1")
@@ -158,3 +163,14 @@ def test_a_spec_that_does_not_fit_the_checkpoint_is_refused(cli, spec_file, tmp_
     assert missing.exit_code == 2 and (f"the patch spec {tmp_path / 'nowhere.json'} does not "
                                        "exist; pass a spec saved by Retrofit.save_spec"
                                        ) in " ".join(missing.output.split())
+
+
+def test_a_spec_file_giving_a_key_twice_is_refused_naming_the_flag_file_and_key(cli, spec_file,
+                                                                                tmp_path):
+    """The second ``tau`` won without a word."""
+    twice = tmp_path / "twice.json"
+    twice.write_text(spec_file.read_text().replace('"tau":', '"tau": 1, "tau":', 1))
+    result = _run(cli, "--spec", str(twice), "--dry-run")
+    output = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and f"--spec {twice}: the patch spec gives the key 'tau' " \
+                                      "twice in one object" in output, output

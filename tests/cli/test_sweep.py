@@ -34,4 +34,4 @@ def test_sweep_rejects_unknown_device(tmp_path) -> None:
     result = CliRunner().invoke(app, ["sweep", "operators", "--device", "tpu", "--out",
                                       str(tmp_path)])
     assert result.exit_code != 0
-    assert "cpu or cuda" in result.output
+    assert "Invalid value for '--device': 'tpu' is not one of cpu, cuda" in result.output

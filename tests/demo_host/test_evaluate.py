@@ -58,3 +58,29 @@ def test_baselines_are_reused_only_under_the_same_cap(capped):
 def test_a_cap_below_two_rows_is_refused():
     with pytest.raises(ValueError, match="max_train_rows must be at least 2"):
         evaluate({}, ["sklearn:diabetes"], max_train_rows=1)
+
+
+def test_an_inference_preset_without_a_host_is_refused():
+    """``demo-host eval --inference v2 --out R`` without --checkpoint ran the baselines and
+    recorded nothing of the preset."""
+    with pytest.raises(ValueError, match="inference preset 'v2' is for the hosts, and none is "
+                                         "given.*--checkpoint"):
+        evaluate({}, ["sklearn:diabetes"], inference="v2")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"hosts": ', "cannot be read as a receipt (Expecting value"),
+    ("[1]", "not a `demo-host eval` receipt (a JSON object with hosts, summary; it lacks "
+            "hosts, summary)")])
+def test_a_receipt_that_is_not_one_is_named_by_the_option_that_gave_it(tmp_path, text, message):
+    """`demo-host compare` / `eval --reuse-baselines` said "Expecting value: line 1 ..." or
+    "AttributeError: 'list' object has no attribute 'get'", naming neither file nor option."""
+    from oretrofit.demo_host.documents import labelled_receipts
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    with pytest.raises(ValueError) as refused:
+        labelled_receipts([f"run={path}"])
+    assert str(refused.value).startswith(f"--receipt run={path}: {message}")
+    assert "written by `oretrofit demo-host eval --out`" in str(refused.value)
+    with pytest.raises(ValueError, match=f"^--reuse-baselines {path}: "):
+        evaluate({}, ["sklearn:diabetes"], n_seeds=1, reuse_baselines=path)

@@ -174,7 +174,8 @@ def test_corrupt_files_are_named_with_the_fix(tmp_path):
     with pytest.raises(RunMismatch, match=f"{cell} is not UTF-8 text .*delete it and re-run"):
         _run(out, [data])
     cell.write_text('{"dataset": "x"}')
-    with pytest.raises(RunMismatch, match="is not a complete cell record .*rmse"):
+    with pytest.raises(RunMismatch, match="is not a complete cell record: it lacks seed, arm, tau, "
+                                          "rmse, r2; delete it"):
         render([out], plots=False)
     cell.unlink()
     (out / "run.json").write_text("{not json")

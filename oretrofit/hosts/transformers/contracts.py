@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..._host import RetrofitError
 from ..._registry import retrofitted
 from .releases import zero_padded_inputs
 from .host import layers
@@ -28,7 +29,7 @@ from .layouts import calls_attention_interface, computes_attention
 from .pooling import pooling_attention
 
 __all__ = ["example_inputs", "hidden_states", "agreement", "insertion_point", "null_insertion",
-           "padding_delta", "relative_max_diff", "strict_load"]
+           "padding_delta", "relative_max_diff", "require_finite_weights", "strict_load"]
 
 
 def _layer_input(args: tuple, kwargs: dict[str, Any]) -> Tensor:
@@ -79,6 +80,24 @@ def hidden_states(model: nn.Module, call: Callable[[], Any]) -> dict[str, Tensor
     with _recording(model) as states:
         call()
     return dict(states)
+
+
+def require_finite_weights(model: nn.Module, source: str) -> None:
+    """Refuse a model (loaded from ``source``) whose parameters hold NaN or ±inf, naming each such
+    weight (module.param) and how many of its values: every hidden state would carry them, so
+    no contract could be measured (agreement and exact revert compare NaN with NaN) and no
+    carrier calibrated (a NaN norm is no carrier). ``oretrofit check`` and ``calibrate --model``
+    call it on the model they load."""
+    found = [(name, int((~torch.isfinite(p)).sum()), p.numel())
+             for name, p in model.named_parameters() if p.is_floating_point()]
+    found = [entry for entry in found if entry[1]]
+    if found:
+        named = ", ".join(f"{name} ({bad} of {total} values)" for name, bad, total in found[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+        raise RetrofitError(
+            f"{source}: {len(found)} weight(s) hold NaN or infinite values: {named}{more}; no "
+            "contract can be measured and no τ calibrated on them. Load the weights the model "
+            "was trained to (a re-download or re-export), or repair those tensors first")
 
 
 def relative_max_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
