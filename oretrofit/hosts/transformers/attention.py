@@ -69,15 +69,17 @@ _SWITCHED: weakref.WeakValueDictionary[int, "_ImplementationSwitch"] = weakref.W
 
 
 def _check_keys(owner: str, attention_mask: Tensor | None, n_q: int, n_k: int,
-                is_causal: bool | None) -> None:
+                is_causal: bool | None, first_write: bool) -> None:
     """Refuse a call whose mask does not describe the keys it attends to: a mask over other than
-    ``n_k`` keys, or a causal call without a mask over more keys than queries (SDPA aligns that
-    relation to the first ``n_q`` keys, for an empty static cache; eager cannot run it). Both arise
+    ``n_k`` keys, or a causal call without a mask over more keys than queries into a cache that
+    held keys before it (SDPA aligns that relation to the first ``n_q`` keys, which is right only
+    for the ``first_write`` into a pre-allocated cache: its keys fill the first slots, the rest
+    are unfilled slots of presence 0; eager cannot run it). Both arise
     when a layer attends to its cache again within one forward (Dory with more input and output
     layers than layers: each layer runs twice on one cache), so the model's own masks, built once
     per forward, no longer fit."""
     masked = attention_mask is not None and attention_mask.shape[-1] not in (1, n_k)
-    if masked or (attention_mask is None and is_causal and 1 < n_q < n_k):
+    if masked or (attention_mask is None and is_causal and 1 < n_q < n_k and not first_write):
         given = ("no mask" if attention_mask is None
                  else f"a mask over {attention_mask.shape[-1]} keys")
         raise RetrofitError(
@@ -105,17 +107,19 @@ def _untracked_presences(module: nn.Module, state: CarrierPresence, n_q: int, n_
                 f"{state.query.shape[1]} tokens of its input into images, and this call holds "
                 f"{n_q} queries), and no call says which of the tokens it holds, so the host "
                 "cannot place their presences on it; this host has no O form for it")
-    if state.query is None or state.keys is None or state.query.shape[1] != n_q:
+    if state.query is None or state.query.shape[1] != n_q:
         return (f"{owner} was called without its carrier presences (the query length differs "
                 "from the captured layer input): call the model, not the attention module alone")
-    if state.keys.shape[1] == n_k:
+    if state.keys is not None and state.keys.shape[1] == n_k:
         return None
+    held = ("no presences for its keys" if state.keys is None
+            else f"presences for {state.keys.shape[1]}")
     return (f"{owner} attends to {n_k} keys where its KV cache at layer_idx "
-            f"{getattr(module, 'layer_idx', None)} holds presences for {state.keys.shape[1]}: the "
-            "layer runs more than once per forward and writes its keys to cache slots other than "
-            "its layer_idx (HRM's H/L cycles write slot layer_idx + cycle_offset, Dory's "
-            "recurrent loops one slot a loop), so the presences of its cached keys cannot be "
-            "followed; call the model with use_cache=False")
+            f"{getattr(module, 'layer_idx', None)} holds {held}: the layer runs more than once "
+            "per forward and writes its keys to cache slots other than its layer_idx (HRM's H/L "
+            "cycles write slot layer_idx + cycle_offset, Dory's recurrent loops one slot a loop), "
+            "so the presences of its cached keys cannot be followed; call the model with "
+            "use_cache=False")
 
 
 def _score_mask(attention_mask: Tensor | None, query: Tensor, key: Tensor, is_causal: bool | None,
@@ -210,7 +214,8 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
     if untracked:
         raise RetrofitError(untracked)
     is_causal = _sdpa_causality(module, attention_mask, is_causal)
-    _check_keys(type(module).__name__, attention_mask, query.shape[2], key.shape[2], is_causal)
+    _check_keys(type(module).__name__, attention_mask, query.shape[2], key.shape[2], is_causal,
+                state.first_write)
     mask = _score_mask(attention_mask, query, key, is_causal, sliding_window, biases)
     p_keys = state.keys
     if sinks is not None:
