@@ -35,6 +35,9 @@
 
   Any other argument that is not None raises a :class:`RetrofitError` naming it.
 * A module without an O site (excluded by ``targets``) runs the implementation the config had.
+* The retrofit follows the model's attention implementation: ``set_attn_implementation`` after
+  ``retrofit`` keeps the retrofit on and records the new implementation as the user's
+  (:class:`FollowsRetrofit`): excluded modules run it, masks follow it, ``revert`` restores it.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from ..._attention import o_attention
-from ..._patching import PopAttribute, SiteConfig, Undo
+from ..._patching import PopAttribute, SiteConfig, Undo, o_subclass
 from ..._host import RetrofitError
 from ..torch_nn import patch_all
 from .indexer import selected_keys
@@ -161,8 +164,8 @@ def _with_sinks(sinks: Tensor, key: Tensor, value: Tensor, p_keys: Tensor, mask:
 
 
 def _original_implementation(config: Any) -> str:
-    """The attention implementation ``config`` had before the switch (``sdpa`` when no switch
-    holds it)."""
+    """The attention implementation the user chose for ``config`` (before the switch or since;
+    ``sdpa`` when no switch holds it)."""
     switch = _SWITCHED.get(id(config))
     return switch.original if switch is not None and switch.config is config else "sdpa"
 
@@ -259,17 +262,40 @@ def register_implementation() -> str:
     return IMPLEMENTATION
 
 
+class FollowsRetrofit:
+    """Mixin for a transformers config while a retrofit holds it: its attention implementation
+    reads ``oretrofit``, and setting one (``model.set_attn_implementation``, or assigning
+    ``config._attn_implementation``) records the user's choice underneath, in the instance's own
+    ``_attn_implementation_internal``, without leaving the retrofit. That choice is what the
+    switch calls the original implementation (excluded modules run it, masks follow it) and what
+    ``revert`` restores."""
+
+    @property
+    def _attn_implementation_internal(self) -> str:
+        return IMPLEMENTATION
+
+    @_attn_implementation_internal.setter
+    def _attn_implementation_internal(self, value: Any) -> None:
+        self.__dict__["_attn_implementation_internal"] = value
+
+
 class _ImplementationSwitch:
-    """``config`` points at the ``oretrofit`` implementation while any attention site uses it
-    (``users``); the last :meth:`release` restores the ``original`` one. It pickles with the
-    retrofit's undos: a loaded copy registers the implementation and itself again."""
+    """``config`` reads the ``oretrofit`` implementation while any attention site uses it
+    (``users``; :class:`FollowsRetrofit`); the last :meth:`release` gives it back its class, and
+    with it the implementation the user chose last. It pickles with the retrofit's undos: a
+    loaded copy registers the implementation and itself again."""
 
     portable_undo = True
 
     def __init__(self, config: Any) -> None:
-        self.config, self.original, self.users = config, config._attn_implementation, 0
-        config._attn_implementation_internal = IMPLEMENTATION
+        self.config, self.config_class, self.users = config, type(config), 0
+        config.__class__ = o_subclass(type(config), FollowsRetrofit)
         _SWITCHED[id(config)] = self
+
+    @property
+    def original(self) -> str | None:
+        """The implementation the user chose last (before the retrofit, or since)."""
+        return self.config.__dict__.get("_attn_implementation_internal")
 
     @classmethod
     def take(cls, config: Any) -> Undo:
@@ -283,7 +309,7 @@ class _ImplementationSwitch:
     def release(self) -> None:
         self.users -= 1
         if self.users == 0:
-            self.config._attn_implementation_internal = self.original
+            self.config.__class__ = self.config_class
             _SWITCHED.pop(id(self.config), None)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
