@@ -1,16 +1,20 @@
 """The transformers models the CLI verbs take by name (``oretrofit check MODEL``, ``oretrofit
 calibrate --model MODEL``): a local transformers folder (``save_pretrained`` output, loaded with
 ``AutoModel`` offline) or one of the shipped pretrained weights, ``minilm`` (all-MiniLM-L6-v2)
-or ``smollm2`` (SmolLM2-135M-Instruct), with their tokenizer when asked for.
+or ``smollm2`` (SmolLM2-135M-Instruct), with their tokenizer when asked for. A folder saved from
+a retrofitted model loads unpatched, with a warning saying so.
 """
 
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
 from torch import nn
+
+from .pretrained import SPEC_FILE
 
 __all__ = ["SHIPPED", "load_model", "load_model_and_tokenizer"]
 
@@ -36,6 +40,10 @@ def load_model(name: str) -> nn.Module:
         return _shipped(name)[0]
     path = _folder(name)
     from transformers import AutoModel
+    if (path / SPEC_FILE).is_file():
+        warnings.warn(f"{name} was saved from a retrofitted model (it holds {SPEC_FILE}); it is "
+                      "loaded here unpatched, as the CLI verbs take a model; "
+                      "oretrofit.from_pretrained(folder) restores the retrofit", stacklevel=2)
     try:
         return AutoModel.from_pretrained(path, local_files_only=True).eval()
     except pickle.UnpicklingError:       # torch's weights-only refusal of a code pickle
