@@ -42,6 +42,7 @@ QUOTED_REPORTS = {"results/studies/otransformer.md": "docs/studies.md",
                   "results/studies/ostandardize.md": "docs/studies.md",
                   "results/bench_attention.md": "docs/benchmarks.md",
                   "results/bench_hosts.md": "docs/benchmarks.md",
+                  "results/bench_hosts_short.md": "docs/benchmarks.md",
                   "results/regress/demo-host/tables/tables.md": "docs/demo-host.md",
                   "results/demo-host/calibrated/README.md": "docs/calibration.md"}
 
