@@ -30,8 +30,9 @@
                                                 path); ignored in eval() mode
     position_ids, use_cache, cache_position,    metadata for other kernels and outputs (packed
     encoder_hidden_states, key_value_states,    sequences, caches, flash-attention determinism,
-    output_hidden_states, deterministic         cross-attention sources: their presences are
-                                                captured by hooks)
+    output_hidden_states, deterministic,        cross-attention sources: their presences are
+    output_router_logits                        captured by hooks; an MoE block's router
+                                                logits)
 
   Any other argument that is not None raises a :class:`RetrofitError` naming it.
 * A module without an O site (excluded by ``targets``) runs the implementation the config had.
@@ -65,7 +66,7 @@ IMPLEMENTATION = "oretrofit"
 ADDITIVE_BIASES = ("position_bias", "alibi")
 METADATA = frozenset({"position_ids", "use_cache", "cache_position", "encoder_hidden_states",
                       "key_value_states", "output_hidden_states", "deterministic",
-                      "return_dict"})
+                      "return_dict", "output_router_logits"})
 _STATE = "_oretrofit_attention"          # attribute on a patched attention module
 # id(config) -> its switch, while a retrofit holds it
 _SWITCHED: weakref.WeakValueDictionary[int, "_ImplementationSwitch"] = weakref.WeakValueDictionary()

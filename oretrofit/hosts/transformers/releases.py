@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -277,6 +278,17 @@ def carrier_of(args: tuple, kwargs: dict) -> Tensor:
                         "argument or hidden_states=); its layout names the wrong module")
 
 
+def cache_of(args: tuple, kwargs: dict) -> Any:
+    """The KV cache a layer is called with: ``cache=`` / ``past_key_values=``, else the
+    transformers ``Cache`` among its other arguments (GPT-2's block takes it second,
+    GPT-NeoX's as ``layer_past=``); None without one."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is None and "transformers" in sys.modules:
+        from transformers import Cache
+        cache = next((a for a in (*args, *kwargs.values()) if isinstance(a, Cache)), None)
+    return cache
+
+
 @dataclass
 class CarrierPresence:
     """Presences ρτ of one attention module's carriers: ``query`` (B, Nq) for the current tokens,
@@ -320,7 +332,7 @@ class CarrierPresence:
 
     def capture_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on the carrier module: the hidden states and the KV cache."""
-        self.capture(carrier_of(args, kwargs), kwargs.get("cache", kwargs.get("past_key_values")))
+        self.capture(carrier_of(args, kwargs), cache_of(args, kwargs))
 
     def capture_sources_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on a cross-attention module: its sources (the encoder output)."""

@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from transformers import (DynamicCache, LlamaConfig, LlamaForCausalLM,  # noqa: E402
                           MistralConfig, MistralForCausalLM, StaticCache)
 
+from hosts.transformers import zoo  # noqa: E402
 from oretrofit import RetrofitError, retrofitted  # noqa: E402
 from oretrofit.hosts.transformers.report import EPS, PROMPTS, TAU, load_smollm2  # noqa: E402
 
@@ -78,6 +79,24 @@ def test_null_carriers_stay_excluded_in_every_cache_slot(kind: str, cache_kind: 
 def _last_logits(model: torch.nn.Module, cache: object, **inputs: torch.Tensor) -> torch.Tensor:
     """The last position's logits of one call that writes ``cache``."""
     return model(**inputs, **{CACHE: cache}, use_cache=True).logits[:, -1]
+
+
+@pytest.mark.parametrize("name", ["GPT-2", "GPT-NeoX (parallel residual)",
+                                  "GPT-BigCode (multi-query)", "Mixtral"])
+def test_zoo_models_generate_the_unpatched_tokens(name: str) -> None:
+    """GPT-2's block takes the cache positionally, GPT-NeoX's as ``layer_past=`` (the presences
+    were not followed: refused as 'a layer that runs more than once'); MoE layers pass
+    ``output_router_logits`` to the attention function (refused as an unknown argument)."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+    arch = next(a for a in zoo.ARCHITECTURES if a.name == name)
+    config = zoo.build(arch).config
+    model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config).eval()
+    with torch.no_grad():       # the padding id's zero embedding is a null token when generated
+        model.get_input_embeddings().weight[0].normal_()
+    ids = torch.randint(1, min(config.vocab_size, 100), (1, 6))
+    reference = _generate(model, ids)
+    with retrofitted(model, "full-o", 1e-12, eps=1e-12):           # as the zoo's tests run
+        assert _generate(model, ids) == reference
 
 
 def _filled(model: torch.nn.Module, cache: object, **inputs: torch.Tensor) -> object:
