@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..._host import RetrofitError
-from ..._patching import Undo, noop, set_site
+from ..._patching import PopAttribute, Undo, noop
 
 __all__ = ["SPEC_FILE", "MARKER", "keep_spec_on_save", "from_pretrained"]
 
@@ -29,24 +29,24 @@ MARKER = "oretrofit_retrofit_not_applied.load_with_oretrofit_from_pretrained"
 _SAVE = "save_pretrained"
 
 
-class SavesRetrofitSpec:
-    """Mixin for a retrofitted ``PreTrainedModel``: ``save_pretrained`` also writes the patch
-    spec (:data:`SPEC_FILE`) and the marker tensor (module docstring)."""
+class SavePretrainedWithSpec:
+    """A retrofitted ``PreTrainedModel``'s ``save_pretrained`` (an instance attribute over the
+    class's method; the model's class is left alone, as transformers reads it when it records
+    outputs): the class's own ``save_pretrained`` with the marker tensor added to the weights,
+    then the patch spec written beside them (module docstring). A plain object, so it pickles
+    with the model."""
 
-    def save_pretrained(self, save_directory: str | os.PathLike[str], *args: Any,
-                        **kwargs: Any) -> Any:
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __call__(self, save_directory: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
         from ..._registry import Retrofit
-        handle, swapped = Retrofit.of(self), type(self)
-        state = kwargs.pop("state_dict", None) or self.state_dict()
+        model = self.model
+        state = kwargs.pop("state_dict", None) or model.state_dict()
         marker = torch.ones(1, device=next(iter(state.values())).device)
-        # saved as its own class: transformers writes the class name into config.json
-        self.__class__ = self.__dict__["_oretrofit"]["original_class"]
-        try:
-            result = self.save_pretrained(save_directory, *args,
-                                          state_dict={**state, MARKER: marker}, **kwargs)
-        finally:
-            self.__class__ = swapped
-        handle.save_spec(Path(save_directory) / SPEC_FILE)
+        result = type(model).save_pretrained(model, save_directory, *args,
+                                             state_dict={**state, MARKER: marker}, **kwargs)
+        Retrofit.of(model).save_spec(Path(save_directory) / SPEC_FILE)
         return result
 
 
@@ -56,7 +56,8 @@ def keep_spec_on_save(model: nn.Module) -> Undo:
     from transformers import PreTrainedModel
     if not isinstance(model, PreTrainedModel):
         return noop
-    return set_site(model, SavesRetrofitSpec, _SAVE, True)
+    model.__dict__[_SAVE] = SavePretrainedWithSpec(model)
+    return PopAttribute(model, _SAVE)
 
 
 def _model_class(folder: Path, model_class: type | None) -> type:
