@@ -35,6 +35,7 @@ _HOMES = {
     "register_host": "._registry",
     "registered_hosts": "._registry", "retrofit": "._registry", "retrofitted": "._registry",
     "register_module_site": ".hosts.torch_nn",
+    "from_pretrained": ".hosts.transformers.pretrained",
     "calibrate": "._calibrate", "CarrierNormProfile": "._calibrate",
     "save": "._serialize",
 }
@@ -70,3 +71,4 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ 
     from ._serialize import save
     from ._transformer import OTransformerBlock
     from .hosts.torch_nn import register_module_site
+    from .hosts.transformers.pretrained import from_pretrained

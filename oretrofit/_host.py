@@ -70,6 +70,9 @@ class Host(Protocol):
       and finally to the fallback.
     * ``uncovered(model) -> list[str]`` — parts inside ``owned`` the host cannot gate, each
       ``"path (ClassName)"``; a non-empty list is refused unless ``allow_partial=True``.
+    * ``attach_to_model(model) -> Undo`` — what the retrofit adds to the model as a whole after
+      its sites (transformers: ``save_pretrained`` writes the patch spec); its undo runs first
+      on ``revert``.
     """
 
     name: str

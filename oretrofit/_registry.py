@@ -155,6 +155,9 @@ class Retrofit:
         try:
             for site, config in self.plan.entries:
                 self._undos.append(site.apply(config))
+            whole_model = getattr(self._host, "attach_to_model", None)
+            if whole_model is not None:
+                self._undos.append(whole_model(self.model))
         except BaseException:
             self._undo_all()
             raise

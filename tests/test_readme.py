@@ -42,6 +42,7 @@ QUOTED_REPORTS = {"results/studies/otransformer.md": "docs/studies.md",
                   "results/studies/ostandardize.md": "docs/studies.md",
                   "results/bench_attention.md": "docs/benchmarks.md",
                   "results/bench_hosts.md": "docs/benchmarks.md",
+                  "results/bench_hosts_short.md": "docs/benchmarks.md",
                   "results/regress/demo-host/tables/tables.md": "docs/demo-host.md",
                   "results/demo-host/calibrated/README.md": "docs/calibration.md"}
 
@@ -128,7 +129,8 @@ def test_the_readme_benchmark_headline_is_lines_of_the_reports() -> None:
     reports = "\n".join([(ROOT / "results/bench_attention.md").read_text(),
                          json.loads((ROOT / "results/bench_retrofit.json").read_text())["markdown"],
                          json.loads((ROOT / "results/bench_batched.json").read_text())["markdown"],
-                         (ROOT / "results/bench_hosts.md").read_text()]).splitlines()
+                         (ROOT / "results/bench_hosts.md").read_text(),
+                         (ROOT / "results/bench_hosts_short.md").read_text()]).splitlines()
     quoted = [line for line in section.splitlines() if line.startswith(("|", "Fused at"))]
     assert len(quoted) >= 10 and all(line in reports for line in quoted)
 

@@ -30,11 +30,15 @@
                                                 path); ignored in eval() mode
     position_ids, use_cache, cache_position,    metadata for other kernels and outputs (packed
     encoder_hidden_states, key_value_states,    sequences, caches, flash-attention determinism,
-    output_hidden_states, deterministic         cross-attention sources: their presences are
-                                                captured by hooks)
+    output_hidden_states, deterministic,        cross-attention sources: their presences are
+    output_router_logits                        captured by hooks; an MoE block's router
+                                                logits)
 
   Any other argument that is not None raises a :class:`RetrofitError` naming it.
 * A module without an O site (excluded by ``targets``) runs the implementation the config had.
+* The retrofit follows the model's attention implementation: ``set_attn_implementation`` after
+  ``retrofit`` keeps the retrofit on and records the new implementation as the user's
+  (:class:`FollowsRetrofit`): excluded modules run it, masks follow it, ``revert`` restores it.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from ..._attention import o_attention
-from ..._patching import PopAttribute, SiteConfig, Undo
+from ..._patching import PopAttribute, SiteConfig, Undo, o_subclass
 from ..._host import RetrofitError
 from ..torch_nn import patch_all
 from .indexer import selected_keys
@@ -62,22 +66,24 @@ IMPLEMENTATION = "oretrofit"
 ADDITIVE_BIASES = ("position_bias", "alibi")
 METADATA = frozenset({"position_ids", "use_cache", "cache_position", "encoder_hidden_states",
                       "key_value_states", "output_hidden_states", "deterministic",
-                      "return_dict"})
+                      "return_dict", "output_router_logits"})
 _STATE = "_oretrofit_attention"          # attribute on a patched attention module
 # id(config) -> its switch, while a retrofit holds it
 _SWITCHED: weakref.WeakValueDictionary[int, "_ImplementationSwitch"] = weakref.WeakValueDictionary()
 
 
 def _check_keys(owner: str, attention_mask: Tensor | None, n_q: int, n_k: int,
-                is_causal: bool | None) -> None:
+                is_causal: bool | None, first_write: bool) -> None:
     """Refuse a call whose mask does not describe the keys it attends to: a mask over other than
-    ``n_k`` keys, or a causal call without a mask over more keys than queries (SDPA aligns that
-    relation to the first ``n_q`` keys, for an empty static cache; eager cannot run it). Both arise
+    ``n_k`` keys, or a causal call without a mask over more keys than queries into a cache that
+    held keys before it (SDPA aligns that relation to the first ``n_q`` keys, which is right only
+    for the ``first_write`` into a pre-allocated cache: its keys fill the first slots, the rest
+    are unfilled slots of presence 0; eager cannot run it). Both arise
     when a layer attends to its cache again within one forward (Dory with more input and output
     layers than layers: each layer runs twice on one cache), so the model's own masks, built once
     per forward, no longer fit."""
     masked = attention_mask is not None and attention_mask.shape[-1] not in (1, n_k)
-    if masked or (attention_mask is None and is_causal and 1 < n_q < n_k):
+    if masked or (attention_mask is None and is_causal and 1 < n_q < n_k and not first_write):
         given = ("no mask" if attention_mask is None
                  else f"a mask over {attention_mask.shape[-1]} keys")
         raise RetrofitError(
@@ -105,17 +111,19 @@ def _untracked_presences(module: nn.Module, state: CarrierPresence, n_q: int, n_
                 f"{state.query.shape[1]} tokens of its input into images, and this call holds "
                 f"{n_q} queries), and no call says which of the tokens it holds, so the host "
                 "cannot place their presences on it; this host has no O form for it")
-    if state.query is None or state.keys is None or state.query.shape[1] != n_q:
+    if state.query is None or state.query.shape[1] != n_q:
         return (f"{owner} was called without its carrier presences (the query length differs "
                 "from the captured layer input): call the model, not the attention module alone")
-    if state.keys.shape[1] == n_k:
+    if state.keys is not None and state.keys.shape[1] == n_k:
         return None
+    held = ("no presences for its keys" if state.keys is None
+            else f"presences for {state.keys.shape[1]}")
     return (f"{owner} attends to {n_k} keys where its KV cache at layer_idx "
-            f"{getattr(module, 'layer_idx', None)} holds presences for {state.keys.shape[1]}: the "
-            "layer runs more than once per forward and writes its keys to cache slots other than "
-            "its layer_idx (HRM's H/L cycles write slot layer_idx + cycle_offset, Dory's "
-            "recurrent loops one slot a loop), so the presences of its cached keys cannot be "
-            "followed; call the model with use_cache=False")
+            f"{getattr(module, 'layer_idx', None)} holds {held}: the layer runs more than once "
+            "per forward and writes its keys to cache slots other than its layer_idx (HRM's H/L "
+            "cycles write slot layer_idx + cycle_offset, Dory's recurrent loops one slot a loop), "
+            "so the presences of its cached keys cannot be followed; call the model with "
+            "use_cache=False")
 
 
 def _score_mask(attention_mask: Tensor | None, query: Tensor, key: Tensor, is_causal: bool | None,
@@ -157,8 +165,8 @@ def _with_sinks(sinks: Tensor, key: Tensor, value: Tensor, p_keys: Tensor, mask:
 
 
 def _original_implementation(config: Any) -> str:
-    """The attention implementation ``config`` had before the switch (``sdpa`` when no switch
-    holds it)."""
+    """The attention implementation the user chose for ``config`` (before the switch or since;
+    ``sdpa`` when no switch holds it)."""
     switch = _SWITCHED.get(id(config))
     return switch.original if switch is not None and switch.config is config else "sdpa"
 
@@ -210,7 +218,8 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
     if untracked:
         raise RetrofitError(untracked)
     is_causal = _sdpa_causality(module, attention_mask, is_causal)
-    _check_keys(type(module).__name__, attention_mask, query.shape[2], key.shape[2], is_causal)
+    _check_keys(type(module).__name__, attention_mask, query.shape[2], key.shape[2], is_causal,
+                state.first_write)
     mask = _score_mask(attention_mask, query, key, is_causal, sliding_window, biases)
     p_keys = state.keys
     if sinks is not None:
@@ -254,17 +263,40 @@ def register_implementation() -> str:
     return IMPLEMENTATION
 
 
+class FollowsRetrofit:
+    """Mixin for a transformers config while a retrofit holds it: its attention implementation
+    reads ``oretrofit``, and setting one (``model.set_attn_implementation``, or assigning
+    ``config._attn_implementation``) records the user's choice underneath, in the instance's own
+    ``_attn_implementation_internal``, without leaving the retrofit. That choice is what the
+    switch calls the original implementation (excluded modules run it, masks follow it) and what
+    ``revert`` restores."""
+
+    @property
+    def _attn_implementation_internal(self) -> str:
+        return IMPLEMENTATION
+
+    @_attn_implementation_internal.setter
+    def _attn_implementation_internal(self, value: Any) -> None:
+        self.__dict__["_attn_implementation_internal"] = value
+
+
 class _ImplementationSwitch:
-    """``config`` points at the ``oretrofit`` implementation while any attention site uses it
-    (``users``); the last :meth:`release` restores the ``original`` one. It pickles with the
-    retrofit's undos: a loaded copy registers the implementation and itself again."""
+    """``config`` reads the ``oretrofit`` implementation while any attention site uses it
+    (``users``; :class:`FollowsRetrofit`); the last :meth:`release` gives it back its class, and
+    with it the implementation the user chose last. It pickles with the retrofit's undos: a
+    loaded copy registers the implementation and itself again."""
 
     portable_undo = True
 
     def __init__(self, config: Any) -> None:
-        self.config, self.original, self.users = config, config._attn_implementation, 0
-        config._attn_implementation_internal = IMPLEMENTATION
+        self.config, self.config_class, self.users = config, type(config), 0
+        config.__class__ = o_subclass(type(config), FollowsRetrofit)
         _SWITCHED[id(config)] = self
+
+    @property
+    def original(self) -> str | None:
+        """The implementation the user chose last (before the retrofit, or since)."""
+        return self.config.__dict__.get("_attn_implementation_internal")
 
     @classmethod
     def take(cls, config: Any) -> Undo:
@@ -278,7 +310,7 @@ class _ImplementationSwitch:
     def release(self) -> None:
         self.users -= 1
         if self.users == 0:
-            self.config._attn_implementation_internal = self.original
+            self.config.__class__ = self.config_class
             _SWITCHED.pop(id(self.config), None)
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -52,6 +52,7 @@ from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interf
                       sequence_first_output, token_mixers)
 from .releases import (INJECT, check_transformers, gate_branch, gate_output_bias,
                        not_covered_yet, supported_text, transformers_version)
+from .pretrained import keep_spec_on_save
 from .softmax_route import attach_softmax_attention
 from .stream import gate_traced_branch
 
@@ -344,6 +345,11 @@ class TransformersHost:
 
     def version(self) -> dict[str, str]:
         return {"transformers": transformers_version(), "torch": torch.__version__}
+
+    def attach_to_model(self, model: nn.Module) -> Undo:
+        """What the retrofit adds to the retrofitted model as a whole, after its sites:
+        ``save_pretrained`` writes the patch spec beside the weights (:mod:`.pretrained`)."""
+        return keep_spec_on_save(model)
 
 
 HOST = register_host(TransformersHost())

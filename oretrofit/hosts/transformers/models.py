@@ -1,17 +1,20 @@
 """The transformers models the CLI verbs take by name (``oretrofit check MODEL``, ``oretrofit
 calibrate --model MODEL``): a local transformers folder (``save_pretrained`` output, loaded with
 ``AutoModel`` offline) or one of the shipped pretrained weights, ``minilm`` (all-MiniLM-L6-v2)
-or ``smollm2`` (SmolLM2-135M-Instruct), with their tokenizer when asked for.
+or ``smollm2`` (SmolLM2-135M-Instruct), with their tokenizer when asked for. A folder saved from
+a retrofitted model loads unpatched, with a warning saying so.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from .loading import from_pretrained
+from .pretrained import SPEC_FILE
 
 __all__ = ["SHIPPED", "load_model", "load_model_and_tokenizer"]
 
@@ -45,7 +48,12 @@ def load_model(name: str) -> nn.Module:
     if name in SHIPPED:
         return _shipped(name)[0]
     from transformers import AutoModel
-    return from_pretrained(AutoModel, _folder(name)).eval()
+    path = _folder(name)
+    if (path / SPEC_FILE).is_file():
+        warnings.warn(f"{name} was saved from a retrofitted model (it holds {SPEC_FILE}); it is "
+                      "loaded here unpatched, as the CLI verbs take a model; "
+                      "oretrofit.from_pretrained(folder) restores the retrofit", stacklevel=2)
+    return from_pretrained(AutoModel, path).eval()
 
 
 def load_model_and_tokenizer(name: str) -> tuple[nn.Module, Any]:

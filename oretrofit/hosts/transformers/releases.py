@@ -6,8 +6,8 @@ branch gating with hooks.
   captures its presences (:class:`CarrierPresence`); the attention function
   (:mod:`.attention`) reads them from the attention module. Cross-attention takes
   its sources' presences from the encoder output the attention module is given.
-* With a KV cache the presences of cached keys are kept next to it, so generation after a
-  prompt with null tokens still excludes them.
+* With a KV cache the presences of cached keys live in the cache, next to the keys
+  (:mod:`.cache`), so generation after a prompt with null tokens still excludes them.
 * :func:`gate_branch`, :func:`gate_output_bias` and :func:`gate_table` gate residual branches,
   biased output projections (``nn.Linear`` and GPT-2's ``Conv1D``) and additive position /
   token-type tables by the presence of the stream they belong to (:mod:`.gates`: the gates
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import inspect
 import os
-import weakref
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -34,6 +34,7 @@ from ..._patching import SiteConfig, Undo, noop, set_site, site_config
 from ..._presence import presence
 from ..._host import RetrofitError
 from ..torch_nn import ATTENTION, gated_linear, patch_all
+from .cache import UNSEEN, expect_keys
 
 __all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_branch_output",
            "gate_output_bias", "gate_table", "gated_projection", "INJECT",
@@ -275,37 +276,43 @@ def carrier_of(args: tuple, kwargs: dict) -> Tensor:
                         "argument or hidden_states=); its layout names the wrong module")
 
 
+def cache_of(args: tuple, kwargs: dict) -> Any:
+    """The KV cache a layer is called with: ``cache=`` / ``past_key_values=``, else the
+    transformers ``Cache`` among its other arguments (GPT-2's block takes it second,
+    GPT-NeoX's as ``layer_past=``); None without one."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is None and "transformers" in sys.modules:
+        from transformers import Cache
+        cache = next((a for a in (*args, *kwargs.values()) if isinstance(a, Cache)), None)
+    return cache
+
+
 @dataclass
 class CarrierPresence:
     """Presences ρτ of one attention module's carriers: ``query`` (B, Nq) for the current tokens,
     ``keys`` (B, Nk) for every key, cached ones included. For cross-attention (``cross``) the keys
-    are the encoder output's presences, set by :meth:`capture_sources`."""
+    are the encoder output's presences, set by :meth:`capture_sources`. ``first_write``: the
+    call's keys are the first its KV cache layer holds (:mod:`.cache`)."""
 
     config: SiteConfig
     layer_idx: int | None = None
     cross: bool = False
     query: Tensor | None = None
     keys: Tensor | None = None
-    _cache: Any = field(default=None, repr=False)
+    first_write: bool = False
 
     def capture(self, carrier: Tensor, cache: Any = None) -> None:
+        """ρτ of the carrier; with a KV cache the keys' presences come from the cache layer the
+        call writes its keys to (:mod:`.cache`), set when it writes them."""
         p = presence(carrier, self.config.tau)                                   # (B, N)
+        self.query = p
         if self.cross:
-            self.query = p
             return
-        past = cache.get_seq_length(self.layer_idx or 0) if cache is not None else 0
-        if past == 0:
-            keys = p
-        elif (self.keys is not None and self._cache is not None and self._cache() is cache
-              and self.keys.shape[0] == p.shape[0] and self.keys.shape[1] >= past):
-            keys = torch.cat([self.keys[:, :past], p], dim=1)
-        else:
-            raise RetrofitError(
-                "the KV cache holds tokens whose presences this retrofit never saw (a cache filled "
-                "before patching, or a reordered/reused cache); run the prompt through the "
-                "retrofitted model with a fresh cache")
-        self.query, self.keys = p, keys
-        self._cache = weakref.ref(cache) if cache is not None else None
+        self.keys, self.first_write = p, False
+        if cache is not None and expect_keys(cache, self.layer_idx or 0, p, self):
+            self.keys = None
+        elif cache is not None and cache.get_seq_length(self.layer_idx or 0) > 0:
+            raise RetrofitError(UNSEEN)
 
     def capture_sources(self, sources: Tensor) -> None:
         self.keys = presence(sources, self.config.tau)                           # (B, Nk)
@@ -323,7 +330,7 @@ class CarrierPresence:
 
     def capture_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on the carrier module: the hidden states and the KV cache."""
-        self.capture(carrier_of(args, kwargs), kwargs.get("cache", kwargs.get("past_key_values")))
+        self.capture(carrier_of(args, kwargs), cache_of(args, kwargs))
 
     def capture_sources_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on a cross-attention module: its sources (the encoder output)."""
@@ -334,9 +341,8 @@ class CarrierPresence:
         self.capture_sources(sources)
 
     def __getstate__(self) -> dict[str, Any]:
-        """The settings only: captured presences belong to one call (and a weakref to a cache
-        does not pickle)."""
-        return {**self.__dict__, "query": None, "keys": None, "_cache": None}
+        """The settings only: captured presences belong to one call."""
+        return {**self.__dict__, "query": None, "keys": None}
 
 
 class OGatedBias:
