@@ -445,3 +445,41 @@ def o_attention_triton(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, p_q, p_k)):
         return _TritonOAttention.apply(q, k, v, p_q, p_k, launch)
     return launch.forward()[0]
+
+
+def check_triton(device: torch.device, dtype: torch.dtype) -> str:
+    """'' when the kernels meet :func:`oretrofit._attention_kernels._math_forward`'s algebra
+    (OAttention in fp64 from the same rounded inputs) on a tiny GQA case with a null source, a
+    null receiver, an empty row and a broadcast mask, forward and every gradient; else what
+    failed. Tolerances: 1e-4 relative in fp32/fp64, 3e-2 in bf16/fp16 (half the bf16 ulp ×
+    a few roundings)."""
+    from ._attention import o_attention_reference
+    g = torch.Generator().manual_seed(0)
+    tol = 3e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
+    q, k, v = (torch.randn(shape, generator=g).to(device, dtype)
+               for shape in ((2, 2, 5, 16), (2, 1, 7, 16), (2, 1, 7, 16)))
+    p_q, p_k = torch.rand(2, 5, generator=g) + 0.1, torch.rand(2, 7, generator=g) + 0.1
+    p_q[0, 1] = p_k[0, 2] = 0.0
+    p_k[1] = 0.0                                                            # batch 1: empty rows
+    p_q, p_k = p_q.to(device), p_k.to(device)
+    visible = torch.ones(1, 1, 5, 7, dtype=torch.bool, device=device)
+    visible[..., 3] = False
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, p_q, p_k)]
+    reference = [t.detach().double().requires_grad_() for t in (q, k, v, p_q, p_k)]
+    try:
+        out = o_attention_triton(*inputs, visible, None, 1e-6, 0.25)
+        want, _ = o_attention_reference(*reference, mask=visible, scale=0.25)
+        d_out = torch.randn(out.shape, generator=g).to(device, dtype)
+        out.backward(d_out)
+        want.backward(d_out.double())
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as error:
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    if not bool((out[1] == 0).all()) or not bool((out[0, :, 1] == 0).all()):
+        return "empty or null-receiver rows are not exact zeros"
+    pairs = [("out", out, want)] + [(name, a.grad, b.grad) for name, a, b in
+                                    zip(("dq", "dk", "dv", "dp_q", "dp_k"), inputs, reference)]
+    for name, got, expected in pairs:
+        error = (got.double() - expected).abs().max() / expected.abs().max().clamp_min(1e-30)
+        if not bool(error <= tol):
+            return f"{name} differs (relative error {float(error):.2g} > {tol})"
+    return ""
