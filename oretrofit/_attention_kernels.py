@@ -213,12 +213,18 @@ def backend_for(device: torch.device, dtype: torch.dtype) -> Backend | None:
         if backend is not None:
             failure = check_backend(backend, device, dtype)
             if failure:
-                warnings.warn(f"oretrofit: the {backend.name} attention kernel fails its check on "
-                              f"{device.type} {dtype} ({failure}); OAttention uses the "
-                              "augmented-copy path there", RuntimeWarning, stacklevel=3)
+                _report_failed_check(f"the {backend.name} attention kernel", device, dtype,
+                                     failure, "OAttention uses the augmented-copy path there")
                 backend = None
         _CHECKED[key] = backend
     return _CHECKED[key]
+
+
+def _report_failed_check(kernel: str, device: torch.device, dtype: torch.dtype, failure: str,
+                         fallback: str) -> None:
+    """One ``RuntimeWarning`` naming the kernel, where it failed, why, and what is used instead."""
+    warnings.warn(f"oretrofit: {kernel} fails its check on {device.type} {dtype} ({failure}); "
+                  f"{fallback}", RuntimeWarning, stacklevel=4)
 
 
 _TRITON_CHECKED: dict[tuple[str, torch.dtype, str], bool] = {}
@@ -242,9 +248,8 @@ def triton_for(device: torch.device, dtype: torch.dtype) -> bool:
             from . import _attention_triton
             failure = _attention_triton.check_triton(device, dtype)
             if failure:
-                warnings.warn(f"oretrofit: the Triton OAttention kernel fails its check on "
-                              f"{device.type} {dtype} ({failure}); OAttention computes in fp32 "
-                              "there", RuntimeWarning, stacklevel=3)
+                _report_failed_check("the Triton OAttention kernel", device, dtype, failure,
+                                     "OAttention computes in fp32 there")
                 ready = False
         _TRITON_CHECKED[key] = ready
     return _TRITON_CHECKED[key]

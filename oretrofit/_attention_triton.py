@@ -64,13 +64,26 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _tile_scores(q, k_ptrs, n_idx, n_ok, logp_row, vis_row, bias_row, m_idx, m_ok, NK,
-                 scale, softcap, smk, sbk,
+def _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh, smq, sbb, sbh, sbq):
+    """Pointers to head ``h``'s key logits and to the mask and bias rows of queries ``m_idx``."""
+    return (LOGP + b * slb + h * slh, VIS + b * smb + h * smh + m_idx * smq,
+            BIAS + b * sbb + h * sbh + m_idx * sbq)
+
+
+@triton.jit
+def _tile_scores(q, k_head, start, d_idx, d_ok, skn, skd, logp_row, vis_row, bias_row, m_idx,
+                 m_ok, NK,
+                 scale, softcap, smk, sbk, BN: tl.constexpr,
                  HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                  UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """``(t, s)`` of one (query block × key block) tile: ``t = s + b + log p_j`` (masked and
-    padded keys at ``_NULL_LOGIT``), ``s`` the (capped) score, both fp32 ``(BM, BN)``."""
-    kt = tl.load(k_ptrs, mask=n_ok[None, :], other=0.0)                      # (BD, BN)
+    """``(t, s, n_idx, n_ok)`` of the tile of queries ``m_idx`` × keys ``start…start+BN`` of
+    the KV head at ``k_head``: ``t = s + b + log p_j`` (masked and padded keys at
+    ``_NULL_LOGIT``), ``s`` the (capped) score, both fp32 ``(BM, BN)``; the row pointers as
+    :func:`_row_pointers` gives them."""
+    n_idx = start + tl.arange(0, BN)
+    n_ok = n_idx < NK
+    kt = tl.load(k_head + n_idx[None, :] * skn + d_idx[:, None] * skd,
+                 mask=n_ok[None, :] & d_ok[:, None], other=0.0)              # (BD, BN)
     if UPCAST:
         kt = kt.to(tl.float32)
     raw = _dot(q, kt, IEEE) * scale
@@ -86,7 +99,7 @@ def _tile_scores(q, k_ptrs, n_idx, n_ok, logp_row, vis_row, bias_row, m_idx, m_o
         vis = tl.load(vis_row[:, None] + n_idx[None, :] * smk, mask=ok, other=0)
         t = tl.where(vis != 0, t, -1e30)
     t = tl.where(n_ok[None, :], t, -1e30)
-    return t, s
+    return t, s, n_idx, n_ok
 
 
 @triton.jit
@@ -119,19 +132,16 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    logp_row = LOGP + b * slb + h * slh
-    vis_row = VIS + b * smb + h * smh + m_idx * smq
-    bias_row = BIAS + b * sbb + h * sbh + m_idx * sbq
+    logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh,
+                                                smq, sbb, sbh, sbq)
     m_i = tl.zeros([BM], dtype=tl.float32) + log_eps                     # the ε sink
     l_i = tl.zeros([BM], dtype=tl.float32) + 1.0
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     for start in range(0, NK, BN):
-        n_idx = start + tl.arange(0, BN)
-        n_ok = n_idx < NK
-        k_ptrs = K + b * skb + hk * skh + n_idx[None, :] * skn + d_idx[:, None] * skd
-        t, s = _tile_scores(q, k_ptrs, n_idx, n_ok, logp_row, vis_row, bias_row, m_idx, m_ok,
-                            NK, scale, softcap, smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP,
-                            UPCAST, IEEE)
+        t, s, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
+                                         logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
+                                         softcap, smk, sbk, BN,
+                                         HAS_VIS, HAS_BIAS, HAS_SOFTCAP, UPCAST, IEEE)
         m_new = tl.maximum(m_i, tl.max(t, 1))
         alpha = tl.exp(m_i - m_new)
         w = tl.exp(t - m_new[:, None])
@@ -178,18 +188,15 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
         q, d_o = q.to(tl.float32), d_o.to(tl.float32)
     lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
     p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
-    logp_row = LOGP + b * slb + h * slh
-    vis_row = VIS + b * smb + h * smh + m_idx * smq
-    bias_row = BIAS + b * sbb + h * sbh + m_idx * sbq
+    logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh,
+                                                smq, sbb, sbh, sbq)
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     o_free = tl.zeros([BM, BD], dtype=tl.float32)
     for start in range(0, NK, BN):
-        n_idx = start + tl.arange(0, BN)
-        n_ok = n_idx < NK
-        k_ptrs = K + b * skb + hk * skh + n_idx[None, :] * skn + d_idx[:, None] * skd
-        t, s = _tile_scores(q, k_ptrs, n_idx, n_ok, logp_row, vis_row, bias_row, m_idx, m_ok,
-                            NK, scale, softcap, smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP,
-                            UPCAST, IEEE)
+        t, s, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
+                                         logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
+                                         softcap, smk, sbk, BN,
+                                         HAS_VIS, HAS_BIAS, HAS_SOFTCAP, UPCAST, IEEE)
         w = tl.exp(t - lse[:, None])
         delta_keep = _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
         vt = tl.load(V + b * svb + hk * svh + n_idx[None, :] * svn + d_idx[:, None] * svd,
@@ -237,7 +244,6 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
     for g in range(0, GROUP):
         h = hk * GROUP + g
         bh = b * H + h
-        logp_row = LOGP + b * slb + h * slh
         colsum = tl.zeros([BN], dtype=tl.float32)
         for start in range(0, NQ, BM):
             m_idx = start + tl.arange(0, BM)
@@ -248,12 +254,12 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
             d_o = tl.load(DO + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
             if UPCAST:
                 q, d_o = q.to(tl.float32), d_o.to(tl.float32)
-            k_ptrs = K + b * skb + hk * skh + n_idx[None, :] * skn + d_idx[:, None] * skd
-            vis_row = VIS + b * smb + h * smh + m_idx * smq
-            bias_row = BIAS + b * sbb + h * sbh + m_idx * sbq
-            t, s = _tile_scores(q, k_ptrs, n_idx, n_ok, logp_row, vis_row, bias_row, m_idx,
-                                m_ok, NK, scale, softcap, smk, sbk, HAS_VIS, HAS_BIAS,
-                                HAS_SOFTCAP, UPCAST, IEEE)
+            logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh,
+                                                        smb, smh, smq, sbb, sbh, sbq)
+            t, s, _, _ = _tile_scores(q, K + b * skb + hk * skh, pid_n * BN, d_idx, d_ok, skn,
+                                      skd, logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
+                                      softcap, smk, sbk, BN, HAS_VIS, HAS_BIAS, HAS_SOFTCAP,
+                                      UPCAST, IEEE)
             lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
             delta = tl.load(DELTA + bh * NQ + m_idx, mask=m_ok, other=0.0)
             p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)

@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 import oretrofit
+from gpu_attention_shapes import peak_bytes, timed          # this folder (run as a script)
 from oretrofit._markdown import pipe_table
 from oretrofit._provenance import environment, write_json_atomic
 
@@ -56,30 +55,6 @@ def build(size: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Modul
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
-
-
-def timed(fn: Callable[[], object], device: torch.device) -> float:
-    if device.type == "cuda":
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end)
-    began = time.perf_counter()
-    fn()
-    return 1e3 * (time.perf_counter() - began)
-
-
-def peak_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
 
 
 @torch.no_grad()
