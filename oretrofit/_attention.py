@@ -47,7 +47,7 @@ Softcap and dropout select the reference path (:func:`o_attention`), except on t
 Half precision: bf16/fp16 inputs on CUDA take the fused Triton route of
 :mod:`oretrofit._attention_triton` (q, k, v stay in their dtype; the softmax statistics are fp32;
 the key bias, the ε sink, the gate, dropout and softcap are in the kernel, and its backward gives
-dq, dk, dv, dp_q and dp_k), once :func:`oretrofit._attention_kernels.triton_for` has checked it
+dq, dk, dv, dp_q and dp_k), once :func:`oretrofit._attention_route.triton_for` has checked it
 for that device, dtype and torch version. ``precision="fp32"``, or a torch without Triton, computes
 them in fp32 on the paths above (upcast copies).
 """
@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _attention_kernels as kernels
+from . import _attention_route as route
 from ._presence import check_positive, compute_dtype
 
 __all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights", "PRECISIONS"]
@@ -326,18 +327,18 @@ def _triton_serves(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, softcap
     """Whether this call takes the fused Triton route (module docstring): q, k and v of one
     dtype and head size, not empty, no mask requiring grad; half precision under
     ``precision="auto"``, or fp32 with a softcap or dropout (which the fp32 kernels lack); and
-    :func:`oretrofit._attention_kernels.triton_for` passed for this device and dtype."""
+    :func:`oretrofit._attention_route.triton_for` passed for this device and dtype."""
     half = q.dtype in (torch.bfloat16, torch.float16)
     if not ((half and precision == "auto")
             or (q.dtype == torch.float32 and (softcap is not None or dropout_p > 0.0))):
         return False
-    if q.device.type not in kernels.TRITON_DEVICES:
+    if q.device.type not in route.TRITON_DEVICES:
         return False
     if k.dtype != q.dtype or v.dtype != q.dtype or v.shape[-1] != q.shape[-1]:
         return False
     if q.numel() == 0 or k.numel() == 0 or (mask is not None and mask.requires_grad):
         return False
-    return kernels.triton_for(q.device, q.dtype)
+    return route.triton_for(q.device, q.dtype)
 
 
 def _o_attention_triton(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,

@@ -42,15 +42,13 @@ its ops exist and satisfy the contract on a tiny case (the private ops may chang
 versions); otherwise OAttention keeps the augmented-copy path.
 
 The half-precision CUDA route is another kind of kernel: :mod:`oretrofit._attention_triton`
-computes the whole operator (bias, ε sink, gate, dropout, softcap) in q's dtype. :func:`triton_for`
-checks it once per (device type, dtype, torch version) against the reference
-(:func:`oretrofit._attention_triton.check_triton`); where Triton is missing or fails, OAttention
-computes in fp32 as above.
+computes the whole operator (bias, ε sink, gate, dropout, softcap) in q's dtype;
+:mod:`oretrofit._attention_route` checks it before use. Where Triton is missing or fails its
+check, OAttention computes in fp32 as above.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import warnings
 from dataclasses import dataclass
@@ -225,34 +223,6 @@ def _report_failed_check(kernel: str, device: torch.device, dtype: torch.dtype, 
     """One ``RuntimeWarning`` naming the kernel, where it failed, why, and what is used instead."""
     warnings.warn(f"oretrofit: {kernel} fails its check on {device.type} {dtype} ({failure}); "
                   f"{fallback}", RuntimeWarning, stacklevel=4)
-
-
-_TRITON_CHECKED: dict[tuple[str, torch.dtype, str], bool] = {}
-
-
-# Device types the Triton route serves. The tests add "cpu": with TRITON_INTERPRET=1 set before
-# Triton is imported, Triton's interpreter runs the kernels on CPU tensors.
-TRITON_DEVICES: tuple[str, ...] = ("cuda",)
-
-
-def triton_for(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether :func:`oretrofit._attention_triton.o_attention_triton` serves inputs of ``dtype``
-    on ``device``: Triton is installed, the device type is in :data:`TRITON_DEVICES` and the
-    kernels pass :func:`~oretrofit._attention_triton.check_triton` there (checked once per
-    device type, dtype and torch version; a failure is reported once as a ``RuntimeWarning``)."""
-    key = (device.type, dtype, torch.__version__)
-    if key not in _TRITON_CHECKED:
-        ready = (device.type in TRITON_DEVICES and importlib.util.find_spec("triton") is not None
-                 and dtype in (torch.bfloat16, torch.float16, torch.float32))
-        if ready:
-            from . import _attention_triton
-            failure = _attention_triton.check_triton(device, dtype)
-            if failure:
-                _report_failed_check("the Triton OAttention kernel", device, dtype, failure,
-                                     "OAttention computes in fp32 there")
-                ready = False
-        _TRITON_CHECKED[key] = ready
-    return _TRITON_CHECKED[key]
 
 
 def check_backend(backend: Backend, device: torch.device, dtype: torch.dtype) -> str:

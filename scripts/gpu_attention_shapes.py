@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from oretrofit import o_attention
 from oretrofit import _attention_kernels as kernels
+from oretrofit import _attention_route
 from oretrofit._attention import o_attention_reference
 from oretrofit._markdown import pipe_table
 from oretrofit._provenance import environment, write_json_atomic
@@ -156,7 +157,7 @@ def routes(device: torch.device) -> dict[str, str]:
     """The route o_attention takes per dtype (default precision, no softcap/dropout)."""
     found = {}
     for name, dtype in DTYPES.items():
-        if dtype != torch.float32 and kernels.triton_for(device, dtype):
+        if dtype != torch.float32 and _attention_route.triton_for(device, dtype):
             found[name] = "triton"
         else:
             backend = kernels.backend_for(device, torch.float32)

@@ -12,7 +12,7 @@ import importlib
 import pytest
 import torch
 
-from oretrofit import _attention_kernels as kernels
+from oretrofit import _attention_route as route
 from oretrofit._attention import PRECISIONS, _split_mask, o_attention, o_attention_fused, o_weights
 from oretrofit._attention import o_attention_reference
 
@@ -27,8 +27,8 @@ REL_TOL = {torch.float64: 1e-6, torch.float32: 1e-5, torch.bfloat16: 2e-2}
 def triton_module(monkeypatch: pytest.MonkeyPatch):
     """``oretrofit._attention_triton`` with the CPU enabled for the route (a fresh route cache).
     tests/conftest.py sets TRITON_INTERPRET=1 before Triton is imported."""
-    monkeypatch.setattr(kernels, "TRITON_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(kernels, "_TRITON_CHECKED", {})
+    monkeypatch.setattr(route, "TRITON_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(route, "_CHECKED", {})
     module = importlib.import_module("oretrofit._attention_triton")
     assert module._INTERPRET, "TRITON_INTERPRET=1 must be set before triton is imported"
     return module
@@ -134,7 +134,7 @@ def test_half_precision_takes_the_triton_route_unless_fp32_is_asked(triton_modul
     assert out.dtype == torch.bfloat16 and torch.equal(out, direct)
     fp32, _ = o_attention(q, k, v, p_q, p_k, precision="fp32")
     assert torch.equal(fp32, o_attention_fused(q, k, v, p_q, p_k))
-    assert kernels.triton_for(q.device, torch.bfloat16)
+    assert route.triton_for(q.device, torch.bfloat16)
 
 
 def test_fp32_without_softcap_or_dropout_keeps_the_fp32_kernel(triton_module) -> None:
@@ -143,8 +143,8 @@ def test_fp32_without_softcap_or_dropout_keeps_the_fp32_kernel(triton_module) ->
 
 
 def test_a_triton_kernel_that_fails_its_check_is_not_used(triton_module, monkeypatch) -> None:
-    monkeypatch.setattr(triton_module, "check_triton", lambda device, dtype: "forward differs")
-    monkeypatch.setattr(kernels, "_TRITON_CHECKED", {})
+    monkeypatch.setattr(route, "check_triton", lambda device, dtype: "forward differs")
+    monkeypatch.setattr(route, "_CHECKED", {})
     q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
     with pytest.warns(RuntimeWarning, match="Triton OAttention kernel fails its check"):
         out, _ = o_attention(q, k, v, p_q, p_k)
@@ -152,9 +152,9 @@ def test_a_triton_kernel_that_fails_its_check_is_not_used(triton_module, monkeyp
 
 
 def test_the_cpu_takes_the_triton_route_only_where_enabled(monkeypatch) -> None:
-    monkeypatch.setattr(kernels, "_TRITON_CHECKED", {})
-    assert kernels.TRITON_DEVICES == ("cuda",)
-    assert not kernels.triton_for(torch.device("cpu"), torch.bfloat16)
+    monkeypatch.setattr(route, "_CHECKED", {})
+    assert route.TRITON_DEVICES == ("cuda",)
+    assert not route.triton_for(torch.device("cpu"), torch.bfloat16)
     q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
     assert torch.equal(o_attention(q, k, v, p_q, p_k)[0], o_attention_fused(q, k, v, p_q, p_k))
 
@@ -168,4 +168,11 @@ def test_an_unknown_precision_is_refused_with_the_choices() -> None:
 
 def test_the_route_check_passes_in_each_dtype(triton_module) -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        assert triton_module.check_triton(torch.device("cpu"), dtype) == ""
+        assert route.check_triton(torch.device("cpu"), dtype) == ""
+
+
+def test_the_route_check_catches_a_wrong_kernel(triton_module, monkeypatch) -> None:
+    real = triton_module.o_attention_triton
+    monkeypatch.setattr(triton_module, "o_attention_triton",
+                        lambda q, k, v, p_q, p_k, *rest: real(q, k, v, p_q * 0.5, p_k, *rest))
+    assert route.check_triton(torch.device("cpu"), torch.float32).startswith("out differs")
