@@ -88,7 +88,8 @@ def check_triton(device: torch.device, dtype: torch.dtype) -> str:
     pairs = [("out", out, want)] + [(name, a.grad, b.grad) for name, a, b in
                                     zip(("dq", "dk", "dv", "dp_q", "dp_k"), inputs, reference)]
     for name, got, expected in pairs:
-        error = (got.double() - expected).abs().max() / expected.abs().max().clamp_min(1e-30)
+        error = ((got.detach().double() - expected.detach()).abs().max()
+                 / expected.detach().abs().max().clamp_min(1e-30))
         if not bool(error <= tol):
             return f"{name} differs (relative error {float(error):.2g} > {tol})"
     return ""

@@ -35,7 +35,7 @@ SMOKE = {
     "benchmarks/bench_hosts.py": ["--repeats", "1", "--out", "{tmp}"],
     "benchmarks/bench_pretrain_sizes.py": ["--steps", "1", "--warmup", "0", "--candidates", "32x1",
                                            "--max-rows", "32", "--out", "{tmp}/sizes.json"],
-    "benchmarks/bench_pretrain_threads.py": ["--steps", "1", "--warmup", "0",
+    "benchmarks/bench_pretrain_threads.py": ["--quick", "--steps", "1", "--warmup", "0",
                                              "--out", "{tmp}/threads.json"],
     "scripts/gpu_check.sh": ["--device", "cpu", "--out", "{tmp}"],
 }
