@@ -114,6 +114,16 @@ def _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT: tl.const
 
 
 @triton.jit
+def _query_block(bh, H, GROUP, NQ, D, BM: tl.constexpr, BD: tl.constexpr):
+    """``(b, h, hk, m_idx, d_idx, m_ok, d_ok)`` of this program's query block: batch, query
+    head, its KV head, the query rows and head columns and which of them exist."""
+    b, h = bh // H, bh % H
+    m_idx = tl.program_id(0) * BM + tl.arange(0, BM)
+    d_idx = tl.arange(0, BD)
+    return b, h, h // GROUP, m_idx, d_idx, m_idx < NQ, d_idx < D
+
+
+@triton.jit
 def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
                     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
                     slb, slh, sln, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
@@ -122,12 +132,8 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
                     HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    hk = h // GROUP
-    m_idx = pid_m * BM + tl.arange(0, BM)
-    d_idx = tl.arange(0, BD)
-    m_ok, d_ok = m_idx < NQ, d_idx < D
+    bh = tl.program_id(1)
+    b, h, hk, m_idx, d_idx, m_ok, d_ok = _query_block(bh, H, GROUP, NQ, D, BM, BD)
     q = tl.load(Q + b * sqb + h * sqh + m_idx[:, None] * sqn + d_idx[None, :] * sqd,
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:
@@ -170,13 +176,9 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
                         UPCAST: tl.constexpr, IEEE: tl.constexpr,
                         BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     """dq, ``D_i = dO_i·out_i`` and (``NEED_ROWDOT``) ``dO_i·Σ_j δ W v`` of one query block.
-    OUT, DO, DQ are contiguous ``(B, H, Nq, d)`` like q's strides ``sq*``."""
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    hk = h // GROUP
-    m_idx = pid_m * BM + tl.arange(0, BM)
-    d_idx = tl.arange(0, BD)
-    m_ok, d_ok = m_idx < NQ, d_idx < D
+    OUT, DO and DQ are laid out like q (its strides ``sq*``)."""
+    bh = tl.program_id(1)
+    b, h, hk, m_idx, d_idx, m_ok, d_ok = _query_block(bh, H, GROUP, NQ, D, BM, BD)
     rows = m_idx[:, None] * sqn + d_idx[None, :] * sqd
     row_mask = m_ok[:, None] & d_ok[None, :]
     q = tl.load(Q + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
