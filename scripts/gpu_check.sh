@@ -9,7 +9,7 @@
 # where other jobs share the cores); a step that fails or runs out is recorded
 # and the next one runs. OUT/gpu_check.json lists each step's command, exit status and seconds with
 # the provenance (versions, device, git revision).
-#   1. operator sweep (fp32, bf16, fp16)                      -> OUT/operators.{json,md}
+#   1. operator sweep (fp32, bf16, fp16)     -> OUT/operators.{json,md} (--device cpu: operators-quick)
 #   2. fp32 OAttention route and exactness, vs SDPA           -> OUT/attention.{json,md}
 #   3. OAttention vs SDPA at (8,9,2048,64), (1,16,8192,128), GQA (1,32->8,8192,128); bf16/fp16/fp32;
 #      fwd, fwd+bwd, memory, error vs fp64 beside SDPA's      -> OUT/attention_shapes.{json,md}

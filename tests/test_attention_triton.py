@@ -13,10 +13,8 @@ import pytest
 import torch
 
 from oretrofit import _attention_route as route
-from oretrofit._attention import PRECISIONS, _split_mask, o_attention, o_attention_fused, o_weights
-from oretrofit._attention import o_attention_reference
-
-pytest.importorskip("triton", reason="the test extra pins triton; it runs the kernels on the CPU")
+from oretrofit._attention import (PRECISIONS, _split_mask, o_attention, o_attention_fused,
+                                  o_attention_reference, o_weights)
 
 # Relative error to the fp64 reference of the same rounded inputs: fp32/fp64 compute the softmax
 # statistics in fp32; bf16 rounds the probabilities and products to 8 bits of mantissa.
