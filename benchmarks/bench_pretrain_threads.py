@@ -1,6 +1,6 @@
 """Demo-host training throughput by how two CPU cores are used: one thread, two threads, twin runs, data-parallel.
 
-    python benchmarks/bench_pretrain_threads.py [--steps 80] [--warmup 3]
+    python benchmarks/bench_pretrain_threads.py [--steps 80] [--warmup 3] [--quick]
                                                 [--out results/bench_pretrain_threads.json]
 
 The shipped host's size (``embed_dim`` 32) runs ``training_step`` (through
@@ -88,9 +88,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--quick", action="store_true",
+                        help="max_rows 128, the baseline and twin processes only: a smoke run")
     parser.add_argument("--out", type=Path, default=Path("results/bench_pretrain_threads.json"))
     args = parser.parse_args()
-    rows = [measure(m, *setup, args.steps, args.warmup) for m in MAX_ROWS for setup in SETUPS]
+    max_rows, setups = (MAX_ROWS[:1], SETUPS[:3:2]) if args.quick else (MAX_ROWS, SETUPS)
+    rows = [measure(m, *setup, args.steps, args.warmup) for m in max_rows for setup in setups]
     base = {r["max_rows"]: r for r in rows
             if (r["processes"], r["threads"], r["tasks_per_step"], r["data_parallel"]) == SETUPS[0]}
     table = pipe_table(
@@ -103,7 +106,7 @@ def main() -> None:
     print(table)
     write_json_atomic(args.out, {"schema_version": 1, "kind": "oretrofit.bench.pretrain_threads",
                                  "embed_dim": EMBED_DIM,
-                                 "prior": {"max_rows": list(MAX_ROWS), "noise_max": NOISE_MAX},
+                                 "prior": {"max_rows": list(max_rows), "noise_max": NOISE_MAX},
                                  "steps": args.steps, "warmup": args.warmup, "rows": rows,
                                  "markdown": table, "environment": environment()})
 

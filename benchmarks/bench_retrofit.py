@@ -1,11 +1,12 @@
 """TabPFN v3 retrofit cost: predict time, peak memory and patch time of each arm vs base.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_retrofit.py [--quick] [--rounds N]
+    OMP_NUM_THREADS=1 python benchmarks/bench_retrofit.py [--quick] [--rounds N] [--device cuda]
                                                           [--out results/bench_retrofit.json]
 
 Host: the default-size (58.3M parameters) random-init TabPFN v3 regressor (``--quick``: the
 small host), 512 × 10 train rows and 256 test rows of a fixed synthetic table, n_estimators=1,
-fp32, one thread, ``fit_mode='fit_preprocessors'``, τ = 1e-8.
+one thread, ``fit_mode='fit_preprocessors'``, τ = 1e-8 (the O arms; ``base`` is unpatched).
+``--device cuda`` runs tabpfn on the GPU at its default inference precision (it autocasts).
 
 * Predict time: one regressor per arm, fitted once; the arms' ``predict`` calls run in
   interleaved rounds (load from other processes hits all of them alike); the table gives the
@@ -13,10 +14,11 @@ fp32, one thread, ``fit_mode='fit_preprocessors'``, τ = 1e-8.
 * Cached predict time: the same with ``fit_mode='fit_with_cache'`` (tabpfn's KV cache of the
   train rows; under O it carries their presences), every arm with an unquantized cache
   (``kv_cache_precision='auto'`` where tabpfn has it), ratio to base's cached median.
-* Peak memory: each arm runs once in a fresh subprocess (Linux). After fit the process resets
-  its resident-set high-water mark (``/proc/self/clear_refs``) and reads
+* Peak memory: each arm runs once in a fresh subprocess. On the CPU (Linux), after fit the
+  process resets its resident-set high-water mark (``/proc/self/clear_refs``) and reads
   ``VmHWM − VmRSS_before`` over its first ``predict`` (glibc's mmap threshold is fixed at
-  128 KiB, so large tensors are mapped and unmapped); the table gives it as a ratio to base.
+  128 KiB, so large tensors are mapped and unmapped); on CUDA, ``max_memory_allocated`` over
+  that ``predict`` less the memory allocated before it. The table gives it as a ratio to base.
 * Patch time: ``oretrofit.retrofit(model, arm, τ)`` on a loaded model (median of 5, reverted
   in between).
 
@@ -66,13 +68,14 @@ def table_data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:]
 
 
-def fitted(path: Path, arm: str, fit_mode: str = "fit_preprocessors"):
+def fitted(path: Path, arm: str, device: str, fit_mode: str = "fit_preprocessors"):
+    """A regressor of ``arm`` fitted on the table (``base``: unpatched, so no τ)."""
     from tabpfn import TabPFNRegressor
     x_train, y_train, _ = table_data()
     options = (releases.cache_options(TabPFNRegressor, {}) if fit_mode == "fit_with_cache"
                else {})
-    regressor, _ = make_regressor(path, arm, TAU, seed=SEED, n_estimators=1, fit_mode=fit_mode,
-                                  **options)
+    regressor, _ = make_regressor(path, arm, None if arm == "base" else TAU, seed=SEED,
+                                  n_estimators=1, fit_mode=fit_mode, device=device, **options)
     return regressor.fit(x_train, y_train)
 
 
@@ -83,9 +86,16 @@ def _status_kb(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def memory_probe(path: Path, arm: str) -> int:
-    """Peak resident bytes added by one predict (run in a fresh process)."""
-    regressor = fitted(path, arm)
+def memory_probe(path: Path, arm: str, device: str) -> int:
+    """Peak bytes added by one predict (run in a fresh process): resident memory on the CPU,
+    allocated CUDA memory on a GPU."""
+    regressor = fitted(path, arm, device)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        regressor.predict(table_data()[2])
+        return torch.cuda.max_memory_allocated() - before
     Path("/proc/self/clear_refs").write_text("5")          # reset VmHWM to the current RSS
     before = _status_kb("VmRSS")
     regressor.predict(table_data()[2])
@@ -103,8 +113,9 @@ def patch_seconds(path: Path, arm: str, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def predict_seconds(path: Path, rounds: int, fit_mode: str) -> dict[str, list[float]]:
-    regressors = {arm: fitted(path, arm, fit_mode) for arm in ARMS}
+def predict_seconds(path: Path, rounds: int, fit_mode: str, device: str
+                    ) -> dict[str, list[float]]:
+    regressors = {arm: fitted(path, arm, device, fit_mode) for arm in ARMS}
     x_test = table_data()[2]
     for regressor in regressors.values():
         regressor.predict(x_test)                               # warm-up
@@ -117,9 +128,10 @@ def predict_seconds(path: Path, rounds: int, fit_mode: str) -> dict[str, list[fl
     return times
 
 
-def markdown(rows: list[dict[str, Any]], size: str) -> str:
+def markdown(rows: list[dict[str, Any]], size: str, device: str = "cpu") -> str:
+    precision = "fp32, 1 thread" if device == "cpu" else f"{device}, tabpfn's default precision"
     lines = [f"TabPFN v3 {size} host (random weights), {N_TRAIN}×{N_FEATURES} train / {N_TEST} "
-             f"test rows, n_estimators=1, fp32, τ={TAU:g}, 1 thread.",
+             f"test rows, n_estimators=1, {precision}, τ={TAU:g}.",
              ""]
     header = ["arm", "sites", "predict s (median)", "time ratio (median)", "time ratio (min)",
               "target", "cached predict s (median)", "cached time ratio", "peak MB (predict)",
@@ -142,6 +154,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small host, 2 rounds")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--out", type=Path, default=Path("results/bench_retrofit.json"))
     parser.add_argument("--memory-probe", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--report-only", action="store_true",
@@ -149,11 +162,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.report_only:
         receipt = json.loads(args.out.read_text())
-        print(markdown(receipt["rows"], receipt["size"]))
+        print(markdown(receipt["rows"], receipt["size"], receipt.get("device", "cpu")))
         return
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch has no CUDA device here; use --device cpu")
     torch.set_num_threads(1)
     if args.memory_probe:
-        print(memory_probe(Path(args.memory_probe[0]), args.memory_probe[1]))
+        print(memory_probe(Path(args.memory_probe[0]), args.memory_probe[1], args.device))
         return
     size = "small" if args.quick else "default"
     rounds = 2 if args.quick else args.rounds
@@ -162,13 +177,14 @@ def main() -> None:
     # A fixed mmap threshold makes glibc map every tensor >= 128 KiB afresh and unmap it on
     # free, so the high-water mark measures live memory, not the allocator's history.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
-    peak = {arm: int(subprocess.run([sys.executable, __file__, "--memory-probe", str(path), arm],
+    peak = {arm: int(subprocess.run([sys.executable, __file__, "--memory-probe", str(path), arm,
+                                     "--device", args.device],
                                     check=True, capture_output=True, text=True,
                                     env=env).stdout.split()[-1])
             for arm in ARMS}
     print(f"peak memory {peak}", file=sys.stderr)
-    times = predict_seconds(path, rounds, "fit_preprocessors")
-    cached = predict_seconds(path, rounds, "fit_with_cache")
+    times = predict_seconds(path, rounds, "fit_preprocessors", args.device)
+    cached = predict_seconds(path, rounds, "fit_with_cache", args.device)
     model, _, _ = build_model(load_checkpoint(path))
     rows = []
     for arm in ARMS:
@@ -182,8 +198,9 @@ def main() -> None:
                      "cached_time_ratio": cached_median / statistics.median(cached["base"]),
                      "peak_bytes": peak[arm], "memory_ratio": peak[arm] / peak["base"],
                      "patch_s": 0.0 if arm == "base" else patch_seconds(path, arm)})
-    table = markdown(rows, size)
+    table = markdown(rows, size, args.device)
     receipt = {"schema_version": 1, "benchmark": "bench_retrofit", "size": size,
+               "device": args.device,
                "checkpoint": portable(path), "checkpoint_sha256": checkpoint_sha256(path),
                "weights": "random", "tau": TAU, "seed": SEED, "rounds": rounds,
                "shape": {"train": N_TRAIN, "test": N_TEST, "features": N_FEATURES},

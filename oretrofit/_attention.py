@@ -42,8 +42,14 @@ so a null source (w_ij = 0) stays exactly 0 under any mask, a null receiver (p_i
 exactly 0, and empty support gives exact zeros. It materialises the weights, so it takes the
 reference path.
 
-Softcap and dropout select the reference path (:func:`o_attention`). Half-precision inputs are
-computed in fp32 on every path.
+Softcap and dropout select the reference path (:func:`o_attention`), except on the Triton route.
+
+Half precision: bf16/fp16 inputs on CUDA take the fused Triton route of
+:mod:`oretrofit._attention_triton` (q, k, v stay in their dtype; the softmax statistics are fp32;
+the key bias, the ε sink, the gate, dropout and softcap are in the kernel, and its backward gives
+dq, dk, dv, dp_q and dp_k), once :func:`oretrofit._attention_route.triton_for` has checked it
+for that device, dtype and torch version. ``precision="fp32"``, or a torch without Triton, computes
+them in fp32 on the paths above (upcast copies).
 """
 
 from __future__ import annotations
@@ -56,9 +62,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _attention_kernels as kernels
+from . import _attention_route as route
 from ._presence import check_positive, compute_dtype
 
-__all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights"]
+__all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights", "PRECISIONS"]
 
 # Score offset of a null source on both fused routes: finite, so 0·k stays 0 in the backward,
 # and far enough below any real score (and log ε) that e^{s + offset − max} is exactly 0 in fp32.
@@ -312,10 +319,45 @@ def _sdpa_mask(mask: Tensor | None, n_k: int, ct: torch.dtype) -> Tensor | None:
     return torch.where(visible, bias, torch.full((), float("-inf"), dtype=ct, device=bias.device))
 
 
+PRECISIONS = ("auto", "fp32")
+
+
+def _triton_serves(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, softcap: float | None,
+                   dropout_p: float, precision: str) -> bool:
+    """Whether this call takes the fused Triton route (module docstring): q, k and v of one
+    dtype and head size, not empty, no mask requiring grad; half precision under
+    ``precision="auto"``, or fp32 with a softcap or dropout (which the fp32 kernels lack); and
+    :func:`oretrofit._attention_route.triton_for` passed for this device and dtype."""
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    if not ((half and precision == "auto")
+            or (q.dtype == torch.float32 and (softcap is not None or dropout_p > 0.0))):
+        return False
+    if q.device.type not in route.TRITON_DEVICES:
+        return False
+    if k.dtype != q.dtype or v.dtype != q.dtype or v.shape[-1] != q.shape[-1]:
+        return False
+    if q.numel() == 0 or k.numel() == 0 or (mask is not None and mask.requires_grad):
+        return False
+    return route.triton_for(q.device, q.dtype)
+
+
+def _o_attention_triton(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                        mask: Tensor | None, eps: float, scale: float | None,
+                        softcap: float | None, dropout_p: float) -> Tensor:
+    """The fused Triton route after the shared input checks (``softcap`` validated here)."""
+    shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
+    if softcap is not None:
+        softcap = check_positive("softcap", softcap)
+    from ._attention_triton import o_attention_triton
+    visible, bias = _split_mask(mask, torch.float32)
+    return o_attention_triton(q, k, v, p_q, p_k, visible, bias, eps, shp.scale, softcap,
+                              dropout_p)
+
+
 def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                 mask: Tensor | None = None, eps: float = 1e-6, scale: float | None = None,
-                need_weights: bool = False, softcap: float | None = None, dropout_p: float = 0.0
-                ) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, softcap: float | None = None, dropout_p: float = 0.0,
+                precision: str = "auto") -> tuple[Tensor, Tensor | None]:
     """OAttention: ``out_i = p_i Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij})``.
 
     Args:
@@ -330,18 +372,30 @@ def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
         scale: score scale, default ``1/sqrt(d)``.
         need_weights: also return ``w_ij`` ``(B, H, Nq, Nk)``; selects the reference path.
         softcap: c > 0 caps the scores, ``s_ij = c·tanh(scale·q_i·k_j / c)`` (Gemma2's attention
-            logit soft-capping), before a float mask's finite bias is added; selects the
-            reference path (the cap is not linear in k, so no augmented SDPA call computes it).
+            logit soft-capping), before a float mask's finite bias is added. On the Triton route
+            (below) it is fused; elsewhere it selects the reference path (the cap is not linear
+            in k, so no augmented SDPA call computes it).
         dropout_p: attention-weight dropout in [0, 1], applied whenever > 0 (as SDPA's
             ``dropout_p``; pass 0 in eval mode): ``out_i = p_i Σ_j δ_ij w_ij v_j`` with
-            δ_ij ∈ {0, 1/(1 − dropout_p)} drawn by ``F.dropout`` from torch's RNG on the
-            ``(B, H, Nq, Nk)`` weights, as a host's eager ``dropout(softmax(s)) @ v``; selects the
-            reference path, and ``need_weights`` then returns the dropped weights δ_ij w_ij.
+            δ_ij ∈ {0, 1/(1 − dropout_p)}. On the Triton route δ comes from Philox on a seed
+            drawn from torch's generator (``torch.manual_seed`` reproduces it); elsewhere
+            ``F.dropout`` draws it on the ``(B, H, Nq, Nk)`` weights of the reference path, and
+            ``need_weights`` then returns the dropped weights δ_ij w_ij.
+        precision: ``"auto"`` (default): bf16/fp16 inputs on CUDA take the fused Triton route
+            (:mod:`oretrofit._attention_triton`: q, k, v in their dtype, softmax statistics in
+            fp32) where Triton is installed and passes its check, else they are computed in
+            fp32; ``"fp32"``: half-precision inputs are always computed in fp32 (upcast copies).
 
     Returns:
-        ``(out (B, H, Nq, dv), weights or None)`` in the dtype of ``q``. Half-precision inputs are
-        computed in fp32. Empty or fully masked support gives exact zeros (output and weights).
+        ``(out (B, H, Nq, dv), weights or None)`` in the dtype of ``q``. Empty or fully masked
+        support gives exact zeros (output and weights), on every route.
     """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS} ('fp32' computes half-precision "
+                         f"inputs in fp32); got {precision!r}")
+    _check_dropout(dropout_p)
+    if not need_weights and _triton_serves(q, k, v, mask, softcap, dropout_p, precision):
+        return _o_attention_triton(q, k, v, p_q, p_k, mask, eps, scale, softcap, dropout_p), None
     if need_weights or softcap is not None or dropout_p != 0.0:
         return o_attention_reference(q, k, v, p_q, p_k, mask, eps, scale, need_weights, softcap,
                                      dropout_p)

@@ -40,6 +40,11 @@ Kernels (:class:`Backend`; each must satisfy :func:`_math_forward` / :func:`_mat
 A kernel is used only after :func:`backend_for` has checked, once per device type and dtype, that
 its ops exist and satisfy the contract on a tiny case (the private ops may change between torch
 versions); otherwise OAttention keeps the augmented-copy path.
+
+The half-precision CUDA route is another kind of kernel: :mod:`oretrofit._attention_triton`
+computes the whole operator (bias, ε sink, gate, dropout, softcap) in q's dtype;
+:mod:`oretrofit._attention_route` checks it before use. Where Triton is missing or fails its
+check, OAttention computes in fp32 as above.
 """
 
 from __future__ import annotations
@@ -206,12 +211,18 @@ def backend_for(device: torch.device, dtype: torch.dtype) -> Backend | None:
         if backend is not None:
             failure = check_backend(backend, device, dtype)
             if failure:
-                warnings.warn(f"oretrofit: the {backend.name} attention kernel fails its check on "
-                              f"{device.type} {dtype} ({failure}); OAttention uses the "
-                              "augmented-copy path there", RuntimeWarning, stacklevel=3)
+                _report_failed_check(f"the {backend.name} attention kernel", device, dtype,
+                                     failure, "OAttention uses the augmented-copy path there")
                 backend = None
         _CHECKED[key] = backend
     return _CHECKED[key]
+
+
+def _report_failed_check(kernel: str, device: torch.device, dtype: torch.dtype, failure: str,
+                         fallback: str) -> None:
+    """One ``RuntimeWarning`` naming the kernel, where it failed, why, and what is used instead."""
+    warnings.warn(f"oretrofit: {kernel} fails its check on {device.type} {dtype} ({failure}); "
+                  f"{fallback}", RuntimeWarning, stacklevel=4)
 
 
 def check_backend(backend: Backend, device: torch.device, dtype: torch.dtype) -> str:

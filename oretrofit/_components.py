@@ -13,12 +13,21 @@ from torch import Tensor, nn
 
 from ._presence import TAU_MODULES, check_positive, compute_dtype, presence
 
-__all__ = ["OFFN", "ONorm", "OInject", "OStandardize", "o_gate", "o_moments", "o_standardize"]
+__all__ = ["OFFN", "ONorm", "OInject", "OStandardize", "o_gate", "o_residual", "o_moments",
+           "o_standardize"]
 
 
 def o_gate(p: Tensor, y: Tensor) -> Tensor:
     """Gated branch G_O[F] = p_i · y_i (eq. 11): p ``(...)`` times y ``(..., d)``, in y's dtype."""
     return p.to(y.dtype).unsqueeze(-1) * y
+
+
+def o_residual(h: Tensor, p: Tensor, y: Tensor) -> Tensor:
+    """Residual with a gated branch, ``h_i + p_i · y_i``, in one pass (``addcmul``: the gated
+    branch is never stored). ``y`` broadcastable to ``h`` ``(..., d)``; p ``(...)``; the result in
+    the promoted dtype of ``h`` and ``y``, as ``h + o_gate(p, y)``."""
+    return torch.addcmul(h, p.to(torch.promote_types(h.dtype, y.dtype)).unsqueeze(-1),
+                         y.expand_as(h))
 
 
 class OFFN(nn.Module):
@@ -32,7 +41,7 @@ class OFFN(nn.Module):
         self.ffn, self.tau = ffn, check_positive("tau", tau)
 
     def forward(self, h: Tensor) -> Tensor:
-        return h + o_gate(presence(h, self.tau), self.ffn(h))
+        return o_residual(h, presence(h, self.tau), self.ffn(h))
 
 
 class ONorm(nn.Module):
@@ -57,7 +66,7 @@ class OInject(nn.Module):
         self.tau = check_positive("tau", tau)
 
     def forward(self, h: Tensor, e: Tensor) -> Tensor:
-        return h + o_gate(presence(h, self.tau), e.expand_as(h))
+        return o_residual(h, presence(h, self.tau), e)
 
 
 def o_moments(h: Tensor, p: Tensor, dim: int = 1) -> tuple[Tensor, Tensor, Tensor]:

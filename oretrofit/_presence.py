@@ -35,15 +35,30 @@ Observer = Callable[[Tensor], None]
 # ‖h‖² (see observe_carrier_norms) computed while they are active.
 _OBSERVERS: ContextVar[tuple[Observer, ...]] = ContextVar("presence_observers", default=())
 _NORM_OBSERVERS: ContextVar[tuple[Observer, ...]] = ContextVar("carrier_norm_observers", default=())
+# How many observers are active in any thread: a plain int that torch.compile reads as a guarded
+# constant, so presence() only looks the (thread-local) observers up while some exist (a ContextVar
+# lookup is a graph break).
+_ACTIVE_OBSERVERS = 0
 
 
 @contextmanager
 def _observing(observers: ContextVar[tuple[Observer, ...]], observer: Observer) -> Iterator[None]:
+    global _ACTIVE_OBSERVERS
     token = observers.set(observers.get() + (observer,))
+    _ACTIVE_OBSERVERS += 1
     try:
         yield
     finally:
+        _ACTIVE_OBSERVERS -= 1
         observers.reset(token)
+
+
+def _notify_observers(sq: Tensor, p: Tensor) -> None:
+    """Hand ``‖h‖²`` and ``ρ`` (detached) to this context's observers."""
+    for observer in _NORM_OBSERVERS.get():
+        observer(sq.detach())
+    for observer in _OBSERVERS.get():
+        observer(p.detach())
 
 
 def observe_presence(observer: Observer) -> contextlib.AbstractContextManager[None]:
@@ -89,18 +104,22 @@ def presence(h: Tensor, tau: float) -> Tensor:
 
     Returns:
         ``(...)`` presences in [0, 1), computed in fp32 (fp64 when ``h`` is fp64).
-        Exactly 0 only where ``h`` is exactly 0. The sum of squares is taken directly (not
-        ``norm(h)**2``), so the gradient at a zero carrier is finite (it is 0).
+        Exactly 0 only where ``h`` is exactly 0; the gradient at a zero carrier is finite (0).
+        fp32/fp64 carriers: the sum of squares directly. Half-precision carriers: the norm
+        accumulated in fp32 by one reduction (``vector_norm(h, dtype=float32)``), squared; no
+        fp32 copy of ``h``.
         A NaN or inf in a carrier gives a NaN presence for that token: non-finite carriers are
         not silently treated as null.
     """
     tau = check_positive("tau", tau)
     if not torch.is_tensor(h) or h.dim() < 1:
         raise ValueError("h must be a tensor of carriers with the feature axis last, shape (..., d)")
-    sq = h.to(compute_dtype(h.dtype)).square().sum(dim=-1)
+    ct = compute_dtype(h.dtype)
+    if h.dtype == ct:
+        sq = h.square().sum(dim=-1)
+    else:
+        sq = torch.linalg.vector_norm(h, dim=-1, dtype=ct).square()
     p = sq / (tau + sq)
-    for observer in _NORM_OBSERVERS.get():
-        observer(sq.detach())
-    for observer in _OBSERVERS.get():
-        observer(p.detach())
+    if _ACTIVE_OBSERVERS:
+        _notify_observers(sq, p)
     return p

@@ -1,5 +1,7 @@
-"""Benchmark scripts refuse bad arguments with the fix, before any timing starts."""
+"""Benchmark scripts refuse bad arguments with the fix, before any timing starts, and every one runs."""
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,3 +22,70 @@ def test_bench_pretrain_sizes_refuses_bad_arguments(tmp_path, args, message):
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 2 and message in done.stderr
     assert not out.exists()
+
+
+# Every script in benchmarks/ and scripts/gpu_* runs here at its smallest settings on the CPU, so
+# a script the README cites cannot break unnoticed. scripts/gpu_check.sh --device cpu runs the
+# GPU check's steps at tiny settings: the operator sweep, scripts/gpu_attention.py,
+# scripts/gpu_attention_shapes.py, scripts/gpu_llama.py, a Table 2 cell, bench_batched.py and
+# bench_retrofit.py (and its memory probe).
+SMOKE = {
+    "benchmarks/bench_attention.py": ["--quick", "--no-memory", "--max-reference-n", "256",
+                                      "--out", "{tmp}/bench_attention.json"],
+    "benchmarks/bench_hosts.py": ["--repeats", "1", "--out", "{tmp}"],
+    "benchmarks/bench_pretrain_sizes.py": ["--steps", "1", "--warmup", "0", "--candidates", "32x1",
+                                           "--max-rows", "32", "--out", "{tmp}/sizes.json"],
+    "benchmarks/bench_pretrain_threads.py": ["--quick", "--steps", "1", "--warmup", "0",
+                                             "--out", "{tmp}/threads.json"],
+    "scripts/gpu_check.sh": ["--device", "cpu", "--out", "{tmp}"],
+}
+RUN_BY_GPU_CHECK = {"benchmarks/bench_batched.py", "benchmarks/bench_retrofit.py",
+                    "scripts/gpu_attention.py", "scripts/gpu_attention_shapes.py",
+                    "scripts/gpu_llama.py"}
+GPU_CHECK_RECEIPTS = ["operators-quick.json", "attention.json", "attention_shapes.json", "llama.json",
+                      "table2-cell.json", "bench_batched.json", "bench_retrofit.json"]
+
+
+def test_every_benchmark_and_gpu_script_has_a_smoke_run() -> None:
+    scripts = {str(p.relative_to(ROOT)) for p in [*ROOT.glob("benchmarks/*.py"),
+                                                  *ROOT.glob("scripts/gpu_*")]}
+    assert scripts == set(SMOKE) | RUN_BY_GPU_CHECK
+
+
+def _run(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    args = [a.format(tmp=tmp_path) for a in SMOKE[script]]
+    command = (["bash", str(ROOT / script)] if script.endswith(".sh")
+               else [sys.executable, str(ROOT / script)])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable,
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "ORETROFIT_CACHE_DIR": str(tmp_path / "cache")}       # random hosts written here
+    return subprocess.run(command + args, capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=900)
+
+
+@pytest.mark.parametrize("script", [s for s in SMOKE if s != "scripts/gpu_check.sh"])
+def test_benchmark_smoke_run(script: str, tmp_path: Path) -> None:
+    done = _run(script, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert any(tmp_path.rglob("*.json")), "no receipt written"
+
+
+def test_the_gpu_check_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
+    done = _run("scripts/gpu_check.sh", tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [s["step"] for s in summary["steps"]] == [
+        "operators", "attention", "attention_shapes", "llama", "table2_cell", "batched", "retrofit"]
+    assert all(s["exit"] == 0 for s in summary["steps"]) and summary["environment"]
+    for name in GPU_CHECK_RECEIPTS:
+        assert (tmp_path / name).exists(), name
+    shapes = json.loads((tmp_path / "attention_shapes.json").read_text())
+    assert {(r["dtype"], r["mode"]) for r in shapes["rows"]} == {
+        (d, m) for d in ("bf16", "fp16", "fp32") for m in ("fwd", "fwd+bwd")}
+    assert all({"B", "H", "Hkv", "N", "d"} <= set(r) for r in shapes["rows"])
+    llama = json.loads((tmp_path / "llama.json").read_text())
+    assert {r["arm"] for r in llama["rows"]} == {"base", "oa", "full-o"}
+    assert all(r["pass"] != "error" for r in llama["rows"])
+    retrofit = json.loads((tmp_path / "bench_retrofit.json").read_text())
+    assert [r["arm"] for r in retrofit["rows"]] == ["base", "oa", "full-o"]
+    assert all(r["peak_bytes"] > 0 for r in retrofit["rows"])

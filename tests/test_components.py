@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from oretrofit import OFFN, OInject, ONorm, OStandardize, o_gate, o_moments, o_standardize, presence
+from oretrofit._components import o_residual
 from oretrofit.sweep.measure import insert_zero_rows
 
 TAU, EPS_VAR = 1e-6, 1e-6
@@ -181,3 +182,23 @@ def test_all_null_and_zero_length_give_finite_zeros(shape: tuple[int, ...]) -> N
 def test_o_standardize_bad_input(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         o_standardize(**kwargs)
+
+
+@pytest.mark.parametrize(("h_dtype", "y_dtype"), [(torch.float32, torch.float32),
+                                                  (torch.bfloat16, torch.bfloat16),
+                                                  (torch.bfloat16, torch.float32)])
+def test_o_residual_is_the_gated_residual_in_one_op(h_dtype, y_dtype) -> None:
+    h, y, p = torch.randn(2, 3, 8).to(h_dtype), torch.randn(2, 3, 8).to(y_dtype), torch.rand(2, 3)
+    p[0, 1] = 0
+    got = o_residual(h, p, y)
+    assert got.dtype == (h + o_gate(p, y)).dtype
+    exact = h.double() + p.to(got.dtype).double()[..., None] * y.double()  # one rounding off
+    ulp = 2.0 ** -8 if got.dtype == torch.bfloat16 else 2.0 ** -23
+    assert ((got.double() - exact).abs() <= ulp * exact.abs()).all()
+    assert torch.equal(got[0, 1], h[0, 1].to(got.dtype))                # a null token keeps h
+
+
+def test_offn_compiles_without_graph_breaks() -> None:
+    import torch._dynamo
+    explained = torch._dynamo.explain(OFFN(nn.Linear(8, 8)))(torch.randn(2, 4, 8))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1

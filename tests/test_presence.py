@@ -64,3 +64,22 @@ def test_bad_tau_names_the_argument(tau: object) -> None:
 def test_scalar_carrier_is_rejected() -> None:
     with pytest.raises(ValueError, match="h must be"):
         presence(torch.tensor(1.0), 1.0)
+
+
+def test_half_precision_norm_is_accumulated_in_fp32_without_an_fp32_copy(monkeypatch) -> None:
+    h = torch.randn(3, 5, 64).to(torch.bfloat16)
+    h[0, 1] = 0
+    upcasts = []
+    original = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: upcasts.append(a) or original(self, *a, **k))
+    p = presence(h, 1e-3)
+    monkeypatch.undo()
+    sq = h.double().square().sum(-1)
+    assert upcasts == [] and p.dtype == torch.float32 and p[0, 1] == 0
+    assert torch.allclose(p.double(), sq / (1e-3 + sq), rtol=1e-6, atol=0)
+
+
+def test_presence_compiles_without_graph_breaks() -> None:
+    import torch._dynamo
+    explained = torch._dynamo.explain(lambda h: presence(h, 1e-8))(torch.randn(2, 4, 8))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
