@@ -60,7 +60,7 @@ from .padding import (BlockInput, CellAndRowTokens, Layout, RecordedCall, bounda
                       shadow)
 from .rendezvous import Aborted, Rendezvous
 
-__all__ = ["predict_batched", "predict_proba_batched"]
+__all__ = ["predict_batched", "predict_proba_batched", "default_jobs"]
 
 
 def _batched_forward(model: nn.Module, layout: Layout,
@@ -257,7 +257,7 @@ def _run(estimator: Any, method: str, X_train_list: Sequence[Any], y_train_list:
         for posted in rendezvous.rounds():
             rendezvous.answer(posted, forwards.answers([p.call for p in posted]))
     except BaseException:
-        rendezvous.abort([])
+        rendezvous.abort()
         raise
     if rendezvous.errors:
         raise rendezvous.errors[min(rendezvous.errors)]
@@ -291,7 +291,7 @@ class _Options:
                                 f"real cells; math.inf: as few forwards as fit); got "
                                 f"{max_padding!r}")
         if n_jobs is None:
-            n_jobs = _default_jobs(estimator)
+            n_jobs = default_jobs(estimator)
         elif not (isinstance(n_jobs, numbers.Integral) and not isinstance(n_jobs, bool)
                   and n_jobs >= 1):
             raise RetrofitError(f"predict_batched: n_jobs must be a whole number >= 1 (datasets "
@@ -301,7 +301,7 @@ class _Options:
                    int(n_jobs))
 
 
-def _default_jobs(estimator: Any) -> int:
+def default_jobs(estimator: Any) -> int:
     """The cores torch does not need: on the CPU those beyond its intra-op threads, on an
     accelerator all but one (the one that drives it)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \

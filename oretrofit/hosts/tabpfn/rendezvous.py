@@ -44,7 +44,8 @@ class Rendezvous:
     def __init__(self, n_datasets: int, n_jobs: int) -> None:
         self._changed = threading.Condition()
         self._working = n_datasets            # datasets neither waiting on a forward nor done
-        self._posted: list[Posted] = []
+        self._posted: list[Posted] = []           # posted since the last round
+        self._unanswered: list[Posted] = []       # posted, not yet answered
         self._workers = threading.Semaphore(n_jobs)
         self._aborted = False
         self._threads: list[threading.Thread] = []
@@ -62,6 +63,7 @@ class Rendezvous:
                 if self._aborted:
                     raise Aborted
                 self._posted.append(posted)
+                self._unanswered.append(posted)
                 self._working -= 1
                 self._changed.notify_all()
             self._workers.release()
@@ -105,7 +107,7 @@ class Rendezvous:
                 self._changed.wait_for(lambda: self._working == 0)
                 posted, self._posted = self._posted, []
             if not posted or self.errors:
-                self.abort(posted)
+                self.abort()
                 return
             yield posted
 
@@ -113,16 +115,17 @@ class Rendezvous:
         """Hand each posted call its output and let its dataset work on."""
         with self._changed:
             self._working += len(posted)
+            answered = set(map(id, posted))
+            self._unanswered = [p for p in self._unanswered if id(p) not in answered]
         for item, output in zip(posted, outputs, strict=True):
             item.output = output
             item.ready.set()
 
-    def abort(self, posted: list[Posted]) -> None:
+    def abort(self) -> None:
         """Release every waiting dataset without an answer and wait for the threads to end."""
         with self._changed:
             self._aborted = True
-            posted = posted + self._posted
-            self._posted = []
+            posted, self._posted, self._unanswered = self._unanswered, [], []
         for item in posted:
             item.aborted = True
             item.ready.set()
