@@ -249,10 +249,26 @@ def _run(estimator: Any, method: str, X_train_list: Sequence[Any], y_train_list:
                             f"and {lengths[2]} datasets")
     model = _estimator_model(estimator)
     forwards = _Forwards(model, boundaries_of(model), options)
-    rendezvous = Rendezvous(lengths[0], options.n_jobs)
-    for i, data in enumerate(zip(X_train_list, y_train_list, X_test_list)):
-        rendezvous.start(i, functools.partial(_fit_and_predict, estimator, model, method, i,
-                                              *data, kwargs, rendezvous.forward(i, _recorded)))
+    data = list(zip(X_train_list, y_train_list, X_test_list))
+    results: list[Any] = []
+    for first in range(0, len(data), _WINDOW):
+        results += _run_window(estimator, model, method, forwards, first,
+                               data[first:first + _WINDOW], kwargs, options.n_jobs)
+    return results
+
+
+_WINDOW = 512          # datasets in flight at once (a thread and its inputs each)
+
+
+def _run_window(estimator: Any, model: nn.Module, method: str, forwards: _Forwards, first: int,
+                data: list[tuple[Any, Any, Any]], kwargs: dict[str, Any], n_jobs: int
+                ) -> list[Any]:
+    """Datasets ``first, first + 1, …`` each on a thread, their forwards batched by round."""
+    rendezvous = Rendezvous(len(data), n_jobs)
+    for k, dataset in enumerate(data):
+        rendezvous.start(k, functools.partial(
+            _fit_and_predict, estimator, model, method, first + k, *dataset, kwargs,
+            rendezvous.forward(first + k, _recorded)))
     try:
         for posted in rendezvous.rounds():
             rendezvous.answer(posted, forwards.answers([p.call for p in posted]))
