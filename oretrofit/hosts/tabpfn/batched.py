@@ -208,10 +208,16 @@ class _Forwards:
         self.pad_width = _sites_needed(model, bounds)
 
     def run(self, group: list[RecordedCall]) -> list[Tensor]:
-        """One padded forward over ``group``; each call's output."""
+        """One padded forward over ``group`` (a call alone: the model's own forward, as
+        tabpfn made it, on a private shadow); each call's output."""
         with torch.inference_mode():
             try:
-                return _batched_forward(self.model, Layout.of(group), self.bounds)
+                if len(group) > 1:
+                    return _batched_forward(self.model, Layout.of(group), self.bounds)
+                call = group[0]
+                enabled, dtype = call.autocast
+                with torch.autocast(call.x.device.type, dtype=dtype, enabled=enabled):
+                    return [self.bounds.private(self.model)(call.x, call.y, **call.kwargs)]
             except torch.OutOfMemoryError as exc:
                 raise RetrofitError(f"predict_batched: the padded batch of {len(group)} model "
                                     "calls ran out of memory; pass memory_budget= (bytes) "

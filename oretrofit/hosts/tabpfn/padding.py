@@ -188,11 +188,15 @@ class CellAndRowTokens:
                 options, use_chunkwise_inference=False))
         return self._inert(model, layout)(x, y, **kwargs)
 
+    def private(self, model: nn.Module) -> nn.Module:
+        """A :func:`shadow` of ``model`` for one forward of this thread, the cell embedding
+        shadowed too (the retrofit's ``te.col`` hooks it for the length of a forward)."""
+        return shadow(model, {self.cells: shadow(getattr(model, self.cells))})
+
     def _inert(self, model: nn.Module, layout: Layout) -> nn.Module:
-        """A :func:`shadow` of ``model`` whose token-making methods zero the padding's tokens
-        (``model`` itself is left as it is)."""
-        cells_module = getattr(model, self.cells)
-        proxy = shadow(model, {self.cells: shadow(cells_module)})
+        """A :meth:`private` shadow of ``model`` whose token-making methods zero the padding's
+        tokens (``model`` itself is left as it is)."""
+        proxy = self.private(model)
         preprocess = _method(proxy, self.preprocess)                # bound to the proxy
         row_tokens = _method(proxy, self.row_tokens)
         row_targets = _method(proxy, self.row_targets)
@@ -299,6 +303,11 @@ class BlockInput:
             return (new, *args[1:]), kw
 
         return self._first_block_hooked(model, replace, with_kwargs=True)(x, y, **kwargs)
+
+    @staticmethod
+    def private(model: nn.Module) -> nn.Module:
+        """A :func:`shadow` of ``model`` for one forward of this thread."""
+        return shadow(model)
 
     def _first_block_hooked(self, model: nn.Module, hook: Callable[..., Any],
                             **options: Any) -> nn.Module:

@@ -158,10 +158,9 @@ def test_every_version_ragged_equals_per_dataset(tmp_path, version, task, regres
 def _forwards(monkeypatch) -> list[padding.Layout]:
     """The layout of every padded forward predict_batched runs, in order."""
     layouts: list[padding.Layout] = []
-    original = batched._batched_forward
-    monkeypatch.setattr(batched, "_batched_forward",
-                        lambda model, layout, bounds: layouts.append(layout)
-                        or original(model, layout, bounds))
+    original = batched._Forwards.run
+    monkeypatch.setattr(batched._Forwards, "run", lambda self, group: layouts.append(
+        padding.Layout.of(group)) or original(self, group))
     return layouts
 
 
