@@ -3,7 +3,9 @@
 ``v3_5.py``/``v3_5_blocks.py`` (each version's sites and O-blocks), ``releases.py``
 (the tabpfn releases it admits and what differs between them), ``checkpoints.py`` (checkpoints,
 the demo/random hosts), ``estimators.py`` (retrofitted regressors and classifiers),
-``artifact.py`` (patched artifacts) and ``batched.py`` over ``padding.py`` (many datasets in one
-forward; each version's token boundaries). Importing this package imports none of them; the public
-entry points are :mod:`oretrofit.tabpfn`. Needs ``oretrofit[tabpfn]``.
+``artifact.py`` (patched artifacts) and ``batched.py`` over ``rendezvous.py`` (each dataset's
+fit and predict on a thread, its forwards answered from batched ones), ``forward_plan.py``
+(which forwards) and ``padding.py`` (each version's token boundaries). Importing this package
+imports none of them; the public entry points are :mod:`oretrofit.tabpfn`. Needs
+``oretrofit[tabpfn]``.
 """

@@ -1,4 +1,4 @@
-"""Ragged batched prediction: many datasets of different sizes in one TabPFN forward, the
+"""Ragged batched prediction: many datasets of different sizes in few TabPFN forwards, the
 padding made inert by the presence gates of a retrofitted host.
 
 Contract. For datasets ``d = 0..D-1``, each ``(X_train_d, y_train_d, X_test_d)``::
@@ -8,50 +8,59 @@ Contract. For datasets ``d = 0..D-1``, each ``(X_train_d, y_train_d, X_test_d)``
 
 up to float summation order (the tests hold it to 1e-5 relative). The steps:
 
-1. *fit*: one shallow copy of the estimator per dataset, fitted by tabpfn itself
-   (``fit_mode="fit_preprocessors"``): each dataset's preprocessing, per ensemble member, is
-   exactly what ``fit`` builds.
-2. *record*: each copy's ``predict`` runs with the model's forward replaced by a recorder that
-   keeps the model inputs ``x (R_k, B_k, C_k)``, ``y (N_k, B_k)`` of every forward call ``k``
-   (``B_k`` ensemble members) and answers zeros.
-3. *one forward*: the recorded inputs stacked on the batch dimension and zero-padded, rows as
-   ``[train 0..N_k | pad to N | test 0..M_k | pad to M]`` and columns to ``C``, with no
-   attention mask anywhere. The padding is inert because its carriers are zero at every
-   boundary where the architecture creates tokens (:mod:`.padding`: v3 and v3.5 at their cell
-   tokens, row tokens and ICL target embedding; v2, v2.5 and v2.6 at the first block's input),
-   and a zero carrier has presence 0. Each dataset's cells are standardised and grouped by the
-   model's own step on that dataset alone.
-4. *replay*: each copy's ``predict`` again, the forward answering that call's slice of the
-   batched output, so tabpfn decodes every dataset (borders, target transforms, ensemble
-   averaging, class order) as its ``predict`` does.
+1. *fit and predict, once*: per dataset, one shallow copy of the estimator, fitted and
+   predicting by tabpfn itself (``fit_mode="fit_preprocessors"``), on a thread of its own
+   (:mod:`.rendezvous`; ``n_jobs`` at work at once). Its model is a :func:`.padding.shadow`
+   of the retrofitted one whose forward posts the model inputs ``x (R_k, B_k, C_k)``,
+   ``y (N_k, B_k)`` of each call ``k`` (``B_k`` ensemble members) and waits for the answer,
+   so each dataset's preprocessing runs once and its ``predict`` decodes the answer (borders,
+   target transforms, ensemble averaging, class order) as it would its own forward's.
+2. *padded forwards*: once every dataset waits (or is done), the posted calls are sorted by
+   size and cut into groups (:mod:`.forward_plan`: a measured cost model, or ``max_padding``;
+   within the memory budget); each group's inputs are stacked on the batch dimension and
+   zero-padded, rows as ``[train 0..N_k | pad to N | test 0..M_k | pad to M]`` and columns to
+   ``C``, with no attention mask anywhere. The padding is inert because its carriers are
+   zero at every boundary where the architecture creates tokens (:mod:`.padding`: v3 and v3.5
+   at their cell tokens, row tokens and ICL target embedding; v2, v2.5 and v2.6 at the first
+   block's input), and a zero carrier has presence 0. Each dataset's cells are standardised
+   and grouped by the model's own step on that dataset alone.
 
-Which arm suffices. v3 and v3.5: ``oa`` when every dataset has the same model width (only rows
-are padded): the zero-padded cells and rows stay zero through the bias-free, ungated MLPs and
-norms. Padded columns also need ``te.col``: the column target embedding is added to every cell
-of a train row, so a padded cell keeps a zero carrier only under OInject's gate (``full-o``).
-v2, v2.5 and v2.6: ``oa`` always (no addition behind the boundary; the post-norms have no
-affine part and the MLPs no bias, so a zero token stays zero). ``base`` never.
+Nothing is set or hooked on the shared model (the forwards run on shadows of it), so another
+thread using the same model meanwhile sees nothing of a batched call.
+
+Which arm suffices. v3 and v3.5: ``oa`` pads rows only: the zero-padded cells and rows stay
+zero through the bias-free, ungated MLPs and norms; datasets of different model widths then
+get forwards of their own. Padded columns also need ``te.col``: the column target embedding
+is added to every cell of a train row, so a padded cell keeps a zero carrier only under
+OInject's gate (``full-o``). v2, v2.5 and v2.6: ``oa`` always (no addition behind the
+boundary; the post-norms have no affine part and the MLPs no bias, so a zero token stays
+zero). ``base`` never.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
 import dataclasses
 import functools
+import math
+import numbers
 import os
 import re
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..._host import RetrofitError
 from ..._registry import Retrofit
+from . import forward_plan
 from .padding import (BlockInput, CellAndRowTokens, Layout, RecordedCall, boundaries_of,
-                      instance_attr, n_out)
+                      shadow)
+from .rendezvous import Aborted, Rendezvous
 
-__all__ = ["predict_batched", "predict_proba_batched"]
+__all__ = ["predict_batched", "predict_proba_batched", "default_jobs"]
 
 
 def _batched_forward(model: nn.Module, layout: Layout,
@@ -78,72 +87,41 @@ def _batched_forward(model: nn.Module, layout: Layout,
     return [out[:call.n_test, lanes].clone() for call, lanes in layout.parts()]
 
 
-class _Forwards:
-    """The model's forward replaced, for the duration of the block, by a recorder (``record``:
-    keep the inputs, answer zeros) or a replayer (answer the batched outputs in call order)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.calls: list[RecordedCall] = []
-        self.outputs: list[Tensor] | None = None
-        self.dataset = -1
-        self._next = 0
-
-    def _record(self, x: Any, y: Any, **kwargs: Any) -> Tensor:
-        if isinstance(x, (dict, type(None))) or isinstance(y, (dict, type(None))) \
-                or kwargs.get("kv_cache") is not None or kwargs.get("return_kv_cache") \
-                or not kwargs.get("only_return_standard_out", True):
-            raise RuntimeError("predict_batched: tabpfn called the model in a way it does not "
-                               "batch (dict inputs, a KV cache or the embeddings)")
-        y2 = y.reshape(y.shape[0], -1) if y.dim() == 1 or y.dim() == 3 else y
-        device = x.device.type
-        autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
-        self.calls.append(RecordedCall(self.dataset, x, y2, kwargs, autocast))
-        return x.new_zeros(x.shape[0] - y.shape[0], x.shape[1], n_out(self.model, kwargs))
-
-    def _replay(self, x: Any, y: Any, **kwargs: Any) -> Tensor:
-        assert self.outputs is not None
-        k, self._next = self._next, self._next + 1
-        call = self.calls[k] if k < len(self.calls) else None
-        if call is None or call.dataset != self.dataset or call.x.shape != x.shape \
-                or not torch.equal(call.y, y.reshape(call.y.shape)):
-            raise RuntimeError(f"predict_batched: dataset {self.dataset}'s predict called the "
-                               "model differently the second time (is its preprocessing "
-                               "random without a seed?)")
-        return self.outputs[k]
-
-    @contextlib.contextmanager
-    def mode(self, name: str) -> Iterator[None]:
-        stub = self._record if name == "record" else self._replay
-
-        @functools.wraps(self.model.forward)                  # tabpfn reads its signature
-        def wrapped(*args: Any, **kwargs: Any) -> Tensor:
-            return stub(*args, **kwargs)
-
-        with instance_attr(self.model, "forward", wrapped):
-            yield
+def _recorded(dataset: int, x: Any, y: Any, **kwargs: Any) -> RecordedCall:
+    """One model call of dataset ``dataset``'s ``predict``, refused where it does not batch."""
+    if isinstance(x, (dict, type(None))) or isinstance(y, (dict, type(None))) \
+            or kwargs.get("kv_cache") is not None or kwargs.get("return_kv_cache") \
+            or not kwargs.get("only_return_standard_out", True):
+        raise RuntimeError("predict_batched: tabpfn called the model in a way it does not "
+                           "batch (dict inputs, a KV cache or the embeddings)")
+    y2 = y.reshape(y.shape[0], -1) if y.dim() == 1 or y.dim() == 3 else y
+    device = x.device.type
+    autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+    return RecordedCall(dataset, x, y2, kwargs, autocast)
 
 
-def _sites_needed(model: nn.Module, bounds: CellAndRowTokens | BlockInput, layout: Layout
-                  ) -> None:
-    """Refuse a retrofit that leaves a site open through which padding would leak."""
+def _sites_needed(model: nn.Module, bounds: CellAndRowTokens | BlockInput) -> bool:
+    """Refuse a retrofit that leaves a site open through which padded rows would leak; True
+    when the column sites are patched too (datasets of different widths may share a
+    forward)."""
     retrofit = Retrofit.of(model)
     patched = set() if retrofit is None else {row["site"] for row in retrofit.report()}
     from .host import HOST
-    patterns = bounds.sites + (bounds.width_sites if any(c.x.shape[2] != layout.c
-                                                         for c in layout.calls) else ())
-    needed = [s.name for s in HOST.sites(model)
-              if any(re.fullmatch(p, s.name) for p in patterns)]
-    missing = [name for name in needed if name not in patched]
-    if missing:
-        why = ("datasets of different model widths pad columns, which " if
-               any(re.fullmatch(p, missing[0]) for p in bounds.width_sites) else "padding ")
+    names = [s.name for s in HOST.sites(model)]
+
+    def missing(patterns: tuple[str, ...]) -> list[str]:
+        return [n for n in names if any(re.fullmatch(p, n) for p in patterns)
+                and n not in patched]
+
+    open_sites = missing(bounds.sites)
+    if open_sites:
         arms = ("'full-o' (make_regressor/make_classifier(..., 'full-o')), or 'oa' for datasets "
                 "of one width" if bounds.width_sites else "'oa' or 'full-o' "
                 "(make_regressor/make_classifier(..., 'oa'))")
         raise RetrofitError(
-            f"predict_batched: {why}needs the sites {', '.join(missing[:6])}"
-            f"{' …' if len(missing) > 6 else ''} patched; retrofit with arm {arms}")
+            f"predict_batched: padding needs the sites {', '.join(open_sites[:6])}"
+            f"{' …' if len(open_sites) > 6 else ''} patched; retrofit with arm {arms}")
+    return not missing(bounds.width_sites)
 
 
 def _available_memory(device: torch.device) -> int:
@@ -161,59 +139,13 @@ def _available_memory(device: torch.device) -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def _cells(calls: Sequence[RecordedCall]) -> tuple[int, int]:
-    """(padded, real) cell counts of stacking ``calls``: ``lanes·(N+M)·C``, ``Σ B_k·R_k·C_k``."""
-    layout = Layout.of(list(calls))
-    return (layout.lanes * (layout.n + layout.m) * layout.c,
-            sum(c.x.shape[0] * c.x.shape[1] * c.x.shape[2] for c in calls))
-
-
-def _groups(calls: list[RecordedCall], max_padding: float | None) -> list[list[int]]:
-    """The forwards to run: one over every call (``max_padding`` None), else the calls sorted
-    by size and cut greedily so that each group's padded cells stay within ``max_padding``
-    times its real cells."""
-    if max_padding is None:
-        return [list(range(len(calls)))]
-    if max_padding < 1:
-        raise RetrofitError(f"max_padding must be None or >= 1 (padded over real cells); got "
-                            f"{max_padding}")
-    order = sorted(range(len(calls)), key=lambda k: (calls[k].x.shape[2], calls[k].x.shape[0]))
-    groups: list[list[int]] = []
-    for k in order:
-        if groups:
-            padded, real = _cells([calls[j] for j in (*groups[-1], k)])
-            if padded <= max_padding * real:
-                groups[-1].append(k)
-                continue
-        groups.append([k])
-    return groups
-
-
-def _check_memory(model: nn.Module, bounds: CellAndRowTokens | BlockInput,
-                  calls: list[RecordedCall], budget: int | None) -> None:
-    """Name the first dataset whose addition makes the padded batch outgrow ``budget``: the
-    architecture's ``footprint``, a coarse upper estimate of the batched forward's activations
-    (a guard against hopeless batches, not a measurement), against the device's free memory
-    or ``memory_budget``."""
-    budget = _available_memory(calls[0].x.device) if budget is None else budget
-    for k in range(len(calls)):
-        need = bounds.footprint(model, Layout.of(calls[:k + 1]))
-        if need > budget:
-            d, names = calls[k].dataset, sorted({c.dataset for c in calls[:k + 1]})
-            ahead = ("it alone" if names == [d] else f"datasets 0..{d} padded together"
-                     if names == list(range(d + 1)) else
-                     f"datasets {', '.join(map(str, names))} padded together")
-            raise RetrofitError(
-                f"predict_batched: dataset {d}: {ahead} need about {need / 2**30:.2f} GiB, more "
-                f"than the {budget / 2**30:.2f} GiB available; pass fewer datasets per call "
-                f"(e.g. the first {d}, then the rest), or smaller ones")
-
-
 @contextlib.contextmanager
 def _dataset(index: int, what: str) -> Iterator[None]:
     """Re-raise any failure of one dataset's ``what`` naming the dataset."""
     try:
         yield
+    except Aborted:
+        raise
     except RetrofitError as exc:
         if str(exc).startswith("predict_batched"):
             raise
@@ -234,93 +166,220 @@ def _estimator_model(estimator: Any) -> nn.Module:
     return model
 
 
+def _with_model(specs: Any, model: nn.Module) -> Any:
+    """tabpfn's in-memory model spec ``specs`` running ``model`` instead."""
+    if dataclasses.is_dataclass(specs):
+        return dataclasses.replace(specs, model=model)
+    if hasattr(specs, "_replace"):                                  # a NamedTuple
+        return specs._replace(model=model)
+    copied = copy.copy(specs)
+    copied.model = model
+    return copied
+
+
+def _fit_and_predict(estimator: Any, model: nn.Module, method: str, index: int, x_train: Any,
+                     y_train: Any, x_test: Any, kwargs: dict[str, Any],
+                     forward: Callable[..., Tensor]) -> Any:
+    """Dataset ``index``'s fit and predict on a copy of ``estimator`` whose model (a shadow
+    of ``model``) answers its forwards with ``forward``."""
+    proxy = shadow(model, forward=functools.wraps(model.forward)(forward))  # tabpfn reads
+    worker = copy.copy(estimator)                                          # its signature
+    worker.model_path = _with_model(estimator.model_path, proxy)
+    worker.fit_mode = "fit_preprocessors"          # the forward runs at predict, no KV cache
+    with _dataset(index, "fit"):
+        worker.fit(x_train, y_train)
+    models = getattr(worker, "models_", [proxy])
+    if len(models) != 1 or models[0] is not proxy:
+        raise RetrofitError("predict_batched: the fitted estimator does not run the "
+                            "retrofitted model of its model_path (several models?)")
+    if len(getattr(worker, "devices_", ())) > 1:
+        raise RetrofitError("predict_batched runs one forward on one device; pass one "
+                            "device (device='cpu' or 'cuda:0')")
+    with _dataset(index, "predict"):
+        return getattr(worker, method)(x_test, **kwargs)
+
+
+class _Forwards:
+    """The padded forwards of one ``predict_batched`` call over the calls of each round."""
+
+    def __init__(self, model: nn.Module, bounds: CellAndRowTokens | BlockInput,
+                 options: "_Options") -> None:
+        self.model, self.bounds, self.options = model, bounds, options
+        self.pad_width = _sites_needed(model, bounds)
+
+    def run(self, group: list[RecordedCall]) -> list[Tensor]:
+        """One padded forward over ``group`` (a call alone: the model's own forward, as
+        tabpfn made it, on a private shadow); each call's output."""
+        with torch.inference_mode():
+            try:
+                if len(group) > 1:
+                    return _batched_forward(self.model, Layout.of(group), self.bounds)
+                call = group[0]
+                enabled, dtype = call.autocast
+                with torch.autocast(call.x.device.type, dtype=dtype, enabled=enabled):
+                    return [self.bounds.private(self.model)(call.x, call.y, **call.kwargs)]
+            except torch.OutOfMemoryError as exc:
+                raise RetrofitError(f"predict_batched: the padded batch of {len(group)} model "
+                                    "calls ran out of memory; pass memory_budget= (bytes) "
+                                    "below the device's free memory") from exc
+
+    def answers(self, calls: list[RecordedCall]) -> list[Tensor]:
+        """The output of every call, from the forwards :func:`forward_plan.groups` chooses;
+        on the CPU with ``n_jobs > 1`` the forwards run side by side."""
+        device = calls[0].x.device
+        budget = self.options.memory_budget
+        cut = forward_plan.groups(
+            self.model, self.bounds, calls,
+            budget=_available_memory(device) if budget is None else budget,
+            pad_width=self.pad_width, max_padding=self.options.max_padding,
+            costs=lambda: forward_plan.measured_costs(self.model, calls[0], self.run))
+        members = [[calls[k] for k in group] for group in cut]
+        if device.type == "cpu" and self.options.n_jobs > 1 and len(cut) > 1:
+            with concurrent.futures.ThreadPoolExecutor(self.options.n_jobs) as pool:
+                outputs = list(pool.map(self.run, members))
+        else:
+            outputs = [self.run(group) for group in members]
+        answers: list[Tensor] = [torch.empty(0)] * len(calls)
+        for group, output in zip(cut, outputs):
+            for k, out in zip(group, output):
+                answers[k] = out
+        return answers
+
+
 def _run(estimator: Any, method: str, X_train_list: Sequence[Any], y_train_list: Sequence[Any],
-         X_test_list: Sequence[Any], kwargs: dict[str, Any], memory_budget: int | None,
-         max_padding: float | None) -> list[Any]:
+         X_test_list: Sequence[Any], kwargs: dict[str, Any], options: "_Options") -> list[Any]:
     lengths = (len(X_train_list), len(y_train_list), len(X_test_list))
     if len(set(lengths)) != 1 or lengths[0] == 0:
         raise RetrofitError("predict_batched: X_train_list, y_train_list and X_test_list must "
                             f"be non-empty and of one length; got {lengths[0]}, {lengths[1]} "
                             f"and {lengths[2]} datasets")
     model = _estimator_model(estimator)
-    bounds = boundaries_of(model)
-    forwards, fitted = _Forwards(model), []
-    for i, (x, y) in enumerate(zip(X_train_list, y_train_list)):
-        worker = copy.copy(estimator)
-        worker.fit_mode = "fit_preprocessors"      # the forward runs at predict, no KV cache
-        with _dataset(i, "fit"):
-            worker.fit(x, y)
-        models = getattr(worker, "models_", [model])
-        if len(models) != 1 or models[0] is not model:
-            raise RetrofitError("predict_batched: the fitted estimator does not run the "
-                                "retrofitted model of its model_path (several models?)")
-        if len(getattr(worker, "devices_", ())) > 1:
-            raise RetrofitError("predict_batched runs one forward on one device; pass one "
-                                "device (device='cpu' or 'cuda:0')")
-        fitted.append(worker)
-    with forwards.mode("record"):
-        for i, (worker, x) in enumerate(zip(fitted, X_test_list)):
-            forwards.dataset = i
-            with _dataset(i, "predict"):
-                getattr(worker, method)(x, **kwargs)
-    if forwards.calls:
-        forwards.outputs = [torch.empty(0)] * len(forwards.calls)
-        for group in _groups(forwards.calls, max_padding):
-            calls = [forwards.calls[k] for k in group]
-            layout = Layout.of(calls)
-            _sites_needed(model, bounds, layout)
-            _check_memory(model, bounds, calls, memory_budget)
-            with torch.inference_mode():
-                try:
-                    outputs = _batched_forward(model, layout, bounds)
-                except torch.OutOfMemoryError as exc:
-                    raise RetrofitError(f"predict_batched: the padded batch of {len(fitted)} "
-                                        "datasets ran out of memory; pass fewer datasets per "
-                                        "call") from exc
-            for k, output in zip(group, outputs):
-                forwards.outputs[k] = output
-    results = []
-    with forwards.mode("replay"):
-        for i, (worker, x) in enumerate(zip(fitted, X_test_list)):
-            forwards.dataset = i
-            results.append(getattr(worker, method)(x, **kwargs))
+    forwards = _Forwards(model, boundaries_of(model), options)
+    data = list(zip(X_train_list, y_train_list, X_test_list))
+    results: list[Any] = []
+    for first in range(0, len(data), _WINDOW):
+        results += _run_window(estimator, model, method, forwards, first,
+                               data[first:first + _WINDOW], kwargs, options.n_jobs)
     return results
 
 
+_WINDOW = 512          # datasets in flight at once (a thread and its inputs each)
+
+
+def _run_window(estimator: Any, model: nn.Module, method: str, forwards: _Forwards, first: int,
+                data: list[tuple[Any, Any, Any]], kwargs: dict[str, Any], n_jobs: int
+                ) -> list[Any]:
+    """Datasets ``first, first + 1, …`` each on a thread, their forwards batched by round."""
+    rendezvous = Rendezvous(len(data), n_jobs)
+    for k, dataset in enumerate(data):
+        rendezvous.start(k, functools.partial(
+            _fit_and_predict, estimator, model, method, first + k, *dataset, kwargs,
+            rendezvous.forward(first + k, _recorded)))
+    try:
+        for posted in rendezvous.rounds():
+            rendezvous.answer(posted, forwards.answers([p.call for p in posted]))
+    except BaseException:
+        rendezvous.abort()
+        raise
+    if rendezvous.errors:
+        raise rendezvous.errors[min(rendezvous.errors)]
+    return rendezvous.results
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """The checked keyword arguments of one ``predict_batched`` call."""
+
+    memory_budget: int | float | None
+    max_padding: float | None
+    n_jobs: int
+
+    @classmethod
+    def checked(cls, estimator: Any, memory_budget: Any, max_padding: Any, n_jobs: Any
+                ) -> "_Options":
+        """Refuse a wrong type or value by name (a bool is not a number), with the fix."""
+        def number(value: Any) -> bool:
+            return isinstance(value, numbers.Real) and not isinstance(value, bool) \
+                and not math.isnan(value)
+
+        if memory_budget is not None and not (number(memory_budget) and 0 < memory_budget
+                                              < math.inf):
+            raise RetrofitError(f"predict_batched: memory_budget must be a positive number of "
+                                f"bytes (e.g. 8 * 2**30) or None for the device's free memory;"
+                                f" got {memory_budget!r}")
+        if max_padding is not None and not (number(max_padding) and max_padding >= 1):
+            raise RetrofitError(f"predict_batched: max_padding must be None (forwards chosen "
+                                "by the measured cost model) or a number >= 1 (padded over "
+                                f"real cells; math.inf: as few forwards as fit); got "
+                                f"{max_padding!r}")
+        if n_jobs is None:
+            n_jobs = default_jobs(estimator)
+        elif not (isinstance(n_jobs, numbers.Integral) and not isinstance(n_jobs, bool)
+                  and n_jobs >= 1):
+            raise RetrofitError(f"predict_batched: n_jobs must be a whole number >= 1 (datasets "
+                                f"fitted and decoded at once) or None for the cores torch does "
+                                f"not use; got {n_jobs!r}")
+        return cls(memory_budget, None if max_padding is None else float(max_padding),
+                   int(n_jobs))
+
+
+def default_jobs(estimator: Any) -> int:
+    """The cores torch does not need: on the CPU those beyond its intra-op threads, on an
+    accelerator all but one (the one that drives it)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+    device = str(getattr(estimator, "device", "cpu"))
+    accelerator = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return max(1, cores - (1 if accelerator else torch.get_num_threads()))
+
+
 def predict_batched(estimator: Any, X_train_list: Sequence[Any], y_train_list: Sequence[Any],
-                    X_test_list: Sequence[Any], *, memory_budget: int | None = None,
-                    max_padding: float | None = None, **predict_kwargs: Any) -> list[Any]:
-    """``estimator.predict`` of every dataset after fitting it on that dataset, with one model
-    forward for all of them (see the module docstring for the contract and the padding).
+                    X_test_list: Sequence[Any], *, memory_budget: int | float | None = None,
+                    max_padding: float | None = None, n_jobs: int | None = None,
+                    **predict_kwargs: Any) -> list[Any]:
+    """``estimator.predict`` of every dataset after fitting it on that dataset, with the
+    datasets' model forwards batched into padded forwards (see the module docstring for the
+    contract and the padding).
 
     Args:
         estimator: a ``TabPFNRegressor`` or ``TabPFNClassifier`` from
             :func:`oretrofit.tabpfn.make_regressor` / ``make_classifier`` (``full-o``; ``oa``
-            when every dataset has the same model width); fitted or not, it is left unchanged.
+            pads rows only, so datasets of different model widths then never share a
+            forward); fitted or not, it is left unchanged.
         X_train_list, y_train_list, X_test_list: one entry per dataset; rows, features, target
             scale and classes may all differ.
-        memory_budget: bytes the padded forward may use (default: the device's free memory).
-        max_padding: None (default): one forward over every dataset. A number ``>= 1``: the
-            datasets sorted by width and rows and cut into forwards whose padded cells stay
-            within ``max_padding`` times their real cells (less padding, more forwards).
+        memory_budget: bytes one padded forward may use (default: the device's free memory);
+            calls that do not fit together are cut into more forwards.
+        max_padding: None (default): the forwards that a cost model measured on this machine
+            (per-forward fixed cost, per-cell cost) finds cheapest, never more than the
+            per-dataset loop's by that model. A number ``>= 1``: the datasets sorted by width
+            and rows and cut into forwards whose padded cells stay within ``max_padding``
+            times their real cells (``math.inf``: as few forwards as fit).
+        n_jobs: datasets fitted, preprocessed and decoded at once (threads; default: the
+            cores torch does not use, at least 1); on the CPU the forwards of one round run
+            side by side on as many threads.
         predict_kwargs: passed to every ``predict`` (e.g. ``output_type``, ``quantiles``).
     Returns:
         One ``predict`` result per dataset, in input order.
     Raises:
         RetrofitError: lists of different lengths; a dataset tabpfn refuses (named, with its
-            index); a retrofit that leaves padding visible; a batch beyond ``memory_budget``.
+            index); a retrofit that leaves padding visible; a dataset that alone needs more
+            than ``memory_budget``; an argument of the wrong type or value.
     """
+    options = _Options.checked(estimator, memory_budget, max_padding, n_jobs)
     return _run(estimator, "predict", X_train_list, y_train_list, X_test_list, predict_kwargs,
-                memory_budget, max_padding)
+                options)
 
 
 def predict_proba_batched(estimator: Any, X_train_list: Sequence[Any],
                           y_train_list: Sequence[Any], X_test_list: Sequence[Any], *,
-                          memory_budget: int | None = None, max_padding: float | None = None,
+                          memory_budget: int | float | None = None,
+                          max_padding: float | None = None, n_jobs: int | None = None,
                           **predict_kwargs: Any) -> list[Any]:
     """:func:`predict_batched` with the classifier's ``predict_proba``."""
     if not hasattr(estimator, "predict_proba"):
         raise RetrofitError("predict_proba_batched needs a classifier (make_classifier); use "
                             "predict_batched for a regressor")
+    options = _Options.checked(estimator, memory_budget, max_padding, n_jobs)
     return _run(estimator, "predict_proba", X_train_list, y_train_list, X_test_list,
-                predict_kwargs, memory_budget, max_padding)
+                predict_kwargs, options)

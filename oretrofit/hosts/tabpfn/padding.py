@@ -27,9 +27,9 @@ Two families of boundaries:
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import dataclasses
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -37,8 +37,8 @@ from torch import Tensor, nn
 from ..._host import RetrofitError
 from . import releases
 
-__all__ = ["RecordedCall", "Layout", "CellAndRowTokens", "BlockInput", "BOUNDARIES",
-           "boundaries_of", "instance_attr", "n_out"]
+__all__ = ["RecordedCall", "Extent", "Layout", "CellAndRowTokens", "BlockInput", "BOUNDARIES",
+           "boundaries_of", "shadow"]
 
 
 @dataclasses.dataclass
@@ -58,6 +58,16 @@ class RecordedCall:
     @property
     def n_test(self) -> int:
         return self.x.shape[0] - self.y.shape[0]
+
+
+class Extent(NamedTuple):
+    """The size of a padded batch: ``lanes`` batch lanes of ``rows`` rows (``N + M``) and
+    ``width`` columns, at ``element_size`` bytes per value."""
+
+    lanes: int
+    rows: int
+    width: int
+    element_size: int
 
 
 @dataclasses.dataclass
@@ -81,6 +91,10 @@ class Layout:
         return cls(calls, max(c.n_train for c in calls), max(c.n_test for c in calls),
                    max(c.x.shape[2] for c in calls), offsets, lanes)
 
+    @property
+    def extent(self) -> Extent:
+        return Extent(self.lanes, self.n + self.m, self.c, self.calls[0].x.element_size())
+
     def parts(self) -> Iterator[tuple[RecordedCall, slice]]:
         for call, start in zip(self.calls, self.offsets):
             yield call, slice(start, start + call.x.shape[1])
@@ -98,19 +112,20 @@ class Layout:
         return pad
 
 
-@contextlib.contextmanager
-def instance_attr(owner: object, name: str, value: Any) -> Iterator[None]:
-    """Shadow ``owner.name`` with an instance attribute for the duration of the block."""
-    had = name in owner.__dict__
-    old = owner.__dict__.get(name)
-    owner.__dict__[name] = value
-    try:
-        yield
-    finally:
-        if had:
-            owner.__dict__[name] = old
-        else:
-            owner.__dict__.pop(name, None)
+def shadow(module: nn.Module, children: dict[str, nn.Module] | None = None,
+           **attributes: Any) -> nn.Module:
+    """A shallow copy of ``module`` for one call: it shares the parameters, buffers and
+    submodules but has its own attribute dict, hook tables and (with ``children``) its own
+    table of submodules, so what is set on it, hooked on it or swapped in leaves ``module``
+    untouched and other threads running ``module`` see nothing of it."""
+    copied = copy.copy(module)
+    for name, value in module.__dict__.items():
+        if name.endswith("hooks") and isinstance(value, dict):
+            copied.__dict__[name] = type(value)(value)
+    if children:
+        copied.__dict__["_modules"] = {**module._modules, **children}
+    copied.__dict__.update(attributes)
+    return copied
 
 
 def _method(model: nn.Module, name: str) -> Callable[..., Any]:
@@ -122,17 +137,6 @@ def _method(model: nn.Module, name: str) -> Callable[..., Any]:
                            "one predict_batched knows: pip install "
                            f"'tabpfn=={releases.TESTED_RELEASES[-1]}'")
     return method
-
-
-def n_out(model: nn.Module, kwargs: dict[str, Any]) -> int:
-    """The width of one test row's output: ``n_out``, or for a two-task model (v3.5) the
-    task's head (``task_type`` "multiclass": the classes, else the regression buckets)."""
-    n_out = getattr(model, "n_out", None)
-    if n_out is not None:
-        return int(n_out)
-    if kwargs.get("task_type") == "multiclass":
-        return int(model.max_num_classes)
-    return int(model.heads.output_projection.out_features)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,17 +170,16 @@ class CellAndRowTokens:
     width_sites: tuple[str, ...]
     ungrouped: str | None = None
 
-    def footprint(self, model: nn.Module, layout: Layout) -> int:
-        """A coarse upper estimate (bytes) of the batched forward's activations: the grouped
+    def footprint(self, model: nn.Module, extent: Extent) -> int:
+        """A coarse upper estimate (bytes) of a batched forward's activations: the grouped
         cells and their tokens ``lanes·R·C·(G + 2E)`` and the row tokens with the ICL MLP
         ``lanes·R·D·(3 + ff)``, ``D = E·cls``, at the inputs' element size, twice over for
         temporaries."""
         cells = getattr(model, self.cells)
         e, d, ff = int(model.emsize), int(model.icl_emsize), int(model.ff_factor)
         g = int(getattr(cells, "in_features", 0) or cells.input_width)
-        rows = layout.lanes * (layout.n + layout.m)
-        return 2 * layout.calls[0].x.element_size() * rows * (layout.c * (g + 2 * e)
-                                                              + d * (3 + ff))
+        rows = extent.lanes * extent.rows
+        return 2 * extent.element_size * rows * (extent.width * (g + 2 * e) + d * (3 + ff))
 
     def forward(self, model: nn.Module, layout: Layout, x: Tensor, y: Tensor,
                 kwargs: dict[str, Any]) -> Tensor:
@@ -185,15 +188,21 @@ class CellAndRowTokens:
             options = kwargs.get("performance_options") or model.get_default_performance_options()
             kwargs = dict(kwargs, performance_options=dataclasses.replace(
                 options, use_chunkwise_inference=False))
-        with self._inert(model, layout):
-            return model(x, y, **kwargs)
+        return self._inert(model, layout)(x, y, **kwargs)
 
-    @contextlib.contextmanager
-    def _inert(self, model: nn.Module, layout: Layout) -> Iterator[None]:
-        preprocess = _method(model, self.preprocess)              # bound, before shadowing
-        row_tokens = _method(model, self.row_tokens)
-        row_targets = _method(model, self.row_targets)
-        ungrouped = None if self.ungrouped is None else _method(model, self.ungrouped)
+    def private(self, model: nn.Module) -> nn.Module:
+        """A :func:`shadow` of ``model`` for one forward of this thread, the cell embedding
+        shadowed too (the retrofit's ``te.col`` hooks it for the length of a forward)."""
+        return shadow(model, {self.cells: shadow(getattr(model, self.cells))})
+
+    def _inert(self, model: nn.Module, layout: Layout) -> nn.Module:
+        """A :meth:`private` shadow of ``model`` whose token-making methods zero the padding's
+        tokens (``model`` itself is left as it is)."""
+        proxy = self.private(model)
+        preprocess = _method(proxy, self.preprocess)                # bound to the proxy
+        row_tokens = _method(proxy, self.row_tokens)
+        row_targets = _method(proxy, self.row_targets)
+        ungrouped = None if self.ungrouped is None else _method(proxy, self.ungrouped)
         inside = []                                   # non-empty while one call is preprocessed
 
         def preprocess_each(rows: Tensor, y: Tensor, num_train: int, scaler_cache: Any,
@@ -245,18 +254,14 @@ class CellAndRowTokens:
                                    "path, which would group features after padding")
             return ungrouped(*args, **kwargs)
 
-        handle = getattr(model, self.cells).register_forward_hook(zero_marked)
-        try:
-            with contextlib.ExitStack() as stack:
-                for name, value in ((self.preprocess, preprocess_each),
-                                    (self.row_tokens, row_tokens_zeroed),
-                                    (self.row_targets, row_targets_zeroed),
-                                    (self.ungrouped, ungrouped_inside)):
-                    if name is not None:
-                        stack.enter_context(instance_attr(model, name, value))
-                yield
-        finally:
-            handle.remove()
+        getattr(proxy, self.cells).register_forward_hook(zero_marked)
+        for name, value in ((self.preprocess, preprocess_each),
+                            (self.row_tokens, row_tokens_zeroed),
+                            (self.row_targets, row_targets_zeroed),
+                            (self.ungrouped, ungrouped_inside)):
+            if name is not None:
+                proxy.__dict__[name] = value
+        return proxy
 
 
 class _Captured(Exception):
@@ -274,21 +279,20 @@ class BlockInput:
     sites: tuple[str, ...]
     width_sites: tuple[str, ...] = ()
 
-    def footprint(self, model: nn.Module, layout: Layout) -> int:
+    def footprint(self, model: nn.Module, extent: Extent) -> int:
         """A coarse upper estimate (bytes): the token grid ``lanes·R·(C + 1)·E`` through the
         blocks' attention and MLP (``(4 + ff)·E`` per cell), twice over for temporaries."""
         e = int(model.emsize)
         block = getattr(model, self.blocks)[0]
         ff = int(block.mlp[0].out_features) // e
-        rows = layout.lanes * (layout.n + layout.m)
-        return 2 * layout.calls[0].x.element_size() * rows * (layout.c + 1) * e * (4 + ff)
+        rows = extent.lanes * extent.rows
+        return 2 * extent.element_size * rows * (extent.width + 1) * e * (4 + ff)
 
     def forward(self, model: nn.Module, layout: Layout, x: Tensor, y: Tensor,
                 kwargs: dict[str, Any]) -> Tensor:
         """``model(x, y, **kwargs)`` with the first block's input replaced by the recorded
         calls' own token grids, stacked and zero-padded."""
-        first = getattr(model, self.blocks)[0]
-        grids = [self._tokens(model, first, call, kwargs) for call in layout.calls]
+        grids = [self._tokens(model, call, kwargs) for call in layout.calls]
         thinking = grids[0][1] - layout.calls[0].n_train
         grid = self._stack(layout, grids, thinking)
 
@@ -300,15 +304,24 @@ class BlockInput:
             new = [grid] if isinstance(args[0], list) else grid
             return (new, *args[1:]), kw
 
-        handle = first.register_forward_pre_hook(replace, with_kwargs=True, prepend=True)
-        try:
-            return model(x, y, **kwargs)
-        finally:
-            handle.remove()
+        return self._first_block_hooked(model, replace, with_kwargs=True)(x, y, **kwargs)
 
     @staticmethod
-    def _tokens(model: nn.Module, first: nn.Module, call: RecordedCall,
-                kwargs: dict[str, Any]) -> tuple[Tensor, int]:
+    def private(model: nn.Module) -> nn.Module:
+        """A :func:`shadow` of ``model`` for one forward of this thread."""
+        return shadow(model)
+
+    def _first_block_hooked(self, model: nn.Module, hook: Callable[..., Any],
+                            **options: Any) -> nn.Module:
+        """A :func:`shadow` of ``model`` whose first block runs ``hook`` before anything else
+        (``model`` and its blocks are left as they are)."""
+        blocks = getattr(model, self.blocks)
+        first = shadow(blocks[0])
+        first.register_forward_pre_hook(hook, prepend=True, **options)
+        return shadow(model, {self.blocks: shadow(blocks, {next(iter(blocks._modules)): first})})
+
+    def _tokens(self, model: nn.Module, call: RecordedCall, kwargs: dict[str, Any]
+                ) -> tuple[Tensor, int]:
         """One call's token grid ``(B, T + R, G + 1, E)`` and its ``single_eval_pos``, made
         by the model on that call's inputs alone and taken at the first block."""
         taken: list[tuple[Tensor, int]] = []
@@ -318,14 +331,11 @@ class BlockInput:
             taken.append((tokens.clone(), eval_pos))
             raise _Captured
 
-        handle = first.register_forward_pre_hook(take, prepend=True)
         try:
-            model(call.x, call.y, **dict(kwargs, categorical_inds=call.kwargs.get(
-                "categorical_inds")))
+            self._first_block_hooked(model, take)(call.x, call.y, **dict(
+                kwargs, categorical_inds=call.kwargs.get("categorical_inds")))
         except _Captured:
             pass
-        finally:
-            handle.remove()
         if len(taken) != 1:
             raise RuntimeError("predict_batched: the model's forward never reached its first "
                                "block")

@@ -4,6 +4,8 @@ an exact zero carrier (presence 0), and every real one as a non-zero carrier; pe
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -68,7 +70,7 @@ def test_cell_and_row_tokens_of_the_padding_are_zero(checkpoint, monkeypatch, ve
              *[b.register_forward_pre_hook(keep("icl"), with_kwargs=True)
                for b in model.icl_blocks]]
     try:
-        predict_batched(regressor, *zip(*_ragged()))
+        predict_batched(regressor, *zip(*_ragged()), max_padding=math.inf)
     finally:
         for hook in hooks:
             hook.remove()
@@ -98,7 +100,7 @@ def test_block_input_of_the_padding_is_zero_in_every_block(checkpoint, monkeypat
         for b in model.blocks]
     try:
         sets = _ragged()
-        predict_batched(regressor, *zip(*sets))
+        predict_batched(regressor, *zip(*sets), max_padding=math.inf)
     finally:
         for hook in hooks:
             hook.remove()
@@ -127,7 +129,7 @@ def test_oa_suffices_for_padded_columns_and_base_is_refused(checkpoint, version)
     sets = _ragged()
     kw = {"n_estimators": 1, "inference_precision": REG_PRECISION}
     regressor, _ = make_regressor(checkpoint(version), "oa", 1e-8, **kw)
-    got = predict_batched(regressor, *zip(*sets))
+    got = predict_batched(regressor, *zip(*sets), max_padding=math.inf)
     assert max(map(_rel, got, _each(regressor, "predict", sets))) <= SAME
     with pytest.raises(RetrofitError, match=r"padding needs the sites blk\.0\.row.*'oa' or "
                                             r"'full-o'"):
