@@ -192,7 +192,7 @@ class CellAndRowTokens:
 
     def private(self, model: nn.Module) -> nn.Module:
         """A :func:`shadow` of ``model`` for one forward of this thread, the cell embedding
-        shadowed too (the retrofit's ``te.col`` hooks it for the length of a forward)."""
+        shadowed too (so hooks put on it for this forward stay on the shadow)."""
         return shadow(model, {self.cells: shadow(getattr(model, self.cells))})
 
     def _inert(self, model: nn.Module, layout: Layout) -> nn.Module:

@@ -39,7 +39,7 @@ from typing import Callable
 from torch import nn
 
 from ..._host import Site
-from ..._patching import SiteConfig, Undo, set_site
+from ..._patching import SiteConfig, Undo, UndoAll, set_site
 from ..._presence import presence
 from ..torch_nn import ONormSite, patch_all
 
@@ -71,7 +71,7 @@ def stage_sites(model: nn.Module, model_mixin: type) -> list[Site]:
     """The sites v3 and v3.5 share, ``te.col`` to ``icl.out_norm`` (``model_mixin``: the
     version's O-mixin of the model, for the target encodings)."""
     return [Site("te.col", "inject", "cell token x_embed(x) of a train row and column",
-                 patch(model, model_mixin, "te.col")),
+                 _te_col(model, model_mixin)),
             *_fde_sites(model.feature_distribution_embedder),
             *_column_sites(model.column_aggregator),
             Site("te.icl", "inject", "row token (flattened CLS outputs) of a train row",
@@ -79,6 +79,18 @@ def stage_sites(model: nn.Module, model_mixin: type) -> list[Site]:
             *_icl_sites(model.icl_blocks),
             Site("icl.out_norm", "norm", "row token after the last ICL block (output_norm)",
                  norms(model.output_norm))]
+
+
+def _te_col(model: nn.Module, model_mixin: type) -> Callable[[SiteConfig], Undo]:
+    """The ``te.col`` site: the model's mixin, and the hook on ``x_embed`` through which each
+    forward's injection reaches the cell tokens (put on with the site, so no forward hooks or
+    unhooks the shared module)."""
+    from .v3_blocks import te_col_hook
+
+    def apply(config: SiteConfig) -> Undo:
+        site = set_site(model, model_mixin, "te.col", config)
+        return UndoAll([site, model.x_embed.register_forward_hook(te_col_hook).remove])
+    return apply
 
 
 def norms(*modules: nn.Module) -> Callable[[SiteConfig], Undo]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import threading
 from types import ModuleType
 
 import torch
@@ -45,7 +46,19 @@ from . import releases
 __all__ = ["OCrossAttentionBlock", "OColumnBlock", "OICLBlock", "OManyClassDecoder", "OTabPFN",
            "OPreHeadMLP"]
 
-_ICL_CARRIER = "_oretrofit_icl_carrier"      # stage-2 output kept for the te.icl gate
+
+
+class _ForwardState(threading.local):
+    """What one forward of a retrofitted model keeps between its methods, per thread and keyed by
+    ``(id(module), what)``: the stage-2 row tokens for ``te.icl`` and the pending ``te.col``
+    injection. Never on the module, so concurrent forwards of one shared model (``predict`` of
+    copies of one estimator on several threads) never see each other's."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[int, str], object] = {}
+
+
+_FORWARD = _ForwardState()
 
 
 def _vendor(module: nn.Module) -> ModuleType:
@@ -328,7 +341,8 @@ class OTabPFN:
 
     ``te.col``: the column-stage target embedding added to the train rows' cell tokens
     (``_process_row_chunk``, and ``_process_col_chunk`` on the row-chunked path). The vendor
-    method runs with no target embedding while a forward hook on ``x_embed`` adds it, gated:
+    method runs with no target embedding while the site's forward hook on ``x_embed``
+    (:func:`te_col_hook`, put on when the site is patched) adds it, gated:
     ``h + ρτ(h) · e(y)`` with ``h = x_embed(x)``, so the rest of the method stays the vendor's.
     ``te.icl``: the ICL-stage ``icl_y_encoder`` term added to the train rows' row tokens in
     ``forward``; the row tokens (stage-2 output) are kept from ``_stages_0_to_2`` until the
@@ -341,12 +355,12 @@ class OTabPFN:
         try:
             return super().forward(*args, **kwargs)
         finally:
-            self.__dict__.pop(_ICL_CARRIER, None)
+            _FORWARD.kept.pop((id(self), "te.icl"), None)
 
     def _stages_0_to_2(self, *args: object, **kwargs: object) -> tuple:
         out = super()._stages_0_to_2(*args, **kwargs)
         if site_config(self, "te.icl") is not None:
-            self.__dict__[_ICL_CARRIER] = out[0]                             # (B, Ri, Cl, E)
+            _FORWARD.kept[(id(self), "te.icl")] = out[0]                     # (B, Ri, Cl, E)
         return out
 
     def _embed_icl_y(self, y_BN: Tensor, *args: object, **kwargs: object) -> Tensor:
@@ -354,7 +368,7 @@ class OTabPFN:
         config = site_config(self, "te.icl")
         if config is None:
             return e
-        carrier = self.__dict__.pop(_ICL_CARRIER, None)
+        carrier = _FORWARD.kept.pop((id(self), "te.icl"), None)
         if carrier is None:
             raise RuntimeError("te.icl: the row tokens of this forward were not recorded; "
                                "this tabpfn version calls _embed_icl_y outside forward")
@@ -383,16 +397,25 @@ class OTabPFN:
             n = given["num_train"]
         given[name] = None
 
-        def inject(_module: nn.Module, _inputs: object, x: Tensor) -> Tensor:   # (B, R, C, E)
+        def inject(x: Tensor) -> Tensor:                                         # (B, R, C, E)
             if n == 0:
                 return x
             return torch.cat([_inject(x[:, :n], y.unsqueeze(2), config), x[:, n:]], dim=1)
 
-        handle = self.x_embed.register_forward_hook(inject)
+        key = (id(self.x_embed), "te.col")
+        _FORWARD.kept[key] = inject
         try:
             return vendor(*bound.args, **bound.kwargs)
         finally:
-            handle.remove()
+            _FORWARD.kept.pop(key, None)
+
+
+def te_col_hook(module: nn.Module, _inputs: object, x: Tensor) -> Tensor:
+    """The forward hook the ``te.col`` site puts on ``x_embed`` for as long as it is patched:
+    the injection :meth:`OTabPFN._gated_col_targets` left for this thread's forward, if any
+    (a module-level function, so the hook pickles with the model)."""
+    inject = _FORWARD.kept.get((id(module), "te.col"))
+    return x if inject is None else inject(x)
 
 
 class OTabPFNV3(OTabPFN):

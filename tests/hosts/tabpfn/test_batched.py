@@ -250,16 +250,18 @@ def test_calls_that_do_not_fit_together_are_cut_into_forwards(small_ckpt, table,
     assert len(layouts) == 3 and max(map(_rel, cut, together)) <= SAME
 
 
-def test_concurrent_predict_of_a_copy_sees_nothing_of_a_batched_call(small_ckpt):
+@pytest.mark.parametrize("arm", ["oa", "full-o"])
+def test_concurrent_predict_of_a_copy_sees_nothing_of_a_batched_call(small_ckpt, arm):
     """While predict_batched runs in one thread, predict of a copy of the same estimator in
     another thread gives its own predictions (the batched call sets nothing on the model
-    they share)."""
+    they share; under full-o the te.col and te.icl sites keep each forward's state per
+    thread)."""
     rng = np.random.default_rng(5)
     sets = []
     for n, m in ((80, 30), (120, 20), (60, 10), (100, 25)):
         x = rng.normal(size=(n + m, 4))
         sets.append((x[:n], x[:n] @ rng.normal(size=4), x[n:]))
-    regressor, _ = make_regressor(small_ckpt, "oa", 1e-8, inference_precision=REG_PRECISION)
+    regressor, _ = make_regressor(small_ckpt, arm, 1e-8, inference_precision=REG_PRECISION)
     x, y, t = sets[0]
     reference = copy.copy(regressor).fit(x, y).predict(t)
     done, seen, errors = threading.Event(), [], []
