@@ -67,3 +67,17 @@ def test_first_releases_are_the_receipts():
         shipped = [row[0] for row in rows if (row[column] == "refused") == (version.sites is None)
                    and row[column] != "-" and not row[column].startswith("not run")]
         assert min(shipped, key=Version) == version.first_release, version.label
+
+
+def test_a_local_build_is_its_release():
+    """``torch==2.13.0`` installs ``2.13.0+cpu`` from a CPU index: the layer has the release."""
+    assert release_envs.same_release("2.13.0+cpu", "2.13.0")
+    assert release_envs.same_release("2.14.1", "2.14.1")
+    assert not release_envs.same_release("2.14.1+cu130", "2.14.0")
+    assert not release_envs.same_release("2.13.0+cpu", "2.13.0+cu130")
+
+
+def test_pytest_failures_are_the_short_summary_lines():
+    output = "..F\nFAILED tests/x.py::t - AssertionError\nERROR tests/y.py - ImportError\n1 failed"
+    assert release_envs.pytest_failures(output) == ["FAILED tests/x.py::t - AssertionError",
+                                                    "ERROR tests/y.py - ImportError"]
