@@ -10,6 +10,7 @@ whose ``.pth`` file adds the main environment's packages underneath (``site.adds
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import platform
 import re
@@ -22,11 +23,25 @@ from typing import Sequence
 
 from packaging.specifiers import SpecifierSet
 
-__all__ = ["export_head", "head_commit", "layered_venv", "layer_packages", "pytest_summary",
+__all__ = ["sweep_parser", "export_head", "head_commit", "layered_venv", "layer_packages", "pytest_summary",
            "pytest_failures", "receipt_command", "provenance_lines", "markdown_table",
            "same_release"]
 
 _PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+
+
+def sweep_parser(description: str, package: str, releases: Sequence[str], out: Path
+                 ) -> argparse.ArgumentParser:
+    """The arguments every sweep takes: ``--venvs`` (its layers' folder, by default
+    ``~/.cache/oretrofit/PACKAGE-venvs``), ``--releases`` (comma-separated, ``releases`` by
+    default) and ``--out`` (the receipt's .md; its .json beside it)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--venvs", type=Path,
+                        default=Path.home() / ".cache" / "oretrofit" / f"{package}-venvs",
+                        help="folder of the per-release environments (outside the checkout)")
+    parser.add_argument("--releases", default=",".join(releases))
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
 
 
 def export_head(root: Path, dest: Path) -> Path:

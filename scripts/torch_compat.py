@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Run the attention kernels' and the operators' tests on torch releases, each in its own layered
-environment, and write ``results/torch-compat.md`` (+ ``.json``), the table the declared torch
-range rests on.
+"""Run the attention kernels' and the operators' tests on torch releases: results/torch-compat.md.
+
+Each release runs in its own layered environment; the receipt (``.md`` + ``.json``) is the table
+the declared torch range rests on.
 
 The fused OAttention route calls private aten ops (``oretrofit/_attention_kernels.py``) whose
 signatures may change between torch releases. Per release ``X`` the environment ``VENVS/torch-X``
@@ -24,7 +25,6 @@ Usage, with the main environment's python (``.venv/bin/python``):
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import os
@@ -39,7 +39,7 @@ from pathlib import Path
 from packaging.version import Version
 from release_envs import (export_head, head_commit, layer_packages, layered_venv,
                           markdown_table, provenance_lines, pytest_failures, pytest_summary,
-                          receipt_command, same_release)
+                          receipt_command, same_release, sweep_parser)
 
 ROOT = Path(__file__).resolve().parent.parent
 # the kernel routes and the operators, and hosts that run them (a few minutes a release)
@@ -187,14 +187,10 @@ def render(rows: list[dict], command: str, commit: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = sweep_parser(__doc__.splitlines()[0], "torch", RELEASES,
+                          ROOT / "results" / "torch-compat.md")
     parser.add_argument("--routes", action="store_true",
                         help="in-environment step: print the chosen routes as one JSON line")
-    parser.add_argument("--venvs", type=Path,
-                        default=Path.home() / ".cache" / "oretrofit" / "torch-venvs",
-                        help="folder of the per-release environments (outside the checkout)")
-    parser.add_argument("--releases", default=",".join(RELEASES))
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "torch-compat.md")
     args = parser.parse_args()
     if args.routes:
         print(json.dumps(routes()))

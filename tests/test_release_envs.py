@@ -29,20 +29,11 @@ def test_markdown_table_escapes_cell_pipes():
     assert lines == ["| a | b |", "| --- | --- |", "| x\\|y | 1 |"]
 
 
-def test_tabpfn_compat_has_a_column_per_model_version():
+def test_tabpfn_compat_has_a_column_per_model_version(sweep_script):
     """The sweep's columns are the model versions of the host's table, and so is the receipt's
     header."""
-    import sys
-
     from oretrofit.hosts.tabpfn.versions import VERSIONS
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        spec = importlib.util.spec_from_file_location("tabpfn_compat",
-                                                      ROOT / "scripts" / "tabpfn_compat.py")
-        compat = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(compat)
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    compat = sweep_script("tabpfn_compat")
     labels = tuple(v.label for v in VERSIONS)
     assert compat.LABELS == labels
     header = next(line for line in (ROOT / "results" / "tabpfn-compat.md").read_text().splitlines()

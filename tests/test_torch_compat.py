@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-try:
-    _spec = importlib.util.spec_from_file_location("torch_compat",
-                                                   ROOT / "scripts" / "torch_compat.py")
-    torch_compat = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(torch_compat)
-finally:
-    sys.path.remove(str(ROOT / "scripts"))
+import pytest
 
 KERNELS = {"cpu float32": "cpu-flash", "cpu float64": "cpu-flash",
            "cuda float32": "not run (no GPU)"}
 
 
-def test_a_release_passes_only_on_the_cpu_kernel_routes():
+@pytest.fixture(scope="module")
+def torch_compat(sweep_script) -> ModuleType:
+    """scripts/torch_compat.py as a module."""
+    return sweep_script("torch_compat")
+
+
+def test_a_release_passes_only_on_the_cpu_kernel_routes(torch_compat):
     assert torch_compat.routes_ok(KERNELS)
     assert torch_compat.routes_ok({**KERNELS, "cuda float32": "cuda-efficient"})
     fallback = "augmented-copy (oretrofit: the cpu-flash attention kernel fails its check)"
@@ -30,7 +26,7 @@ def test_a_release_passes_only_on_the_cpu_kernel_routes():
     assert not torch_compat.routes_ok({"cpu float32": "cpu-flash"})       # a route not probed
 
 
-def test_the_routes_of_the_torch_the_tests_run_on_are_the_kernels():
+def test_the_routes_of_the_torch_the_tests_run_on_are_the_kernels(torch_compat):
     """The in-environment probe on this interpreter's torch: the CPU kernel for both dtypes."""
     import torch
 
@@ -43,13 +39,13 @@ def test_the_routes_of_the_torch_the_tests_run_on_are_the_kernels():
                                                        == "cuda-efficient")
 
 
-def test_the_layer_column_counts_cuda_runtime_packages():
+def test_the_layer_column_counts_cuda_runtime_packages(torch_compat):
     layer = ["cuda-bindings 13.5.0", "nvidia-cublas 13.1.1.3", "torch 2.14.1", "triton 3.8.0"]
     assert torch_compat.layer_text(layer) == "torch 2.14.1, triton 3.8.0, 2 CUDA runtime packages"
     assert torch_compat.layer_text([]) == "none"
 
 
-def test_the_table_shows_each_release_and_its_first_failure(tmp_path):
+def test_the_table_shows_each_release_and_its_first_failure(torch_compat, tmp_path):
     rows = [{"release": "2.13.0", "ok": True, "tests": "595 passed", "failures": [],
              "routes": KERNELS, "torch": "2.13.0+cpu", "gpu": None, "layer": [], "wall_s": 130},
             {"release": "2.15.0", "ok": False, "tests": "install failed",
