@@ -82,13 +82,13 @@ def routes() -> dict:
             "routes": found}
 
 
-def routes_ok(found: dict[str, str]) -> bool:
-    """Every route of :data:`ROUTES` is its device's kernel, or not run for want of the device
-    (CPU always runs)."""
-    return len(found) == len(ROUTES) and all(
-        cell == KERNEL_ROUTES[key.split()[0]] or
-        (cell.startswith("not run") and not key.startswith("cpu"))
-        for key, cell in found.items())
+def route_failures(found: dict[str, str]) -> list[str]:
+    """``route DEVICE DTYPE: CELL`` for each route of :data:`ROUTES` that is not its device's
+    kernel (nor, off the CPU, not run for want of the device); empty when all are."""
+    def ok(device: str, cell: str) -> bool:
+        return cell == KERNEL_ROUTES[device] or (device != "cpu" and cell.startswith("not run"))
+    return [f"route {device} {dtype}: {found.get(f'{device} {dtype}', 'not probed')}"
+            for device, dtype in ROUTES if not ok(device, found.get(f"{device} {dtype}", ""))]
 
 
 def run_release(venv: Path, release: str, source: Path) -> dict:
@@ -112,13 +112,11 @@ def run_release(venv: Path, release: str, source: Path) -> dict:
                  "error": (probe.stderr.strip().splitlines() or ["no output"])[-1]}
     tests = subprocess.run([python, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
                             *TESTS], cwd=source, env=env, capture_output=True, text=True)
-    failures = pytest_failures(tests.stdout)
-    if not same_release(found["torch"], release):
-        failures.insert(0, f"import torch gives {found['torch']}, not {release}")
-    if "error" in found:
-        failures.insert(0, f"route probe: {found['error']}")
-    ok = (tests.returncode == 0 and same_release(found["torch"], release)
-          and routes_ok(found["routes"]))
+    failures = [*([f"route probe: {found['error']}"] if "error" in found else []),
+                *([] if same_release(found["torch"], release)
+                  else [f"import torch gives {found['torch']}, not {release}"]),
+                *route_failures(found["routes"]), *pytest_failures(tests.stdout)]
+    ok = tests.returncode == 0 and not failures
     return {"release": release, "ok": ok, "tests": pytest_summary(tests.stdout),
             "failures": failures, "routes": found["routes"], "torch": found["torch"],
             "cuda_build": found.get("cuda_build"), "gpu": found.get("gpu"),
@@ -163,10 +161,10 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "that release pins installed on top (column *layer*; a `+cu…` torch is a CUDA build, "
         "run on the CPU where there is no GPU). A release passes when `import "
         "torch` gives it, `backend_for` (`oretrofit/_attention_kernels.py`) chooses the kernel "
-        f"route on CPU for {' and '.join(dtype for device, dtype in ROUTES if device == 'cpu')} "
-        f"(`{KERNEL_ROUTES['cpu']}`: its private aten ops exist and pass their check against "
-        f"the contract; `{FALLBACK}`: the fallback, with the reason), and the tests pass "
-        f"({', '.join(f'`{t}`' for t in TESTS)}). A CUDA route is `not run` without a GPU. "
+        f"route for every device and dtype of a *route* column (`{KERNEL_ROUTES['cpu']}`, "
+        f"`{KERNEL_ROUTES['cuda']}`: its private aten ops exist and pass their check against "
+        f"the contract; `{FALLBACK}`: the fallback, with the reason; a CUDA route is `not run` "
+        f"without a GPU), and the tests pass ({', '.join(f'`{t}`' for t in TESTS)}). "
         "The declared `torch` range in `pyproject.toml` admits the minors of the passing "
         "releases (`tests/test_metadata.py` checks it).",
         "",
