@@ -10,6 +10,7 @@ whose ``.pth`` file adds the main environment's packages underneath (``site.adds
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import platform
 import re
@@ -20,10 +21,27 @@ import sysconfig
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["export_head", "head_commit", "layered_venv", "layer_packages", "pytest_summary",
-           "receipt_command", "provenance_lines", "markdown_table"]
+from packaging.specifiers import SpecifierSet
+
+__all__ = ["sweep_parser", "export_head", "head_commit", "layered_venv", "layer_packages", "pytest_summary",
+           "pytest_failures", "receipt_command", "provenance_lines", "markdown_table",
+           "same_release"]
 
 _PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+
+
+def sweep_parser(description: str, package: str, releases: Sequence[str], out: Path
+                 ) -> argparse.ArgumentParser:
+    """The arguments every sweep takes: ``--venvs`` (its layers' folder, by default
+    ``~/.cache/oretrofit/PACKAGE-venvs``), ``--releases`` (comma-separated, ``releases`` by
+    default) and ``--out`` (the receipt's .md; its .json beside it)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--venvs", type=Path,
+                        default=Path.home() / ".cache" / "oretrofit" / f"{package}-venvs",
+                        help="folder of the per-release environments (outside the checkout)")
+    parser.add_argument("--releases", default=",".join(releases))
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
 
 
 def export_head(root: Path, dest: Path) -> Path:
@@ -46,9 +64,16 @@ def _purelib(python: Path) -> str:
                           check=True).stdout.strip()
 
 
+def same_release(installed: str, release: str) -> bool:
+    """Whether ``installed`` is what ``pip install PACKAGE==release`` accepts: the release or a
+    local build of it (``2.13.0+cpu`` for ``2.13.0``)."""
+    return SpecifierSet(f"=={release}").contains(installed)
+
+
 def _has_release(python: Path, package: str, release: str) -> bool:
-    probe = f"import importlib.metadata as m; assert m.version({package!r}) == {release!r}"
-    return subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0
+    probe = f"import importlib.metadata as m; print(m.version({package!r}))"
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    return done.returncode == 0 and same_release(done.stdout.strip(), release)
 
 
 def layered_venv(venv: Path, package: str, release: str) -> None:
@@ -91,6 +116,11 @@ def pytest_summary(text: str) -> str:
     """pytest's final counts (``57 passed, 6 warnings``) from its ``-q`` output."""
     lines = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
     return lines[-1].strip("= ").split(" in ")[0] if lines else "no summary"
+
+
+def pytest_failures(text: str) -> list[str]:
+    """The ``FAILED``/``ERROR`` lines of pytest's short summary (run with ``-rfE``)."""
+    return [line for line in text.splitlines() if line.startswith(("FAILED ", "ERROR "))]
 
 
 def receipt_command(script: str, argv: Sequence[str], machine_local: dict[Path, str]) -> str:

@@ -34,7 +34,8 @@ from pathlib import Path
 
 from packaging.version import Version
 from release_envs import (export_head, head_commit, layer_packages, layered_venv,
-                          markdown_table, provenance_lines, pytest_summary, receipt_command)
+                          markdown_table, provenance_lines, pytest_failures, pytest_summary,
+                          receipt_command)
 
 ROOT = Path(__file__).resolve().parent.parent
 # the host's behaviour; tests/test_docs_transformers.py (the docs' generated blocks) is not
@@ -49,11 +50,6 @@ RELEASES = ["4.53.3", "4.54.1", "4.55.4", "4.56.2", "4.57.6", "5.0.0", "5.1.0", 
             "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.2",
             "5.21.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-def _failures(output: str) -> list[str]:
-    """The ``FAILED``/``ERROR`` lines of pytest's short summary (``-rfE``)."""
-    return [line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))]
 
 
 def run_release(venv: Path, release: str, source: Path) -> dict:
@@ -76,7 +72,7 @@ def run_release(venv: Path, release: str, source: Path) -> dict:
                            cwd=source, env=env, capture_output=True, text=True)
     coverage = json.loads(probe.stdout)["archs"] if probe.returncode == 0 else {}
     return {"release": release, "ok": tests.returncode == 0,
-            "tests": pytest_summary(tests.stdout), "failures": _failures(tests.stdout),
+            "tests": pytest_summary(tests.stdout), "failures": pytest_failures(tests.stdout),
             "coverage": coverage, "layer": layer_packages(venv), "torch": torch,
             "wall_s": round(time.monotonic() - start)}
 

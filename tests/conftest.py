@@ -1,8 +1,12 @@
 """Shared fixtures: every test starts from a fixed seed; complete calibration records; a pickle
-payload that proves code ran; a path that is no regular file."""
+payload that proves code ran; a path that is no regular file; a release sweep's script as a
+module."""
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 # Triton's interpreter runs the fused OAttention kernels on CPU tensors (tests/test_attention_triton.py).
@@ -60,3 +64,21 @@ def special_file(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, 
         path.mkdir()
         return path, "a folder"
     return Path("/dev/null"), "a character device"
+
+
+@pytest.fixture(scope="session")
+def sweep_script() -> Callable[[str], ModuleType]:
+    """``load(name)``: ``scripts/NAME.py`` as a module, with ``scripts/`` importable while it
+    loads (the release sweeps import their shared ``release_envs`` from beside them)."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(scripts))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(scripts))
+        return module
+    return load

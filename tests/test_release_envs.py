@@ -29,20 +29,11 @@ def test_markdown_table_escapes_cell_pipes():
     assert lines == ["| a | b |", "| --- | --- |", "| x\\|y | 1 |"]
 
 
-def test_tabpfn_compat_has_a_column_per_model_version():
+def test_tabpfn_compat_has_a_column_per_model_version(sweep_script):
     """The sweep's columns are the model versions of the host's table, and so is the receipt's
     header."""
-    import sys
-
     from oretrofit.hosts.tabpfn.versions import VERSIONS
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        spec = importlib.util.spec_from_file_location("tabpfn_compat",
-                                                      ROOT / "scripts" / "tabpfn_compat.py")
-        compat = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(compat)
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    compat = sweep_script("tabpfn_compat")
     labels = tuple(v.label for v in VERSIONS)
     assert compat.LABELS == labels
     header = next(line for line in (ROOT / "results" / "tabpfn-compat.md").read_text().splitlines()
@@ -67,3 +58,17 @@ def test_first_releases_are_the_receipts():
         shipped = [row[0] for row in rows if (row[column] == "refused") == (version.sites is None)
                    and row[column] != "-" and not row[column].startswith("not run")]
         assert min(shipped, key=Version) == version.first_release, version.label
+
+
+def test_a_local_build_is_its_release():
+    """``torch==2.13.0`` installs ``2.13.0+cpu`` from a CPU index: the layer has the release."""
+    assert release_envs.same_release("2.13.0+cpu", "2.13.0")
+    assert release_envs.same_release("2.14.1", "2.14.1")
+    assert not release_envs.same_release("2.14.1+cu130", "2.14.0")
+    assert not release_envs.same_release("2.13.0+cpu", "2.13.0+cu130")
+
+
+def test_pytest_failures_are_the_short_summary_lines():
+    output = "..F\nFAILED tests/x.py::t - AssertionError\nERROR tests/y.py - ImportError\n1 failed"
+    assert release_envs.pytest_failures(output) == ["FAILED tests/x.py::t - AssertionError",
+                                                    "ERROR tests/y.py - ImportError"]
