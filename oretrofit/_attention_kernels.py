@@ -29,7 +29,8 @@ reference path, whose support excludes it).
 Kernels (:class:`Backend`; each must satisfy :func:`_math_forward` / :func:`_math_backward`):
 
 * CPU: ``aten::_scaled_dot_product_flash_attention_for_cpu`` and its ``_backward`` (fp32, fp64;
-  GQA natively; q, k and v must share the head size). Tested on torch 2.13.0 and 2.14.1 (results/torch-compat.md).
+  GQA natively; q, k and v must share the head size). Tested on torch 2.13.0 and 2.14.1
+  (the torch compat receipt, ``scripts/torch_compat.py``).
 * CUDA: ``aten::_scaled_dot_product_efficient_attention`` and its ``_backward`` (the
   memory-efficient kernel, the one with a bias and the LSE; fp32 here, head sizes in multiples
   of 8; its LSE is padded to multiples of 32 rows, its bias must be 4-D with 16-aligned strides,
