@@ -124,6 +124,21 @@ def test_tables_names_a_corrupt_run_json(capsys, monkeypatch, tmp_path):
              "column 2", "restore it or re-run into a new --out folder")
 
 
+@pytest.mark.parametrize("text, message", [
+    ('{"settings": {}, "settings": {}}', "gives the key 'settings' twice in one object"),
+    ('{"a": ' * 40 + "0" + "}" * 40, "nests objects or lists more than 32 levels deep, below "
+                                     "['a']['a']"),
+    ("[" * 100_000 + "]" * 100_000, "deeper than Python's JSON parser follows")])
+def test_tables_refuses_a_run_json_with_a_key_twice_or_nested_too_deep(
+        capsys, monkeypatch, tmp_path, text, message):
+    """Run-folder JSON is parsed as strictly as a spec: a key given twice was kept silently,
+    deep nesting a bare "maximum recursion depth exceeded"."""
+    (tmp_path / "run.json").write_text(text)
+    _refused(_cli(capsys, monkeypatch, "tables", tmp_path, "--no-plots"),
+             f"the run-folder record {tmp_path / 'run.json'} ", message,
+             "restore it or re-run into a new --out folder")
+
+
 def test_an_unexpected_error_is_one_plain_line(capsys, monkeypatch):
     def broken() -> None:
         raise ZeroDivisionError("division by zero [bold]")

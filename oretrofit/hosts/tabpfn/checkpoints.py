@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import json
 import os
 import pickle
 import sys
@@ -33,7 +32,7 @@ from typing import Any, Iterator
 import torch
 
 from ..._atomic import atomic_file
-from ..._files import FileRefused, regular_file
+from ..._files import FileRefused, parse_json, regular_file
 from ..._provenance import cache_dir, sha256_file
 from ..._registry import RetrofitError
 from . import releases
@@ -264,8 +263,9 @@ def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
         if path.suffix == ".safetensors":
             from safetensors import safe_open
             with safe_open(resolved, framework="pt", device="cpu") as fh:
-                checkpoint: dict[str, Any] = {k: json.loads(v)
-                                              for k, v in (fh.metadata() or {}).items()}
+                checkpoint: dict[str, Any] = {
+                    k: parse_json(v, f"its metadata entry {k!r}", "re-create it")
+                    for k, v in (fh.metadata() or {}).items()}
                 checkpoint["state_dict"] = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
         else:
             checkpoint = torch.load(resolved, map_location="cpu", weights_only=True)
