@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .._atomic import write_text_atomic
+from .._files import read_text
 from .card import compare_runs
 from .evaluate import SCORES, read_receipt
 
@@ -113,7 +114,8 @@ def refresh_documents(paths: Iterable[Path], check: bool = False, root: Path = P
     stale = 0
     for path in paths:
         try:
-            text, changed = refresh_comparisons(Path(path).read_text(), root)
+            text, changed = refresh_comparisons(
+                read_text(path, "the document", "text", "give a Markdown file"), root)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from exc
         stale += changed

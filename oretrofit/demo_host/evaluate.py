@@ -19,7 +19,6 @@ inference preset, which run to ship) are made, so the evaluation datasets decide
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 import warnings
@@ -28,6 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._files import FileRefused, read_json
 from .._markdown import pipe_table
 from .._provenance import environment, portable, sha256_file, write_json_atomic
 
@@ -136,9 +136,9 @@ def read_receipt(path: Path | str, given: str, keys: tuple[str, ...]) -> dict[st
     ValueError naming ``given``."""
     fix = "give a receipt written by `oretrofit demo-host eval --out`"
     try:
-        receipt = json.loads(Path(path).read_text())
-    except (OSError, ValueError, RecursionError) as exc:     # UnicodeDecodeError among them
-        raise ValueError(f"{given}: cannot be read as a receipt ({exc}); {fix}") from None
+        receipt = read_json(path, "the receipt", fix)
+    except FileRefused as exc:
+        raise ValueError(f"{given}: {exc}") from None
     missing = [key for key in keys if not isinstance(receipt, dict) or key not in receipt]
     if missing:
         raise ValueError(f"{given}: not a `demo-host eval` receipt (a JSON object with "
