@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._atomic import atomic_file
+from .._atomic import atomic_file, make_folder
 from .._files import regular_file
 from .._provenance import portable
 from .inference import DEFAULT_PRESET, inference_config
@@ -293,7 +293,7 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
     out = Path(out)
     if resume and init_from is not None:
         raise ValueError("--resume continues this run and --init-from starts a new stage; give one of them")
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, f"--out {out}")
     state, stages, weights = None, [], None
     if resume:
         state = load_state(out, "drop --resume to start fresh")

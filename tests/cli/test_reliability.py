@@ -146,3 +146,34 @@ def test_an_unexpected_error_is_one_plain_line(capsys, monkeypatch):
         errors.run(broken)
     assert exit_.value.code == 2
     assert capsys.readouterr().err == "error: ZeroDivisionError: division by zero [bold]\n"
+
+
+@pytest.mark.parametrize("args", [["sweep", "operators", "--quick", "--out", "{out}"],
+                                  ["tables", "{run}", "--no-plots", "--out", "{out}"]])
+@pytest.mark.parametrize("out, message", [
+    ("file", "{file} is a file, not a folder, and --out {file} must be a folder"),
+    ("file/sub", "{file} is a file, not a folder, so --out {file}/sub cannot be made under it")])
+def test_an_out_folder_that_is_a_file_is_named_before_any_work(
+        capsys, monkeypatch, tmp_path, table, args, out, message):
+    """`sweep operators --out FILE` ran the whole sweep, then failed; `tables --out FILE` said
+    "[Errno 17] File exists"."""
+    import oretrofit.sweep
+    monkeypatch.setattr(oretrofit.sweep, "run_operator_sweep", lambda *a, **k: pytest.fail(
+        "the sweep ran before --out was checked"))
+    file, run = tmp_path / "file", tmp_path / "run"
+    file.write_text("x")
+    if args[0] == "tables":
+        _cli(capsys, monkeypatch, "regress", "--data", table, "--target", "y", "--out", run, *SMALL)
+    given = [a.format(out=tmp_path / out, run=run) for a in args]
+    _refused(_cli(capsys, monkeypatch, *given), message.format(file=file),
+             "name an output path whose folders are folders, or move the file")
+    assert file.read_text() == "x"
+
+
+def test_demo_host_train_into_a_file_is_named(tmp_path):
+    """`demo-host train --out FILE` said "[Errno 17] File exists"."""
+    from oretrofit.demo_host.train import TrainConfig, train
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match=f"{tmp_path / 'file'} is a file, not a folder, "
+                                                  f"and --out {tmp_path / 'file'} must be"):
+        train(tmp_path / "file", TrainConfig(max_steps=1), progress=False)
