@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import socket
 import sys
@@ -42,8 +41,9 @@ from typing import Any, Iterable, Iterator, Mapping
 from .._atomic import make_folder, own_folder, refuse_link, sweep_temp_files
 from .._files import FileRefused
 from .._files import read_json as read_bounded_json
+from .._json_numbers import as_written, encode_non_finite
 from .._provenance import write_json_atomic
-from .cell_fields import cell_problem
+from .cell_fields import cell_problem, read_cell
 from .data import Dataset, spec_slug
 from .variants import check_record
 
@@ -150,7 +150,7 @@ class RunFolder:
         manifest = self.path / "run.json"
         if manifest.is_file():
             found = read_json(manifest, "restore it or use a new --out folder")
-            if found.get("settings") != json.loads(json.dumps(settings, default=str)):
+            if found.get("settings") != as_written(settings):
                 raise RunMismatch(
                     f"{self.path} holds results made with other settings "
                     f"({_difference(found.get('settings', {}), settings)}); "
@@ -202,7 +202,7 @@ class RunFolder:
         if not records:
             return
         known = self.variants()
-        wanted = json.loads(json.dumps(dict(records), default=str))
+        wanted = as_written(dict(records))
         for key, record in wanted.items():
             if key in known and known[key] != record:
                 raise RunMismatch(
@@ -242,7 +242,7 @@ class RunFolder:
 
     def cells(self) -> list[dict[str, Any]]:
         fix = "delete it and re-run; the run recomputes that cell"
-        found = [(p, read_json(p, fix)) for p in sorted(self.cells_dir.glob("*.json"))]
+        found = [(p, read_cell(read_json(p, fix))) for p in sorted(self.cells_dir.glob("*.json"))]
         for path, cell in found:
             problem = cell_problem(cell)
             if problem is not None:
@@ -250,8 +250,13 @@ class RunFolder:
         return [cell for _, cell in found]
 
 
+def _results(cell: Mapping[str, Any]) -> list[Any]:
+    """A cell's RMSE and R², comparable with ``==`` (a NaN R² by its name: NaN != NaN)."""
+    return encode_non_finite([cell["rmse"], cell["r2"]])
+
+
 def _difference(found: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:
-    wanted = json.loads(json.dumps(wanted, default=str))
+    wanted = as_written(wanted)
     keys = sorted(k for k in {*found, *wanted} if found.get(k) != wanted.get(k))
     return "; ".join(f"{k}: {found.get(k)!r} there, {wanted.get(k)!r} now" for k in keys)
 
@@ -299,8 +304,7 @@ def read_cells(folders: Iterable[str | os.PathLike[str]]
             datasets[spec] = receipt
         for cell in folder.cells():
             key = (cell["dataset"], cell["seed"], *cell_id(cell))
-            if key in cells and (cells[key]["rmse"], cells[key]["r2"]) != (cell["rmse"],
-                                                                            cell["r2"]):
+            if key in cells and _results(cells[key]) != _results(cell):
                 raise RunMismatch(f"cell {key} has different results in two run folders")
             cells[key] = cell
     if settings is None:

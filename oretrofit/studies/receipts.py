@@ -8,7 +8,6 @@ where it stopped; a stored run whose configuration differs is an error rather th
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .._files import read_json
+from .._json_numbers import as_written
 from .._provenance import environment, portable, write_json_atomic
 
 __all__ = ["SCHEMA_VERSION", "PlannedRun", "Receipt", "run_plan"]
@@ -76,7 +76,7 @@ class Receipt:
         stored = self.runs.get(run.run_id)
         if stored is None:
             return False
-        if stored["config"] != json.loads(json.dumps(run.config, default=str)):
+        if stored["config"] != as_written(run.config):
             raise ValueError(f"run {run.run_id} in {self.path} was made with another configuration; "
                              "delete that receipt or pass another --out folder to start afresh")
         return True

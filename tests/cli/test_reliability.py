@@ -4,6 +4,7 @@ start writes nothing into ``--out``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -177,3 +178,24 @@ def test_demo_host_train_into_a_file_is_named(tmp_path):
     with pytest.raises(NotADirectoryError, match=f"{tmp_path / 'file'} is a file, not a folder, "
                                                   f"and --out {tmp_path / 'file'} must be"):
         train(tmp_path / "file", TrainConfig(max_steps=1), progress=False)
+
+
+def test_a_nan_r2_is_written_as_strict_json_and_read_back(capsys, monkeypatch, tmp_path):
+    """A constant target's R² (NaN) was written as a bare NaN, which strict JSON parsers refuse,
+    and two run folders holding the same NaN cell were "different results" (NaN != NaN)."""
+    path = tmp_path / "c.csv"
+    pd.DataFrame({"a": range(40), "y": [3.0] * 40}).to_csv(path, index=False)
+    runs = [tmp_path / "r1", tmp_path / "r2"]
+    for run in runs:
+        code, _, err = _cli(capsys, monkeypatch, "regress", "--data", path, "--target", "y",
+                            "--out", run, *SMALL)
+        assert code == 0, err
+    cells = sorted((runs[0] / "cells").glob("*.json"))
+    assert cells
+    for cell in cells:
+        stored = json.loads(cell.read_text(), parse_constant=lambda token: pytest.fail(token))
+        assert stored["r2"] == "NaN" and stored["rmse"] == pytest.approx(0.0, abs=1e-6)
+    code, out, err = _cli(capsys, monkeypatch, "tables", *runs, "--no-plots", "--out",
+                          tmp_path / "t")
+    assert code == 0 and "error" not in err, err
+    assert "undefined where base RMSE is 0" in out
