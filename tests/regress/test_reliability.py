@@ -367,3 +367,30 @@ def test_killing_a_two_worker_driver_leaves_no_worker_running(tmp_path, zygote):
     while any(map(_alive, workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [w for w in workers if _alive(w)]
+
+
+def test_non_finite_predictions_are_refused_naming_the_cell(monkeypatch):
+    """A cell whose predictions held NaN was stored with a NaN RMSE, which `tables` refused with
+    "delete it and re-run" (which computed the same NaN)."""
+    import numpy as np
+
+    import oretrofit.tabpfn
+    from oretrofit._registry import RetrofitError
+    from oretrofit.regress import ModelSettings
+    from oretrofit.regress.runner import run_cell
+    from oretrofit.regress.store import Cell
+
+    class NaNRegressor:
+        def fit(self, X, y):
+            return self
+
+        def predict(self, X):
+            return np.where(np.arange(len(X)) % 2, np.nan, 1.0)
+
+    monkeypatch.setattr(oretrofit.tabpfn, "make_regressor", lambda *a, **k: (NaNRegressor(), None))
+    X, y = np.zeros((10, 2)), np.arange(10.0)
+    with pytest.raises(RetrofitError, match=r"^t.csv seed 11 arm base: 3 of 6 predictions of demo "
+                                            r"are NaN or infinite, so no RMSE can be scored.*"
+                                            r"--inference-precision"):
+        run_cell(Cell("t.csv", 11, "base", None), (X[:4], y[:4], X[4:], y[4:]), "demo",
+                 ModelSettings("demo"))

@@ -336,12 +336,17 @@ def _check_shapes(path: Path, checkpoint: dict[str, Any]) -> None:
 
 
 def _check_finite(path: Path, state_dict: dict[str, Any]) -> None:
-    """Refuse NaN or infinite weights (they make every prediction the same, silently)."""
-    for name, tensor in state_dict.items():
-        if torch.is_tensor(tensor) and tensor.is_floating_point() \
-                and not bool(torch.isfinite(tensor).all()):
-            raise RetrofitError(f"checkpoint {path}: tensor {name!r} holds NaN or infinite "
-                                "values; re-download or re-create the checkpoint")
+    """Refuse NaN or infinite weights, naming each such tensor and how many of its values (they
+    make every prediction NaN or the same, and a run would score them as a NaN RMSE)."""
+    found = [(name, int((~torch.isfinite(tensor)).sum()), tensor.numel())
+             for name, tensor in state_dict.items()
+             if torch.is_tensor(tensor) and tensor.is_floating_point()]
+    found = [entry for entry in found if entry[1]]
+    if found:
+        named = ", ".join(f"{name!r} ({bad} of {total} values)" for name, bad, total in found[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+        raise RetrofitError(f"checkpoint {path}: {len(found)} tensor(s) hold NaN or infinite "
+                            f"values: {named}{more}; re-download or re-create the checkpoint")
 
 
 def _check_inference_fields(path: Path, stored: dict[str, Any]) -> None:
