@@ -1,6 +1,8 @@
 """pretrain-eval: every model on the same splits, train-row caps, baseline reuse only when comparable."""
 
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -87,3 +89,16 @@ def test_a_receipt_that_is_not_one_is_named_by_the_option_that_gave_it(tmp_path,
     assert "written by `oretrofit demo-host eval --out`" in str(refused.value)
     with pytest.raises(ValueError, match=f"^--reuse-baselines {path}: "):
         evaluate({}, ["sklearn:diabetes"], n_seeds=1, reuse_baselines=path)
+
+
+@pytest.mark.parametrize("make, what", [(os.mkfifo, "is a named pipe (FIFO), not a regular file"),
+                                        (os.mkdir, "is a folder, not a regular file"),
+                                        (lambda path: None, "does not exist")])
+def test_a_receipt_that_is_no_file_is_named_for_what_it_is(tmp_path, make, what):
+    """`demo-host compare --receipt run=FIFO` said "does not exist" (a folder too)."""
+    from oretrofit.demo_host.documents import labelled_receipts
+    path = tmp_path / "r.json"
+    make(path)
+    with pytest.raises(ValueError, match=rf"^--receipt run={path}: the receipt {path} {re.escape(what)}; "
+                                         r"give a receipt written by"):
+        labelled_receipts([f"run={path}"])
