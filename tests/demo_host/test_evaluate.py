@@ -99,6 +99,6 @@ def test_a_receipt_that_is_no_file_is_named_for_what_it_is(tmp_path, make, what)
     from oretrofit.demo_host.documents import labelled_receipts
     path = tmp_path / "r.json"
     make(path)
-    with pytest.raises(ValueError, match=rf"^--receipt run={path}: the receipt {path} {re.escape(what)}; "
-                                         r"give a receipt written by"):
+    with pytest.raises(ValueError, match=rf"^--receipt run={path}: the receipt {path} "
+                                         rf"{re.escape(what)}; give a receipt written by"):
         labelled_receipts([f"run={path}"])

@@ -67,7 +67,7 @@ def test_a_receipt_that_is_not_one_is_refused_by_name(tmp_path, make, message):
     AttributeError: receipts are read by the bounded, strict reader."""
     path = tmp_path / "s.json"
     make(path)
-    with pytest.raises(ValueError, match=f"the study receipt {path} .*pass another --out") as refused:
+    with pytest.raises(ValueError, match=f"the study receipt {path} .*another --out") as refused:
         Receipt(path, "s", {})
     assert message in str(refused.value)
     with pytest.raises(ValueError, match="merge only receipts this study wrote") as refused:
