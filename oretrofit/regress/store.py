@@ -148,20 +148,20 @@ class RunFolder:
     def bind(self, settings: Mapping[str, Any]) -> None:
         """Write ``run.json`` on first use; afterwards refuse different shared settings."""
         manifest = self.path / "run.json"
-        if manifest.is_file():
-            found = read_json(manifest, "restore it or use a new --out folder")
-            if found.get("settings") != as_written(settings):
+        if os.path.lexists(manifest):
+            found = self.settings()
+            if found != as_written(settings):
                 raise RunMismatch(
                     f"{self.path} holds results made with other settings "
-                    f"({_difference(found.get('settings', {}), settings)}); "
-                    "use a new --out folder for these settings")
+                    f"({_difference(found, settings)}); use a new --out folder for these "
+                    "settings")
             return
         write_json_atomic(manifest, {"schema_version": SCHEMA_VERSION,
                                      "kind": "oretrofit.regress.run", "settings": settings})
 
     def settings(self) -> dict[str, Any]:
         manifest = self.path / "run.json"
-        if not manifest.is_file():
+        if not os.path.lexists(manifest):
             raise FileNotFoundError(f"{self.path} is not a regression run folder (no run.json); "
                                     "run `oretrofit regress --out DIR ...` first")
         found = read_json(manifest, "restore it or re-run into a new --out folder")
@@ -174,8 +174,12 @@ class RunFolder:
         """Store a dataset's receipt; a different checksum under the same spec is refused."""
         path = self.path / "datasets" / f"{spec_slug(dataset.spec)}.json"
         receipt = dataset.receipt()
-        if path.is_file():
-            known = read_json(path, "delete it; the next run records the dataset again")
+        if os.path.lexists(path):
+            fix = "delete it; the next run records the dataset again"
+            known = read_json(path, fix)
+            if not isinstance(known, dict) or "sha256" not in known:
+                raise RunMismatch(f"{path} is not a dataset receipt (a JSON object with "
+                                  f"sha256); {fix}")
             if known["sha256"] != receipt["sha256"]:
                 raise RunMismatch(f"dataset {dataset.spec} changed since this run folder was "
                                   f"made (SHA-256 {known['sha256'][:12]}… now "

@@ -394,3 +394,30 @@ def test_non_finite_predictions_are_refused_naming_the_cell(monkeypatch):
                                             r"--inference-precision"):
         run_cell(Cell("t.csv", 11, "base", None), (X[:4], y[:4], X[4:], y[4:]), "demo",
                  ModelSettings("demo"))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda path: path.write_text("[]"), "run.json has no settings object; restore it"),
+    (os.mkfifo, "run.json is a named pipe (FIFO), not a regular file; restore it"),
+    (os.mkdir, "run.json is a folder, not a regular file; restore it")])
+def test_a_run_json_that_is_not_one_is_named_when_a_run_binds(tmp_path, make, message):
+    """`regress` into a folder whose run.json was a list failed with an AttributeError; a FIFO
+    or folder there was overwritten or an IsADirectoryError."""
+    from oretrofit.regress.store import RunFolder, RunMismatch
+    make(tmp_path / "run.json")
+    with pytest.raises(RunMismatch) as refused:
+        RunFolder(tmp_path).bind({"model_path": "demo"})
+    assert message in str(refused.value)
+
+
+def test_a_dataset_receipt_that_is_not_one_is_named(tmp_path):
+    """A dataset receipt holding a list was a bare TypeError."""
+    from oretrofit.regress.data import load_dataset
+    from oretrofit.regress.store import RunFolder, RunMismatch, spec_slug
+    dataset = load_dataset("sklearn:diabetes")
+    path = tmp_path / "datasets" / f"{spec_slug(dataset.spec)}.json"
+    path.parent.mkdir()
+    path.write_text("[]")
+    with pytest.raises(RunMismatch, match=r"is not a dataset receipt \(a JSON object with "
+                                          r"sha256\); delete it"):
+        RunFolder(tmp_path).record_dataset(dataset)
