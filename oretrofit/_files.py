@@ -8,7 +8,9 @@ FIFO is never opened, so nothing waits for a writer), and so is a file larger th
 kind (:data:`LIMITS`). The readers here (:func:`read_bytes`, :func:`read_text`,
 :func:`read_json`) open with ``O_NONBLOCK``, check the opened file again (it may have been
 swapped since) and read at most the cap, so ``/dev/zero`` or a file that grows while it is read
-is refused instead of filling the memory.
+is refused instead of filling the memory. JSON is parsed by one strict parse,
+:func:`parse_json` (a key given twice or nesting deeper than :data:`JSON_MAX_DEPTH` refused by
+key or path), which the patch spec reader wraps too.
 """
 
 from __future__ import annotations
