@@ -117,14 +117,16 @@ def refuse_link(path: str | os.PathLike[str], found: os.stat_result | None = Non
 def make_folder(path: str | os.PathLike[str], output: str | os.PathLike[str] | None = None
                 ) -> Path:
     """Create the folder ``path`` and its missing parents; a file in the way is refused naming
-    it and ``output`` (what the folder is for; ``path`` itself by default), not as
-    ``[Errno 17] File exists``."""
+    it and ``output`` (the output the folder is made for, e.g. a file in it or the option that
+    named it), not as ``[Errno 17] File exists``."""
     path = Path(path)
     for folder in (*reversed(path.parents), path):
         if folder.exists() and not folder.is_dir():
-            raise NotADirectoryError(f"{folder} is a file, not a folder, so {output or path} "
-                                     "cannot be made under it; name an output path whose "
-                                     "folders are folders, or move the file")
+            inside = folder != path or (output is not None and Path(output).parent == path)
+            where = (f"so {output or path} cannot be made under it" if inside
+                     else f"and {output or 'the output folder'} must be a folder")
+            raise NotADirectoryError(f"{folder} is a file, not a folder, {where}; name an "
+                                     "output path whose folders are folders, or move the file")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

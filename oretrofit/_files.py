@@ -8,7 +8,9 @@ FIFO is never opened, so nothing waits for a writer), and so is a file larger th
 kind (:data:`LIMITS`). The readers here (:func:`read_bytes`, :func:`read_text`,
 :func:`read_json`) open with ``O_NONBLOCK``, check the opened file again (it may have been
 swapped since) and read at most the cap, so ``/dev/zero`` or a file that grows while it is read
-is refused instead of filling the memory.
+is refused instead of filling the memory. JSON is parsed by one strict parse,
+:func:`parse_json` (a key given twice or nesting deeper than :data:`JSON_MAX_DEPTH` refused by
+key or path), which the patch spec reader wraps too.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["LIMITS", "FileRefused", "regular_file", "check_folder_files", "read_bytes",
-           "read_text", "read_json"]
+           "read_text", "read_json", "parse_json", "JSON_MAX_DEPTH"]
 
 _MiB = 1 << 20
 # The largest file of each kind oretrofit reads (bytes): far above any real one of the kind.
@@ -31,6 +33,9 @@ LIMITS: dict[str, int] = {
     "table": 8 << 30,             # --data CSV/parquet, OpenML ARFF/parquet
     "checkpoint": 64 << 30,       # TabPFN checkpoints, model weights
 }
+# How deeply a JSON file oretrofit reads may nest objects and lists (a spec's calibration record
+# is the deepest oretrofit writes, at 3 levels; model configs and run-folder records are shallower).
+JSON_MAX_DEPTH = 32
 
 
 class FileRefused(ValueError):
@@ -120,11 +125,51 @@ def read_text(path: str | os.PathLike[str], what: str, kind: str, fix: str) -> s
 
 
 def read_json(path: str | os.PathLike[str], what: str, fix: str) -> Any:
-    """The JSON value of a file of at most ``LIMITS["json"]`` bytes; a file that is not JSON is
-    refused naming the line and column."""
-    text = read_text(path, what, "json", fix)
+    """The JSON value of a file of at most ``LIMITS["json"]`` bytes, parsed strictly
+    (:func:`parse_json`)."""
+    return parse_json(read_text(path, what, "json", fix), f"{what} {path}", fix)
+
+
+def parse_json(text: str, what: str, fix: str) -> Any:
+    """The JSON value of ``text`` (the content of ``what``), parsed strictly: text that is not
+    JSON (named by line and column), a key given twice in one object (JSON would keep the last
+    without a word) and nesting deeper than :data:`JSON_MAX_DEPTH` (or than Python's parser
+    follows, a bare RecursionError) are each a :class:`FileRefused` naming ``what``, the key or
+    the path, and ``fix``."""
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in found:
+                keys = ", ".join(repr(k) for k, _ in pairs)
+                raise FileRefused(f"{what} gives the key {key!r} twice in one object (in "
+                                  f"{{{keys[:120]}}}); JSON would keep only the last. Keep one "
+                                  f"of them, or {fix}")
+            found[key] = value
+        return found
+
     try:
-        return json.loads(text)
+        value = json.loads(text, object_pairs_hook=unique)
+        below = _too_deep(value, "", JSON_MAX_DEPTH)
     except json.JSONDecodeError as exc:
-        raise FileRefused(f"{what} {path} is not valid JSON (line {exc.lineno}, column "
-                          f"{exc.colno}: {exc.msg}); {fix}") from None
+        raise FileRefused(f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
+                          f"{exc.msg}); {fix}") from None
+    except RecursionError:
+        below = "[…] (deeper than Python's JSON parser follows)"
+    if below is not None:
+        raise FileRefused(f"{what} nests objects or lists more than {JSON_MAX_DEPTH} levels "
+                          f"deep, below {below[:60]}{'…' * (len(below) > 60)}; {fix}")
+    return value
+
+
+def _too_deep(value: Any, path: str, levels: int) -> str | None:
+    """The path below which ``value`` nests more than ``levels`` objects or lists, else None."""
+    children = (value.items() if isinstance(value, dict) else enumerate(value)
+                if isinstance(value, list) else ())
+    for key, child in children:
+        where = f"{path}[{key!r}]"
+        if levels == 0:
+            return where
+        found = _too_deep(child, where, levels - 1)
+        if found is not None:
+            return found
+    return None

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from ._atomic import atomic_file
+from ._json_numbers import encode_non_finite
 
 __all__ = ["cache_dir", "environment", "portable", "sha256_file", "weights_digest", "write_json_atomic",
            "git_revision"]
@@ -173,8 +174,11 @@ def weights_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Write JSON whole or not at all, never through a symbolic link (:mod:`oretrofit._atomic`)."""
+    """Write JSON whole or not at all, never through a symbolic link (:mod:`oretrofit._atomic`);
+    a non-finite float is written as its name (``"NaN"``: :mod:`oretrofit._json_numbers`), never
+    as a bare ``NaN`` that strict JSON parsers refuse."""
     with atomic_file(path, "w") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=False, default=str)
+        json.dump(encode_non_finite(obj), fh, indent=2, sort_keys=False, default=str,
+                  allow_nan=False)
         fh.write("\n")
     return Path(path)

@@ -83,6 +83,15 @@ def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROF
         raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
     tau, eps = check_positive("tau", tau), check_positive("eps", eps)
     site_tau = {str(k): check_positive(f"site_tau[{k!r}]", v) for k, v in (site_tau or {}).items()}
+    for option, patterns in (("targets", targets), ("exclude", exclude)):
+        if isinstance(patterns, str):
+            raise RetrofitError(f"{option} is a list of site patterns, got the string "
+                                f"{patterns!r} (read letter by letter); write "
+                                f"{option}=[{patterns!r}]")
+    if targets is not None and len(targets) == 0:
+        raise RetrofitError("targets=[] keeps no site, yet would be read as no filter and patch "
+                            "every site: pass targets=None to patch every site, or list the site "
+                            "patterns to keep")
     for pattern in (*site_tau, *(targets or ()), *(exclude or ())):
         _matches(pattern, "")                   # a bad regular expression fails here, by name
     if arm == "base" and (site_tau or targets or exclude):

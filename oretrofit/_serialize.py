@@ -18,7 +18,6 @@ re-applying the spec. One whose undos are closures (a user's site) is refused wi
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -27,6 +26,7 @@ import torch
 from torch import nn
 
 from ._atomic import atomic_file
+from ._files import FileRefused, parse_json
 from ._host import RetrofitError
 from ._presence import check_positive
 from ._provenance import weights_digest
@@ -106,52 +106,18 @@ CALIBRATION_KEYS = ("delta", "quantile", "probe_tau", "data", "sites", "rule")
 # entry is refused: an entry no check reads (a misspelt ``site_tua``) would be silently ignored.
 ARTIFACT_KEYS = ("source_checkpoint_sha256", "weights")
 CALIBRATION_OPTIONAL_KEYS = ("weights_sha256",)
-# How deeply a spec's JSON may nest (the calibration record's data is the deepest, at 3 levels).
-SPEC_MAX_DEPTH = 32
 _SPEC_FIX = "re-create the spec (`oretrofit calibrate --out`, Retrofit.save_spec)"
 
 
 def parse_spec_json(text: str) -> Any:
-    """The JSON value of a patch spec file's ``text``. A key given twice in one object (JSON
-    keeps the last without a word), nesting deeper than :data:`SPEC_MAX_DEPTH` and text that
-    is not JSON are each a :class:`RetrofitError` naming the key or the path."""
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        found: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in found:
-                raise RetrofitError(
-                    f"the patch spec gives the key {key!r} twice in one object (in "
-                    f"{{{', '.join(repr(k) for k, _ in pairs)[:120]}}}); JSON would keep only "
-                    f"the last. Keep one of them, or {_SPEC_FIX}")
-            found[key] = value
-        return found
-
+    """The JSON value of a patch spec file's ``text``, parsed strictly
+    (:func:`oretrofit._files.parse_json`: a key given twice, nesting too deep and text that is
+    not JSON refused by key or path), each refusal a :class:`RetrofitError` saying to re-create
+    the spec."""
     try:
-        value = json.loads(text, object_pairs_hook=unique)
-        below = _too_deep(value, "", SPEC_MAX_DEPTH)
-    except json.JSONDecodeError as exc:
-        raise RetrofitError(f"the patch spec is not JSON ({exc}); {_SPEC_FIX}") from None
-    except RecursionError:
-        below = "[…] (deeper than Python's JSON parser follows)"
-    if below is not None:
-        raise RetrofitError(f"the patch spec nests objects or lists more than {SPEC_MAX_DEPTH} "
-                            f"levels deep, below {below[:60]}{'…' * (len(below) > 60)}; "
-                            f"{_SPEC_FIX}")
-    return value
-
-
-def _too_deep(value: Any, path: str, levels: int) -> str | None:
-    """The path below which ``value`` nests more than ``levels`` objects or lists, else None."""
-    children = (value.items() if isinstance(value, dict) else enumerate(value)
-                if isinstance(value, list) else ())
-    for key, child in children:
-        where = f"{path}[{key!r}]"
-        if levels == 0:
-            return where
-        found = _too_deep(child, where, levels - 1)
-        if found is not None:
-            return found
-    return None
+        return parse_json(text, "the patch spec", _SPEC_FIX)
+    except FileRefused as exc:
+        raise RetrofitError(str(exc)) from None
 
 
 def check_spec_entries(spec: Mapping[str, Any]) -> None:

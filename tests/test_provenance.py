@@ -1,6 +1,7 @@
 import hashlib
 import importlib.util
 import json
+import math
 import re
 import stat
 import sys
@@ -121,3 +122,17 @@ def test_no_committed_receipt_or_document_names_a_machine_local_path():
              for path in [*_ABSOLUTE.findall(text), *pattern.findall(text)]
              if not path.startswith("/dev/")]
     assert not found, found
+
+
+def test_non_finite_numbers_are_written_by_name_not_as_bare_nan(tmp_path):
+    """write_json_atomic wrote a bare NaN (a constant target's R²), which strict JSON parsers
+    refuse; it is written as "NaN", as --json prints it, and read back by name."""
+    from oretrofit._json_numbers import decode_number
+    from oretrofit.cli.output import json_text
+    value = {"r2": float("nan"), "rows": [(float("inf"), -float("inf"))], "rmse": 0.5}
+    path = write_json_atomic(tmp_path / "cell.json", value)
+    stored = json.loads(path.read_text(), parse_constant=lambda token: pytest.fail(token))
+    assert stored == {"r2": "NaN", "rows": [["Infinity", "-Infinity"]], "rmse": 0.5}
+    assert stored == json.loads(json_text(value))
+    assert math.isnan(decode_number(stored["r2"])) and decode_number("NaN x") == "NaN x"
+    assert [decode_number(v) for v in stored["rows"][0]] == [math.inf, -math.inf]

@@ -139,6 +139,9 @@ def test_patch_twice_and_revert_twice_raise() -> None:
     (dict(exclude=["block.*"]), RetrofitError, "no site matched"),
     (dict(site_tau={"other.*": 1.0}), RetrofitError, "matches no planned site"),
     (dict(site_tau={"block.*": 0.0}), ValueError, "site_tau"),
+    (dict(targets=[]), RetrofitError, r"targets=\[\] keeps no site.*pass targets=None"),
+    (dict(exclude="block.*"), RetrofitError, r"exclude is a list of site patterns, got the "
+                                             r"string 'block\.\*'.*exclude=\['block\.\*'\]"),
 ])
 def test_bad_requests_are_refused_before_anything_changes(kwargs, error, message) -> None:
     model = Toy()

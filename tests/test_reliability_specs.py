@@ -136,7 +136,7 @@ def test_a_patched_artifacts_own_entries_are_known(demo_spec):
     ('{"calibration": ' * 40 + "null" + "}" * 40, "nests objects or lists more than 32 levels "
                                                    "deep, below ['calibration']['calibration']"),
     ("[" * 100_000 + "]" * 100_000, "deeper than Python's JSON parser follows"),
-    ("{", "the patch spec is not JSON (Expecting property name")])
+    ("{", "the patch spec is not valid JSON (line 1, column 2: Expecting property name")])
 def test_spec_json_with_a_key_twice_or_nested_too_deep_is_refused(tmp_path, text, message):
     """A key given twice kept the last; deep nesting was a RecursionError."""
     path = tmp_path / "spec.json"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from . import choices
 from .errors import fail
 from .output import print_json
 
@@ -19,7 +20,8 @@ def _split_list(values: list[str] | None) -> tuple[str, ...] | None:
 
 def experiment(
     name: str = typer.Argument(..., help="adapters, insertion, zero_columns, otransformer or "
-                                         "ostandardize"),
+                                         "ostandardize", callback=choices.one_of(
+                                             choices.names_in("oretrofit.studies", "STUDIES"))),
     quick: bool = typer.Option(False, "--quick", help="CI-size matrix: first data set, first "
                                "seed, 3 epochs (receipt NAME-quick.json)"),
     out: Path = typer.Option(Path("results/studies"), "--out", help="Folder for NAME.json "
@@ -40,9 +42,6 @@ def experiment(
     from oretrofit.studies import STUDIES, StudyOptions, run_study
     from oretrofit.studies.data import SEEDS, check_tasks
 
-    if name not in STUDIES:
-        raise typer.BadParameter(f"unknown study {name!r}; choose from {', '.join(STUDIES)}",
-                                 param_hint="NAME")
     study = STUDIES[name]
     chosen = _split_list(datasets)
     try:

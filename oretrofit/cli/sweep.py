@@ -26,13 +26,14 @@ def operators(
     """Max errors per property over seeds × shapes × dtypes; writes a JSON receipt and a table."""
     import torch
 
-    from .._atomic import write_text_atomic
+    from .._atomic import make_folder, write_text_atomic
     from .._provenance import environment, write_json_atomic
     from ..sweep import SweepConfig, operators_markdown, run_operator_sweep
 
     if device == "cuda" and not torch.cuda.is_available():
         raise typer.BadParameter("--device cuda was requested but torch sees no CUDA device; "
                                  "use --device cpu")
+    make_folder(out, f"--out {out}")               # a file in the way, before the sweep runs
     with _err.status("operator sweep") as status:
         receipt = run_operator_sweep(SweepConfig(device=device, quick=quick),
                                      progress=lambda msg: status.update(f"operator sweep: {msg}"))

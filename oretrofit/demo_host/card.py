@@ -220,6 +220,5 @@ Targets of issue 7 for a ≤ 2 h CPU budget (host ≥ baseline, mean R²):
 {chr(10).join(c for c in (training_command, evaluation_command) if c)}
 ```
 """
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, portable(text))      # paths as the receipts name them
     return out

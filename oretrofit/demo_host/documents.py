@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .._atomic import write_text_atomic
+from .._files import read_text
 from .card import compare_runs
 from .evaluate import SCORES, read_receipt
 
@@ -76,10 +77,7 @@ def labelled_receipts(items: Iterable[str], root: Path = Path(".")) -> dict[str,
         label, sep, path = item.partition("=")
         if not sep or not label:
             raise ValueError(f"--receipt {item!r} is not LABEL=PATH")
-        file = Path(root) / path
-        if not file.is_file():
-            raise ValueError(f"--receipt {item!r}: {path} does not exist; give a `demo-host eval` receipt")
-        receipts[label] = read_receipt(file, f"--receipt {item}", SCORES)
+        receipts[label] = read_receipt(Path(root) / path, f"--receipt {item}", SCORES)
     return receipts
 
 
@@ -113,7 +111,8 @@ def refresh_documents(paths: Iterable[Path], check: bool = False, root: Path = P
     stale = 0
     for path in paths:
         try:
-            text, changed = refresh_comparisons(Path(path).read_text(), root)
+            text, changed = refresh_comparisons(
+                read_text(path, "the document", "text", "give a Markdown file"), root)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from exc
         stale += changed

@@ -19,7 +19,6 @@ inference preset, which run to ship) are made, so the evaluation datasets decide
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 import warnings
@@ -28,6 +27,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._files import FileRefused, read_json
+from .._json_numbers import decode_number
 from .._markdown import pipe_table
 from .._provenance import environment, portable, sha256_file, write_json_atomic
 
@@ -136,14 +137,30 @@ def read_receipt(path: Path | str, given: str, keys: tuple[str, ...]) -> dict[st
     ValueError naming ``given``."""
     fix = "give a receipt written by `oretrofit demo-host eval --out`"
     try:
-        receipt = json.loads(Path(path).read_text())
-    except (OSError, ValueError, RecursionError) as exc:     # UnicodeDecodeError among them
-        raise ValueError(f"{given}: cannot be read as a receipt ({exc}); {fix}") from None
+        receipt = read_json(path, "the receipt", fix)
+    except FileRefused as exc:
+        raise ValueError(f"{given}: {exc}") from None
     missing = [key for key in keys if not isinstance(receipt, dict) or key not in receipt]
     if missing:
         raise ValueError(f"{given}: not a `demo-host eval` receipt (a JSON object with "
                          f"{', '.join(keys)}; it lacks {', '.join(missing)}); {fix}")
+    _read_back_scores(receipt)
     return receipt
+
+
+def _read_back_scores(receipt: dict[str, Any]) -> None:
+    """Turn the receipt's R² scores written by name (``"NaN"`` for a constant test target:
+    :mod:`oretrofit._json_numbers`) back into floats, in place: each result's ``r2`` and each
+    summary's ``mean`` and ``sd``."""
+    results, summary = receipt.get("results"), receipt.get("summary")
+    scores = [row for row in results if isinstance(row, dict)] if isinstance(results, list) else []
+    for by_model in summary.values() if isinstance(summary, dict) else ():
+        if isinstance(by_model, dict):
+            scores += [stats for stats in by_model.values() if isinstance(stats, dict)]
+    for entry in scores:
+        for key in ("r2", "mean", "sd"):
+            if key in entry:
+                entry[key] = decode_number(entry[key])
 
 
 def _reusable_baselines(previous: Path | None, data_receipts: dict[str, Any],

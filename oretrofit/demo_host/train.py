@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._atomic import atomic_file
+from .._atomic import atomic_file, make_folder
+from .._files import regular_file
 from .._provenance import portable
 from .inference import DEFAULT_PRESET, inference_config
 from .parallel import SOLO, Workers, spawn, weights_digest
@@ -172,9 +173,7 @@ def load_state(run: Path, fix: str) -> dict[str, Any]:
     containers of them, so a file that asks the unpickler for anything else (a ``__reduce__``
     payload, an arbitrary class) is refused before any of it runs.
     """
-    state_path = Path(run) / STATE_NAME
-    if not state_path.exists():
-        raise ValueError(f"{state_path} does not exist; {fix}")
+    state_path = regular_file(Path(run) / STATE_NAME, "the run state", "checkpoint", fix)
     try:
         state = torch.load(state_path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -294,7 +293,7 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
     out = Path(out)
     if resume and init_from is not None:
         raise ValueError("--resume continues this run and --init-from starts a new stage; give one of them")
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, f"--out {out}")
     state, stages, weights = None, [], None
     if resume:
         state = load_state(out, "drop --resume to start fresh")

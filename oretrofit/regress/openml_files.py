@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 from .._files import FileRefused, read_bytes, regular_file
 
-__all__ = ["check_cache_entry"]
+__all__ = ["check_cache_entry", "parquet_columns"]
 
 _OML = "{http://openml.org/openml}"
 _HEADER_LINE = 1 << 20                  # the longest ARFF header line read (bytes)
@@ -75,7 +75,8 @@ def _arff_columns(path: Path, most: int, broken: Callable[[str], Exception]) -> 
     return count
 
 
-def _parquet_columns(path: Path) -> int:
+def parquet_columns(path: Path) -> int:
+    """The number of columns of a parquet file, from its metadata alone (no row is read)."""
     import pyarrow.parquet as pq
     return pq.read_metadata(path).num_columns
 
@@ -100,7 +101,7 @@ def check_cache_entry(folder: Path, did: int, names: Iterable[str], max_features
                           for _ in description.iterfind(f"{_OML}{tag}"))
         parquet, arff = folder / f"dataset_{did}.pq", folder / "dataset.arff"
         if parquet.exists():
-            columns = _parquet_columns(parquet)
+            columns = parquet_columns(parquet)
             if columns > max_features + skipped:
                 raise too_wide(str(columns - skipped))
         elif arff.exists():

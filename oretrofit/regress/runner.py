@@ -41,7 +41,7 @@ import torch
 from .._presence import check_positive
 from .._presence_profile import PresenceProfile, presence_by_module
 from .._provenance import environment, portable
-from .._registry import ARMS
+from .._registry import ARMS, RetrofitError
 from .data import Dataset, canonical_spec, load_datasets
 from .protocol import PAPER_PROTOCOL, SplitProtocol, rmse_r2
 from .store import Cell, RunFolder
@@ -205,6 +205,25 @@ def _watch_driver(driver: int) -> None:
 _WATCHED: list[int] = []
 
 
+def _require_finite(cell: Cell, prediction: Any, model: ModelSettings) -> None:
+    """Refuse a cell whose predictions hold NaN or ±inf where they are made, naming the cell:
+    stored, its RMSE would be NaN, and ``tables`` would ask to re-run it, which computes the same
+    NaN. The checkpoint's weights are finite (checked when it is loaded), so the cause is how it
+    was run."""
+    values = np.asarray(prediction, dtype=np.float64).reshape(-1)
+    bad = int((~np.isfinite(values)).sum())
+    if bad:
+        tau = "" if cell.tau is None else f" τ {cell.tau:g}"
+        variant = f" variant {cell.variant}" if cell.variant else ""
+        raise RetrofitError(
+            f"{cell.dataset} seed {cell.seed} arm {cell.arm}{tau}{variant}: {bad} of "
+            f"{values.size} predictions of {model.model_path} are NaN or infinite, so no RMSE can "
+            "be scored (the checkpoint's weights are finite: they are checked when it is loaded). "
+            "Likely causes: a low --inference-precision (float16 overflows; use float32), an ε "
+            "or τ too small for this data, or features of extreme scale; run the base arm to "
+            "see whether the checkpoint alone predicts finite values")
+
+
 def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
              model: ModelSettings, driver: int | None = None,
              variant: Variant | None = None) -> tuple[Cell, dict[str, Any]]:
@@ -233,6 +252,7 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
         predict_start = time.perf_counter()
         prediction = regressor.predict(X_test)
         end = time.perf_counter()
+    _require_finite(cell, prediction, model)
     rmse, r2 = rmse_r2(y_test, prediction)
     return cell, {
         "rmse": rmse, "r2": r2, "n_train": int(len(y_train)), "n_test": int(len(y_test)),

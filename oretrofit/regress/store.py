@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import socket
 import sys
@@ -42,8 +41,9 @@ from typing import Any, Iterable, Iterator, Mapping
 from .._atomic import make_folder, own_folder, refuse_link, sweep_temp_files
 from .._files import FileRefused
 from .._files import read_json as read_bounded_json
+from .._json_numbers import as_written, encode_non_finite
 from .._provenance import write_json_atomic
-from .cell_fields import cell_problem
+from .cell_fields import cell_problem, read_cell
 from .data import Dataset, spec_slug
 from .variants import check_record
 
@@ -148,20 +148,20 @@ class RunFolder:
     def bind(self, settings: Mapping[str, Any]) -> None:
         """Write ``run.json`` on first use; afterwards refuse different shared settings."""
         manifest = self.path / "run.json"
-        if manifest.is_file():
-            found = read_json(manifest, "restore it or use a new --out folder")
-            if found.get("settings") != json.loads(json.dumps(settings, default=str)):
+        if os.path.lexists(manifest):
+            found = self.settings()
+            if found != as_written(settings):
                 raise RunMismatch(
                     f"{self.path} holds results made with other settings "
-                    f"({_difference(found.get('settings', {}), settings)}); "
-                    "use a new --out folder for these settings")
+                    f"({_difference(found, settings)}); use a new --out folder for these "
+                    "settings")
             return
         write_json_atomic(manifest, {"schema_version": SCHEMA_VERSION,
                                      "kind": "oretrofit.regress.run", "settings": settings})
 
     def settings(self) -> dict[str, Any]:
         manifest = self.path / "run.json"
-        if not manifest.is_file():
+        if not os.path.lexists(manifest):
             raise FileNotFoundError(f"{self.path} is not a regression run folder (no run.json); "
                                     "run `oretrofit regress --out DIR ...` first")
         found = read_json(manifest, "restore it or re-run into a new --out folder")
@@ -174,8 +174,12 @@ class RunFolder:
         """Store a dataset's receipt; a different checksum under the same spec is refused."""
         path = self.path / "datasets" / f"{spec_slug(dataset.spec)}.json"
         receipt = dataset.receipt()
-        if path.is_file():
-            known = read_json(path, "delete it; the next run records the dataset again")
+        if os.path.lexists(path):
+            fix = "delete it; the next run records the dataset again"
+            known = read_json(path, fix)
+            if not isinstance(known, dict) or "sha256" not in known:
+                raise RunMismatch(f"{path} is not a dataset receipt (a JSON object with "
+                                  f"sha256); {fix}")
             if known["sha256"] != receipt["sha256"]:
                 raise RunMismatch(f"dataset {dataset.spec} changed since this run folder was "
                                   f"made (SHA-256 {known['sha256'][:12]}… now "
@@ -202,7 +206,7 @@ class RunFolder:
         if not records:
             return
         known = self.variants()
-        wanted = json.loads(json.dumps(dict(records), default=str))
+        wanted = as_written(dict(records))
         for key, record in wanted.items():
             if key in known and known[key] != record:
                 raise RunMismatch(
@@ -242,7 +246,7 @@ class RunFolder:
 
     def cells(self) -> list[dict[str, Any]]:
         fix = "delete it and re-run; the run recomputes that cell"
-        found = [(p, read_json(p, fix)) for p in sorted(self.cells_dir.glob("*.json"))]
+        found = [(p, read_cell(read_json(p, fix))) for p in sorted(self.cells_dir.glob("*.json"))]
         for path, cell in found:
             problem = cell_problem(cell)
             if problem is not None:
@@ -250,8 +254,13 @@ class RunFolder:
         return [cell for _, cell in found]
 
 
+def _results(cell: Mapping[str, Any]) -> list[Any]:
+    """A cell's RMSE and R², comparable with ``==`` (a NaN R² by its name: NaN != NaN)."""
+    return encode_non_finite([cell["rmse"], cell["r2"]])
+
+
 def _difference(found: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:
-    wanted = json.loads(json.dumps(wanted, default=str))
+    wanted = as_written(wanted)
     keys = sorted(k for k in {*found, *wanted} if found.get(k) != wanted.get(k))
     return "; ".join(f"{k}: {found.get(k)!r} there, {wanted.get(k)!r} now" for k in keys)
 
@@ -299,8 +308,7 @@ def read_cells(folders: Iterable[str | os.PathLike[str]]
             datasets[spec] = receipt
         for cell in folder.cells():
             key = (cell["dataset"], cell["seed"], *cell_id(cell))
-            if key in cells and (cells[key]["rmse"], cells[key]["r2"]) != (cell["rmse"],
-                                                                            cell["r2"]):
+            if key in cells and _results(cells[key]) != _results(cell):
                 raise RunMismatch(f"cell {key} has different results in two run folders")
             cells[key] = cell
     if settings is None:

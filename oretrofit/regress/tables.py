@@ -207,7 +207,8 @@ def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
     tables = build_tables(summary)
     variants = any(c.get("variant") for c in cells)
     # the run folder's own tables folder is never a link (_atomic.own_folder); --out is yours
-    out = make_folder(out) if out is not None else own_folder(Path(folders[0]) / "tables")
+    out = (make_folder(out, f"--out {out}") if out is not None
+           else own_folder(Path(folders[0]) / "tables"))
     markdown = to_markdown(tables)
     lines = reading(summary)
     if lines:

@@ -25,8 +25,6 @@ read (:func:`check_record`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .._presence import check_positive
+from .._provenance import sha256_file
 from .._registry import ARMS, KINDS, RetrofitError, plan_retrofit, read_spec
 from .._serialize import calibrated_weights_digest
 
@@ -89,7 +88,7 @@ class Variant:
 def _read_spec(path: Path) -> tuple[dict[str, Any], str]:
     """The patch spec at ``path`` (checked by :func:`oretrofit.read_spec`) and its SHA-256."""
     try:
-        return dict(read_spec(path)), hashlib.sha256(path.read_bytes()).hexdigest()
+        return dict(read_spec(path)), sha256_file(path)
     except (OSError, ValueError) as exc:
         raise ValueError(f"--tau-spec {path}: {exc}") from None
 

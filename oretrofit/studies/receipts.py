@@ -8,7 +8,6 @@ where it stopped; a stored run whose configuration differs is an error rather th
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .._files import read_json
+from .._json_numbers import as_written
 from .._provenance import environment, portable, write_json_atomic
 
 __all__ = ["SCHEMA_VERSION", "PlannedRun", "Receipt", "run_plan"]
@@ -33,6 +34,21 @@ class PlannedRun:
     execute: Callable[[], dict[str, Any]]
 
 
+def _read_receipt(path: Path, study: str, fix: str) -> dict[str, Any]:
+    """The receipt of ``study`` at ``path``, read bounded and strictly
+    (:func:`oretrofit._files.read_json`); a file that is not a receipt of ``study`` (a JSON object
+    with its runs and sessions) is a ValueError naming it and ending in ``fix``."""
+    data = read_json(path, "the study receipt", fix)
+    if not (isinstance(data, dict) and isinstance(data.get("runs"), dict)
+            and isinstance(data.get("sessions"), list)):
+        raise ValueError(f"the study receipt {path} is not a receipt oretrofit wrote (a JSON "
+                         f"object with runs and sessions); {fix}")
+    if data.get("study") != study:
+        raise ValueError(f"{path} is a receipt of study {data.get('study')!r}, not {study!r}; "
+                         f"{fix}")
+    return data
+
+
 class Receipt:
     """The JSON receipt of one study at ``path`` (loaded when it exists, for resuming)."""
 
@@ -40,10 +56,7 @@ class Receipt:
                  new_session: bool = True) -> None:
         self.path = Path(path)
         if self.path.exists():
-            self.data = json.loads(self.path.read_text())
-            if self.data.get("study") != study:
-                raise ValueError(f"{self.path} is a receipt of study {self.data.get('study')!r}, "
-                                 f"not {study!r}; pass another --out folder")
+            self.data = _read_receipt(self.path, study, "pass another --out folder")
         else:
             self.data = {"schema_version": SCHEMA_VERSION, "study": study, "runs": {},
                          "sessions": []}
@@ -63,7 +76,7 @@ class Receipt:
         stored = self.runs.get(run.run_id)
         if stored is None:
             return False
-        if stored["config"] != json.loads(json.dumps(run.config, default=str)):
+        if stored["config"] != as_written(run.config):
             raise ValueError(f"run {run.run_id} in {self.path} was made with another configuration; "
                              "delete that receipt or pass another --out folder to start afresh")
         return True
@@ -80,10 +93,8 @@ class Receipt:
     def absorb(self, other: str | Path) -> int:
         """Add the runs of another receipt of this study (e.g. a parallel worker's, run with
         other seeds into another folder); returns how many runs were new here."""
-        data = json.loads(Path(other).read_text())
-        if data.get("study") != self.data["study"]:
-            raise ValueError(f"{other} is a receipt of study {data.get('study')!r}, not "
-                             f"{self.data['study']!r}")
+        data = _read_receipt(Path(other), self.data["study"], "merge only receipts this study "
+                             "wrote (its --out folders)")
         added = 0
         for run_id, run in data["runs"].items():
             mine = self.runs.get(run_id)

@@ -82,7 +82,7 @@ def test_reproduce_operators_and_study_are_the_runners_own_commands(tmp_path) ->
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["config"]["quick"] is True and (tmp_path / "operators-quick.md").is_file()
     bad = _invoke("reproduce", "study", "nope", "--out", tmp_path)
-    assert bad.exit_code == 2 and "unknown study 'nope'" in bad.output
+    assert bad.exit_code == 2 and "'nope' is not one of adapters" in bad.output
 
 
 def test_fixed_sets_an_argument_and_drops_it_from_the_command_line() -> None:

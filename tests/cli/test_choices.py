@@ -25,7 +25,9 @@ from oretrofit.cli.app import main
     (["calibrate", "--dataset", "sklearn:diabetes", "--arm", "full"], "'full' is not one of oa, "
                                                                       "full-o"),
     (["patch", "--arm", "all"], "'all' is not one of base, oa, full-o"),
-    (["sweep", "operators", "--device", "gpu"], "'gpu' is not one of cpu, cuda")])
+    (["sweep", "operators", "--device", "gpu"], "'gpu' is not one of cpu, cuda"),
+    (["experiment", "adapter"], "Invalid value for 'name': 'adapter' is not one of adapters, "
+                                "insertion, zero_columns, otransformer, ostandardize")])
 def test_a_value_outside_an_options_set_is_refused_naming_the_choices(
         capsys, monkeypatch, tmp_path, args, message):
     """``demo-host eval --inference bogus`` ran the baselines and wrote a receipt; int8 passed

@@ -4,6 +4,7 @@ start writes nothing into ``--out``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -124,6 +125,21 @@ def test_tables_names_a_corrupt_run_json(capsys, monkeypatch, tmp_path):
              "column 2", "restore it or re-run into a new --out folder")
 
 
+@pytest.mark.parametrize("text, message", [
+    ('{"settings": {}, "settings": {}}', "gives the key 'settings' twice in one object"),
+    ('{"a": ' * 40 + "0" + "}" * 40, "nests objects or lists more than 32 levels deep, below "
+                                     "['a']['a']"),
+    ("[" * 100_000 + "]" * 100_000, "deeper than Python's JSON parser follows")])
+def test_tables_refuses_a_run_json_with_a_key_twice_or_nested_too_deep(
+        capsys, monkeypatch, tmp_path, text, message):
+    """Run-folder JSON is parsed as strictly as a spec: a key given twice was kept silently,
+    deep nesting a bare "maximum recursion depth exceeded"."""
+    (tmp_path / "run.json").write_text(text)
+    _refused(_cli(capsys, monkeypatch, "tables", tmp_path, "--no-plots"),
+             f"the run-folder record {tmp_path / 'run.json'} ", message,
+             "restore it or re-run into a new --out folder")
+
+
 def test_an_unexpected_error_is_one_plain_line(capsys, monkeypatch):
     def broken() -> None:
         raise ZeroDivisionError("division by zero [bold]")
@@ -131,3 +147,55 @@ def test_an_unexpected_error_is_one_plain_line(capsys, monkeypatch):
         errors.run(broken)
     assert exit_.value.code == 2
     assert capsys.readouterr().err == "error: ZeroDivisionError: division by zero [bold]\n"
+
+
+@pytest.mark.parametrize("args", [["sweep", "operators", "--quick", "--out", "{out}"],
+                                  ["tables", "{run}", "--no-plots", "--out", "{out}"]])
+@pytest.mark.parametrize("out, message", [
+    ("file", "{file} is a file, not a folder, and --out {file} must be a folder"),
+    ("file/sub", "{file} is a file, not a folder, so --out {file}/sub cannot be made under it")])
+def test_an_out_folder_that_is_a_file_is_named_before_any_work(
+        capsys, monkeypatch, tmp_path, table, args, out, message):
+    """`sweep operators --out FILE` ran the whole sweep, then failed; `tables --out FILE` said
+    "[Errno 17] File exists"."""
+    import oretrofit.sweep
+    monkeypatch.setattr(oretrofit.sweep, "run_operator_sweep", lambda *a, **k: pytest.fail(
+        "the sweep ran before --out was checked"))
+    file, run = tmp_path / "file", tmp_path / "run"
+    file.write_text("x")
+    if args[0] == "tables":
+        _cli(capsys, monkeypatch, "regress", "--data", table, "--target", "y", "--out", run, *SMALL)
+    given = [a.format(out=tmp_path / out, run=run) for a in args]
+    _refused(_cli(capsys, monkeypatch, *given), message.format(file=file),
+             "name an output path whose folders are folders, or move the file")
+    assert file.read_text() == "x"
+
+
+def test_demo_host_train_into_a_file_is_named(tmp_path):
+    """`demo-host train --out FILE` said "[Errno 17] File exists"."""
+    from oretrofit.demo_host.train import TrainConfig, train
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match=f"{tmp_path / 'file'} is a file, not a folder, "
+                                                  f"and --out {tmp_path / 'file'} must be"):
+        train(tmp_path / "file", TrainConfig(max_steps=1), progress=False)
+
+
+def test_a_nan_r2_is_written_as_strict_json_and_read_back(capsys, monkeypatch, tmp_path):
+    """A constant target's R² (NaN) was written as a bare NaN, which strict JSON parsers refuse,
+    and two run folders holding the same NaN cell were "different results" (NaN != NaN)."""
+    path = tmp_path / "c.csv"
+    pd.DataFrame({"a": range(40), "y": [3.0] * 40}).to_csv(path, index=False)
+    runs = [tmp_path / "r1", tmp_path / "r2"]
+    for run in runs:
+        code, _, err = _cli(capsys, monkeypatch, "regress", "--data", path, "--target", "y",
+                            "--out", run, *SMALL)
+        assert code == 0, err
+    cells = sorted((runs[0] / "cells").glob("*.json"))
+    assert cells
+    for cell in cells:
+        stored = json.loads(cell.read_text(), parse_constant=lambda token: pytest.fail(token))
+        assert stored["r2"] == "NaN" and stored["rmse"] == pytest.approx(0.0, abs=1e-6)
+    code, out, err = _cli(capsys, monkeypatch, "tables", *runs, "--no-plots", "--out",
+                          tmp_path / "t")
+    assert code == 0 and "error" not in err, err
+    assert "undefined where base RMSE is 0" in out

@@ -1,6 +1,8 @@
 """pretrain-eval: every model on the same splits, train-row caps, baseline reuse only when comparable."""
 
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -69,18 +71,34 @@ def test_an_inference_preset_without_a_host_is_refused():
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"hosts": ', "cannot be read as a receipt (Expecting value"),
+    ('{"hosts": ', "the receipt {path} is not valid JSON (line 1, column 11: Expecting value"),
+    ('{"hosts": {}, "hosts": {}}', "the receipt {path} gives the key 'hosts' twice in one "
+                                   "object"),
     ("[1]", "not a `demo-host eval` receipt (a JSON object with hosts, summary; it lacks "
             "hosts, summary)")])
 def test_a_receipt_that_is_not_one_is_named_by_the_option_that_gave_it(tmp_path, text, message):
     """`demo-host compare` / `eval --reuse-baselines` said "Expecting value: line 1 ..." or
-    "AttributeError: 'list' object has no attribute 'get'", naming neither file nor option."""
+    "AttributeError: 'list' object has no attribute 'get'", naming neither file nor option; a
+    key given twice was kept silently (the receipt is read by the one strict parse)."""
     from oretrofit.demo_host.documents import labelled_receipts
     path = tmp_path / "r.json"
     path.write_text(text)
     with pytest.raises(ValueError) as refused:
         labelled_receipts([f"run={path}"])
-    assert str(refused.value).startswith(f"--receipt run={path}: {message}")
+    assert str(refused.value).startswith(f"--receipt run={path}: {message.format(path=path)}")
     assert "written by `oretrofit demo-host eval --out`" in str(refused.value)
     with pytest.raises(ValueError, match=f"^--reuse-baselines {path}: "):
         evaluate({}, ["sklearn:diabetes"], n_seeds=1, reuse_baselines=path)
+
+
+@pytest.mark.parametrize("make, what", [(os.mkfifo, "is a named pipe (FIFO), not a regular file"),
+                                        (os.mkdir, "is a folder, not a regular file"),
+                                        (lambda path: None, "does not exist")])
+def test_a_receipt_that_is_no_file_is_named_for_what_it_is(tmp_path, make, what):
+    """`demo-host compare --receipt run=FIFO` said "does not exist" (a folder too)."""
+    from oretrofit.demo_host.documents import labelled_receipts
+    path = tmp_path / "r.json"
+    make(path)
+    with pytest.raises(ValueError, match=rf"^--receipt run={path}: the receipt {path} "
+                                         rf"{re.escape(what)}; give a receipt written by"):
+        labelled_receipts([f"run={path}"])

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import os
 
 import numpy as np
 import pytest
@@ -176,6 +177,16 @@ def test_a_truncated_state_is_a_clear_error(tmp_path):
     train(run, dataclasses.replace(TINY, max_steps=1), progress=False)
     (run / STATE_NAME).write_bytes((run / STATE_NAME).read_bytes()[:100])
     with pytest.raises(ValueError, match="cannot be read as a run state"):
+        export_checkpoint(run, tmp_path / "tabpfn-v3-out.ckpt")
+
+
+def test_a_run_state_that_is_not_a_file_is_refused_by_what_it_is(tmp_path):
+    """A FIFO as ``train_state.pt`` made torch.load wait for a writer forever."""
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / STATE_NAME)
+    with pytest.raises(ValueError, match=r"the run state .*train_state\.pt is a named pipe "
+                                         r"\(FIFO\), not a regular file; point --run at"):
         export_checkpoint(run, tmp_path / "tabpfn-v3-out.ckpt")
 
 

@@ -367,3 +367,57 @@ def test_killing_a_two_worker_driver_leaves_no_worker_running(tmp_path, zygote):
     while any(map(_alive, workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [w for w in workers if _alive(w)]
+
+
+def test_non_finite_predictions_are_refused_naming_the_cell(monkeypatch):
+    """A cell whose predictions held NaN was stored with a NaN RMSE, which `tables` refused with
+    "delete it and re-run" (which computed the same NaN)."""
+    import numpy as np
+
+    import oretrofit.tabpfn
+    from oretrofit._registry import RetrofitError
+    from oretrofit.regress import ModelSettings
+    from oretrofit.regress.runner import run_cell
+    from oretrofit.regress.store import Cell
+
+    class NaNRegressor:
+        def fit(self, X, y):
+            return self
+
+        def predict(self, X):
+            return np.where(np.arange(len(X)) % 2, np.nan, 1.0)
+
+    monkeypatch.setattr(oretrofit.tabpfn, "make_regressor", lambda *a, **k: (NaNRegressor(), None))
+    X, y = np.zeros((10, 2)), np.arange(10.0)
+    with pytest.raises(RetrofitError, match=r"^t.csv seed 11 arm base: 3 of 6 predictions of demo "
+                                            r"are NaN or infinite, so no RMSE can be scored.*"
+                                            r"--inference-precision"):
+        run_cell(Cell("t.csv", 11, "base", None), (X[:4], y[:4], X[4:], y[4:]), "demo",
+                 ModelSettings("demo"))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda path: path.write_text("[]"), "run.json has no settings object; restore it"),
+    (os.mkfifo, "run.json is a named pipe (FIFO), not a regular file; restore it"),
+    (os.mkdir, "run.json is a folder, not a regular file; restore it")])
+def test_a_run_json_that_is_not_one_is_named_when_a_run_binds(tmp_path, make, message):
+    """`regress` into a folder whose run.json was a list failed with an AttributeError; a FIFO
+    or folder there was overwritten or an IsADirectoryError."""
+    from oretrofit.regress.store import RunFolder, RunMismatch
+    make(tmp_path / "run.json")
+    with pytest.raises(RunMismatch) as refused:
+        RunFolder(tmp_path).bind({"model_path": "demo"})
+    assert message in str(refused.value)
+
+
+def test_a_dataset_receipt_that_is_not_one_is_named(tmp_path):
+    """A dataset receipt holding a list was a bare TypeError."""
+    from oretrofit.regress.data import load_dataset
+    from oretrofit.regress.store import RunFolder, RunMismatch, spec_slug
+    dataset = load_dataset("sklearn:diabetes")
+    path = tmp_path / "datasets" / f"{spec_slug(dataset.spec)}.json"
+    path.parent.mkdir()
+    path.write_text("[]")
+    with pytest.raises(RunMismatch, match=r"is not a dataset receipt \(a JSON object with "
+                                          r"sha256\); delete it"):
+        RunFolder(tmp_path).record_dataset(dataset)

@@ -43,6 +43,22 @@ def test_an_arff_header_wider_than_the_limit_is_refused_before_its_data(openml_c
     assert time.perf_counter() - started < 5.0
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_data_file_wider_than_the_limit_is_refused_before_its_rows(tmp_path, monkeypatch,
+                                                                     suffix):
+    """A --data table of 2,001 feature columns was read whole (every row) before the limit
+    applied; its header (or parquet metadata) is counted first, as the OpenML cache's is."""
+    path = tmp_path / f"wide{suffix}"
+    frame = pd.DataFrame(np.zeros((3, MAX_FEATURES + 2)),
+                         columns=[*(f"a{i}" for i in range(MAX_FEATURES + 1)), "y"])
+    frame.to_parquet(path) if suffix == ".parquet" else frame.to_csv(path, index=False)
+    for reader in ("read_csv", "read_parquet"):
+        monkeypatch.setattr(pd, reader, lambda *a, **k: pytest.fail("rows read before the limit"))
+    with pytest.raises(DatasetUnavailable, match=rf"file:{path}#y: {MAX_FEATURES + 1} feature "
+                                                 rf"columns, more than the {MAX_FEATURES}"):
+        load_dataset(f"file:{path}#y")
+
+
 def test_a_device_in_the_openml_cache_is_refused_not_copied(openml_cache):
     features = _folder(openml_cache) / "features.xml"
     features.symlink_to("/dev/zero")

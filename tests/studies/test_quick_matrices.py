@@ -105,7 +105,7 @@ def test_cli_names_bad_input(tmp_path, cli):
                                    "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "choose from" in bad.output
     bad = CliRunner().invoke(cli, ["experiment", "nope", "--out", str(tmp_path)])
-    assert bad.exit_code != 0 and "unknown study" in bad.output
+    assert bad.exit_code != 0 and "'nope' is not one of adapters" in bad.output
 
 
 def test_merging_a_parallel_workers_receipt(tmp_path, cli):

@@ -1,6 +1,7 @@
 """Resumable receipts: finished runs are skipped, an interrupted plan resumes, configs must match."""
 
 import json
+import os
 
 import pytest
 
@@ -54,3 +55,21 @@ def test_absorb_checks_study_and_configuration(tmp_path):
         receipt.absorb(tmp_path / "b.json")
     with pytest.raises(ValueError, match="differs in configuration"):
         receipt.absorb(tmp_path / "c.json")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda path: os.mkfifo(path), "is a named pipe (FIFO), not a regular file"),
+    (lambda path: path.write_text('{"runs": {}, "runs": {}}'), "gives the key 'runs' twice"),
+    (lambda path: path.write_text("[1]"), "is not a receipt oretrofit wrote (a JSON object with "
+                                          "runs and sessions)")])
+def test_a_receipt_that_is_not_one_is_refused_by_name(tmp_path, make, message):
+    """A FIFO as a receipt hung, a key given twice was kept silently, a list was an
+    AttributeError: receipts are read by the bounded, strict reader."""
+    path = tmp_path / "s.json"
+    make(path)
+    with pytest.raises(ValueError, match=f"the study receipt {path} .*another --out") as refused:
+        Receipt(path, "s", {})
+    assert message in str(refused.value)
+    with pytest.raises(ValueError, match="merge only receipts this study wrote") as refused:
+        Receipt(tmp_path / "a.json", "s", {}).absorb(path)
+    assert message in str(refused.value)

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 import torch
 
+from ..._files import FileRefused, parse_json
 from ..._provenance import weights_digest
 from ..._registry import SPEC_VERSION, Retrofit, RetrofitError
 from .checkpoints import check_checkpoint_name, checkpoint_sha256, load_checkpoint, save_atomic
@@ -83,10 +84,9 @@ def read_patch_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
             "was written (its spec or weights do not match the checksum written with them)"
         raise RetrofitError(f"the patched artifact {path} {state}; {_RECREATE}")
     try:
-        spec = json.loads(raw)
-    except (TypeError, json.JSONDecodeError) as exc:
-        raise RetrofitError(f"the patch spec inside {path} is corrupt ({exc}); "
-                            f"{_RECREATE}") from exc
+        spec = parse_json(raw, f"the patch spec inside {path}", _RECREATE)
+    except FileRefused as exc:
+        raise RetrofitError(str(exc)) from None
     if not isinstance(spec, dict):
         raise RetrofitError(f"the patch spec inside {path} is not a JSON object; {_RECREATE}")
     if spec.get("schema_version") != SPEC_VERSION:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import json
 import os
 import pickle
 import sys
@@ -33,7 +32,7 @@ from typing import Any, Iterator
 import torch
 
 from ..._atomic import atomic_file
-from ..._files import FileRefused, regular_file
+from ..._files import FileRefused, parse_json, regular_file
 from ..._provenance import cache_dir, sha256_file
 from ..._registry import RetrofitError
 from . import releases
@@ -264,8 +263,9 @@ def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
         if path.suffix == ".safetensors":
             from safetensors import safe_open
             with safe_open(resolved, framework="pt", device="cpu") as fh:
-                checkpoint: dict[str, Any] = {k: json.loads(v)
-                                              for k, v in (fh.metadata() or {}).items()}
+                checkpoint: dict[str, Any] = {
+                    k: parse_json(v, f"its metadata entry {k!r}", "re-create it")
+                    for k, v in (fh.metadata() or {}).items()}
                 checkpoint["state_dict"] = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
         else:
             checkpoint = torch.load(resolved, map_location="cpu", weights_only=True)
@@ -336,12 +336,17 @@ def _check_shapes(path: Path, checkpoint: dict[str, Any]) -> None:
 
 
 def _check_finite(path: Path, state_dict: dict[str, Any]) -> None:
-    """Refuse NaN or infinite weights (they make every prediction the same, silently)."""
-    for name, tensor in state_dict.items():
-        if torch.is_tensor(tensor) and tensor.is_floating_point() \
-                and not bool(torch.isfinite(tensor).all()):
-            raise RetrofitError(f"checkpoint {path}: tensor {name!r} holds NaN or infinite "
-                                "values; re-download or re-create the checkpoint")
+    """Refuse NaN or infinite weights, naming each such tensor and how many of its values (they
+    make every prediction NaN or the same, and a run would score them as a NaN RMSE)."""
+    found = [(name, int((~torch.isfinite(tensor)).sum()), tensor.numel())
+             for name, tensor in state_dict.items()
+             if torch.is_tensor(tensor) and tensor.is_floating_point()]
+    found = [entry for entry in found if entry[1]]
+    if found:
+        named = ", ".join(f"{name!r} ({bad} of {total} values)" for name, bad, total in found[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+        raise RetrofitError(f"checkpoint {path}: {len(found)} tensor(s) hold NaN or infinite "
+                            f"values: {named}{more}; re-download or re-create the checkpoint")
 
 
 def _check_inference_fields(path: Path, stored: dict[str, Any]) -> None:

@@ -41,6 +41,21 @@ def test_a_config_larger_than_its_weights_is_refused_before_any_model_is_built(s
         load_checkpoint(path)
 
 
+def test_non_finite_weights_are_named_each_with_their_count(small_ckpt, tmp_path):
+    """Only the first NaN tensor was named, without how many of its values."""
+    checkpoint = torch.load(small_ckpt, weights_only=True)
+    state = checkpoint["state_dict"]
+    state["col_y_encoder.bias"][:3] = float("nan")
+    state["col_y_encoder.weight"].view(-1)[0] = float("inf")
+    path = tmp_path / "tabpfn-v3-nan.ckpt"
+    torch.save(checkpoint, path)
+    with pytest.raises(RetrofitError, match=r"tabpfn-v3-nan.ckpt: 2 tensor\(s\) hold NaN or "
+                                            r"infinite values: 'col_y_encoder.weight' \(1 of "
+                                            r"\d+ values\), 'col_y_encoder.bias' \(3 of 32 "
+                                            r"values\); re-download"):
+        load_checkpoint(path)
+
+
 def test_a_special_file_as_checkpoint_is_refused_without_reading_it(special_file):
     path, what = special_file
     with pytest.raises(RetrofitError, match=rf"checkpoint {path} is {what}, not a regular file; "
