@@ -61,10 +61,10 @@ def _entries() -> list[_Entry]:
 
 
 def _memoizable(h: Tensor) -> bool:
-    return (torch.is_tensor(h) and not h.is_inference()
+    return (not torch.compiler.is_compiling()          # first: what follows breaks a graph
+            and torch.is_tensor(h) and not h.is_inference()
             and not (h.requires_grad and torch.is_grad_enabled())
-            and not _OBSERVERS.get() and not _NORM_OBSERVERS.get()
-            and not torch.compiler.is_compiling())
+            and not _OBSERVERS.get() and not _NORM_OBSERVERS.get())
 
 
 def carrier_presence(h: Tensor, tau: float) -> Tensor:
