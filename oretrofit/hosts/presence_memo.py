@@ -11,7 +11,8 @@ counter (an in-place change, ``h.add_(…)`` or ``h[0] = 0``, misses). It is not
 cannot be told or where sharing would change what a caller sees, and :func:`presence` runs as
 before:
 
-* inference tensors (``torch.inference_mode``) keep no version counter;
+* inference tensors keep no version counter, and neither does what ``torch.inference_mode``
+  computes;
 * under autograd (a carrier that requires grad) a kept presence would keep the graph alive;
 * presence and norm observers (:func:`oretrofit.observe_presence`, :func:`oretrofit.calibrate`)
   count every computation;
@@ -63,6 +64,7 @@ def _entries() -> list[_Entry]:
 def _memoizable(h: Tensor) -> bool:
     return (not torch.compiler.is_compiling()          # first: what follows breaks a graph
             and torch.is_tensor(h) and not h.is_inference()
+            and not torch.is_inference_mode_enabled()   # its results keep no version either
             and not (h.requires_grad and torch.is_grad_enabled())
             and not _OBSERVERS.get() and not _NORM_OBSERVERS.get())
 

@@ -429,3 +429,4 @@ def test_carrier_presence_is_computed_each_time_under_autograd_and_observers() -
     with torch.inference_mode():
         y = torch.randn(2, 5, D)
         assert carrier_presence(y, 0.5) is not carrier_presence(y, 0.5)
+        assert carrier_presence(x, 0.5) is not carrier_presence(x, 0.5)   # made outside it
