@@ -46,6 +46,7 @@ from .._components import o_gate
 from .._host import KINDS, RetrofitError, Site, inside, join_path, register_host
 from .._patching import SiteConfig, Undo, UndoAll, set_site, site_config
 from .._presence import presence
+from .presence_memo import carrier_presence
 
 __all__ = ["register_module_site", "unregister_module_site", "set_site", "site_config",
            "gated_linear", "patch_all",
@@ -87,7 +88,7 @@ class ONormSite:
 
     def forward(self, h: Tensor) -> Tensor:
         config = site_config(self, NORM)
-        return o_gate(presence(h, config.tau), super().forward(h))
+        return o_gate(carrier_presence(h, config.tau), super().forward(h))
 
 
 class OMLPSite:
@@ -96,7 +97,7 @@ class OMLPSite:
 
     def forward(self, x: Tensor) -> Tensor:
         config = site_config(self, FFN)
-        return o_gate(presence(x, config.tau), super().forward(x))
+        return o_gate(carrier_presence(x, config.tau), super().forward(x))
 
 
 def _batch_major(t: Tensor, batch_first: bool, unbatched: bool) -> Tensor:

@@ -399,3 +399,34 @@ def test_weight_held_directly_by_a_module_is_uncovered() -> None:
     with retrofitted(model, "full-o", allow_partial=True) as r:
         assert r.spec()["uncovered"] == ["pos_embedding (parameter of ViTEncoder)",
                                          "table (buffer of ViTEncoder)"]
+
+
+def test_carrier_presence_is_shared_only_for_the_same_unchanged_carrier() -> None:
+    from oretrofit.hosts.presence_memo import carrier_presence
+    h = torch.randn(2, 5, D)
+    first = carrier_presence(h, 0.5)
+    assert carrier_presence(h, 0.5) is first
+    assert torch.equal(first, presence(h, 0.5))
+    assert carrier_presence(h.clone(), 0.5) is not first          # another tensor, equal values
+    assert torch.equal(carrier_presence(h, 2.0), presence(h, 2.0))   # another τ
+    h[0, 0] = 0.0                                                  # changed in place
+    again = carrier_presence(h, 0.5)
+    assert again is not first and again[0, 0] == 0.0
+    assert torch.equal(again, presence(h, 0.5))
+    again.mul_(2.0)                                                # the presence changed in place
+    assert torch.equal(carrier_presence(h, 0.5), presence(h, 0.5))
+
+
+def test_carrier_presence_is_computed_each_time_under_autograd_and_observers() -> None:
+    from oretrofit.hosts.presence_memo import carrier_presence
+    h = torch.randn(2, 5, D, requires_grad=True)
+    assert carrier_presence(h, 0.5) is not carrier_presence(h, 0.5)
+    seen: list[Tensor] = []
+    x = torch.randn(2, 5, D)
+    with oretrofit.observe_presence(seen.append):
+        carrier_presence(x, 0.5), carrier_presence(x, 0.5)
+    assert len(seen) == 2
+    with torch.inference_mode():
+        y = torch.randn(2, 5, D)
+        assert carrier_presence(y, 0.5) is not carrier_presence(y, 0.5)
+        assert carrier_presence(x, 0.5) is not carrier_presence(x, 0.5)   # made outside it

@@ -166,9 +166,12 @@ def _with_sinks(sinks: Tensor, key: Tensor, value: Tensor, p_keys: Tensor, mask:
 
 def _original_implementation(config: Any) -> str:
     """The attention implementation the user chose for ``config`` (before the switch or since;
-    ``sdpa`` when no switch holds it)."""
-    switch = _SWITCHED.get(id(config))
-    return switch.original if switch is not None and switch.config is config else "sdpa"
+    ``sdpa`` when no switch holds it). Read from the config alone (its class says whether a
+    switch holds it, its own dict holds the choice), as the switch's :attr:`original` is, so
+    ``torch.compile`` traces it without a graph break (a weak-value lookup breaks the graph)."""
+    if isinstance(config, FollowsRetrofit):
+        return config.__dict__.get("_attn_implementation_internal")
+    return "sdpa"
 
 
 def _run_original(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,

@@ -33,6 +33,7 @@ from ..._components import o_gate
 from ..._patching import SiteConfig, Undo, noop, set_site, site_config
 from ..._presence import presence
 from ..._host import RetrofitError
+from ..presence_memo import carrier_presence
 from ..torch_nn import ATTENTION, gated_linear, patch_all
 from .cache import UNSEEN, expect_keys
 
@@ -304,7 +305,7 @@ class CarrierPresence:
     def capture(self, carrier: Tensor, cache: Any = None) -> None:
         """ρτ of the carrier; with a KV cache the keys' presences come from the cache layer the
         call writes its keys to (:mod:`.cache`), set when it writes them."""
-        p = presence(carrier, self.config.tau)                                   # (B, N)
+        p = carrier_presence(carrier, self.config.tau)                           # (B, N)
         self.query = p
         if self.cross:
             return
@@ -404,7 +405,7 @@ class _BranchGate:
         self.config, self.p = config, None
 
     def capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self.p = presence(carrier_of(args, kwargs), self.config.tau)
+        self.p = carrier_presence(carrier_of(args, kwargs), self.config.tau)
 
     def gate(self, module: nn.Module, args: tuple, output: Any) -> Any:
         p, self.p = self.p, None

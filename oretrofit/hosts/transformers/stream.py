@@ -37,7 +37,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..._host import RetrofitError
 from ..._patching import SiteConfig, Undo
-from ..._presence import presence
+from ..presence_memo import carrier_presence
 from ..torch_nn import patch_all
 from .layouts import is_norm_named, is_qk_norm
 from .releases import carrier_of, gate_branch_output
@@ -168,7 +168,7 @@ class _TracedGate:
         if self.trace is None and self.how not in self.checked:
             raise self._refuse(f"this call reads the stream as {self.how}, its first read it as "
                                f"{' or '.join(sorted(self.checked))}")
-        self.p = presence(self.stream, self.config.tau)
+        self.p = carrier_presence(self.stream, self.config.tau)
 
     def leave_branch(self, module: nn.Module, args: tuple, output: Any) -> Any:
         gated = gate_branch_output(self.p, output, module)

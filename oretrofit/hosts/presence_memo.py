@@ -1,0 +1,84 @@
+"""ρτ of a carrier computed once when several hooks of a forward gate by the same tensor.
+
+In a pre-norm layer under ``full-o`` the norm in front of the attention and the attention's
+capture read the same carrier (the layer input), and the norm in front of the MLP and the FFN
+gate read the same stream: :func:`carrier_presence` returns the presence the first of them
+computed instead of computing it again.
+
+A memo entry is used only for the very tensor it was computed from, unchanged: it holds a weak
+reference to the carrier (a freed tensor whose ``id`` is reused misses) and the carrier's version
+counter (an in-place change, ``h.add_(…)`` or ``h[0] = 0``, misses). It is not used where that
+cannot be told or where sharing would change what a caller sees, and :func:`presence` runs as
+before:
+
+* inference tensors keep no version counter, and neither does what ``torch.inference_mode``
+  computes;
+* under autograd (a carrier that requires grad) a kept presence would keep the graph alive;
+* presence and norm observers (:func:`oretrofit.observe_presence`, :func:`oretrofit.calibrate`)
+  count every computation;
+* while ``torch.compile`` traces, the compiler shares equal subexpressions itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+from torch import Tensor
+
+from .._presence import _NORM_OBSERVERS, _OBSERVERS, presence
+
+__all__ = ["carrier_presence"]
+
+# A handful of carriers are live at once in a forward (the layer input, the stream before the
+# MLP): the memo keeps the most recent few, per thread.
+_SIZE = 4
+
+
+class _Entry:
+    """ρτ ``p`` of ``carrier`` at ``tau``, with both tensors' versions when it was computed."""
+
+    __slots__ = ("carrier", "version", "tau", "p", "p_version")
+
+    def __init__(self, carrier: Tensor, tau: float, p: Tensor) -> None:
+        self.carrier = weakref.ref(carrier)
+        self.version, self.tau, self.p, self.p_version = carrier._version, tau, p, p._version
+
+    def holds(self, carrier: Tensor, tau: float) -> bool:
+        """Whether this entry is ρτ of ``carrier`` as it is now (and ``p`` as computed)."""
+        return (self.carrier() is carrier and self.version == carrier._version
+                and self.tau == tau and self.p_version == self.p._version)
+
+
+_LOCAL = threading.local()
+
+
+def _entries() -> list[_Entry]:
+    entries = getattr(_LOCAL, "entries", None)
+    if entries is None:
+        entries = _LOCAL.entries = []
+    return entries
+
+
+def _memoizable(h: Tensor) -> bool:
+    return (not torch.compiler.is_compiling()          # first: what follows breaks a graph
+            and torch.is_tensor(h) and not h.is_inference()
+            and not torch.is_inference_mode_enabled()   # its results keep no version either
+            and not (h.requires_grad and torch.is_grad_enabled())
+            and not _OBSERVERS.get() and not _NORM_OBSERVERS.get())
+
+
+def carrier_presence(h: Tensor, tau: float) -> Tensor:
+    """ρτ(h) as :func:`oretrofit._presence.presence` computes it, shared with the hooks that read
+    the same unchanged carrier ``h`` at the same ``tau`` (module docstring)."""
+    if not _memoizable(h):
+        return presence(h, tau)
+    entries = _entries()
+    for entry in entries:
+        if entry.holds(h, tau):
+            return entry.p
+    p = presence(h, tau)
+    entries.insert(0, _Entry(h, tau, p))
+    del entries[_SIZE:]
+    return p
