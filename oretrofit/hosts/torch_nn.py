@@ -46,7 +46,7 @@ from .._components import o_gate
 from .._host import KINDS, RetrofitError, Site, inside, join_path, register_host
 from .._patching import SiteConfig, Undo, UndoAll, set_site, site_config
 from .._presence import presence
-from .presence_memo import carrier_presence
+from .._presence_memo import carrier_presence
 
 __all__ = ["register_module_site", "unregister_module_site", "set_site", "site_config",
            "gated_linear", "patch_all",

@@ -402,7 +402,7 @@ def test_weight_held_directly_by_a_module_is_uncovered() -> None:
 
 
 def test_carrier_presence_is_shared_only_for_the_same_unchanged_carrier() -> None:
-    from oretrofit.hosts.presence_memo import carrier_presence
+    from oretrofit._presence_memo import carrier_presence
     h = torch.randn(2, 5, D)
     first = carrier_presence(h, 0.5)
     assert carrier_presence(h, 0.5) is first
@@ -418,7 +418,7 @@ def test_carrier_presence_is_shared_only_for_the_same_unchanged_carrier() -> Non
 
 
 def test_carrier_presence_is_computed_each_time_under_autograd_and_observers() -> None:
-    from oretrofit.hosts.presence_memo import carrier_presence
+    from oretrofit._presence_memo import carrier_presence
     h = torch.randn(2, 5, D, requires_grad=True)
     assert carrier_presence(h, 0.5) is not carrier_presence(h, 0.5)
     seen: list[Tensor] = []

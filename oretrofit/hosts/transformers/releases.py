@@ -33,7 +33,7 @@ from ..._components import o_gate
 from ..._patching import SiteConfig, Undo, noop, set_site, site_config
 from ..._presence import presence
 from ..._host import RetrofitError
-from ..presence_memo import carrier_presence
+from ..._presence_memo import carrier_presence
 from ..torch_nn import ATTENTION, gated_linear, patch_all
 from .cache import UNSEEN, expect_keys
 

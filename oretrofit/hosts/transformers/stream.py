@@ -37,7 +37,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..._host import RetrofitError
 from ..._patching import SiteConfig, Undo
-from ..presence_memo import carrier_presence
+from ..._presence_memo import carrier_presence
 from ..torch_nn import patch_all
 from .layouts import is_norm_named, is_qk_norm
 from .releases import carrier_of, gate_branch_output

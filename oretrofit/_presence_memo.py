@@ -27,7 +27,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from .._presence import _NORM_OBSERVERS, _OBSERVERS, presence
+from ._presence import _NORM_OBSERVERS, _OBSERVERS, presence
 
 __all__ = ["carrier_presence"]
 
