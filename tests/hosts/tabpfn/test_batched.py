@@ -345,5 +345,5 @@ def test_the_gpu_script_runs_the_benchmark_with_options_it_has():
                 and not l.lstrip().startswith("#"))
     help_text = subprocess.run([sys.executable, str(root / "benchmarks/bench_batched.py"),
                                 "--help"], capture_output=True, text=True, check=True).stdout
-    assert "--device cuda" in line
+    assert '--device "$DEVICE"' in line and re.search(r"^DEVICE=cuda$", script, re.M)
     assert all(re.search(rf"{w}\b", help_text) for w in line.split() if w.startswith("--"))
