@@ -133,9 +133,13 @@ def _presence_layer(layer: Any) -> Any:
     """A fresh, empty layer of ``layer``'s kind (its settings: window, maximum length; none of
     its tensors). A quantized layer's presences are kept unquantized, in a dynamic layer: it
     returns its keys in the order they were written."""
-    from transformers.cache_utils import BaseQuantizedLayer, DynamicLayer
-    if isinstance(layer, BaseQuantizedLayer):
-        return DynamicLayer()
+    from transformers import cache_utils
+    # the quantized layers' base: BaseQuantizedLayer from transformers 5.x's later releases,
+    # QuantizedLayer before
+    quantized = tuple(getattr(cache_utils, name) for name in
+                      ("BaseQuantizedLayer", "QuantizedLayer") if hasattr(cache_utils, name))
+    if isinstance(layer, quantized):
+        return cache_utils.DynamicLayer()
     tensors = {id(t): None for t in vars(layer).values() if isinstance(t, Tensor) and t.dim()}
     fresh = copy.deepcopy(layer, tensors)
     fresh.keys = fresh.values = None
