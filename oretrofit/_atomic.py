@@ -30,6 +30,8 @@ import stat
 from pathlib import Path
 from typing import IO, Iterator
 
+from ._files import _kind_of
+
 __all__ = ["atomic_file", "write_text_atomic", "sweep_temp_files", "scratch_folder", "make_folder",
            "own_folder", "refuse_link", "LinkedPath", "TEMP_SUFFIX"]
 
@@ -108,7 +110,7 @@ def refuse_link(path: str | os.PathLike[str], found: os.stat_result | None = Non
     if stat.S_ISLNK(found.st_mode):
         raise LinkedPath(f"{path} is a symbolic link (to {os.readlink(path)}); {fix}")
     if not (stat.S_ISDIR(found.st_mode) or stat.S_ISREG(found.st_mode)):
-        raise LinkedPath(f"{path} is a special file (a named pipe, device or socket); {fix}")
+        raise LinkedPath(f"{path} is {_kind_of(found.st_mode)}, not a file or folder; {fix}")
     if not stat.S_ISDIR(found.st_mode) and found.st_nlink > 1:
         raise LinkedPath(f"{path} is a file with {found.st_nlink} hard links (other names share "
                          f"its contents); {fix}")
