@@ -33,6 +33,14 @@ def test_a_hard_link_at_the_lock_is_refused_and_its_file_kept(tmp_path):
     assert victim.read_text() == "keep me\n"
 
 
+def test_a_named_pipe_at_the_lock_is_refused_by_what_it_is(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    os.mkfifo(out / ".lock")
+    with pytest.raises(LinkedPath, match=r"\.lock is a named pipe \(FIFO\), not a file or folder"):
+        _run(out, _table(tmp_path / "t.csv"))
+
+
 @pytest.mark.parametrize("name", ["cells", "datasets", "invocations"])
 def test_a_linked_subfolder_of_a_run_is_refused_and_nothing_written_there(tmp_path, name):
     elsewhere = tmp_path / "elsewhere"
