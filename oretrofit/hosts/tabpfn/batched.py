@@ -59,6 +59,7 @@ from . import forward_plan
 from .padding import (BlockInput, CellAndRowTokens, Layout, RecordedCall, boundaries_of,
                       shadow)
 from .rendezvous import Aborted, Rendezvous
+from .rng_forks import serialized_rng_forks
 
 __all__ = ["predict_batched", "predict_proba_batched", "default_jobs"]
 
@@ -271,16 +272,18 @@ def _run_window(estimator: Any, model: nn.Module, method: str, forwards: _Forwar
                 ) -> list[Any]:
     """Datasets ``first, first + 1, …`` each on a thread, their forwards batched by round."""
     rendezvous = Rendezvous(len(data), n_jobs)
-    for k, dataset in enumerate(data):
-        rendezvous.start(k, functools.partial(
-            _fit_and_predict, estimator, model, method, first + k, *dataset, kwargs,
-            rendezvous.forward(first + k, _recorded)))
-    try:
-        for posted in rendezvous.rounds():
-            rendezvous.answer(posted, forwards.answers([p.call for p in posted]))
-    except BaseException:
-        rendezvous.abort()
-        raise
+    # datasets seeding torch's global generator on threads side by side take turns
+    with serialized_rng_forks():
+        for k, dataset in enumerate(data):
+            rendezvous.start(k, functools.partial(
+                _fit_and_predict, estimator, model, method, first + k, *dataset, kwargs,
+                rendezvous.forward(first + k, _recorded)))
+        try:
+            for posted in rendezvous.rounds():
+                rendezvous.answer(posted, forwards.answers([p.call for p in posted]))
+        except BaseException:
+            rendezvous.abort()
+            raise
     if rendezvous.errors:
         raise rendezvous.errors[min(rendezvous.errors)]
     return rendezvous.results
