@@ -32,9 +32,10 @@ __all__ = ["cudnn_backend", "cuda_cudnn_backend"]
 
 
 def cudnn_backend(forward_op: Callable, backward_op: Callable) -> Backend:
-    """A :class:`Backend` on ops with the signatures of ``aten::_scaled_dot_product_cudnn_attention``
-    and its ``_backward`` (module docstring). Taking the ops as arguments lets the tests check
-    this adaptation on the CPU against an emulation of the ops' contract."""
+    """A :class:`Backend` on ops with the signatures of
+    ``aten::_scaled_dot_product_cudnn_attention`` and its ``_backward`` (module docstring).
+    Taking the ops as arguments lets the tests check this adaptation on the CPU against an
+    emulation of the ops' contract."""
 
     def forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float
                 ) -> tuple[Tensor, Tensor]:

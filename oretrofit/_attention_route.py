@@ -5,7 +5,8 @@ the softmax statistics in fp32:
 
 1. ``triton``: the fused kernel pair of :mod:`oretrofit._attention_triton` (also softcap, dropout);
 2. ``cudnn``: cuDNN attention with the key bias and its LSE (:mod:`oretrofit._attention_cudnn`);
-3. ``flex``: compiled FlexAttention with a ``score_mod`` (:mod:`oretrofit._attention_flex`; softcap);
+3. ``flex``: compiled FlexAttention with a ``score_mod`` (:mod:`oretrofit._attention_flex`;
+   softcap);
 4. ``efficient``: the memory-efficient kernel in the inputs' dtype.
 
 Routes 2 and 4 are kernel backends of :func:`oretrofit._attention_kernels.o_attention_lse`, which
@@ -119,7 +120,10 @@ def _passes(route: Route, device: torch.device, dtype: torch.dtype) -> bool:
     if key not in _CHECKED:
         passed = dtype in _CHECK_TOLERANCE and route.ready()
         if passed:
-            failure = check_route(route.run, device, dtype)
+            # The first call may come from a frozen host's no_grad or inference_mode forward;
+            # the check's gradients need autograd.
+            with torch.inference_mode(False), torch.enable_grad():
+                failure = check_route(route.run, device, dtype)
             if failure:
                 kernels._report_failed_check(f"the {route.name} OAttention route", device, dtype,
                                              failure, "OAttention tries the next route, or "

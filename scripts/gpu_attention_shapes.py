@@ -169,7 +169,8 @@ def route_failures(device: torch.device, shapes: list[tuple[int, ...]]) -> list[
 
 def markdown(device_name: str, failures: list[str], rows: list[dict[str, object]],
              rounds: int, error_n: int) -> str:
-    header = ["B", "H", "Hkv", "N", "d", "dtype", "pass", "route", "SDPA ms", "OA ms", "OA / SDPA",
+    header = ["B", "H", "Hkv", "N", "d", "dtype", "pass", "route", "SDPA ms", "OA ms",
+              "OA / SDPA",
               "memory OA / SDPA", "error OA", "error SDPA", "OA / SDPA error (worst of out, dq, dk, dv)"]
     body = []
     for r in rows:

@@ -239,6 +239,18 @@ def test_a_failing_check_falls_to_the_next_route_and_warns_once(chain) -> None:
     assert torch.equal(out, on_route("cudnn")(q, k, v, p_q, p_k))
 
 
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_a_first_call_without_autograd_still_checks_the_route(chain, context) -> None:
+    chain(ROUTES["cudnn"])
+    q, k, v, p_q, p_k = half_inputs(torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with context():
+            out, _ = o_attention(q, k, v, p_q, p_k)
+    assert route._CHECKED == {("cudnn", "cpu", torch.bfloat16, torch.__version__): True}
+    assert torch.equal(out, on_route("cudnn")(q, k, v, p_q, p_k))
+
+
 def test_routes_that_do_not_serve_a_call_are_skipped_without_a_check(chain) -> None:
     absent = route.Route("absent", ("cpu",), lambda: False, failing("absent").run)
     chain(absent, ROUTES["cudnn"], ROUTES["flex"])
