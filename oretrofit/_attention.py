@@ -42,14 +42,16 @@ so a null source (w_ij = 0) stays exactly 0 under any mask, a null receiver (p_i
 exactly 0, and empty support gives exact zeros. It materialises the weights, so it takes the
 reference path.
 
-Softcap and dropout select the reference path (:func:`o_attention`), except on the Triton route.
+Softcap and dropout select the reference path (:func:`o_attention`), except on a kernel route
+that computes them (Triton: both; FlexAttention: softcap).
 
-Half precision: bf16/fp16 inputs on CUDA take the fused Triton route of
-:mod:`oretrofit._attention_triton` (q, k, v stay in their dtype; the softmax statistics are fp32;
-the key bias, the ε sink, the gate, dropout and softcap are in the kernel, and its backward gives
-dq, dk, dv, dp_q and dp_k), once :func:`oretrofit._attention_route.triton_for` has checked it
-for that device, dtype and torch version. ``precision="fp32"``, or a torch without Triton, computes
-them in fp32 on the paths above (upcast copies).
+Half precision: bf16/fp16 inputs on CUDA take the first kernel route of
+:mod:`oretrofit._attention_route` that serves the call and has passed its check for that device,
+dtype and torch version, in this order: the fused Triton kernels (the key bias, the ε sink, the
+gate, dropout and softcap in the kernel), cuDNN attention with the key bias and its LSE,
+FlexAttention, the memory-efficient kernel in the inputs' dtype. q, k, v stay in their dtype and
+the softmax statistics are fp32; every route gives dq, dk, dv, dp_q and dp_k. ``precision="fp32"``,
+or no route that passes, computes them in fp32 on the paths above (upcast copies).
 """
 
 from __future__ import annotations
@@ -282,7 +284,7 @@ def _sdpa_with_sink(q: Tensor, k: Tensor, v: Tensor, p_k: Tensor, attn_mask: Ten
         width = -(-width // 8) * 8          # flash/efficient kernels want head sizes in multiples of 8
     k_aug = k.new_zeros(b, hk, n_k + 1, width)                               # (B, Hk, Nk+1, w)
     k_aug[:, :, :n_k, :d] = k
-    k_aug[:, :, :n_k, d] = _source_logit(p_k, q.dtype) / scale              # (B, Hk|1, Nk)
+    k_aug[:, :, :n_k, d] = kernels.source_logit(p_k, q.dtype) / scale       # (B, Hk|1, Nk)
     k_aug[:, :, n_k, d] = math.log(eps) / scale
     v_aug = v.new_zeros(b, hk, n_k + 1, width)                               # sink value is 0
     v_aug[:, :, :n_k, :dv] = v
@@ -291,18 +293,6 @@ def _sdpa_with_sink(q: Tensor, k: Tensor, v: Tensor, p_k: Tensor, attn_mask: Ten
     q_aug[..., d] = 1.0
     return F.scaled_dot_product_attention(q_aug, k_aug, v_aug, attn_mask=attn_mask, scale=scale,
                                           enable_gqa=hk != h)[..., :dv]
-
-
-def _source_logit(p_k: Tensor, ct: torch.dtype) -> Tensor:
-    """log p_j for live sources; a finite ``_NULL_LOGIT`` (e^{…} = 0 exactly) for null ones.
-
-    (B, N) -> (B, 1, N); (B, Hk, N) kept. Double where: the log of a null presence is never
-    evaluated, so its gradient stays finite (0), and the constant keeps 0·k = 0 in the backward.
-    """
-    pk = p_k if p_k.dim() == 3 else p_k[:, None, :]
-    live = pk != 0
-    log_pk = torch.log(torch.where(live, pk, torch.ones_like(pk)))
-    return torch.where(live, log_pk, torch.full((), _NULL_LOGIT, dtype=ct, device=pk.device))
 
 
 def _sdpa_mask(mask: Tensor | None, n_k: int, ct: torch.dtype) -> Tensor | None:
@@ -322,36 +312,32 @@ def _sdpa_mask(mask: Tensor | None, n_k: int, ct: torch.dtype) -> Tensor | None:
 PRECISIONS = ("auto", "fp32")
 
 
-def _triton_serves(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, softcap: float | None,
-                   dropout_p: float, precision: str) -> bool:
-    """Whether this call takes the fused Triton route (module docstring): q, k and v of one
-    dtype and head size, not empty, no mask requiring grad; half precision under
-    ``precision="auto"``, or fp32 with a softcap or dropout (which the fp32 kernels lack); and
-    :func:`oretrofit._attention_route.triton_for` passed for this device and dtype."""
+def _kernel_route(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, softcap: float | None,
+                  dropout_p: float, precision: str) -> route.Route | None:
+    """The kernel route of :mod:`oretrofit._attention_route` this call takes, or None (module
+    docstring): q, k and v of one dtype and head size, not empty, no mask requiring grad; half
+    precision under ``precision="auto"``, or fp32 with a softcap or dropout (which the fp32
+    kernels lack); and a route that serves it and passed its check for this device and dtype."""
     half = q.dtype in (torch.bfloat16, torch.float16)
     if not ((half and precision == "auto")
             or (q.dtype == torch.float32 and (softcap is not None or dropout_p > 0.0))):
-        return False
-    if q.device.type not in route.TRITON_DEVICES:
-        return False
+        return None
     if k.dtype != q.dtype or v.dtype != q.dtype or v.shape[-1] != q.shape[-1]:
-        return False
+        return None
     if q.numel() == 0 or k.numel() == 0 or (mask is not None and mask.requires_grad):
-        return False
-    return route.triton_for(q.device, q.dtype)
+        return None
+    return route.route_for(q.device, q.dtype, q.shape[-1], softcap is not None, dropout_p > 0.0)
 
 
-def _o_attention_triton(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
-                        mask: Tensor | None, eps: float, scale: float | None,
-                        softcap: float | None, dropout_p: float) -> Tensor:
-    """The fused Triton route after the shared input checks (``softcap`` validated here)."""
+def _o_attention_route(chosen: route.Route, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor,
+                       p_k: Tensor, mask: Tensor | None, eps: float, scale: float | None,
+                       softcap: float | None, dropout_p: float) -> Tensor:
+    """A kernel route after the shared input checks (``softcap`` validated here)."""
     shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
     if softcap is not None:
         softcap = check_positive("softcap", softcap)
-    from ._attention_triton import o_attention_triton
     visible, bias = _split_mask(mask, torch.float32)
-    return o_attention_triton(q, k, v, p_q, p_k, visible, bias, eps, shp.scale, softcap,
-                              dropout_p)
+    return chosen.run(q, k, v, p_q, p_k, visible, bias, eps, shp.scale, softcap, dropout_p)
 
 
 def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
@@ -372,19 +358,20 @@ def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
         scale: score scale, default ``1/sqrt(d)``.
         need_weights: also return ``w_ij`` ``(B, H, Nq, Nk)``; selects the reference path.
         softcap: c > 0 caps the scores, ``s_ij = c·tanh(scale·q_i·k_j / c)`` (Gemma2's attention
-            logit soft-capping), before a float mask's finite bias is added. On the Triton route
-            (below) it is fused; elsewhere it selects the reference path (the cap is not linear
-            in k, so no augmented SDPA call computes it).
+            logit soft-capping), before a float mask's finite bias is added. On the Triton and
+            FlexAttention routes (below) it is fused; elsewhere it selects the reference path
+            (the cap is not linear in k, so no augmented SDPA call computes it).
         dropout_p: attention-weight dropout in [0, 1], applied whenever > 0 (as SDPA's
             ``dropout_p``; pass 0 in eval mode): ``out_i = p_i Σ_j δ_ij w_ij v_j`` with
             δ_ij ∈ {0, 1/(1 − dropout_p)}. On the Triton route δ comes from Philox on a seed
             drawn from torch's generator (``torch.manual_seed`` reproduces it); elsewhere
             ``F.dropout`` draws it on the ``(B, H, Nq, Nk)`` weights of the reference path, and
             ``need_weights`` then returns the dropped weights δ_ij w_ij.
-        precision: ``"auto"`` (default): bf16/fp16 inputs on CUDA take the fused Triton route
-            (:mod:`oretrofit._attention_triton`: q, k, v in their dtype, softmax statistics in
-            fp32) where Triton is installed and passes its check, else they are computed in
-            fp32; ``"fp32"``: half-precision inputs are always computed in fp32 (upcast copies).
+        precision: ``"auto"`` (default): bf16/fp16 inputs on CUDA take the first kernel route
+            that passes its check (:mod:`oretrofit._attention_route`: Triton, cuDNN,
+            FlexAttention, memory-efficient; q, k, v in their dtype, softmax statistics in
+            fp32), else they are computed in fp32; ``"fp32"``: half-precision inputs are always
+            computed in fp32 (upcast copies).
 
     Returns:
         ``(out (B, H, Nq, dv), weights or None)`` in the dtype of ``q``. Empty or fully masked
@@ -394,8 +381,10 @@ def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
         raise ValueError(f"precision must be one of {PRECISIONS} ('fp32' computes half-precision "
                          f"inputs in fp32); got {precision!r}")
     _check_dropout(dropout_p)
-    if not need_weights and _triton_serves(q, k, v, mask, softcap, dropout_p, precision):
-        return _o_attention_triton(q, k, v, p_q, p_k, mask, eps, scale, softcap, dropout_p), None
+    chosen = None if need_weights else _kernel_route(q, k, v, mask, softcap, dropout_p, precision)
+    if chosen is not None:
+        return _o_attention_route(chosen, q, k, v, p_q, p_k, mask, eps, scale, softcap,
+                                  dropout_p), None
     if need_weights or softcap is not None or dropout_p != 0.0:
         return o_attention_reference(q, k, v, p_q, p_k, mask, eps, scale, need_weights, softcap,
                                      dropout_p)

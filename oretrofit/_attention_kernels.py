@@ -42,10 +42,12 @@ A kernel is used only after :func:`backend_for` has checked, once per device typ
 its ops exist and satisfy the contract on a tiny case (the private ops may change between torch
 versions); otherwise OAttention keeps the augmented-copy path.
 
-The half-precision CUDA route is another kind of kernel: :mod:`oretrofit._attention_triton`
-computes the whole operator (bias, ε sink, gate, dropout, softcap) in q's dtype;
-:mod:`oretrofit._attention_route` checks it before use. Where Triton is missing or fails its
-check, OAttention computes in fp32 as above.
+Half precision on CUDA (:mod:`oretrofit._attention_route`, a chain of checked routes): the
+fused Triton kernels compute the whole operator in q's dtype; cuDNN attention
+(:mod:`oretrofit._attention_cudnn`) and the memory-efficient kernel in q's dtype are backends of
+:func:`o_attention_lse` (one backward call, not tiles: :attr:`Backend.tiled`; presence statistics
+in fp32); FlexAttention composes :func:`sink_gate` under autograd. Where none passes its check,
+OAttention computes in fp32 as above.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class Backend:
     backward: Backward
     head_multiple: int = 1
     width_multiple: int = 1
+    # Backward by tiles of BACKWARD_TILE (bounded augmented copies on a CPU); False: one call,
+    # since on a GPU a tile's launch costs more than its work.
+    tiled: bool = True
 
 
 def _math_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float
@@ -154,12 +159,14 @@ def _efficient_bias(bias: Tensor, shape: tuple[int, ...]) -> Tensor:
     return bias.expand(shape)
 
 
-def efficient_backend(forward_op: Callable, backward_op: Callable) -> Backend:
+def efficient_backend(forward_op: Callable, backward_op: Callable, tiled: bool = True
+                      ) -> Backend:
     """A :class:`Backend` on the memory-efficient kernel's ops (``forward_op`` as
     ``aten::_scaled_dot_product_efficient_attention``, ``backward_op`` as its ``_backward``):
     LSE padded to multiples of 32 rows, bias expanded with aligned strides, GQA by repeating
     k/v (the kernel wants equal head counts). Taking the ops as arguments lets the tests check
-    this adaptation on CPU against an emulation of the ops' contract."""
+    this adaptation on CPU against an emulation of the ops' contract. ``tiled``: as
+    :attr:`Backend.tiled` (the fp32 route keeps its tiles; the half-precision route, one call)."""
 
     def forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float
                 ) -> tuple[Tensor, Tensor]:
@@ -182,17 +189,18 @@ def efficient_backend(forward_op: Callable, backward_op: Callable) -> Backend:
                                     False, scale=scale)
         return dq, _sum_groups(dk, kv_heads), _sum_groups(dv, kv_heads)
 
-    return Backend("cuda-efficient", forward, backward, head_multiple=8, width_multiple=16)
+    return Backend("cuda-efficient", forward, backward, head_multiple=8, width_multiple=16,
+                   tiled=tiled)
 
 
-def _cuda_backend() -> Backend | None:
+def _cuda_backend(tiled: bool = True) -> Backend | None:
     """:func:`efficient_backend` on this torch's CUDA ops, or None where it lacks them."""
     aten = torch.ops.aten
     if not (hasattr(aten, "_scaled_dot_product_efficient_attention")
             and hasattr(aten, "_scaled_dot_product_efficient_attention_backward")):
         return None
     return efficient_backend(aten._scaled_dot_product_efficient_attention,
-                             aten._scaled_dot_product_efficient_attention_backward)
+                             aten._scaled_dot_product_efficient_attention_backward, tiled)
 
 
 _CHECKED: dict[tuple[str, torch.dtype], Backend | None] = {}
@@ -259,10 +267,19 @@ def check_backend(backend: Backend, device: torch.device, dtype: torch.dtype) ->
     return ""
 
 
-def score_bias(p_k: Tensor, heads: int, visible: Tensor | None, bias: Tensor | None) -> Tensor:
+def null_logit(dtype: torch.dtype) -> float:
+    """``_NULL_LOGIT`` where ``dtype`` holds it (fp32, bf16, fp64), else half its lowest finite
+    value (fp16: −32752, still far below any real score and log ε)."""
+    return max(_NULL_LOGIT, torch.finfo(dtype).min / 2)
+
+
+def score_bias(p_k: Tensor, heads: int, visible: Tensor | None, bias: Tensor | None,
+               dtype: torch.dtype | None = None) -> Tensor:
     """``b_ij = log p_j (+ the caller's finite bias)``, ``_NULL_LOGIT`` where ``p_j = 0`` or
-    ``m_ij`` is false: ``(B, 1|H, 1|Nq, Nk)``. (B, Nk) presences stay shared; per-head ones are
-    given per query head (the kernel repeats KV heads for GQA, not the bias). NaN stays NaN."""
+    ``m_ij`` is false: ``(B, 1|H, 1|Nq, Nk)``, computed in p_k's dtype and given in ``dtype``
+    (default p_k's; the null value then :func:`null_logit` of it). (B, Nk) presences stay shared;
+    per-head ones are given per query head (the kernel repeats KV heads for GQA, not the bias).
+    NaN stays NaN. Not differentiable at null sources (see :func:`source_logit`)."""
     if p_k.dim() == 3 and p_k.shape[1] != heads:
         p_k = p_k.repeat_interleave(heads // p_k.shape[1], dim=1)
     pk = (p_k[:, None] if p_k.dim() == 2 else p_k)[:, :, None, :]           # (B, 1|H, 1, Nk)
@@ -271,7 +288,31 @@ def score_bias(p_k: Tensor, heads: int, visible: Tensor | None, bias: Tensor | N
         logit = logit + bias
     if visible is not None:
         logit = torch.where(visible, logit, _NULL_LOGIT)
-    return logit
+    if dtype is None or dtype == logit.dtype:
+        return logit
+    return logit.clamp_min(null_logit(dtype)).to(dtype)
+
+
+def source_logit(p_k: Tensor, ct: torch.dtype) -> Tensor:
+    """log p_j for live sources; a finite ``_NULL_LOGIT`` (e^{…} = 0 exactly) for null ones,
+    differentiable: (B, N) -> (B, 1, N); (B, Hk, N) kept.
+
+    Double where: the log of a null presence is never evaluated, so its gradient stays finite
+    (0), and the constant keeps 0·k = 0 in the backward.
+    """
+    pk = p_k if p_k.dim() == 3 else p_k[:, None, :]
+    live = pk != 0
+    log_pk = torch.log(torch.where(live, pk, torch.ones_like(pk)))
+    return torch.where(live, log_pk, torch.full((), _NULL_LOGIT, dtype=ct, device=pk.device))
+
+
+def sink_gate(lse: Tensor, eps: float) -> Tensor:
+    """``σ(L_i − log ε) = Z_i / (ε + Z_i)``: the weight the ε sink leaves to the sources.
+
+    Every kernel route composes OAttention from a kernel's ``o, L`` as
+    ``out_i = p_i σ(L_i − log ε) o_i`` with this gate: :func:`_forward` (whose backward is
+    :class:`_LSEOAttention`'s) and the FlexAttention route (whose backward is autograd's)."""
+    return torch.sigmoid(lse - math.log(eps))
 
 
 def o_attention_lse(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
@@ -282,8 +323,9 @@ def o_attention_lse(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
     (neither requiring grad). Without grad (frozen hosts) nothing is saved."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, p_q, p_k)):
         return _LSEOAttention.apply(q, k, v, p_q, p_k, visible, bias, eps, scale, backend)
-    out, _, _, _ = _forward(q, k, v, p_q, p_k, score_bias(p_k, q.shape[1], visible, bias),
-                            eps, scale, backend, keep_null_rows=False)
+    out, _, _, _ = _forward(q, k, v, p_q, p_k,
+                            score_bias(p_k, q.shape[1], visible, bias, q.dtype), eps, scale,
+                            backend, keep_null_rows=False)
     return out
 
 
@@ -294,7 +336,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor, bias: Te
     kernel's ``o``; with ``keep_null_rows``, the indices ``(B, 1|H, m)`` of the null receivers
     and their ``o′ = σ·o`` rows ``(B, H, m, d)``."""
     o, lse = backend.forward(q, k, v, bias, scale)
-    gate = torch.sigmoid(lse - math.log(eps))                               # (B, H, Nq)
+    gate = sink_gate(lse, eps)                                              # (B, H, Nq)
     pq = p_q[:, None] if p_q.dim() == 2 else p_q                            # (B, 1|H, Nq)
     index = rows = None
     if keep_null_rows and bool((pq == 0).any()):
@@ -316,7 +358,7 @@ class _LSEOAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                 visible: Tensor | None, bias: Tensor | None, eps: float, scale: float,
                 backend: Backend) -> Tensor:
-        logit = score_bias(p_k, q.shape[1], visible, bias)
+        logit = score_bias(p_k, q.shape[1], visible, bias, q.dtype)
         out, lse, index, rows = _forward(q, k, v, p_q, p_k, logit, eps, scale, backend,
                                          keep_null_rows=ctx.needs_input_grad[3])
         ctx.save_for_backward(q, k, v, p_q, p_k, logit, out, lse, index, rows)
@@ -339,13 +381,15 @@ class _LSEOAttention(torch.autograd.Function):
                 ctx.backend, d_out, q, k, v, logit, out, inv_pq, lse2, ctx.scale,
                 want_colsum=need_pk, want_rowdot=need_pq, expand_kv=expand)
         else:                                                # only p_q: no kernel call at all
-            rowdot = torch.linalg.vecdot(d_out, out) * inv_pq              # dO_i·out_i / p_i
+            stat = _stat_dtype(q.dtype)
+            rowdot = torch.linalg.vecdot(d_out.to(stat), out.to(stat)) * inv_pq   # dO·out / p_i
             dq = dk = dv = colsum = None
         d_pq = d_pk = None
         if need_pq:
             if index is not None:                                           # null receivers' o′
                 picked = d_out.gather(2, index[..., None].expand(*rows.shape))
-                rowdot.scatter_(2, index.expand(*rows.shape[:3]), (picked * rows).sum(-1))
+                rowdot.scatter_(2, index.expand(*rows.shape[:3]),
+                                (picked * rows).sum(-1, dtype=rowdot.dtype))
             d_pq = rowdot.sum(1) if p_q.dim() == 2 else rowdot
         if need_pk:
             inv_pk = torch.where(p_k != 0, 1 / p_k, 0.0)
@@ -364,22 +408,25 @@ def tiled_backward(backend: Backend, d_out: Tensor, q: Tensor, k: Tensor, v: Ten
     ``want_colsum`` the calls are augmented and ``colsum_j = Σ_i dS_ij`` ``(B, Hk, Nk)``, Hk the
     KV heads, or the query heads with ``expand_kv`` (per-query-head source presences under GQA:
     k′/v′ tiles are built per query head and their gradients summed back per KV head). The
-    augmented tiles live in buffers allocated once and refilled per tile.
+    augmented tiles live in buffers allocated once and refilled per tile. ``rowdot`` and
+    ``colsum`` are in :func:`_stat_dtype` (fp32 for half-precision inputs).
     """
-    tile_q, tile_k = BACKWARD_TILE
     (b, heads, n_q, d), (kv_heads, n_k) = q.shape, k.shape[1:3]
+    tile_q, tile_k = BACKWARD_TILE if backend.tiled else (n_q, n_k)
+    stat = _stat_dtype(q.dtype)
     width = -(-(d + 1) // backend.width_multiple) * backend.width_multiple if want_colsum else d
     k_heads = heads if expand_kv else kv_heads
     q_tiles, k_tiles = range(0, n_q, tile_q), range(0, n_k, tile_k)
     single = len(q_tiles) * len(k_tiles) == 1
-    rowdot = q.new_empty(b, heads, n_q) if want_rowdot else None
-    colsum = q.new_zeros(b, k_heads, n_k) if want_colsum else None
+    rowdot = q.new_empty(b, heads, n_q, dtype=stat) if want_rowdot else None
+    colsum = q.new_zeros(b, k_heads, n_k, dtype=stat) if want_colsum else None
     if not single:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if want_colsum:
         q_buf, g_buf, o_buf = (_padded(q, min(tile_q, n_q), heads, width) for _ in range(3))
         k_buf, v_buf = (_padded(q, min(tile_k, n_k), k_heads, width) for _ in range(2))
-        q_buf[..., d] = 1 / scale
+        column = torch.tensor(1 / scale, dtype=q.dtype).item()   # 1/scale as q's dtype holds it
+        q_buf[..., d] = column
     for i in q_tiles:
         rq = slice(i, i + tile_q)
         g_rows, o_rows, inv_rows = d_out[:, :, rq], out[:, :, rq], inv_pq[:, :, rq, None]
@@ -388,9 +435,9 @@ def tiled_backward(backend: Backend, d_out: Tensor, q: Tensor, k: Tensor, v: Ten
             o_t = o_buf[:, :, :o_rows.shape[2]]
             torch.mul(o_rows, inv_rows, out=o_t[..., :d])                   # o′ of the tile
         else:
-            q_t, g_t, o_t = q[:, :, rq], _bnhd(g_rows), o_rows * inv_rows
+            q_t, g_t, o_t = q[:, :, rq], _bnhd(g_rows), (o_rows * inv_rows).to(q.dtype)
         if want_rowdot:
-            rowdot[:, :, rq] = torch.linalg.vecdot(g_rows, o_t[..., :d])
+            rowdot[:, :, rq] = torch.linalg.vecdot(g_rows.to(stat), o_t[..., :d].to(stat))
         for j in k_tiles:
             rk = slice(j, j + tile_k)
             k_t, v_t = k[:, :, rk], v[:, :, rk]
@@ -399,7 +446,7 @@ def tiled_backward(backend: Backend, d_out: Tensor, q: Tensor, k: Tensor, v: Ten
             b_t = bias[:, :, rq if bias.shape[2] > 1 else slice(None), rk]
             gq, gk, gv = backend.backward(g_t, q_t, k_t, v_t, b_t, o_t, lse2[:, :, rq], scale)
             if want_colsum:
-                colsum[:, :, rk] += gk[..., d]
+                colsum[:, :, rk].add_(gk[..., d], alpha=1 / (scale * column))
                 gq, gk, gv = gq[..., :d], _sum_groups(gk[..., :d], kv_heads), \
                     _sum_groups(gv[..., :d], kv_heads)
             if single:
@@ -408,6 +455,11 @@ def tiled_backward(backend: Backend, d_out: Tensor, q: Tensor, k: Tensor, v: Ten
             _accumulate(dk[:, :, rk], gk, first=i == 0)
             _accumulate(dv[:, :, rk], gv, first=i == 0)
     return dq, dk, dv, colsum, rowdot
+
+
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the presence statistics (row dots, column sums): at least fp32."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _accumulate(total: Tensor, part: Tensor, first: bool) -> None:

@@ -7,8 +7,10 @@ Rows: (B, H, Hkv, N, d) ∈ {(8, 9, 9, 2048, 64), (1, 16, 16, 8192, 128), (1, 32
 (``--device cpu``: tiny shapes, a smoke run of this script's logic), dtypes bf16 / fp16 / fp32,
 passes ``fwd`` (no grad) and ``fwd+bwd`` (q, k, v, p_q, p_k require grad; SDPA: q, k, v).
 OAttention is ``oretrofit.o_attention`` with presences in (0.1, 1], no mask, on the route it picks
-(the Triton kernel for bf16/fp16 on CUDA; recorded per dtype); SDPA is
-``F.scaled_dot_product_attention`` in the same dtype (``enable_gqa`` for GQA).
+(for bf16/fp16 on CUDA the first of Triton, cuDNN, FlexAttention, memory-efficient that passes its
+check, else fp32 compute; each row records its ``route``, and a route whose check failed is named
+with the reason in ``route_failures``); SDPA is ``F.scaled_dot_product_attention`` in the same
+dtype (``enable_gqa`` for GQA).
 
 * time: median of ``--rounds`` interleaved calls after warm-up (CUDA events), ratio OA / SDPA;
 * memory: peak allocated during one call beyond its inputs (``max_memory_allocated``), ratio;
@@ -26,6 +28,7 @@ import argparse
 import json
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -33,7 +36,6 @@ import torch
 import torch.nn.functional as F
 
 from oretrofit import o_attention
-from oretrofit import _attention_kernels as kernels
 from oretrofit import _attention_route
 from oretrofit._attention import o_attention_reference
 from oretrofit._markdown import pipe_table
@@ -148,42 +150,42 @@ def row(shape: tuple[int, ...], dtype_name: str, mode: str, rounds: int, device:
     ms = {impl: statistics.median(x) for impl, x in times.items()}
     b, h, hkv, n, d = shape
     return {"B": b, "H": h, "Hkv": hkv, "N": n, "d": d, "dtype": dtype_name, "mode": mode,
+            "route": _attention_route.describe(device, dtype, d),
             "sdpa_ms": ms["sdpa"], "oa_ms": ms["oa"], "time_ratio": ms["oa"] / ms["sdpa"],
             "sdpa_peak_bytes": peaks["sdpa"], "oa_peak_bytes": peaks["oa"],
             "memory_ratio": None if not peaks["sdpa"] else peaks["oa"] / peaks["sdpa"]}
 
 
-def routes(device: torch.device) -> dict[str, str]:
-    """The route o_attention takes per dtype (default precision, no softcap/dropout)."""
-    found = {}
-    for name, dtype in DTYPES.items():
-        if dtype != torch.float32 and _attention_route.triton_for(device, dtype):
-            found[name] = "triton"
-        else:
-            backend = kernels.backend_for(device, torch.float32)
-            found[name] = (backend.name if backend else "augmented-copy") + (
-                "" if dtype == torch.float32 else " (fp32 compute)")
-    return found
+def route_failures(device: torch.device, shapes: list[tuple[int, ...]]) -> list[str]:
+    """Decide each dtype's route for each head size before timing (so no check runs inside a
+    timed call) and return the warnings of the routes whose check failed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        for dtype in DTYPES.values():
+            for d in sorted({shape[4] for shape in shapes}):
+                _attention_route.describe(device, dtype, d)
+    return [str(w.message) for w in caught]
 
 
-def markdown(device_name: str, found: dict[str, str], rows: list[dict[str, object]],
+def markdown(device_name: str, failures: list[str], rows: list[dict[str, object]],
              rounds: int, error_n: int) -> str:
-    header = ["B", "H", "Hkv", "N", "d", "dtype", "pass", "SDPA ms", "OA ms", "OA / SDPA",
+    header = ["B", "H", "Hkv", "N", "d", "dtype", "pass", "route", "SDPA ms", "OA ms",
+              "OA / SDPA",
               "memory OA / SDPA", "error OA", "error SDPA", "OA / SDPA error (worst of out, dq, dk, dv)"]
     body = []
     for r in rows:
         e = r.get("errors", {})
         worst = max((e[k] / max(e["sdpa_" + k], 1e-300) for k in ("out", "dq", "dk", "dv")
                      if k in e), default=None)
-        body.append([r["B"], r["H"], r["Hkv"], r["N"], r["d"], r["dtype"], r["mode"],
+        body.append([r["B"], r["H"], r["Hkv"], r["N"], r["d"], r["dtype"], r["mode"], r["route"],
                      f"{r['sdpa_ms']:.3f}", f"{r['oa_ms']:.3f}", f"{r['time_ratio']:.2f}×",
                      "–" if r["memory_ratio"] is None else f"{r['memory_ratio']:.2f}×",
                      f"{e['out']:.1e}" if e else "–", f"{e['sdpa_out']:.1e}" if e else "–",
                      "–" if worst is None else f"{worst:.2f}×"])
-    return (f"OAttention vs SDPA on {device_name}; routes: "
-            + ", ".join(f"{k} {v}" for k, v in found.items())
-            + f". Median of {rounds} interleaved rounds; memory: peak beyond the inputs; errors "
-              f"vs fp64 relative to the reference's largest value, at N ≤ {error_n}.\n\n"
+    failed = "".join(f"\n\nRoute check failed: {f}" for f in failures)
+    return (f"OAttention vs SDPA on {device_name}; route: the one each row took. Median of "
+            f"{rounds} interleaved rounds; memory: peak beyond the inputs; errors vs fp64 "
+            f"relative to the reference's largest value, at N ≤ {error_n}.{failed}\n\n"
             + pipe_table(header, body) + "\n")
 
 
@@ -198,7 +200,7 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch has no CUDA device here; use --device cpu for a smoke run")
-    found = routes(device)
+    failures = route_failures(device, SHAPES[device.type])
     rows = []
     for shape in SHAPES[device.type]:
         for dtype_name in DTYPES:
@@ -208,10 +210,10 @@ def main() -> None:
                     rows[-1]["errors"] = errors(shape, DTYPES[dtype_name], device, args.error_n)
                 print(json.dumps(rows[-1]), flush=True)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    text = markdown(name, found, rows, args.rounds, args.error_n)
+    text = markdown(name, failures, rows, args.rounds, args.error_n)
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "attention_shapes.json",
-                      {"schema_version": 1, "routes": found, "rounds": args.rounds,
+                      {"schema_version": 2, "route_failures": failures, "rounds": args.rounds,
                        "error_n": args.error_n, "rows": rows,
                        "environment": environment(device.type)})
     (args.out / "attention_shapes.md").write_text(text)

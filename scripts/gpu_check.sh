@@ -8,11 +8,13 @@
 # Each step has its own time limit (they add up to 470 s on CUDA; stretched 6x with --device cpu,
 # where other jobs share the cores); a step that fails or runs out is recorded
 # and the next one runs. OUT/gpu_check.json lists each step's command, exit status and seconds with
-# the provenance (versions, device, git revision).
+# the provenance (versions, device, git revision), and the OAttention routes of step 3.
 #   1. operator sweep (fp32, bf16, fp16)     -> OUT/operators.{json,md} (--device cpu: operators-quick)
 #   2. fp32 OAttention route and exactness, vs SDPA           -> OUT/attention.{json,md}
 #   3. OAttention vs SDPA at (8,9,2048,64), (1,16,8192,128), GQA (1,32->8,8192,128); bf16/fp16/fp32;
-#      fwd, fwd+bwd, memory, error vs fp64 beside SDPA's      -> OUT/attention_shapes.{json,md}
+#      fwd, fwd+bwd, memory, error vs fp64 beside SDPA's; the route each row took (Triton, cuDNN,
+#      FlexAttention, memory-efficient, or fp32 compute) and why a route's check failed
+#                                                             -> OUT/attention_shapes.{json,md}
 #   4. SmolLM2-shaped Llama (random weights, bf16): prefill 8x2048 and 1x8192, 64 decoded tokens
 #      with a KV cache, per arm (base / oa / full-o)          -> OUT/llama.{json,md}
 #   5. one Table 2 cell (sklearn:diabetes, seed 11, tau 1e-8, base / oa / full-o), default host
@@ -82,6 +84,7 @@ step retrofit 60 "$PYTHON" benchmarks/bench_retrofit.py --device "$DEVICE" $QUIC
   --out "$OUT/bench_retrofit.json"
 
 "$PYTHON" - "$STEPS" "$OUT/gpu_check.json" "$DEVICE" <<'EOF'
+import json
 import sys
 from pathlib import Path
 from oretrofit._provenance import environment, write_json_atomic
@@ -89,8 +92,15 @@ steps = [dict(zip(("step", "exit", "seconds", "command"), line.split("\t")))
          for line in Path(sys.argv[1]).read_text().splitlines()]
 for s in steps:
     s["exit"], s["seconds"] = int(s["exit"]), int(s["seconds"])
-write_json_atomic(Path(sys.argv[2]), {"schema_version": 1, "device": sys.argv[3], "steps": steps,
+shapes = Path(sys.argv[2]).parent / "attention_shapes.json"
+found = json.loads(shapes.read_text()) if shapes.exists() else {"rows": [], "route_failures": []}
+routes = {f"{r['dtype']} d={r['d']}": r["route"] for r in found["rows"]}
+write_json_atomic(Path(sys.argv[2]), {"schema_version": 2, "device": sys.argv[3], "steps": steps,
+                                      "attention_routes": routes,
+                                      "route_failures": found["route_failures"],
                                       "environment": environment(sys.argv[3])})
 print("\n".join(f"{s['step']}: exit {s['exit']}, {s['seconds']} s" for s in steps))
+print("\n".join([f"OAttention route, {k}: {v}" for k, v in routes.items()]
+                + found["route_failures"]))
 sys.exit(1 if any(s["exit"] for s in steps) else 0)
 EOF

@@ -213,9 +213,12 @@ def _efficient_arguments(q, k, v, bias) -> None:
     assert bias.stride(-1) == 1 and all(s % 16 == 0 for s in bias.stride()[:-1]), "aligned bias"
 
 
-def fake_efficient_forward(q, k, v, bias, compute_log_sumexp, dropout_p, is_causal, *, scale):
+def fake_efficient_forward(q, k, v, bias, compute_log_sumexp, dropout_p, is_causal, *, scale,
+                           checked=False):
+    """``checked``: the caller has asserted the arguments' layout (on tensors it then upcast)."""
     assert compute_log_sumexp and dropout_p == 0.0 and not is_causal
-    _efficient_arguments(q, k, v, bias)
+    if not checked:
+        _efficient_arguments(q, k, v, bias)
     o, lse = kernels._math_forward(q, k, v, bias, scale)
     padded = lse.new_full((*lse.shape[:2], -(-lse.shape[2] // 32) * 32), float("nan"))
     padded[..., : lse.shape[2]] = lse
@@ -224,9 +227,10 @@ def fake_efficient_forward(q, k, v, bias, compute_log_sumexp, dropout_p, is_caus
 
 
 def fake_efficient_backward(d_out, q, k, v, bias, out, lse, seed, offset, dropout_p, mask,
-                            is_causal, *, scale):
+                            is_causal, *, scale, checked=False):
     assert dropout_p == 0.0 and not is_causal and list(mask) == [True, True, True, False]
-    _efficient_arguments(q, k, v, bias)
+    if not checked:
+        _efficient_arguments(q, k, v, bias)
     assert lse.shape[2] % 32 == 0 and lse.shape[2] >= q.shape[2] and d_out.is_contiguous()
     return (*kernels._math_backward(d_out, q, k, v, bias, out, lse[..., : q.shape[2]], scale),
             None)

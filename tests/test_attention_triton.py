@@ -7,6 +7,7 @@ tile in numpy and takes seconds per call.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -23,9 +24,12 @@ REL_TOL = {torch.float64: 1e-6, torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 @pytest.fixture()
 def triton_module(monkeypatch: pytest.MonkeyPatch):
-    """``oretrofit._attention_triton`` with the CPU enabled for the route (a fresh route cache).
-    tests/conftest.py sets TRITON_INTERPRET=1 before Triton is imported."""
-    monkeypatch.setattr(route, "TRITON_DEVICES", ("cuda", "cpu"))
+    """``oretrofit._attention_triton`` with the CPU enabled for its route, the only route of the
+    chain here (a fresh route cache). tests/conftest.py sets TRITON_INTERPRET=1 before Triton is
+    imported."""
+    triton_route = next(r for r in route.ROUTES if r.name == "triton")
+    monkeypatch.setattr(route, "ROUTES", (dataclasses.replace(triton_route,
+                                                              devices=("cuda", "cpu")),))
     monkeypatch.setattr(route, "_CHECKED", {})
     module = importlib.import_module("oretrofit._attention_triton")
     assert module._INTERPRET, "TRITON_INTERPRET=1 must be set before triton is imported"
@@ -132,7 +136,7 @@ def test_half_precision_takes_the_triton_route_unless_fp32_is_asked(triton_modul
     assert out.dtype == torch.bfloat16 and torch.equal(out, direct)
     fp32, _ = o_attention(q, k, v, p_q, p_k, precision="fp32")
     assert torch.equal(fp32, o_attention_fused(q, k, v, p_q, p_k))
-    assert route.triton_for(q.device, torch.bfloat16)
+    assert route.route_for(q.device, torch.bfloat16, 8).name == "triton"
 
 
 def test_fp32_without_softcap_or_dropout_keeps_the_fp32_kernel(triton_module) -> None:
@@ -141,18 +145,18 @@ def test_fp32_without_softcap_or_dropout_keeps_the_fp32_kernel(triton_module) ->
 
 
 def test_a_triton_kernel_that_fails_its_check_is_not_used(triton_module, monkeypatch) -> None:
-    monkeypatch.setattr(route, "check_triton", lambda device, dtype: "forward differs")
+    monkeypatch.setattr(route, "check_route", lambda run, device, dtype: "forward differs")
     monkeypatch.setattr(route, "_CHECKED", {})
     q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
-    with pytest.warns(RuntimeWarning, match="Triton OAttention kernel fails its check"):
+    with pytest.warns(RuntimeWarning, match="triton OAttention route fails its check"):
         out, _ = o_attention(q, k, v, p_q, p_k)
     assert torch.equal(out, o_attention_fused(q, k, v, p_q, p_k))
 
 
 def test_the_cpu_takes_the_triton_route_only_where_enabled(monkeypatch) -> None:
     monkeypatch.setattr(route, "_CHECKED", {})
-    assert route.TRITON_DEVICES == ("cuda",)
-    assert not route.triton_for(torch.device("cpu"), torch.bfloat16)
+    assert all(r.devices == ("cuda",) for r in route.ROUTES)
+    assert route.route_for(torch.device("cpu"), torch.bfloat16, 8) is None
     q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
     assert torch.equal(o_attention(q, k, v, p_q, p_k)[0], o_attention_fused(q, k, v, p_q, p_k))
 
@@ -166,11 +170,12 @@ def test_an_unknown_precision_is_refused_with_the_choices() -> None:
 
 def test_the_route_check_passes_in_each_dtype(triton_module) -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        assert route.check_triton(torch.device("cpu"), dtype) == ""
+        assert route.check_route(route._run_triton, torch.device("cpu"), dtype) == ""
 
 
 def test_the_route_check_catches_a_wrong_kernel(triton_module, monkeypatch) -> None:
     real = triton_module.o_attention_triton
     monkeypatch.setattr(triton_module, "o_attention_triton",
                         lambda q, k, v, p_q, p_k, *rest: real(q, k, v, p_q * 0.5, p_k, *rest))
-    assert route.check_triton(torch.device("cpu"), torch.float32).startswith("out differs")
+    assert route.check_route(route._run_triton, torch.device("cpu"),
+                             torch.float32).startswith("out differs")

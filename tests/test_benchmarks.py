@@ -82,7 +82,12 @@ def test_the_gpu_check_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     shapes = json.loads((tmp_path / "attention_shapes.json").read_text())
     assert {(r["dtype"], r["mode"]) for r in shapes["rows"]} == {
         (d, m) for d in ("bf16", "fp16", "fp32") for m in ("fwd", "fwd+bwd")}
-    assert all({"B", "H", "Hkv", "N", "d"} <= set(r) for r in shapes["rows"])
+    assert all({"B", "H", "Hkv", "N", "d", "route"} <= set(r) for r in shapes["rows"])
+    assert summary["attention_routes"] == {"bf16 d=16": "cpu-flash (fp32 compute)",
+                                           "bf16 d=32": "cpu-flash (fp32 compute)",
+                                           "fp16 d=16": "cpu-flash (fp32 compute)",
+                                           "fp16 d=32": "cpu-flash (fp32 compute)",
+                                           "fp32 d=16": "cpu-flash", "fp32 d=32": "cpu-flash"}
     llama = json.loads((tmp_path / "llama.json").read_text())
     assert {r["arm"] for r in llama["rows"]} == {"base", "oa", "full-o"}
     assert all(r["pass"] != "error" for r in llama["rows"])
