@@ -24,12 +24,13 @@ def test_generated_blocks_are_current() -> None:
 def test_python_examples_run_in_order() -> None:
     # the page's examples; fences indented inside a list item are fragments of the text around them
     code = re.findall(r"^```python\n(.*?)^```", DOC.read_text(), flags=re.DOTALL | re.MULTILINE)
-    assert len(code) == 3
+    assert len(code) == 4
     namespace: dict[str, object] = {}
     for block in code:
         exec(compile(block, str(DOC), "exec"), namespace)                 # noqa: S102
     assert [row["site"] for row in namespace["r"].report()[:4]] == [
         "embeddings.position_embeddings", "embeddings.token_type_embeddings",
         "embeddings.LayerNorm", "encoder.layer.0.attention.self"]   # as the first example prints
+    assert namespace["summary"]["holds"] and namespace["summary"]["failed"] == []   # as printed
     assert namespace["hidden"][1].abs().sum() > 0
     assert namespace["embeddings"].shape == (2, 384)

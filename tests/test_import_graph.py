@@ -8,9 +8,9 @@ that module. The built-in hosts are found through a table of module names
 
 The layers, lowest first (:data:`LAYERS`): the core (``oretrofit._*``); the hosts
 (``oretrofit.hosts``, one folder per host, which import the core and ``hosts.torch_nn`` only);
-the public facades (``oretrofit`` itself, ``oretrofit.tabpfn``); the runners (``regress``,
-``sweep``, ``studies``); the demo host's training code (``demo_host``, which uses ``regress``);
-the CLI.
+the public facades (``oretrofit`` itself, ``oretrofit.tabpfn``, ``oretrofit.transformers``); the
+runners (``regress``, ``sweep``, ``studies``); the demo host's training code (``demo_host``,
+which uses ``regress``); the CLI.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ ROOT = PACKAGE.parent
 # lowest first: a module imports modules of its own layer and of the layers below it only
 LAYERS = [("core", ("oretrofit._",)),
           ("hosts", ("oretrofit.hosts",)),
-          ("facades", ("oretrofit", "oretrofit.tabpfn")),
+          ("facades", ("oretrofit", "oretrofit.tabpfn", "oretrofit.transformers")),
           ("runners", ("oretrofit.regress", "oretrofit.sweep", "oretrofit.studies")),
           ("demo host", ("oretrofit.demo_host",)),
           ("cli", ("oretrofit.cli",))]
@@ -157,9 +157,9 @@ def test_fresh_interpreter_lists_the_hosts_in_documented_order() -> None:
 
 def test_the_layer_finder_sees_an_upward_import() -> None:
     assert [layer(m) for m in ("oretrofit._registry", "oretrofit.hosts.tabpfn.v3", "oretrofit",
-                               "oretrofit.tabpfn", "oretrofit.regress.runner",
-                               "oretrofit.demo_host.train", "oretrofit.cli.app")] == [0, 1, 2, 2, 3,
-                                                                                      4, 5]
+                               "oretrofit.tabpfn", "oretrofit.transformers",
+                               "oretrofit.regress.runner", "oretrofit.demo_host.train",
+                               "oretrofit.cli.app")] == [0, 1, 2, 2, 2, 3, 4, 5]
     assert layer("oretrofit.hosts.torch_nn") > layer("oretrofit._host")
 
 
@@ -176,7 +176,8 @@ def test_hosts_import_the_core_and_the_torch_nn_host_only() -> None:
             "oretrofit.hosts.tabpfn.v3", "oretrofit.hosts.tabpfn.checkpoints"} <= set(hosts)
     for module, targets in hosts.items():
         for target in targets:
-            assert not target.startswith(("oretrofit.tabpfn", "oretrofit.cli", "oretrofit.regress",
+            assert not target.startswith(("oretrofit.tabpfn", "oretrofit.transformers",
+                                          "oretrofit.cli", "oretrofit.regress",
                                           "oretrofit.studies", "oretrofit.sweep",
                                           "oretrofit.demo_host")), f"{module} -> {target}"
             assert target != "oretrofit", f"{module} imports the package facade"

@@ -2,14 +2,10 @@
 
 MODEL is a local transformers folder (``save_pretrained`` output, loaded with ``AutoModel``
 offline) or one of the shipped pretrained weights: ``minilm`` (all-MiniLM-L6-v2) or ``smollm2``
-(SmolLM2-135M-Instruct); see :mod:`oretrofit.hosts.transformers.models`. Contracts (relative max
-differences, thresholds in ``LIMITS``):
-
-    τ→0 agreement     every hidden state patched at τ = ε = 1e-12 vs unpatched, per arm;
-                      revert() bit-identical; state_dict keys unchanged
-    null insertion    2 zero carriers inserted (old position ids kept) under the arm at τ:
-                      old states' drift, inserted states exactly 0 in every layer
-    mask-free padding right zero padding with no attention mask vs each sequence alone
+(SmolLM2-135M-Instruct); see :mod:`oretrofit.hosts.transformers.models`. The contracts and their
+limits (τ→0 agreement and exact revert per arm, null insertion, mask-free padding) are
+:mod:`oretrofit.hosts.transformers.check`'s, which measures them (``oretrofit.transformers.check``
+in Python).
 
 With ``--spec FILE`` (a saved or calibrated patch spec, e.g. ``oretrofit calibrate --out``) null
 insertion and padding run under that spec, each site at its own τ, and τ→0 agreement is measured
@@ -18,9 +14,8 @@ for the spec's arm.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import typer
 
@@ -30,64 +25,31 @@ from .output import print_json
 from .specs import read_spec_option
 
 SCHEMA_VERSION = 1
-LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4}
-
-
-@contextlib.contextmanager
-def _patched(model: Any, arm: str, tau: float | None, spec: Mapping[str, Any] | None
-             ) -> Iterator[Any]:
-    """``model`` under ``spec`` (checked against it by :func:`oretrofit.apply_spec`), or under
-    ``arm`` at ``tau``; reverted on exit."""
-    import oretrofit
-    applied = oretrofit.apply_spec(model, spec) if spec is not None else oretrofit.retrofit(
-        model, arm, tau)
-    try:
-        yield applied
-    finally:
-        applied.revert()
 
 
 def run_check(name: str, arms: list[str], tau: float | None,
               spec_file: Path | None = None) -> dict[str, Any]:
-    """Measure every contract; ``holds`` is True when all are within ``LIMITS``.
+    """Measure every contract (:func:`oretrofit.hosts.transformers.check.check`); ``holds`` is
+    True when all are within their limits.
 
     With ``spec_file``, ``arms`` and ``tau`` are the spec's: pass ``[]`` and None.
     """
     from oretrofit._provenance import environment, portable
-    from oretrofit.hosts.transformers.contracts import (agreement, example_inputs, null_insertion,
-                                                        padding_delta, require_finite_weights)
+    from oretrofit.hosts.transformers.check import check
+    from oretrofit.hosts.transformers.contracts import require_finite_weights
     from oretrofit.hosts.transformers.models import load_model
     spec = read_spec_option(spec_file) if spec_file is not None else None
-    if spec is not None:
-        if spec["arm"] == "base":
-            raise ValueError(f"the spec {spec_file} has arm 'base': it patches nothing, so there "
-                             "is nothing to check; pass a spec of arm oa or full-o")
-        arms = [spec["arm"]]
+    if spec is not None and spec["arm"] == "base":
+        raise ValueError(f"the spec {spec_file} has arm 'base': it patches nothing, so there "
+                         "is nothing to check; pass a spec of arm oa or full-o")
     model = load_model(name)
     require_finite_weights(model, name)
-    inputs = example_inputs(model, batch=2, tokens=12)
-    insertion_arm = "full-o" if "full-o" in arms else arms[-1]
-    sequences = ([inputs["input_ids"][0].tolist(), inputs["input_ids"][1, :7].tolist()]
-                 if "input_ids" in inputs else [])
-    # first, so a spec that does not fit (apply_spec checks host, sites and weights) is refused
-    # before anything is measured
-    with _patched(model, insertion_arm, tau, spec) as r:
-        inserted = null_insertion(model, inputs)
-        padding = padding_delta(model, sequences) if sequences else None
-        host = r.plan.host
-    agreements = [agreement(model, inputs, arm) for arm in arms]
-    unpatched = null_insertion(model, inputs)
-    holds = (all(a["relative_max_diff"] <= LIMITS["agreement"] and a["revert_bit_identical"]
-                 and a["state_dict_keys_unchanged"] for a in agreements)
-             and inserted["inserted_max_abs"] == 0 and inserted["old_max_delta"] <= LIMITS["drift"]
-             and (padding is None or padding <= LIMITS["padding"]))
+    summary = check(model, arms, tau, spec)
     return {"schema_version": SCHEMA_VERSION, "command": "check", "model": name,
-            "class": type(model).__name__, "host": host, "tau": tau,
+            "class": type(model).__name__, "tau": tau,
             "spec": None if spec is None else {"file": portable(spec_file),
                                                "site_tau": spec.get("site_tau") or {}},
-            "insertion_arm": insertion_arm, "agreement": agreements, "null_insertion": inserted,
-            "null_insertion_unpatched": unpatched, "padding_max_delta": padding,
-            "limits": LIMITS, "holds": holds, "environment": environment()}
+            **summary, "environment": environment()}
 
 
 def _mark(ok: bool) -> str:
@@ -97,13 +59,14 @@ def _mark(ok: bool) -> str:
 def _print_table(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+    limits = summary["limits"]
     table = Table(title=f"{summary['class']} ({summary['model']}) · host {summary['host']}")
     for column in ("contract", "measured", "limit", "holds"):
         table.add_column(column)
     for a in summary["agreement"]:
         table.add_row(f"τ→0 agreement, {a['arm']} ({a['sites']} sites, τ = ε = {a['tau']:g})",
-                      f"{a['relative_max_diff']:.3g}", f"≤ {LIMITS['agreement']:g}",
-                      _mark(a["relative_max_diff"] <= LIMITS["agreement"]))
+                      f"{a['relative_max_diff']:.3g}", f"≤ {limits['agreement']:g}",
+                      _mark(a["relative_max_diff"] <= limits["agreement"]))
         table.add_row(f"revert() bit-identical, {a['arm']}", str(a["revert_bit_identical"]),
                       "True", _mark(a["revert_bit_identical"]))
     n, u = summary["null_insertion"], summary["null_insertion_unpatched"]
@@ -111,14 +74,14 @@ def _print_table(summary: dict[str, Any]) -> None:
              if summary["spec"] else f"{summary['insertion_arm']}, τ = {summary['tau']:g}")
     table.add_row(f"null insertion ({n['where']}), old-state drift, {label}",
                   f"{n['old_max_delta']:.3g} (unpatched {u['old_max_delta']:.3g})",
-                  f"≤ {LIMITS['drift']:g}", _mark(n["old_max_delta"] <= LIMITS["drift"]))
+                  f"≤ {limits['drift']:g}", _mark(n["old_max_delta"] <= limits["drift"]))
     table.add_row(f"null insertion, inserted max |h| over {n['layers']} states, {label}",
                   f"{n['inserted_max_abs']:.3g} (unpatched {u['inserted_max_abs']:.3g})", "0",
                   _mark(n["inserted_max_abs"] == 0))
     padding = summary["padding_max_delta"]
     if padding is not None:
-        table.add_row(f"mask-free padding, {label}", f"{padding:.3g}", f"≤ {LIMITS['padding']:g}",
-                      _mark(padding <= LIMITS["padding"]))
+        table.add_row(f"mask-free padding, {label}", f"{padding:.3g}", f"≤ {limits['padding']:g}",
+                      _mark(padding <= limits["padding"]))
     console = Console()
     console.print(table)
     console.print("all contracts hold" if summary["holds"] else "some contracts do not hold")

@@ -17,10 +17,11 @@ from torch import nn
 
 from ..._calibrate import calibrate
 
-__all__ = ["BUILTIN_TEXTS", "DEFAULT_MAX_TOKENS", "builtin_texts", "token_cap", "text_batches",
-           "calibrate_text"]
+__all__ = ["BUILTIN_TEXTS", "GIVEN_TEXTS", "DEFAULT_MAX_TOKENS", "builtin_texts", "token_cap",
+           "text_batches", "calibrate_text"]
 
 BUILTIN_TEXTS = "built-in"          # the data name of :func:`builtin_texts`
+GIVEN_TEXTS = "given"               # the data name of lines given without a source
 DEFAULT_MAX_TOKENS = 128            # tokens kept per line unless the model has fewer positions
 
 
@@ -72,13 +73,17 @@ def text_batches(model: nn.Module, tokenizer: Any, lines: Sequence[str],
     return batches
 
 
-def calibrate_text(model: nn.Module, tokenizer: Any, lines: Sequence[str], *, source: str,
-                   arm: str = "full-o", delta: float = 1e-3, quantile: float = 0.01,
-                   max_tokens: int | None = None, exclude: Sequence[str] | None = None
-                   ) -> dict[str, Any]:
-    """The calibrated patch spec of ``arm`` for ``model`` over ``lines`` (``source`` names where
-    they came from: a file, or :data:`BUILTIN_TEXTS`): ``τ_site = δ/(1−δ)·Q_q(‖h‖²)``; each line
-    cut to ``max_tokens`` tokens (see :func:`text_batches`)."""
+def calibrate_text(model: nn.Module, tokenizer: Any, lines: Sequence[str] | None = None, *,
+                   source: str | None = None, arm: str = "full-o", delta: float = 1e-3,
+                   quantile: float = 0.01, max_tokens: int | None = None,
+                   exclude: Sequence[str] | None = None) -> dict[str, Any]:
+    """The calibrated patch spec of ``arm`` for ``model`` over ``lines`` (default:
+    :func:`builtin_texts`): ``τ_site = δ/(1−δ)·Q_q(‖h‖²)``; each line cut to ``max_tokens``
+    tokens (see :func:`text_batches`). ``source`` names where the lines came from in the spec (a
+    file; :data:`BUILTIN_TEXTS` without lines, :data:`GIVEN_TEXTS` with lines and no source)."""
+    if lines is None:
+        lines, source = builtin_texts(), source or BUILTIN_TEXTS
+    source = source or GIVEN_TEXTS
     max_tokens = token_cap(model, tokenizer, max_tokens)
     batches = text_batches(model, tokenizer, lines, max_tokens)
     text = "\n".join(line for line in lines if line.strip())

@@ -16,9 +16,9 @@ from typing import Any
 from ..._host import RetrofitError
 
 __all__ = ["check_transformers", "transformers_version", "TESTED_RELEASES", "BLOCKED",
-           "FIRST_MASK_INTERFACE", "SWEEP_RELEASE", "supported_range", "supported_text",
-           "requirement", "admits", "COVERED_FROM", "INTERFACE", "SOFTMAX_ROUTE", "NEW_LAYOUT",
-           "TOP_K_INDEXER", "covered_from", "before_covered", "not_covered_yet"]
+           "FIRST_MASK_INTERFACE", "SWEEP_RELEASE", "ROUTES_FROM", "supported_range",
+           "supported_text", "requirement", "admits", "COVERED_FROM", "INTERFACE", "SOFTMAX_ROUTE",
+           "NEW_LAYOUT", "TOP_K_INDEXER", "covered_from", "before_covered", "not_covered_yet"]
 
 
 # The passing rows of results/transformers-compat.md (scripts/transformers_compat.py runs the
@@ -26,7 +26,7 @@ __all__ = ["check_transformers", "transformers_version", "TESTED_RELEASES", "BLO
 TESTED_RELEASES: tuple[str, ...] = (
     "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4",
     "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0", "5.19.0",
-    "5.20.2", "5.21.1", "5.22.2", "5.23.0", "5.24.0")
+    "5.20.2", "5.21.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0")
 
 # Where support starts, and why not earlier. The host registers the mask function of its attention
 # implementation with AttentionMaskInterface (transformers.masking_utils), first shipped in 4.53.0
@@ -51,9 +51,6 @@ BLOCKED: dict[str, str] = {
            "M2M100, Cohere2, ERNIE 4.5, EuroBERT, Phi-MoE and more with the huggingface-hub it "
            "installs (strict field validation: 'tie_word_embeddings expected int, got bool'); "
            "5.5 fixed it",
-    "5.25": "transformers 5.25 installs since kernels 0.19.1 is on the package index, but there "
-            "Falcon routes attention through the interface, so the host no longer refuses it and "
-            "no test covers it yet (Falcon's refusal tests fail on it)",
 }
 
 
@@ -78,16 +75,18 @@ _UMT5 = ("disagrees with itself under the retrofit at τ→0 (relative differenc
 _DOGE = ("computes other attention under SDPA than under eager (its dynamic mask; relative "
          "difference 1.2 on the tiny model), and the retrofit follows eager, so it would change "
          "an SDPA model's outputs")
-# Not in results/transformers-compat.json yet (the sweep has not run since the softmax route):
-# measured by this suite on the newest tested release only, refused before it.
+# The softmax route, the layouts and rules added with it and the top-k indexer came on
+# ROUTES_FROM, then the newest tested release: measured there and on the releases the sweep ran
+# since (results/transformers-compat.json), refused before it.
+ROUTES_FROM = "5.24.0"
 SOFTMAX_ROUTE = ("its attention is the module's own code, covered by the softmax route "
-                 "(softmax_route.py), which is measured on this release only so far")
+                 "(softmax_route.py), which is measured on later releases only so far")
 NEW_LAYOUT = ("has layers (or a decoder word embedding, or an attention output projection) the "
-              "host describes from a layout or rule added on the newest tested release, measured "
-              "on that release only so far")
+              "host describes from a layout or rule added on a later release, measured on the "
+              "releases from that one only so far")
 TOP_K_INDEXER = ("selects its attention's keys with a top-k indexer (DeepSeek sparse attention), "
-                 "which the host ranks by presence (indexer.py), measured on this release only so "
-                 "far")
+                 "which the host ranks by presence (indexer.py), measured on later releases only "
+                 "so far")
 COVERED_FROM: dict[str, tuple[str, str]] = {
     "modernbert": ("5.1.0", INTERFACE),
     "qwen3_5_text": ("5.15.1", _QWEN35),              # the model type is new in 5.2
@@ -106,18 +105,18 @@ COVERED_FROM: dict[str, tuple[str, str]] = {
     "gptj": ("5.24.0", INTERFACE),
     "codegen": ("5.24.0", INTERFACE),
     "doge": ("5.18.0", _DOGE),
-    **{model_type: (TESTED_RELEASES[-1], SOFTMAX_ROUTE) for model_type in (
+    **{model_type: (ROUTES_FROM, SOFTMAX_ROUTE) for model_type in (
         "xglm", "openai-gpt", "mpt", "bloom", "falcon", "gpt_neo", "big_bird", "roformer",
         "megatron-bert", "deberta", "deberta-v2", "mpnet", "tapas", "luke", "bigbird_pegasus",
         "gpt_neox_japanese", "imagegpt", "mvp", "data2vec-vision")},
-    **{model_type: (TESTED_RELEASES[-1], NEW_LAYOUT) for model_type in (
+    **{model_type: (ROUTES_FROM, NEW_LAYOUT) for model_type in (
         "aimv2_vision_model", "nllb-moe", "t5gemma", "internvl_vision", "xmod", "albert",
         "vjepa2", "siglip_vision_model", "siglip2_vision_model", "gemma4_vision")},
     # the default minimax_m3_vl_text has dense layers only, which the refused row of indexers
     # matched too
-    **{model_type: (TESTED_RELEASES[-1], TOP_K_INDEXER) for model_type in (
+    **{model_type: (ROUTES_FROM, TOP_K_INDEXER) for model_type in (
         "deepseek_v32", "glm_moe_dsa", "axk2", "mistral_large4", "mistral_large4_text")},
-    "minimax_m3_vl_text": (TESTED_RELEASES[-1], NEW_LAYOUT),
+    "minimax_m3_vl_text": (ROUTES_FROM, NEW_LAYOUT),
 }
 
 

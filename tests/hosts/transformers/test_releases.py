@@ -80,12 +80,15 @@ def test_covered_from_is_what_the_receipt_measured():
             if row["ok"] and row.get("coverage")]
     assert [row["release"] for row in rows] == list(common.TESTED_RELEASES)
     for model_type, (first, why) in common.COVERED_FROM.items():
-        if why in (common.SOFTMAX_ROUTE, common.NEW_LAYOUT,
-                   common.TOP_K_INDEXER):                  # not swept yet: measured here
-            assert first == common.TESTED_RELEASES[-1], model_type
+        statuses = {row["release"]: status for row in rows
+                    for status in [next((entry[2] for entry in row["coverage"].values()
+                                         if entry[0] == model_type), None)] if status}
+        if why in (common.SOFTMAX_ROUTE, common.NEW_LAYOUT, common.TOP_K_INDEXER):
+            # added on ROUTES_FROM: covered in every row the sweep has probed them in since
+            assert first == common.ROUTES_FROM in common.TESTED_RELEASES, model_type
+            assert all(status == "covered" for r, status in statuses.items()
+                       if Version(r) > Version(first)), (model_type, statuses)
             continue
-        statuses = {row["release"]: next(entry[2] for entry in row["coverage"].values()
-                                         if entry[0] == model_type) for row in rows}
         if why == common.INTERFACE:
             assert [r for r, status in statuses.items() if status == "covered"] == [
                 r for r in statuses if Version(r) >= Version(first)], model_type

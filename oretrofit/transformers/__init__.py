@@ -1,0 +1,51 @@
+"""transformers models: mask-free padded batches, the contracts checked on a model, τ calibrated
+on text, retrofitted folders loaded back, and the transformers releases the host admits.
+
+The public entry points of the transformers host (:mod:`oretrofit.hosts.transformers`, where
+its sites live); ``oretrofit.retrofit(model, ...)`` retrofits a model. Needs ``oretrofit[hf]``.
+Every name is imported from its home module on first use (PEP 562), so importing this module
+imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> (the module that defines it, its name there)
+_HOMES = {
+    "zero_padded_inputs": ("..hosts.transformers.inputs", "zero_padded_inputs"),
+    "check": ("..hosts.transformers.check", "check"),
+    "calibrate": ("..hosts.transformers.calibrate", "calibrate_text"),
+    "from_pretrained": ("..hosts.transformers.pretrained", "from_pretrained"),
+    "check_transformers": ("..hosts.transformers.releases", "check_transformers"),
+    "supported_range": ("..hosts.transformers.releases", "supported_range"),
+    "supported_text": ("..hosts.transformers.releases", "supported_text"),
+    "requirement": ("..hosts.transformers.releases", "requirement"),
+    "TESTED_RELEASES": ("..hosts.transformers.releases", "TESTED_RELEASES"),
+}
+
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    """Import ``name`` from its home module the first time it is asked for, then keep it."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    home, attribute = _HOMES[name]
+    value = getattr(importlib.import_module(home, __name__), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ imports these
+    from ..hosts.transformers.calibrate import calibrate_text as calibrate
+    from ..hosts.transformers.check import check
+    from ..hosts.transformers.inputs import zero_padded_inputs
+    from ..hosts.transformers.pretrained import from_pretrained
+    from ..hosts.transformers.releases import (TESTED_RELEASES, check_transformers, requirement,
+                                               supported_range, supported_text)
