@@ -184,6 +184,28 @@ def test_a_hooked_transformers_retrofit_round_trips_and_reverts_on_the_copy(dump
     assert torch.equal(_bert_out(model), patched) and not r.reverted   # the original stays
 
 
+def test_a_transformers_retrofit_pickled_while_releases_py_held_the_hooks_still_loads():
+    # the presence capture and the gates were in hosts/transformers/releases.py before issue 54;
+    # a model pickled then names them there (plainly, and hex-encoded in its O-classes' names)
+    model = _bert()
+    retrofit(model, "full-o", 1.0)
+    patched = _bert_out(model)
+    data = pickle.dumps(model, protocol=0)          # protocol 0: class names are lines of text
+    old, package = data, "oretrofit.hosts.transformers"
+    for name, home in (("CarrierPresence", "capture"), ("_BranchGate", "gates"),
+                       ("_TableGate", "gates"), ("OGatedBias", "gates")):
+        plain, hexed = f"{package}.{home}\n{name}\n".encode(), \
+            f"{package}.{home}:{name}".encode().hex().encode()
+        assert plain in data or hexed in data, name
+        old = old.replace(plain, f"{package}.releases\n{name}\n".encode()).replace(
+            hexed, f"{package}.releases:{name}".encode().hex().encode())
+    assert f"{package}.releases".encode() in old and f"{package}.capture".encode() not in old
+    loaded = pickle.loads(old)
+    assert torch.equal(_bert_out(loaded), patched)
+    Retrofit.of(loaded).revert()
+    assert loaded.config._attn_implementation != "oretrofit"
+
+
 def test_a_saved_transformers_retrofit_loads_in_a_fresh_process(tmp_path):
     model = _bert()
     retrofit(model, "full-o", 1.0)

@@ -57,7 +57,7 @@ from ..._host import RetrofitError
 from ..torch_nn import patch_all
 from .indexer import selected_keys
 from .layouts import forward_source
-from .releases import CarrierPresence
+from .capture import CarrierPresence
 
 __all__ = ["IMPLEMENTATION", "ADDITIVE_BIASES", "METADATA", "attach_o_attention",
            "o_attention_function", "register_implementation"]

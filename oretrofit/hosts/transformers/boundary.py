@@ -25,7 +25,7 @@ from ..torch_nn import NORM, ONormSite
 from .gates import POSITION_TERMS, gate_patch_table, gate_position_term, gate_projection
 from .layouts import is_additive_table, is_norm, is_projection, token_mixers
 from .pooling import pooling_attention, pooling_site
-from .releases import INJECT, accepts_inputs_embeds, gate_branch, gate_table
+from .gates import INJECT, accepts_inputs_embeds, gate_branch, gate_table
 
 __all__ = ["Structure", "UNGATED", "join", "norm_site", "outer_sites", "positional_convolutions",
            "initial_state_problems"]

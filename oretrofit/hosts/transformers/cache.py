@@ -12,7 +12,7 @@ A static cache's unfilled slots hold presence 0, and the model's mask hides them
 
 The carrier hook arms the layer with the presences of the tokens about to be written
 (:func:`expect_keys`); the layer's ``update`` writes them and hands the presences of every key it
-returns to the attention site's :class:`~.releases.CarrierPresence`. Keys written without
+returns to the attention site's :class:`~.capture.CarrierPresence`. Keys written without
 presences (by the model before it was retrofitted, or after the retrofit was taken off) mark the
 layer untracked, and the retrofit refuses it.
 """

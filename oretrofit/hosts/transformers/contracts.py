@@ -22,9 +22,8 @@ from torch import Tensor, nn
 
 from ..._host import RetrofitError
 from ..._registry import retrofitted
-from .releases import zero_padded_inputs
 from .host import layers
-from .inputs import GRIDS, PATCH_ROWS, accepts, example_inputs
+from .inputs import GRIDS, PATCH_ROWS, accepts, example_inputs, zero_padded_inputs
 from .layouts import calls_attention_interface, computes_attention
 from .pooling import pooling_attention
 

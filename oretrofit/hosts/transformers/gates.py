@@ -1,15 +1,24 @@
-"""Gates the host's usual hooks do not reach: between the carrier boundary and the first layer,
-where no ``inputs_embeds`` carrier reaches, a biased projection (:func:`gate_projection`,
-W x + ρτ(x)·b), a position table added to patch embeddings (:func:`gate_patch_table`,
-h + ρτ(h)·e with h the patch embedding) and a position term an embeddings module computes in a
-method of its own (:func:`gate_position_term`: SigLIP2's table resized per image, Gemma4's
-lookup by pixel positions); and an attention output projection fed its input
-sequence-first (:func:`gate_sequence_first_bias`, W x + pᵀ·b). The host (:mod:`.host`) decides
-where they apply.
+"""The host's gates by presence, outside the attention function (:mod:`.attention`).
+
+* Residual branches, biased attention output projections and additive tables, in every layer:
+  :func:`gate_branch` (OFFN, eq. 15: ρτ(h)·branch(·)), :func:`gate_output_bias` (``nn.Linear`` and
+  GPT-2's ``Conv1D``: W x + p·b) and :func:`gate_table` (OInject, eq. 17: a position / token-type
+  table added to the word embedding, h + ρτ(h)·e), by the presence of the stream they belong to
+  (captured by hooks, :mod:`.capture`).
+* Gates the host's usual hooks do not reach: between the carrier boundary and the first layer,
+  where no ``inputs_embeds`` carrier reaches, a biased projection (:func:`gate_projection`,
+  W x + ρτ(x)·b), a position table added to patch embeddings (:func:`gate_patch_table`,
+  h + ρτ(h)·e with h the patch embedding) and a position term an embeddings module computes in a
+  method of its own (:func:`gate_position_term`: SigLIP2's table resized per image, Gemma4's
+  lookup by pixel positions); and an attention output projection fed its input sequence-first
+  (:func:`gate_sequence_first_bias`, W x + pᵀ·b).
+
+The host (:mod:`.host`, :mod:`.boundary`) decides where they apply.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -19,12 +28,143 @@ from ..._components import o_gate
 from ..._host import RetrofitError
 from ..._patching import SiteConfig, Undo, noop, set_site, site_config
 from ..._presence import presence
-from ..torch_nn import ATTENTION, patch_all
-from .releases import INJECT, CarrierPresence, gated_projection
+from ..._presence_memo import carrier_presence
+from ..torch_nn import ATTENTION, gated_linear, patch_all
+from .capture import CarrierPresence, carrier_of
 
-__all__ = ["OGatedProjection", "OSequenceFirstBias", "OResizedPositions", "OPositionLookup",
+__all__ = ["INJECT", "gate_branch", "gate_branch_output", "gate_output_bias", "gate_table",
+           "gated_projection", "accepts_inputs_embeds",
+           "OGatedProjection", "OSequenceFirstBias", "OResizedPositions", "OPositionLookup",
            "POSITION_TERMS", "gate_projection", "gate_patch_table", "gate_position_term",
            "gate_sequence_first_bias"]
+
+INJECT = "inject"
+
+
+class OGatedBias:
+    """Mixin for an attention output projection with a bias, ``nn.Linear`` or transformers'
+    ``Conv1D`` (weight ``(in, out)``): ``W x + p·b``, p = the receivers' presences captured for
+    the attention module (:func:`gated_linear`)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        p = site_config(self, ATTENTION).query                                   # (B, N)
+        if p.shape != x.shape[:-1]:
+            raise RetrofitError(
+                f"{type(self).__name__} (an attention output projection) got {tuple(x.shape)} "
+                f"for a carrier of {tuple(p.shape)} tokens: this model's attention does not keep "
+                "the (batch, tokens, hidden) layout of its residual stream, so the host cannot "
+                "gate it; exclude the model's attention sites or register a site for its class "
+                "with oretrofit.hosts.torch_nn.register_module_site")
+        return gated_projection(self, x, p)
+
+
+def gated_projection(projection: nn.Module, x: Tensor, p: Tensor) -> Tensor:
+    """``W x + p·b`` for an ``nn.Linear`` or transformers' ``Conv1D`` (weight ``(in, out)``)."""
+    if isinstance(projection, nn.Linear):
+        return gated_linear(projection, x, p)
+    return x @ projection.weight + o_gate(p, projection.bias)                   # Conv1D
+
+
+def gate_output_bias(projection: nn.Module, state: CarrierPresence) -> Undo:
+    """Gate the bias of an attention output projection (no-op when it has none)."""
+    if getattr(projection, "bias", None) is None:
+        return noop
+    return set_site(projection, OGatedBias, ATTENTION, state)
+
+
+def _gate(p: Tensor, y: Tensor, branch: nn.Module) -> Tensor:
+    """ρτ (B, N) · y (B, N, d); an MoE block that returns its tokens flattened (B·N, d), as
+    Llama4's does, is gated row for row (the flattening is row-major over (B, N))."""
+    if y.shape[:-1] != p.shape and y.shape[:-1].numel() == p.numel() and y.dim() == 2:
+        return o_gate(p.reshape(-1), y)
+    if y.shape[:-1] != p.shape:
+        raise RetrofitError(f"{type(branch).__name__} returned {tuple(y.shape)} for a residual "
+                            f"stream of {tuple(p.shape)} tokens; its layout names the wrong FFN "
+                            "branch (register a layout: "
+                            "oretrofit.hosts.transformers.layouts.register_layout)")
+    return o_gate(p, y)
+
+
+def gate_branch_output(p: Tensor, output: Any, branch: nn.Module) -> Any:
+    """ρτ · branch output; a tuple output (MoE blocks: hidden, router logits) gates its first."""
+    if isinstance(output, tuple):
+        return (_gate(p, output[0], branch), *output[1:])
+    return _gate(p, output, branch)
+
+
+class _BranchGate:
+    """The hooks of :func:`gate_branch`: :meth:`capture` ρτ of the carrier, :meth:`gate` the
+    branch's output by it (methods of a plain object, so they pickle with the model)."""
+
+    def __init__(self, config: SiteConfig) -> None:
+        self.config, self.p = config, None
+
+    def capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self.p = carrier_presence(carrier_of(args, kwargs), self.config.tau)
+
+    def gate(self, module: nn.Module, args: tuple, output: Any) -> Any:
+        p, self.p = self.p, None
+        return gate_branch_output(p, output, module)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "p": None}
+
+
+def gate_branch(carrier_module: nn.Module, branch: nn.Module, config: SiteConfig) -> Undo:
+    """OFFN gate (eq. 15) with hooks: ``branch`` outputs ρτ(h)·branch(·), h = the hidden-state
+    input of ``carrier_module`` (the residual stream entering the branch)."""
+    hooks = _BranchGate(config)
+    return patch_all(
+        lambda: carrier_module.register_forward_pre_hook(hooks.capture, with_kwargs=True).remove,
+        lambda: branch.register_forward_hook(hooks.gate).remove)
+
+
+def _inputs_embeds_index(owner: nn.Module) -> tuple[str, int]:
+    """Name and positional index of ``owner.forward``'s ``inputs_embeds`` (or ``input_embeds``)."""
+    names = list(inspect.signature(owner.forward).parameters)
+    name = next(n for n in ("inputs_embeds", "input_embeds") if n in names)
+    return name, names.index(name)
+
+
+def accepts_inputs_embeds(module: nn.Module) -> bool:
+    names = inspect.signature(module.forward).parameters
+    return "inputs_embeds" in names or "input_embeds" in names
+
+
+def gate_table(table: nn.Module, word: nn.Module, owner: nn.Module, config: SiteConfig) -> Undo:
+    """OInject (eq. 17) with hooks: a position / token-type lookup added to the word embedding
+    is gated by ρτ(word embedding) at the same position, h + ρτ(h)·e.
+
+    ``owner`` is the module that receives ``inputs_embeds`` (then the word embedding is skipped
+    and the given embeddings are the carrier); ``word`` is its word-embedding lookup.
+    """
+    hooks = _TableGate(config, *_inputs_embeds_index(owner))
+    return patch_all(
+        lambda: owner.register_forward_pre_hook(hooks.from_inputs_embeds, with_kwargs=True).remove,
+        lambda: word.register_forward_hook(hooks.from_word_embedding).remove,
+        lambda: table.register_forward_hook(hooks.gate).remove)
+
+
+class _TableGate:
+    """The hooks of :func:`gate_table` (a plain object's methods, so they pickle with the model):
+    the carrier's presence from ``inputs_embeds`` or the word embedding, and the gate."""
+
+    def __init__(self, config: SiteConfig, name: str, index: int) -> None:
+        self.config, self.name, self.index, self.p = config, name, index, None
+
+    def from_inputs_embeds(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        given = kwargs.get(self.name, args[self.index] if len(args) > self.index else None)
+        self.p = None if given is None else presence(given, self.config.tau)
+
+    def from_word_embedding(self, module: nn.Module, args: tuple, output: Tensor) -> None:
+        self.p = presence(output, self.config.tau)
+
+    def gate(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        return o_gate(self.p, output)                      # (B, N) x (B|1, N, d) -> (B, N, d)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "p": None}
+
 
 
 class OGatedProjection:

@@ -45,13 +45,12 @@ from ..torch_nn import ATTENTION, FFN, patch_all, uncovered_attention
 from .attention import attach_o_attention
 from .boundary import (UNGATED, Structure, initial_state_problems, join, norm_site,
                        outer_sites, parameters_between_layers, positional_convolutions)
-from .gates import gate_sequence_first_bias
+from .gates import INJECT, gate_branch, gate_output_bias, gate_sequence_first_bias
 from .indexer import attach_indexer
 from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
                       first_present, is_norm, is_qk_norm, layout_of, output_projection,
                       sequence_first_output, token_mixers)
-from .releases import (INJECT, check_transformers, gate_branch, gate_output_bias,
-                       not_covered_yet, supported_text, transformers_version)
+from .releases import check_transformers, not_covered_yet, supported_text, transformers_version
 from .pretrained import keep_spec_on_save
 from .sdpa_route import attach_sdpa_attention, calls_sdpa
 from .softmax_route import attach_softmax_attention

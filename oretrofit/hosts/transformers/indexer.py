@@ -45,7 +45,7 @@ from torch.overrides import TorchFunctionMode
 from ..._host import RetrofitError
 from ..._patching import Undo, noop, set_site, site_config
 from ..torch_nn import ATTENTION
-from .releases import CarrierPresence
+from .capture import CarrierPresence
 
 __all__ = ["o_index_scores", "o_top_k", "selected_keys", "attach_indexer", "OIndexer"]
 

@@ -4,12 +4,12 @@ main input and forward signature, and the config fields that size them."""
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["example_inputs", "accepts", "GRIDS", "PATCH_ROWS"]
+__all__ = ["example_inputs", "zero_padded_inputs", "accepts", "GRIDS", "PATCH_ROWS"]
 
 
 _DEFAULT_IMAGE = 64                   # pixels a side when the config names no image size
@@ -224,3 +224,28 @@ def _samples(config: Any, frames: int) -> int:
 def accepts(module: nn.Module, name: str) -> bool:
     """Whether ``module``'s forward takes a parameter ``name``."""
     return name in inspect.signature(module.forward).parameters
+
+
+def zero_padded_inputs(model: nn.Module, sequences: Sequence[Sequence[int]],
+                       side: str = "right") -> dict[str, Tensor]:
+    """Mask-free batch: token embeddings zero-padded to one length at the carrier boundary.
+
+    Returns ``inputs_embeds`` ``(B, N, d)`` (exact zeros at padding) and ``position_ids``
+    ``(B, N)`` that give every real token the position it has alone (padding continues the count,
+    so left padding gets negative positions: use ``side="right"`` for learned position tables).
+    Under a ``full-o`` retrofit the zero rows are inert: pass no attention mask.
+    """
+    if side not in ("right", "left"):
+        raise ValueError(f"side must be 'right' or 'left', got {side!r}")
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise ValueError("sequences must be a non-empty list of non-empty token id lists")
+    embed = model.get_input_embeddings()
+    width = max(len(s) for s in sequences)
+    inputs = embed.weight.new_zeros(len(sequences), width, embed.embedding_dim)
+    positions = torch.empty(len(sequences), width, dtype=torch.long, device=inputs.device)
+    for row, ids in enumerate(sequences):
+        start = 0 if side == "right" else width - len(ids)
+        ids_t = torch.as_tensor(list(ids), dtype=torch.long, device=inputs.device)
+        inputs[row, start:start + len(ids)] = embed(ids_t)
+        positions[row] = torch.arange(width, device=inputs.device) - start
+    return {"inputs_embeds": inputs, "position_ids": positions}

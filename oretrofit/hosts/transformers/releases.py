@@ -1,51 +1,25 @@
-"""Shared transformers (5.x) plumbing of the generic transformers host: presence capture and
-branch gating with hooks.
+"""The transformers host's version gate: which transformers releases it admits, and what differs
+between them.
 
-* transformers hands the attention function projected q/k/v, not the carrier. A forward
-  pre-hook on the module that receives the carrier (the residual stream entering the branch)
-  captures its presences (:class:`CarrierPresence`); the attention function
-  (:mod:`.attention`) reads them from the attention module. Cross-attention takes
-  its sources' presences from the encoder output the attention module is given.
-* With a KV cache the presences of cached keys live in the cache, next to the keys
-  (:mod:`.cache`), so generation after a prompt with null tokens still excludes them.
-* :func:`gate_branch`, :func:`gate_output_bias` and :func:`gate_table` gate residual branches,
-  biased output projections (``nn.Linear`` and GPT-2's ``Conv1D``) and additive position /
-  token-type tables by the presence of the stream they belong to (:mod:`.gates`: the gates
-  outside the layers that no ``inputs_embeds`` carrier reaches).
-* :func:`zero_padded_inputs` builds a mask-free padded batch at the carrier boundary.
-* :func:`check_transformers` is the version gate: it admits the releases
-  ``results/transformers-compat.md`` shows passing (:data:`TESTED_RELEASES`) and the later patch
-  releases of their minors, and refuses any other release naming the ``pip install`` that fixes it.
+:func:`check_transformers` admits the releases ``results/transformers-compat.md`` shows passing
+(:data:`TESTED_RELEASES`) and the later patch releases of their minors, and refuses any other
+release naming the ``pip install`` that fixes it (:func:`requirement`). :data:`COVERED_FROM`
+names the architectures the host covers only from some admitted release on.
 """
 
 from __future__ import annotations
 
-import inspect
+import importlib
 import os
-import sys
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-import torch
-from torch import Tensor, nn
-
-from ..._components import o_gate
-from ..._patching import SiteConfig, Undo, noop, set_site, site_config
-from ..._presence import presence
 from ..._host import RetrofitError
-from ..._presence_memo import carrier_presence
-from ..torch_nn import ATTENTION, gated_linear, patch_all
-from .cache import UNSEEN, expect_keys
 
-__all__ = ["CarrierPresence", "carrier_of", "gate_branch", "gate_branch_output",
-           "gate_output_bias", "gate_table", "gated_projection", "INJECT",
-           "zero_padded_inputs", "check_transformers", "transformers_version", "TESTED_RELEASES",
-           "supported_range", "supported_text", "requirement", "admits", "COVERED_FROM",
-           "INTERFACE", "SOFTMAX_ROUTE", "NEW_LAYOUT", "TOP_K_INDEXER",
-           "covered_from", "before_covered", "not_covered_yet"]
+__all__ = ["check_transformers", "transformers_version", "TESTED_RELEASES", "BLOCKED",
+           "FIRST_MASK_INTERFACE", "SWEEP_RELEASE", "supported_range", "supported_text",
+           "requirement", "admits", "COVERED_FROM", "INTERFACE", "SOFTMAX_ROUTE", "NEW_LAYOUT",
+           "TOP_K_INDEXER", "covered_from", "before_covered", "not_covered_yet"]
 
-
-INJECT = "inject"
 
 # The passing rows of results/transformers-compat.md (scripts/transformers_compat.py runs the
 # host's tests on the newest patch release of every minor from 4.53, each in its own environment).
@@ -266,231 +240,14 @@ def check_transformers() -> None:
         f'pip install "{requirement()}"')
 
 
-def carrier_of(args: tuple, kwargs: dict) -> Tensor:
-    """The hidden-state input of a module call: its first positional argument or
-    ``hidden_states=``."""
-    if args and torch.is_tensor(args[0]):
-        return args[0]
-    if "hidden_states" in kwargs:
-        return kwargs["hidden_states"]
-    raise RetrofitError("a carrier module was called without hidden states (first positional "
-                        "argument or hidden_states=); its layout names the wrong module")
+# Names this module held before the presence capture and the gates moved out (issue 54): a
+# retrofitted model pickled then names them here, and loads through their new modules.
+_MOVED_OUT = {"CarrierPresence": ".capture", "OGatedBias": ".gates", "_BranchGate": ".gates",
+              "_TableGate": ".gates"}
 
 
-def cache_of(args: tuple, kwargs: dict) -> Any:
-    """The KV cache a layer is called with: ``cache=`` / ``past_key_values=``, else the
-    transformers ``Cache`` among its other arguments (GPT-2's block takes it second,
-    GPT-NeoX's as ``layer_past=``); None without one."""
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    if cache is None and "transformers" in sys.modules:
-        from transformers import Cache
-        cache = next((a for a in (*args, *kwargs.values()) if isinstance(a, Cache)), None)
-    return cache
-
-
-@dataclass
-class CarrierPresence:
-    """Presences ρτ of one attention module's carriers: ``query`` (B, Nq) for the current tokens,
-    ``keys`` (B, Nk) for every key, cached ones included. For cross-attention (``cross``) the keys
-    are the encoder output's presences, set by :meth:`capture_sources`. ``first_write``: the
-    call's keys are the first its KV cache layer holds (:mod:`.cache`)."""
-
-    config: SiteConfig
-    layer_idx: int | None = None
-    cross: bool = False
-    query: Tensor | None = None
-    keys: Tensor | None = None
-    first_write: bool = False
-
-    def capture(self, carrier: Tensor, cache: Any = None) -> None:
-        """ρτ of the carrier; with a KV cache the keys' presences come from the cache layer the
-        call writes its keys to (:mod:`.cache`), set when it writes them."""
-        p = carrier_presence(carrier, self.config.tau)                           # (B, N)
-        self.query = p
-        if self.cross:
-            return
-        self.keys, self.first_write = p, False
-        if cache is not None and expect_keys(cache, self.layer_idx or 0, p, self):
-            self.keys = None
-        elif cache is not None and cache.get_seq_length(self.layer_idx or 0) > 0:
-            raise RetrofitError(UNSEEN)
-
-    def capture_sources(self, sources: Tensor) -> None:
-        self.keys = presence(sources, self.config.tau)                           # (B, Nk)
-
-    def without_batch_axis(self, owner: str) -> str | None:
-        """Why the captured presences cannot sit on the attention's (batch, tokens) axes (None
-        when they can): a carrier without a batch axis, as packed sequences run; both routes
-        refuse with it."""
-        if self.query is None or self.query.dim() == 2:
-            return None
-        return (f"{owner} runs on a residual stream without a batch axis ({self.query.dim()}-D "
-                "presences: packed sequences, as vision towers with cu_seqlens run), so its "
-                "presences cannot be placed on the attention's (batch, tokens) axes; this host "
-                "has no O form for it")
-
-    def capture_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Forward pre-hook on the carrier module: the hidden states and the KV cache."""
-        self.capture(carrier_of(args, kwargs), cache_of(args, kwargs))
-
-    def capture_sources_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Forward pre-hook on a cross-attention module: its sources (the encoder output)."""
-        sources = kwargs.get("key_value_states", kwargs.get("encoder_hidden_states"))
-        if sources is None:
-            raise RetrofitError(f"{type(module).__name__} is a cross-attention site but was "
-                                "called without key_value_states / encoder_hidden_states")
-        self.capture_sources(sources)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """The settings only: captured presences belong to one call."""
-        return {**self.__dict__, "query": None, "keys": None}
-
-
-class OGatedBias:
-    """Mixin for an attention output projection with a bias, ``nn.Linear`` or transformers'
-    ``Conv1D`` (weight ``(in, out)``): ``W x + p·b``, p = the receivers' presences captured for
-    the attention module (:func:`gated_linear`)."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        p = site_config(self, ATTENTION).query                                   # (B, N)
-        if p.shape != x.shape[:-1]:
-            raise RetrofitError(
-                f"{type(self).__name__} (an attention output projection) got {tuple(x.shape)} "
-                f"for a carrier of {tuple(p.shape)} tokens: this model's attention does not keep "
-                "the (batch, tokens, hidden) layout of its residual stream, so the host cannot "
-                "gate it; exclude the model's attention sites or register a site for its class "
-                "with oretrofit.hosts.torch_nn.register_module_site")
-        return gated_projection(self, x, p)
-
-
-def gated_projection(projection: nn.Module, x: Tensor, p: Tensor) -> Tensor:
-    """``W x + p·b`` for an ``nn.Linear`` or transformers' ``Conv1D`` (weight ``(in, out)``)."""
-    if isinstance(projection, nn.Linear):
-        return gated_linear(projection, x, p)
-    return x @ projection.weight + o_gate(p, projection.bias)                   # Conv1D
-
-
-def gate_output_bias(projection: nn.Module, state: CarrierPresence) -> Undo:
-    """Gate the bias of an attention output projection (no-op when it has none)."""
-    if getattr(projection, "bias", None) is None:
-        return noop
-    return set_site(projection, OGatedBias, ATTENTION, state)
-
-
-def _gate(p: Tensor, y: Tensor, branch: nn.Module) -> Tensor:
-    """ρτ (B, N) · y (B, N, d); an MoE block that returns its tokens flattened (B·N, d), as
-    Llama4's does, is gated row for row (the flattening is row-major over (B, N))."""
-    if y.shape[:-1] != p.shape and y.shape[:-1].numel() == p.numel() and y.dim() == 2:
-        return o_gate(p.reshape(-1), y)
-    if y.shape[:-1] != p.shape:
-        raise RetrofitError(f"{type(branch).__name__} returned {tuple(y.shape)} for a residual "
-                            f"stream of {tuple(p.shape)} tokens; its layout names the wrong FFN "
-                            "branch (register a layout: "
-                            "oretrofit.hosts.transformers.layouts.register_layout)")
-    return o_gate(p, y)
-
-
-def gate_branch_output(p: Tensor, output: Any, branch: nn.Module) -> Any:
-    """ρτ · branch output; a tuple output (MoE blocks: hidden, router logits) gates its first."""
-    if isinstance(output, tuple):
-        return (_gate(p, output[0], branch), *output[1:])
-    return _gate(p, output, branch)
-
-
-class _BranchGate:
-    """The hooks of :func:`gate_branch`: :meth:`capture` ρτ of the carrier, :meth:`gate` the
-    branch's output by it (methods of a plain object, so they pickle with the model)."""
-
-    def __init__(self, config: SiteConfig) -> None:
-        self.config, self.p = config, None
-
-    def capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self.p = carrier_presence(carrier_of(args, kwargs), self.config.tau)
-
-    def gate(self, module: nn.Module, args: tuple, output: Any) -> Any:
-        p, self.p = self.p, None
-        return gate_branch_output(p, output, module)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "p": None}
-
-
-def gate_branch(carrier_module: nn.Module, branch: nn.Module, config: SiteConfig) -> Undo:
-    """OFFN gate (eq. 15) with hooks: ``branch`` outputs ρτ(h)·branch(·), h = the hidden-state
-    input of ``carrier_module`` (the residual stream entering the branch)."""
-    hooks = _BranchGate(config)
-    return patch_all(
-        lambda: carrier_module.register_forward_pre_hook(hooks.capture, with_kwargs=True).remove,
-        lambda: branch.register_forward_hook(hooks.gate).remove)
-
-
-def _inputs_embeds_index(owner: nn.Module) -> tuple[str, int]:
-    """Name and positional index of ``owner.forward``'s ``inputs_embeds`` (or ``input_embeds``)."""
-    names = list(inspect.signature(owner.forward).parameters)
-    name = next(n for n in ("inputs_embeds", "input_embeds") if n in names)
-    return name, names.index(name)
-
-
-def accepts_inputs_embeds(module: nn.Module) -> bool:
-    names = inspect.signature(module.forward).parameters
-    return "inputs_embeds" in names or "input_embeds" in names
-
-
-def gate_table(table: nn.Module, word: nn.Module, owner: nn.Module, config: SiteConfig) -> Undo:
-    """OInject (eq. 17) with hooks: a position / token-type lookup added to the word embedding
-    is gated by ρτ(word embedding) at the same position, h + ρτ(h)·e.
-
-    ``owner`` is the module that receives ``inputs_embeds`` (then the word embedding is skipped
-    and the given embeddings are the carrier); ``word`` is its word-embedding lookup.
-    """
-    hooks = _TableGate(config, *_inputs_embeds_index(owner))
-    return patch_all(
-        lambda: owner.register_forward_pre_hook(hooks.from_inputs_embeds, with_kwargs=True).remove,
-        lambda: word.register_forward_hook(hooks.from_word_embedding).remove,
-        lambda: table.register_forward_hook(hooks.gate).remove)
-
-
-class _TableGate:
-    """The hooks of :func:`gate_table` (a plain object's methods, so they pickle with the model):
-    the carrier's presence from ``inputs_embeds`` or the word embedding, and the gate."""
-
-    def __init__(self, config: SiteConfig, name: str, index: int) -> None:
-        self.config, self.name, self.index, self.p = config, name, index, None
-
-    def from_inputs_embeds(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        given = kwargs.get(self.name, args[self.index] if len(args) > self.index else None)
-        self.p = None if given is None else presence(given, self.config.tau)
-
-    def from_word_embedding(self, module: nn.Module, args: tuple, output: Tensor) -> None:
-        self.p = presence(output, self.config.tau)
-
-    def gate(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        return o_gate(self.p, output)                      # (B, N) x (B|1, N, d) -> (B, N, d)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "p": None}
-
-
-def zero_padded_inputs(model: nn.Module, sequences: Sequence[Sequence[int]],
-                       side: str = "right") -> dict[str, Tensor]:
-    """Mask-free batch: token embeddings zero-padded to one length at the carrier boundary.
-
-    Returns ``inputs_embeds`` ``(B, N, d)`` (exact zeros at padding) and ``position_ids``
-    ``(B, N)`` that give every real token the position it has alone (padding continues the count,
-    so left padding gets negative positions: use ``side="right"`` for learned position tables).
-    Under a ``full-o`` retrofit the zero rows are inert: pass no attention mask.
-    """
-    if side not in ("right", "left"):
-        raise ValueError(f"side must be 'right' or 'left', got {side!r}")
-    if not sequences or any(len(s) == 0 for s in sequences):
-        raise ValueError("sequences must be a non-empty list of non-empty token id lists")
-    embed = model.get_input_embeddings()
-    width = max(len(s) for s in sequences)
-    inputs = embed.weight.new_zeros(len(sequences), width, embed.embedding_dim)
-    positions = torch.empty(len(sequences), width, dtype=torch.long, device=inputs.device)
-    for row, ids in enumerate(sequences):
-        start = 0 if side == "right" else width - len(ids)
-        ids_t = torch.as_tensor(list(ids), dtype=torch.long, device=inputs.device)
-        inputs[row, start:start + len(ids)] = embed(ids_t)
-        positions[row] = torch.arange(width, device=inputs.device) - start
-    return {"inputs_embeds": inputs, "position_ids": positions}
+def __getattr__(name: str) -> Any:
+    """A name that moved out of this module (:data:`_MOVED_OUT`), for pickles written before."""
+    if name not in _MOVED_OUT:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_MOVED_OUT[name], __package__), name)

@@ -25,7 +25,7 @@ from ..._atomic import write_text_atomic
 from ..._markdown import pipe_table
 from ..._provenance import environment, portable, sha256_file, write_json_atomic
 from ..._registry import retrofitted
-from .releases import zero_padded_inputs
+from .inputs import zero_padded_inputs
 
 __all__ = ["TAU", "EPS", "SENTENCES", "PROMPTS", "load_minilm", "load_smollm2", "sentence_embeddings",
            "embedding_cosines", "greedy_and_logits", "null_insertion", "padding_deltas",

@@ -50,7 +50,7 @@ from ..._patching import SiteConfig, Undo, noop, set_site, site_config
 from ..._presence import compute_dtype
 from ..torch_nn import ATTENTION, patch_all
 from .layouts import eager_class, forward_source as _source
-from .releases import CarrierPresence
+from .capture import CarrierPresence
 
 __all__ = ["SoftmaxCarrier", "presence_softmax", "attach_softmax_attention", "OSoftmaxAttention"]
 

@@ -40,7 +40,8 @@ from ..._patching import SiteConfig, Undo
 from ..._presence_memo import carrier_presence
 from ..torch_nn import patch_all
 from .layouts import is_norm_named, is_qk_norm
-from .releases import carrier_of, gate_branch_output
+from .capture import carrier_of
+from .gates import gate_branch_output
 
 __all__ = ["gate_traced_branch"]
 

@@ -1,4 +1,4 @@
-"""The host's gates outside the layers (oretrofit/hosts/transformers/host.py, releases.py): a
+"""The host's gates outside the layers (oretrofit/hosts/transformers/host.py, gates.py): a
 biased projection between the embedding and the first layer, a position table added to patch
 embeddings, one convolution over positions next to the layers."""
 

@@ -11,7 +11,7 @@ from torch import nn
 from oretrofit import RetrofitError
 from oretrofit._patching import SiteConfig
 from oretrofit.hosts.transformers.attention import _STATE, o_attention_function
-from oretrofit.hosts.transformers.releases import CarrierPresence
+from oretrofit.hosts.transformers.capture import CarrierPresence
 
 
 class _ChunkedAttention(nn.Module):

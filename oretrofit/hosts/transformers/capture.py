@@ -1,0 +1,106 @@
+"""Presence capture: the presences ρτ of the carriers of an attention module, read by hooks.
+
+transformers hands the attention function projected q/k/v, not the carrier. A forward pre-hook on
+the module that receives the carrier (the residual stream entering the branch) captures its
+presences (:class:`CarrierPresence`); the attention function (:mod:`.attention`) reads them from
+the attention module. Cross-attention takes its sources' presences from the encoder output the
+attention module is given. With a KV cache the presences of cached keys live in the cache, next
+to the keys (:mod:`.cache`), so generation after a prompt with null tokens still excludes them.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..._host import RetrofitError
+from ..._patching import SiteConfig
+from ..._presence import presence
+from ..._presence_memo import carrier_presence
+from .cache import UNSEEN, expect_keys
+
+__all__ = ["CarrierPresence", "carrier_of", "cache_of"]
+
+
+def carrier_of(args: tuple, kwargs: dict) -> Tensor:
+    """The hidden-state input of a module call: its first positional argument or
+    ``hidden_states=``."""
+    if args and torch.is_tensor(args[0]):
+        return args[0]
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    raise RetrofitError("a carrier module was called without hidden states (first positional "
+                        "argument or hidden_states=); its layout names the wrong module")
+
+
+def cache_of(args: tuple, kwargs: dict) -> Any:
+    """The KV cache a layer is called with: ``cache=`` / ``past_key_values=``, else the
+    transformers ``Cache`` among its other arguments (GPT-2's block takes it second,
+    GPT-NeoX's as ``layer_past=``); None without one."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is None and "transformers" in sys.modules:
+        from transformers import Cache
+        cache = next((a for a in (*args, *kwargs.values()) if isinstance(a, Cache)), None)
+    return cache
+
+
+@dataclass
+class CarrierPresence:
+    """Presences ρτ of one attention module's carriers: ``query`` (B, Nq) for the current tokens,
+    ``keys`` (B, Nk) for every key, cached ones included. For cross-attention (``cross``) the keys
+    are the encoder output's presences, set by :meth:`capture_sources`. ``first_write``: the
+    call's keys are the first its KV cache layer holds (:mod:`.cache`)."""
+
+    config: SiteConfig
+    layer_idx: int | None = None
+    cross: bool = False
+    query: Tensor | None = None
+    keys: Tensor | None = None
+    first_write: bool = False
+
+    def capture(self, carrier: Tensor, cache: Any = None) -> None:
+        """ρτ of the carrier; with a KV cache the keys' presences come from the cache layer the
+        call writes its keys to (:mod:`.cache`), set when it writes them."""
+        p = carrier_presence(carrier, self.config.tau)                           # (B, N)
+        self.query = p
+        if self.cross:
+            return
+        self.keys, self.first_write = p, False
+        if cache is not None and expect_keys(cache, self.layer_idx or 0, p, self):
+            self.keys = None
+        elif cache is not None and cache.get_seq_length(self.layer_idx or 0) > 0:
+            raise RetrofitError(UNSEEN)
+
+    def capture_sources(self, sources: Tensor) -> None:
+        self.keys = presence(sources, self.config.tau)                           # (B, Nk)
+
+    def without_batch_axis(self, owner: str) -> str | None:
+        """Why the captured presences cannot sit on the attention's (batch, tokens) axes (None
+        when they can): a carrier without a batch axis, as packed sequences run; both routes
+        refuse with it."""
+        if self.query is None or self.query.dim() == 2:
+            return None
+        return (f"{owner} runs on a residual stream without a batch axis ({self.query.dim()}-D "
+                "presences: packed sequences, as vision towers with cu_seqlens run), so its "
+                "presences cannot be placed on the attention's (batch, tokens) axes; this host "
+                "has no O form for it")
+
+    def capture_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook on the carrier module: the hidden states and the KV cache."""
+        self.capture(carrier_of(args, kwargs), cache_of(args, kwargs))
+
+    def capture_sources_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook on a cross-attention module: its sources (the encoder output)."""
+        sources = kwargs.get("key_value_states", kwargs.get("encoder_hidden_states"))
+        if sources is None:
+            raise RetrofitError(f"{type(module).__name__} is a cross-attention site but was "
+                                "called without key_value_states / encoder_hidden_states")
+        self.capture_sources(sources)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The settings only: captured presences belong to one call."""
+        return {**self.__dict__, "query": None, "keys": None}
