@@ -24,7 +24,7 @@ __all__ = ["check_transformers", "transformers_version", "TESTED_RELEASES", "BLO
 # The passing rows of results/transformers-compat.md (scripts/transformers_compat.py runs the
 # host's tests on the newest patch release of every minor from 4.53, each in its own environment).
 TESTED_RELEASES: tuple[str, ...] = (
-    "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4",
+    "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4",
     "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0", "5.19.0",
     "5.20.2", "5.21.1", "5.22.2", "5.23.0", "5.24.0")
 
@@ -88,6 +88,8 @@ TOP_K_INDEXER = ("selects its attention's keys with a top-k indexer (DeepSeek sp
 NEW_MODEL_TYPE = "is a model type that release does not have yet"
 COVERED_FROM: dict[str, tuple[str, str]] = {
     "minimax_m2": ("5.0.0", NEW_MODEL_TYPE),           # new in 5.0
+    **{model_type: ("4.57.6", NEW_MODEL_TYPE)           # new in 4.57
+       for model_type in ("olmo3", "vaultgemma", "flex_olmo")},
     "modernbert": ("5.1.0", INTERFACE),
     "qwen3_5_text": ("5.15.1", _QWEN35),              # the model type is new in 5.2
     "eurobert": ("5.3.0", INTERFACE),                # new in 5.3
