@@ -91,8 +91,16 @@ def outer_sites(s: Structure, prefix: str, backbone: nn.Module, layer_paths: lis
         elif index < first_layer and "Rotary" not in type(module).__name__:
             s.uncovered += [f"{join(prefix, name, b)} (float buffer of {type(module).__name__}: "
                             "a table added inline, no module to gate it by the carrier)"
-                            for b, buffer in module.named_buffers(recurse=False)
-                            if buffer.is_floating_point() and buffer.dim() == 2]
+                            for b in _inline_tables(module)]
+
+
+def _inline_tables(module: nn.Module) -> list[str]:
+    """Names of ``module``'s own 2-D float tensors that are not parameters: its buffers, and
+    plain tensor attributes (CTRL's ``pos_encoding`` in transformers 4.x)."""
+    plain = [(n, t) for n, t in vars(module).items() if isinstance(t, torch.Tensor)
+             and not isinstance(t, nn.Parameter)]
+    return [n for n, t in [*module.named_buffers(recurse=False), *plain]
+            if t.is_floating_point() and t.dim() == 2]
 
 
 def _position_term_patches(owner: nn.Module) -> nn.Module | None:

@@ -52,6 +52,7 @@ from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interf
                       sequence_first_output, token_mixers)
 from .releases import check_transformers, not_covered_yet, supported_text, transformers_version
 from .pretrained import keep_spec_on_save
+from .sdpa_route import attach_sdpa_attention, calls_sdpa
 from .softmax_route import attach_softmax_attention
 from .stream import gate_traced_branch
 
@@ -230,12 +231,16 @@ def _layer_sites(s: Structure, path: str, layer: nn.Module) -> None:
 def _attention(name: str, attention: nn.Module, carrier: nn.Module,
                projection: nn.Module | None, gate: Callable[[nn.Module, Any], Undo],
                cross: bool, layer_index: int, config: SiteConfig) -> Undo:
-    """The interface route where the module calls the attention interface, else the softmax
-    route (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list); a top-k
+    """The interface route where the module calls the attention interface, the fused-kernel
+    route where it calls SDPA itself (:mod:`.sdpa_route`), else the softmax route
+    (:mod:`.softmax_route`; ``layer_index``: the layer's place in its list); a top-k
     indexer inside it ranks by the same presences (:mod:`.indexer`); ``gate`` gates the output
     projection's bias by the captured presences."""
     if calls_attention_interface(attention):
         undo_attention, state = attach_o_attention(attention, carrier, config, cross)
+    elif calls_sdpa(attention):
+        undo_attention, state = attach_sdpa_attention(name, attention, carrier, config, cross,
+                                                      layer_index)
     else:
         undo_attention, state = attach_softmax_attention(name, attention, carrier, config, cross,
                                                          layer_index)

@@ -18,31 +18,27 @@ from ..._host import RetrofitError
 __all__ = ["check_transformers", "transformers_version", "TESTED_RELEASES", "BLOCKED",
            "FIRST_MASK_INTERFACE", "SWEEP_RELEASE", "ROUTES_FROM", "supported_range",
            "supported_text", "requirement", "admits", "COVERED_FROM", "INTERFACE", "SOFTMAX_ROUTE",
-           "NEW_LAYOUT", "TOP_K_INDEXER", "covered_from", "before_covered", "not_covered_yet"]
+           "NEW_LAYOUT", "TOP_K_INDEXER", "NEW_MODEL_TYPE", "covered_from", "before_covered",
+           "not_covered_yet"]
 
 
 # The passing rows of results/transformers-compat.md (scripts/transformers_compat.py runs the
 # host's tests on the newest patch release of every minor from 4.53, each in its own environment).
 TESTED_RELEASES: tuple[str, ...] = (
-    "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4",
-    "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0", "5.19.0",
-    "5.20.2", "5.21.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0")
+    "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0",
+    "5.10.4", "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0",
+    "5.19.0", "5.20.2", "5.21.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0")
 
-# Where support starts, and why not earlier. The host registers the mask function of its attention
-# implementation with AttentionMaskInterface (transformers.masking_utils), first shipped in 4.53.0
-# (AttentionInterface alone, from 4.51, would leave transformers building no mask for it).
-# 4.53 to 4.57 have both, but there the BERT family (MiniLM among it) and more compute attention
-# themselves, so the host cannot cover them (results/transformers-compat.md, the 4.x rows).
+# Why releases before FIRST_MASK_INTERFACE are refused. The host registers the mask function of
+# its attention implementation with AttentionMaskInterface (transformers.masking_utils), first
+# shipped in 4.53.0 (AttentionInterface alone, from 4.51, would leave transformers building no
+# mask for it).
 FIRST_MASK_INTERFACE = "4.53.0"
 _BEFORE_MASK_INTERFACE = (
-    f"support starts at 5.0.0: transformers before {FIRST_MASK_INTERFACE} has no "
-    "AttentionMaskInterface (transformers.masking_utils), where the host registers the mask "
-    "function of its attention implementation (without it transformers builds no mask for the "
-    "implementation, and padding and causality would be lost)")
-_4X = ("support starts at 5.0.0: transformers 4.53 to 4.57 have the attention and mask interfaces, "
-       "but there BERT and its family (all-MiniLM-L6-v2 among them), DistilBERT, StableLM, "
-       "Qwen2-MoE, OLMoE and Phi-MoE compute attention themselves (BertSdpaSelfAttention, ...), so "
-       "the host cannot cover them, and the host's tests fail on more")
+    f"transformers before {FIRST_MASK_INTERFACE} has no AttentionMaskInterface "
+    "(transformers.masking_utils), where the host registers the mask function of its attention "
+    "implementation (without it transformers builds no mask for the implementation, and padding "
+    "and causality would be lost)")
 
 # Minors the gate refuses because their rows fail, with why (named in the refusal); the compat
 # sweep tries them every time, and a minor leaves this table once its row passes.
@@ -87,7 +83,13 @@ NEW_LAYOUT = ("has layers (or a decoder word embedding, or an attention output p
 TOP_K_INDEXER = ("selects its attention's keys with a top-k indexer (DeepSeek sparse attention), "
                  "which the host ranks by presence (indexer.py), measured on later releases only "
                  "so far")
+# a model type newer than the oldest tested release: absent there, so the tests expect its
+# build to fail naming it; the row names the first tested release that has it
+NEW_MODEL_TYPE = "is a model type that release does not have yet"
 COVERED_FROM: dict[str, tuple[str, str]] = {
+    "minimax_m2": ("5.0.0", NEW_MODEL_TYPE),           # new in 5.0
+    **{model_type: ("4.57.6", NEW_MODEL_TYPE)           # new in 4.57
+       for model_type in ("olmo3", "vaultgemma", "flex_olmo")},
     "modernbert": ("5.1.0", INTERFACE),
     "qwen3_5_text": ("5.15.1", _QWEN35),              # the model type is new in 5.2
     "eurobert": ("5.3.0", INTERFACE),                # new in 5.3
@@ -181,10 +183,16 @@ def admits(version: str) -> bool:
 
 
 def _gaps() -> list[str]:
-    """Minors between the oldest and the newest tested release that the gate refuses."""
+    """Minors between the oldest and the newest tested release that the gate refuses (a major
+    before the newest one: up to its newest tested minor)."""
     tested = {_minor(release) for release in TESTED_RELEASES}
-    (major, low), (_, high) = _minor(TESTED_RELEASES[0]), _minor(TESTED_RELEASES[-1])
-    return [f"{major}.{m}" for m in range(low, high + 1) if (major, m) not in tested]
+    first, last = _minor(TESTED_RELEASES[0]), _minor(TESTED_RELEASES[-1])
+    gaps = []
+    for major in range(first[0], last[0] + 1):
+        low = first[1] if major == first[0] else 0
+        high = last[1] if major == last[0] else max(m for j, m in tested if j == major)
+        gaps += [f"{major}.{m}" for m in range(low, high + 1) if (major, m) not in tested]
+    return gaps
 
 
 def requirement() -> str:
@@ -207,19 +215,17 @@ def _why_not(version: str) -> str:
     """Why ``version`` is refused, beyond not being among the tested releases."""
     from packaging.version import InvalidVersion, Version
     try:
-        minor = _minor(version)
-        if Version(version) < Version(FIRST_MASK_INTERFACE):
-            return f"; {_BEFORE_MASK_INTERFACE}"
+        name, older = ".".join(map(str, _minor(version))), Version(version) < Version(
+            TESTED_RELEASES[0])
+        before_mask = Version(version) < Version(FIRST_MASK_INTERFACE)
     except InvalidVersion:
         return ""
-    if minor[0] == 4:
-        return f"; {_4X}"
-    name = ".".join(map(str, minor))
-    if name in BLOCKED:
-        return f"; {BLOCKED[name]}"
-    if name in _gaps():
-        return f"; oretrofit's tests have not passed on transformers {name} yet"
-    return ""
+    why = (_BEFORE_MASK_INTERFACE if before_mask else BLOCKED.get(name)
+           or (f"oretrofit's tests have not passed on transformers {name} yet"
+               if older or name in _gaps() else ""))
+    if older:
+        return f"; support starts at {TESTED_RELEASES[0]}: {why}"
+    return f"; {why}" if why else ""
 
 
 # scripts/transformers_compat.py measures releases the gate does not admit (yet): it names the

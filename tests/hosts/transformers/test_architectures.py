@@ -58,7 +58,7 @@ def test_null_insertion_is_exact_under_full_o(tiny: tuple) -> None:
     assert result["old_max_delta"] <= 1e-4
     assert unpatched["inserted_max_abs"] > 1e-2       # the zero carrier is not inert unpatched
     # at the end where positions (T5's buckets, BART's table) or windows follow the index
-    assert result["where"] == arch.insertion
+    assert result["where"] == arch.insertion_here()
 
 
 def test_null_insertion_measures_the_final_norm_after_the_layers() -> None:

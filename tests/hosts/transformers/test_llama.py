@@ -10,7 +10,8 @@ import inspect  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, LlamaModel  # noqa: E402
+from transformers import (AttentionInterface, DynamicCache, LlamaConfig,  # noqa: E402
+                          LlamaForCausalLM, LlamaModel)
 
 from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
 from oretrofit.hosts.transformers.report import (EPS, PROMPTS, TAU, greedy_and_logits,  # noqa: E402
@@ -58,6 +59,38 @@ def test_tau_to_zero_with_padding_mask(arm: str, attention_bias: bool) -> None:
             out = model(ids, attention_mask=mask).logits
     real = mask.bool()
     torch.testing.assert_close(out[real], reference[real], atol=1e-5, rtol=1e-5)
+
+
+def test_without_the_mask_function_a_custom_implementation_gets_no_mask() -> None:
+    """Why both interfaces are registered: transformers builds masks only for known names."""
+    model = _tiny_llama().model
+    seen: list[object] = []
+
+    def probe(module, query, key, value, attention_mask, **kwargs):  # noqa: ANN001, ANN202
+        seen.append(attention_mask)
+        return torch.zeros_like(query).transpose(1, 2), None
+
+    AttentionInterface.register("oretrofit-probe", probe)
+    model.config._attn_implementation_internal = "oretrofit-probe"
+    mask = torch.tensor([[1, 1, 1, 0]])
+    try:
+        with torch.no_grad():
+            model(torch.tensor([[5, 6, 7, 8]]), attention_mask=mask)
+    finally:
+        AttentionInterface._global_mapping.pop("oretrofit-probe")
+        model.config._attn_implementation_internal = "sdpa"
+    assert seen and all(m is None for m in seen)            # padding and causality silently lost
+    handle = model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True)
+    seen.clear()
+    try:
+        with torch.no_grad(), retrofitted(model, "oa", TAU):
+            model(torch.tensor([[5, 6, 7, 8]]), attention_mask=mask)
+    finally:
+        handle.remove()
+    assert seen[0].dtype == torch.bool                       # the relation, padding and causality
+    assert seen[0][0, 0].tolist() == [[True, False, False, False], [True, True, False, False],
+                                      [True, True, True, False], [True, True, True, False]]
 
 
 def test_null_insertion_with_biases_and_mask_free_padding() -> None:

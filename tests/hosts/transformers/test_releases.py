@@ -34,7 +34,7 @@ def test_patch_releases_of_the_newest_tested_minor_are_admitted_and_nothing_newe
     oldest, below = common.supported_range()
     major, minor = map(int, below.split("."))
     assert common.admits(oldest) and common.admits(f"{major}.{minor - 1}.99")
-    for outside in (f"{below}.0", f"{below}.0.dev0", f"{major + 1}.0.0", "4.57.6", "not-a-version"):
+    for outside in (f"{below}.0", f"{below}.0.dev0", f"{major + 1}.0.0", "4.53.3", "not-a-version"):
         assert not common.admits(outside), outside
 
 
@@ -44,7 +44,8 @@ def test_the_installed_release_is_admitted():
 
 
 @pytest.mark.parametrize("version, why", [
-    ("4.52.4", "has no AttentionMaskInterface"), ("4.57.6", "BERT and its family"),
+    ("4.52.4", "has no AttentionMaskInterface"),
+    ("4.53.3", "oretrofit's tests have not passed on transformers 4.53 yet"),
     ("5.4.0", "cannot build the configs"),
     ("5.25.0", "Falcon routes attention through the interface")])
 def test_a_refused_release_is_named_with_where_support_starts_why_and_the_fix(monkeypatch, version,
@@ -75,7 +76,9 @@ def test_the_docs_state_the_gates_range(doc):
 
 def test_covered_from_is_what_the_receipt_measured():
     """Each interface row of COVERED_FROM is the first passing release from which the receipt's
-    probe finds the architecture covered (refused or absent before it, in every passing row)."""
+    probe finds the architecture covered in every passing row (refused or absent in the row
+    before it; an older major where another route covers it, as 4.57's fused-kernel route
+    covers BEiT, is refused all the same: one release bounds the claim)."""
     rows = [row for row in json.loads((ROOT / "results" / "transformers-compat.json").read_text())
             if row["ok"] and row.get("coverage")]
     assert [row["release"] for row in rows] == list(common.TESTED_RELEASES)
@@ -90,8 +93,10 @@ def test_covered_from_is_what_the_receipt_measured():
                        if Version(r) > Version(first)), (model_type, statuses)
             continue
         if why == common.INTERFACE:
-            assert [r for r, status in statuses.items() if status == "covered"] == [
-                r for r in statuses if Version(r) >= Version(first)], model_type
+            releases = list(statuses)
+            assert [r for r in releases if Version(r) >= Version(first)] == [
+                r for i, r in enumerate(releases)
+                if all(statuses[later] == "covered" for later in releases[i:])], model_type
         assert first in statuses, model_type          # a tested release
 
 

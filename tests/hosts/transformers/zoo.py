@@ -41,6 +41,18 @@ class Architecture:
     family: str          # decoder-only | encoder-only | encoder-decoder | MoE | vision | audio
     config: dict[str, Any] = field(default_factory=dict)
     insertion: str = "middle"    # where null insertion keeps old tokens' relation (see describe)
+    # (release, insertion): before that transformers release null insertion happens there instead
+    # (a model that took no position_ids yet inserts at the end)
+    insertion_before: tuple[str, str] | None = None
+
+    def insertion_here(self) -> str:
+        """:attr:`insertion` in the installed transformers release."""
+        from packaging.version import Version
+        from oretrofit.hosts.transformers.releases import transformers_version
+        if self.insertion_before and Version(transformers_version()) < Version(
+                self.insertion_before[0]):
+            return self.insertion_before[1]
+        return self.insertion
 
 
 ARCHITECTURES = [
@@ -80,7 +92,8 @@ ARCHITECTURES = [
     Architecture("XLM-RoBERTa", "xlm-roberta", "encoder-only"),
     Architecture("ELECTRA", "electra", "encoder-only", dict(embedding_size=32)),
     Architecture("DistilBERT", "distilbert", "encoder-only",
-                 dict(dim=32, hidden_dim=64, n_layers=2, n_heads=4)),
+                 dict(dim=32, hidden_dim=64, n_layers=2, n_heads=4),
+                 insertion_before=("5.0.0", "end")),          # position_ids from 5.0
     Architecture("ModernBERT (local window 4)", "modernbert", "encoder-only",
                  dict(global_attn_every_n_layers=2, local_attention=4), "end"),
     Architecture("T5", "t5", "encoder-decoder", _T5, "end"),
@@ -114,8 +127,9 @@ ARCHITECTURES = [
     Architecture("Seed-OSS", "seed_oss", "decoder-only", dict(head_dim=8)),
     Architecture("VaultGemma (sliding window 4)", "vaultgemma", "decoder-only",
                  dict(head_dim=8, sliding_window=4), "end"),
+    # local_attention too: 4.x derives the window from it alone (local_attention // 2)
     Architecture("ModernBERT decoder (sliding window 4)", "modernbert-decoder", "decoder-only",
-                 dict(sliding_window=4), "end"),
+                 dict(sliding_window=4, local_attention=8), "end"),
     Architecture("Qwen3.5 (text, full attention)", "qwen3_5_text", "decoder-only",
                  dict(head_dim=8, layer_types=["full_attention", "full_attention"])),
     Architecture("OLMoE", "olmoe", "MoE", dict(num_experts=4, num_experts_per_tok=2)),
