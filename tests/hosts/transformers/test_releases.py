@@ -46,8 +46,7 @@ def test_the_installed_release_is_admitted():
 @pytest.mark.parametrize("version, why", [
     ("4.52.4", "has no AttentionMaskInterface"),
     ("4.53.3", "oretrofit's tests have not passed on transformers 4.53 yet"),
-    ("5.4.0", "cannot build the configs"),
-    ("5.25.0", "Falcon routes attention through the interface")])
+    ("5.4.0", "cannot build the configs")])
 def test_a_refused_release_is_named_with_where_support_starts_why_and_the_fix(monkeypatch, version,
                                                                               why):
     monkeypatch.setattr(common, "transformers_version", lambda: version)
