@@ -31,10 +31,10 @@ TABPFN_TESTS := tests/hosts/tabpfn tests/regress/test_cli.py
 OLDEST_TRANSFORMERS := 4.56.2
 OLDEST_TF := $(VENV)/transformers-$(OLDEST_TRANSFORMERS)
 OLDEST_TF_STAMP := $(OLDEST_TF)/.oretrofit-installed
-# the transformers host's tests, as scripts/transformers_compat.py runs them per release
+# the transformers host's tests, as scripts/transformers_compat.py runs them per release (its TESTS)
 TRANSFORMERS_TESTS := tests/hosts/transformers/test_architectures.py \
 	tests/hosts/transformers/test_bert.py tests/hosts/transformers/test_llama.py \
-	tests/hosts/transformers/test_training.py tests/hosts/test_compose.py tests/cli/test_check.py
+	tests/hosts/test_compose.py tests/cli/test_check.py
 PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
 
 # $(call layered,ENV,PACKAGE,RELEASE): ENV over the main environment with PACKAGE==RELEASE on top

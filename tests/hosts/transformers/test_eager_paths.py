@@ -1,5 +1,5 @@
-"""The softmax route's ways to an eager softmax (an SDPA subclass's eager base class, a config
-that picks the kernel at each call), a bias the attention returns for its layer to add, and the
+"""The softmax route's ways to an eager softmax (a config that picks the kernel at each call;
+an SDPA subclass keeps its own forward, its kernel call answered by OAttention), a bias the attention returns for its layer to add, and the
 layouts that refuse streams the presences cannot be placed on."""
 
 from __future__ import annotations
@@ -20,8 +20,13 @@ def _arch(name: str) -> zoo.Architecture:
     return next(a for a in zoo.ARCHITECTURES if a.name == name)
 
 
-def test_an_sdpa_subclass_runs_its_eager_base_class_while_retrofitted() -> None:
+def test_an_sdpa_subclass_keeps_its_forward_with_its_kernel_call_answered_by_oattention(
+        monkeypatch) -> None:
+    """An SDPA subclass (its eager base class computes the same softmax) runs its own forward
+    while retrofitted, its one ``scaled_dot_product_attention`` call answered by OAttention
+    (sdpa_route.py); its eager base class does not run."""
     from transformers.models.data2vec import modeling_data2vec_vision as d2v
+    from oretrofit.hosts.transformers import sdpa_route
     sdpa, eager = d2v.Data2VecVisionSdpaSelfAttention, d2v.Data2VecVisionSelfAttention
     assert eager_class(sdpa) is eager and eager_class(eager) is eager
     assert eager_class(torch.nn.Linear) is None
@@ -29,16 +34,17 @@ def test_an_sdpa_subclass_runs_its_eager_base_class_while_retrofitted() -> None:
     inputs = zoo.example_inputs(model)
     attention = model.encoder.layer[0].attention.attention
     assert type(attention) is sdpa
-    calls = []
-    original = d2v.Data2VecVisionSelfAttention.forward
-    d2v.Data2VecVisionSelfAttention.forward = lambda self, *a, **k: (calls.append(1),
-                                                                      original(self, *a, **k))[1]
-    try:
-        with retrofitted(model, "oa", 1e-6), torch.no_grad():
-            model(**inputs)
-    finally:
-        d2v.Data2VecVisionSelfAttention.forward = original
-    assert len(calls) == len(model.encoder.layer)          # the eager forward ran, once a layer
+    eager_calls, o_calls = [], []
+    original = eager.forward
+    monkeypatch.setattr(eager, "forward", lambda self, *a, **k: (eager_calls.append(1),
+                                                                 original(self, *a, **k))[1])
+    o_attention = sdpa_route.o_attention
+    monkeypatch.setattr(sdpa_route, "o_attention", lambda *a, **k: (o_calls.append(1),
+                                                                    o_attention(*a, **k))[1])
+    with retrofitted(model, "oa", 1e-6), torch.no_grad():
+        model(**inputs)
+    assert not eager_calls
+    assert len(o_calls) == len(model.encoder.layer)        # OAttention answered, once a layer
     assert type(attention) is sdpa                         # and the SDPA class is back
 
 
