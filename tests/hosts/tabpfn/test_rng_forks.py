@@ -14,27 +14,33 @@ from oretrofit.hosts.tabpfn.rng_forks import serialized_rng_forks
 _ORIGINAL = torch.random.fork_rng
 
 
-def _seeded_draws(seed: int, entered: threading.Event, other_entered: threading.Event
-                  ) -> torch.Tensor:
-    """Seed the global generator in a fork, draw, wait (briefly) for the other thread to seed
-    too, draw again: what tabpfn's SVD step does, with the other thread forced in between."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        first = torch.rand(4)
-        entered.set()
-        other_entered.wait(timeout=0.3)
-        return torch.cat([first, torch.rand(4)])
-
-
-def _two_threads() -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Both threads' draws, and the caller's generator state afterwards."""
-    events = threading.Event(), threading.Event()
+def _two_threads(timeout: float | None = 0.3) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Two threads each seeding the global generator in a fork and drawing twice, what tabpfn's
+    SVD step does, ordered where nothing stops them so that the second thread seeds between the
+    first one's two draws (each wait at most ``timeout``: under the guard the second thread
+    cannot enter its fork until the first has left its own). Both threads' draws, and the
+    caller's generator state afterwards."""
+    first_drew, second_seeded, first_done = (threading.Event() for _ in range(3))
     draws: list[torch.Tensor] = [torch.empty(0), torch.empty(0)]
 
-    def run(k: int) -> None:
-        draws[k] = _seeded_draws(k + 1, events[k], events[1 - k])
+    def first() -> None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(1)
+            one = torch.rand(4)
+            first_drew.set()
+            second_seeded.wait(timeout=timeout)
+            draws[0] = torch.cat([one, torch.rand(4)])
+        first_done.set()
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    def second() -> None:
+        first_drew.wait(timeout=timeout)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(2)
+            second_seeded.set()
+            first_done.wait(timeout=timeout)
+            draws[1] = torch.rand(8)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -58,8 +64,8 @@ def test_seeded_sections_get_their_own_draws_and_the_callers_state_is_kept() -> 
 
 
 def test_without_the_guard_the_threads_draw_each_others_numbers() -> None:
-    # what the guard prevents: the other thread's seed lands between one thread's draws
-    draws, _ = _two_threads()
+    # what the guard prevents: the second thread's seed lands between the first one's draws
+    draws, _ = _two_threads(timeout=None)
     assert not (torch.equal(draws[0], _alone(1)) and torch.equal(draws[1], _alone(2)))
 
 
@@ -82,17 +88,18 @@ def test_tabpfns_randomized_svd_on_threads_equals_it_alone() -> None:
     # over a million cells: tabpfn takes its randomized path (torch.svd_lowrank, global generator)
     matrices = [torch.randn(1100, 1000, generator=torch.Generator().manual_seed(k))
                 for k in range(4)]
-    svd = svd_module.TorchTruncatedSVD(n_components=8, random_state=0)
     seeded = "fork_rng" in inspect.getsource(svd_module.TorchTruncatedSVD.fit)
     # the premise of rng_forks' doc: tabpfn seeds that draw in a fork from 9.0.0 on
     assert seeded == (Version(importlib.metadata.version("tabpfn")) >= Version("9.0.0"))
     if not seeded:
+        svd = svd_module.TorchTruncatedSVD(n_components=8)
         # tabpfn 8.x draws the projection unseeded: its own result depends on the generator
         torch.manual_seed(1)
         first = svd.fit(matrices[0])["components"]
         torch.manual_seed(2)
         assert not torch.equal(first, svd.fit(matrices[0])["components"])
         return
+    svd = svd_module.TorchTruncatedSVD(n_components=8, random_state=0)
     alone = [svd.fit(x)["components"] for x in matrices]
     together: list[torch.Tensor] = [torch.empty(0)] * len(matrices)
 
