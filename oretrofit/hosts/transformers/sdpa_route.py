@@ -34,10 +34,10 @@ from torch.overrides import TorchFunctionMode
 
 from ..._attention import o_attention
 from ..._host import RetrofitError
-from ..._patching import SiteConfig, Undo, set_site, site_config
-from ..torch_nn import ATTENTION, patch_all
+from ..._patching import SiteConfig, Undo, site_config
+from ..torch_nn import ATTENTION
 from .layouts import eager_class
-from .softmax_route import SoftmaxCarrier
+from .softmax_route import SoftmaxCarrier, attach_carrier
 
 __all__ = ["calls_sdpa", "attach_sdpa_attention", "OSdpaAttention"]
 
@@ -129,12 +129,5 @@ def attach_sdpa_attention(site: str, attention: nn.Module, carrier_module: nn.Mo
     (KV-cached keys keep theirs, read at the module's ``layer_idx``, else ``layer_index``);
     cross-attention (``cross``) takes its sources' from the module's encoder input. Returns the
     undo and the captured state."""
-    index = getattr(attention, "layer_idx", None)
-    state = SoftmaxCarrier(config, layer_index if index is None else index, cross, site=site)
-    steps = [lambda: set_site(attention, OSdpaAttention, ATTENTION, state),
-             lambda: carrier_module.register_forward_pre_hook(state.capture_hook,
-                                                              with_kwargs=True).remove]
-    if cross:
-        steps.append(lambda: attention.register_forward_pre_hook(
-            state.capture_sources_hook, with_kwargs=True).remove)
-    return patch_all(*steps), state
+    return attach_carrier(site, attention, OSdpaAttention, carrier_module, config, cross,
+                          layer_index)

@@ -52,7 +52,8 @@ from ..torch_nn import ATTENTION, patch_all
 from .layouts import eager_class, forward_source as _source
 from .capture import CarrierPresence
 
-__all__ = ["SoftmaxCarrier", "presence_softmax", "attach_softmax_attention", "OSoftmaxAttention"]
+__all__ = ["SoftmaxCarrier", "presence_softmax", "attach_softmax_attention", "attach_carrier",
+           "OSoftmaxAttention"]
 
 _SOFTMAX = {torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax,
             torch.special.softmax}
@@ -283,10 +284,21 @@ def attach_softmax_attention(site: str, attention: nn.Module, carrier_module: nn
     The KV cache is read at the module's ``layer_idx``, else at ``layer_index`` (its layer's
     place in the layer list). Returns the undo and the captured state.
     """
+    return attach_carrier(site, attention, OSoftmaxAttention, carrier_module, config, cross,
+                          layer_index, first=lambda: _switch_to_eager(attention))
+
+
+def attach_carrier(site: str, attention: nn.Module, mixin: type, carrier_module: nn.Module,
+                   config: SiteConfig, cross: bool, layer_index: int,
+                   first: Callable[[], Undo] | None = None) -> tuple[Undo, "SoftmaxCarrier"]:
+    """``attention`` gets ``mixin`` with a :class:`SoftmaxCarrier` whose presences a pre-hook on
+    ``carrier_module`` captures (and, for ``cross``, a pre-hook on ``attention`` its sources');
+    ``first`` is applied before the rest. The KV cache is read at the module's ``layer_idx``,
+    else at ``layer_index``. Returns the undo of all of it and the state."""
     index = getattr(attention, "layer_idx", None)
     state = SoftmaxCarrier(config, layer_index if index is None else index, cross, site=site)
-    steps = [lambda: _switch_to_eager(attention),
-             lambda: set_site(attention, OSoftmaxAttention, ATTENTION, state),
+    steps = [*([first] if first else []),
+             lambda: set_site(attention, mixin, ATTENTION, state),
              lambda: carrier_module.register_forward_pre_hook(state.capture_hook,
                                                               with_kwargs=True).remove]
     if cross:
