@@ -10,9 +10,9 @@ use (PEP 562), so ``import oretrofit`` (and ``oretrofit --help``) does not impor
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_attributes
 from ._version import __version__
 
 # public name -> the module that defines it
@@ -43,18 +43,8 @@ _HOMES = {
 __all__ = list(_HOMES)
 
 
-def __getattr__(name: str) -> Any:
-    """Import ``name`` from its home module the first time it is asked for, then keep it."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'oretrofit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_attributes(
+    globals(), {name: (home, name) for name, home in _HOMES.items()})
 
 
 if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ imports these

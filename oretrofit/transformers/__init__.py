@@ -9,8 +9,9 @@ imports neither torch nor transformers.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
 
 # public name -> (the module that defines it, its name there)
 _HOMES = {
@@ -28,18 +29,7 @@ _HOMES = {
 __all__ = list(_HOMES)
 
 
-def __getattr__(name: str) -> Any:
-    """Import ``name`` from its home module the first time it is asked for, then keep it."""
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    home, attribute = _HOMES[name]
-    value = getattr(importlib.import_module(home, __name__), attribute)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_attributes(globals(), _HOMES)
 
 
 if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ imports these

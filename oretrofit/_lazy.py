@@ -1,0 +1,31 @@
+"""Module attributes imported from their home modules on first use (PEP 562), so a facade
+(``oretrofit``, ``oretrofit.transformers``) imports neither torch nor transformers until a name
+is asked for."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+__all__ = ["lazy_attributes"]
+
+
+def lazy_attributes(namespace: dict[str, Any], homes: dict[str, tuple[str, str]]
+                    ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of the module whose globals are ``namespace``:
+    ``homes`` maps a public name to (its home module, relative to that module, and its name
+    there); a name is imported the first time it is asked for, then kept in ``namespace``."""
+    module = namespace["__name__"]
+
+    def __getattr__(name: str) -> Any:
+        if name not in homes:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        home, attribute = homes[name]
+        value = getattr(importlib.import_module(home, module), attribute)
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *homes})
+
+    return __getattr__, __dir__
