@@ -23,7 +23,9 @@ HOMES = {"zero_padded_inputs": "oretrofit.hosts.transformers.inputs:zero_padded_
          "supported_range": "oretrofit.hosts.transformers.releases:supported_range",
          "supported_text": "oretrofit.hosts.transformers.releases:supported_text",
          "requirement": "oretrofit.hosts.transformers.releases:requirement",
-         "TESTED_RELEASES": "oretrofit.hosts.transformers.releases:TESTED_RELEASES"}
+         "TESTED_RELEASES": "oretrofit.hosts.transformers.releases:TESTED_RELEASES",
+         "UntestedReleaseWarning":
+             "oretrofit.hosts.transformers.selfcheck:UntestedReleaseWarning"}
 
 
 def test_every_public_name_is_its_home_modules_object():

@@ -1,5 +1,6 @@
 """transformers models: mask-free padded batches, the contracts checked on a model, τ calibrated
-on text, retrofitted folders loaded back, and the transformers releases the host admits.
+on text, retrofitted folders loaded back, and the transformers releases the host admits (on a
+newer one, a retrofit checks itself first: :class:`UntestedReleaseWarning`).
 
 The public entry points of the transformers host (:mod:`oretrofit.hosts.transformers`, where
 its sites live); ``oretrofit.retrofit(model, ...)`` retrofits a model. Needs ``oretrofit[hf]``.
@@ -24,6 +25,7 @@ _HOMES = {
     "supported_text": ("..hosts.transformers.releases", "supported_text"),
     "requirement": ("..hosts.transformers.releases", "requirement"),
     "TESTED_RELEASES": ("..hosts.transformers.releases", "TESTED_RELEASES"),
+    "UntestedReleaseWarning": ("..hosts.transformers.selfcheck", "UntestedReleaseWarning"),
 }
 
 __all__ = list(_HOMES)
@@ -39,3 +41,4 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ 
     from ..hosts.transformers.pretrained import from_pretrained
     from ..hosts.transformers.releases import (TESTED_RELEASES, check_transformers, requirement,
                                                supported_range, supported_text)
+    from ..hosts.transformers.selfcheck import UntestedReleaseWarning

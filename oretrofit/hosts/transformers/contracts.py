@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from ..._host import RetrofitError
 from ..._registry import retrofitted
-from .host import layers
+from .backbones import layers
 from .inputs import GRIDS, PATCH_ROWS, accepts, example_inputs, zero_padded_inputs
 from .layouts import calls_attention_interface, computes_attention
 from .pooling import pooling_attention

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 import weakref
 from typing import Any, Callable
 
@@ -43,6 +42,7 @@ from ..._patching import SiteConfig, Undo
 from ..._host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, patch_all, uncovered_attention
 from .attention import attach_o_attention
+from .backbones import backbones, layer_lists, pretrained_models
 from .boundary import (UNGATED, Structure, initial_state_problems, join, norm_site,
                        outer_sites, parameters_between_layers, positional_convolutions)
 from .gates import INJECT, gate_branch, gate_output_bias, gate_sequence_first_bias
@@ -50,13 +50,15 @@ from .indexer import attach_indexer
 from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
                       first_present, is_norm, is_qk_norm, layout_of, output_projection,
                       sequence_first_output, token_mixers)
-from .releases import check_transformers, not_covered_yet, supported_text, transformers_version
+from .releases import (check_transformers, not_covered_yet, supported_text, transformers_version,
+                       untested_newer)
+from .selfcheck import verify
 from .pretrained import keep_spec_on_save
 from .sdpa_route import attach_sdpa_attention, calls_sdpa
 from .softmax_route import attach_softmax_attention
 from .stream import gate_traced_branch
 
-__all__ = ["TransformersHost", "INJECT", "backbones", "layers", "forget_structures"]
+__all__ = ["TransformersHost", "INJECT", "forget_structures"]
 
 _ATTENTION_NAME = re.compile(r"Attention|Attn")
 _CACHE: dict[int, tuple[Any, tuple, list]] = {}     # id(model) -> (weakref, fingerprint, result)
@@ -69,49 +71,6 @@ _REFUSED_HOWTO = ("this host has no O form for it, so the model cannot be retrof
 def forget_structures() -> None:
     """Drop every cached derivation (the next plan derives the sites afresh)."""
     _CACHE.clear()
-
-
-def pretrained_models(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(path, module)`` of every outermost transformers ``PreTrainedModel`` in ``model``
-    (a head model such as ``BertForMaskedLM``, or a bare base model)."""
-    if "transformers" not in sys.modules:
-        return []                        # a transformers model cannot exist without it
-    from transformers import PreTrainedModel
-    found: list[tuple[str, nn.Module]] = []
-    for name, module in model.named_modules():
-        if isinstance(module, PreTrainedModel) and not any(
-                name == f or name.startswith(f + ".") or not f for f, _ in found):
-            found.append((name, module))
-    return found
-
-
-def backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(path, base model)`` of every outermost transformers ``PreTrainedModel`` in ``model``."""
-    paths = {id(m): name for name, m in model.named_modules()}
-    return [(paths.get(id(m.base_model), name), m.base_model)
-            for name, m in pretrained_models(model)]
-
-
-def _layer_lists(backbone: nn.Module) -> list[tuple[str, nn.ModuleList]]:
-    """Outermost module lists whose elements contain an attention module of either route; a
-    list of layer groups (:func:`_groups`) gives way to the lists inside its groups."""
-    lists: list[tuple[str, nn.ModuleList]] = []
-    for name, module in backbone.named_modules():
-        if any(name.startswith(f + ".") for f, _ in lists) or not isinstance(module, nn.ModuleList):
-            continue
-        if any(attention_modules(layer) for layer in module) and not _groups(module):
-            lists.append((name, module))
-    return lists
-
-
-def _groups(module_list: nn.ModuleList) -> bool:
-    """Whether every element holds nothing but one module list of layers that each attend: a
-    group of layers (ALBERT's ``AlbertLayerGroup`` runs its ``albert_layers`` in order, and its
-    groups are shared across the depth), whose own elements carry the residual stream. A T5
-    block's list holds sub-layers, the FFN's without attention: the block is the layer."""
-    return all([type(c) for c in group.children()] == [nn.ModuleList]
-               and all(attention_modules(layer) for layer in next(group.children()))
-               for group in module_list)
 
 
 def _self_attending_lists(backbone: nn.Module, interface_lists: list[str]
@@ -130,13 +89,6 @@ def _self_attending_lists(backbone: nn.Module, interface_lists: list[str]
         if own:
             found.append((name, own))
     return found
-
-
-def layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(path, layer)`` of every layer the host finds in ``model``'s backbones."""
-    return [(join(prefix, list_path, str(i)), layer) for prefix, backbone in backbones(model)
-            for list_path, layer_list in _layer_lists(backbone)
-            for i, layer in enumerate(layer_list)]
 
 
 def _attention_sites(s: Structure, path: str, layer: nn.Module, layout: Layout,
@@ -252,7 +204,7 @@ def _attention(name: str, attention: nn.Module, carrier: nn.Module,
 
 def _structure(prefix: str, backbone: nn.Module) -> Structure:
     s = Structure()
-    lists = _layer_lists(backbone)
+    lists = layer_lists(backbone)
     if not lists:
         own = sorted({type(m).__name__ for m in backbone.modules()
                       if "Attention" in type(m).__name__})
@@ -320,7 +272,11 @@ class TransformersHost:
         return result
 
     def check(self, model: nn.Module) -> None:
-        check_transformers()
+        # a release newer than every tested one: the model's architecture is checked on a tiny
+        # copy once the host finds it can cover it (last), instead of refusing the release
+        newer = untested_newer(transformers_version())
+        if not newer:
+            check_transformers()
         structures = self._structures(model)
         # a model the host covers only from a later release (results/transformers-compat.md)
         later = [why for _, backbone, _ in structures
@@ -334,6 +290,8 @@ class TransformersHost:
         if problems:
             raise RetrofitError("the transformers host cannot cover "
                                 f"{type(model).__name__}: " + " | ".join(problems))
+        if newer:
+            verify(model)
 
     def sites(self, model: nn.Module) -> list[Site]:
         return [site for path, backbone, s in self._structures(model)

@@ -3,8 +3,10 @@ between them.
 
 :func:`check_transformers` admits the releases ``results/transformers-compat.md`` shows passing
 (:data:`TESTED_RELEASES`) and the later patch releases of their minors, and refuses any other
-release naming the ``pip install`` that fixes it (:func:`requirement`). :data:`COVERED_FROM`
-names the architectures the host covers only from some admitted release on.
+release naming the ``pip install`` that fixes it (:func:`requirement`); a release newer than
+every tested one (:func:`untested_newer`) is not refused by the list: the host checks the
+model's architecture on it first (:mod:`.selfcheck`). :data:`COVERED_FROM` names the
+architectures the host covers only from some admitted release on.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from ..._host import RetrofitError
 
 __all__ = ["check_transformers", "transformers_version", "TESTED_RELEASES", "BLOCKED",
            "FIRST_MASK_INTERFACE", "SWEEP_RELEASE", "ROUTES_FROM", "supported_range",
-           "supported_text", "requirement", "admits", "COVERED_FROM", "INTERFACE", "SOFTMAX_ROUTE",
-           "NEW_LAYOUT", "TOP_K_INDEXER", "NEW_MODEL_TYPE", "covered_from", "before_covered",
-           "not_covered_yet"]
+           "supported_text", "requirement", "admits", "untested_newer", "COVERED_FROM",
+           "INTERFACE", "SOFTMAX_ROUTE", "NEW_LAYOUT", "TOP_K_INDEXER", "NEW_MODEL_TYPE",
+           "covered_from", "before_covered", "not_covered_yet"]
 
 
 # The passing rows of results/transformers-compat.md (scripts/transformers_compat.py runs the
@@ -182,6 +184,18 @@ def admits(version: str) -> bool:
         return False
 
 
+def untested_newer(version: str) -> bool:
+    """Whether transformers ``version`` is newer than every tested release (and of no minor
+    :data:`BLOCKED` refuses): there a retrofit checks its model's architecture on a tiny copy
+    first (:mod:`.selfcheck`) instead of being refused by this list."""
+    from packaging.version import InvalidVersion, Version
+    try:
+        newer = Version(version) > Version(TESTED_RELEASES[-1])
+    except InvalidVersion:
+        return False
+    return newer and not admits(version) and ".".join(map(str, _minor(version))) not in BLOCKED
+
+
 def _gaps() -> list[str]:
     """Minors between the oldest and the newest tested release that the gate refuses (a major
     before the newest one: up to its newest tested minor)."""
@@ -225,6 +239,9 @@ def _why_not(version: str) -> str:
                if older or name in _gaps() else ""))
     if older:
         return f"; support starts at {TESTED_RELEASES[0]}: {why}"
+    if not why and untested_newer(version):
+        why = ("it is newer than every tested release, so a retrofit checks the model's "
+               "architecture on a tiny random copy first and admits it when the contracts hold")
     return f"; {why}" if why else ""
 
 

@@ -151,20 +151,6 @@ def _census_build():
     return module
 
 
-def test_the_census_shrink_keeps_the_defaults_relations() -> None:
-    """Sapiens2's per-layer key-value heads follow the shrunk heads (all heads or the shrunk
-    group count), ViT's derived ``pooler_output_size`` and SAM3's ``fpn_hidden_size`` follow the
-    shrunk width they equal by default."""
-    build = _census_build()
-    tiny = build.ATTEMPTS["tiny"]
-    sapiens = build._overrides(AutoConfig.for_model("sapiens2"), tiny)
-    assert sapiens["num_key_value_heads_per_layer"] == [4, 2]
-    dual = build._overrides(AutoConfig.for_model("vision-text-dual-encoder"), tiny)
-    assert dual["vision_config"]["pooler_output_size"] == 32
-    sam3 = build._overrides(AutoConfig.for_model("sam3_lite_text"), tiny)
-    assert sam3["vision_config"]["fpn_hidden_size"] == 32
-
-
 @pytest.mark.parametrize("model_type", ["bros", "lilt"])
 def test_layout_embeddings_that_split_the_width_build_at_width_192(model_type: str) -> None:
     """BROS's box sinusoids (width / 4 / dim_bbox, in pairs) and LiLT's six box tables (width

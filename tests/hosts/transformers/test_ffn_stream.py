@@ -16,7 +16,7 @@ from oretrofit import RetrofitError, retrofitted  # noqa: E402
 from oretrofit._patching import SiteConfig  # noqa: E402
 from oretrofit._presence import presence  # noqa: E402
 from hosts.transformers import zoo  # noqa: E402
-from oretrofit.hosts.transformers.host import layers  # noqa: E402
+from oretrofit.hosts.transformers.backbones import layers  # noqa: E402
 from oretrofit.hosts.transformers.stream import gate_traced_branch  # noqa: E402
 
 # architecture -> (MLP branch, the module whose input is the stream its output is added to,

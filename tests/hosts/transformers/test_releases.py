@@ -61,6 +61,22 @@ def test_a_refused_release_is_named_with_where_support_starts_why_and_the_fix(mo
         assert f"support starts at {common.TESTED_RELEASES[0]}" in message
 
 
+def test_a_release_newer_than_every_tested_one_is_left_to_the_self_check(monkeypatch):
+    oldest, below = common.supported_range()
+    major, minor = map(int, below.split("."))
+    for newer in (f"{below}.0", f"{below}.0.dev0", f"{major}.{minor + 3}.1", f"{major + 1}.0.0"):
+        assert common.untested_newer(newer) and not common.admits(newer), newer
+    for listed in (oldest, f"{major}.{minor - 1}.99", "5.4.0", "4.57.6", "not-a-version"):
+        assert not common.untested_newer(listed), listed
+    monkeypatch.setitem(common.BLOCKED, below, "a blocked minor stays refused")
+    assert not common.untested_newer(f"{below}.0")
+    monkeypatch.setattr(common, "transformers_version", lambda: f"{major + 1}.0.0")
+    with pytest.raises(RetrofitError, match="newer than every tested release, so a retrofit "
+                                            "checks the model's architecture on a tiny random "
+                                            "copy first"):
+        common.check_transformers()
+
+
 def test_the_hf_extra_pins_the_gates_range():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert common.requirement() in project["optional-dependencies"]["hf"]

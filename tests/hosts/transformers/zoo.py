@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from oretrofit.hosts.transformers.contracts import example_inputs
+from oretrofit.hosts.transformers.shrink import jitter  # the census and the self-check's too
 
 __all__ = ["Architecture", "ARCHITECTURES", "SOFTMAX_ROUTE", "NEW_LAYOUTS", "REFUSED", "REFUSED_ON_CALL",
            "build", "example_inputs", "expectation", "assert_refused_in_this_release"]
@@ -353,16 +354,6 @@ def build(arch: Architecture, seed: int = 0) -> nn.Module:
     return jitter(model, seed)
 
 
-def jitter(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Every parameter + N(0, 0.05²) (non-zero biases and norm affines), in eval mode; the
-    census (scripts/transformers_census_build.py) builds its models the same way."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    return model.eval()
-
-
 def expectation(arch: Architecture) -> str:
     """What the installed transformers release does with a supported architecture: ``covered``
     (every contract must hold), ``refused`` (the host covers it only from a later release,
@@ -405,7 +396,7 @@ def describe(arch: Architecture) -> dict[str, Any]:
     where null insertion happens (the row's ``insertion``, which test_architectures checks
     :func:`oretrofit.hosts.transformers.contracts.null_insertion` measures)."""
     from oretrofit._registry import plan_retrofit
-    from oretrofit.hosts.transformers.host import layers
+    from oretrofit.hosts.transformers.backbones import layers
     from oretrofit.hosts.transformers.layouts import layout_of
     model = build(arch)
     plan = plan_retrofit(model, "full-o")
