@@ -33,16 +33,23 @@ def triton_for(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the Triton kernels serve inputs of ``dtype`` on ``device`` (module docstring)."""
     key = (device.type, dtype, torch.__version__)
     if key not in _CHECKED:
-        ready = (device.type in TRITON_DEVICES and dtype in _CHECK_TOLERANCE
-                 and importlib.util.find_spec("triton") is not None)
-        if ready:
-            failure = check_triton(device, dtype)
-            if failure:
-                kernels._report_failed_check("the Triton OAttention kernel", device, dtype,
-                                             failure, "OAttention computes in fp32 there")
-                ready = False
-        _CHECKED[key] = ready
+        _check(key, device, dtype)
     return _CHECKED[key]
+
+
+@torch.compiler.disable
+def _check(key: tuple[str, torch.dtype, str], device: torch.device, dtype: torch.dtype) -> None:
+    """Check the kernels for ``key`` into ``_CHECKED``; run eagerly even inside a compiled call
+    (Dynamo cannot trace the check's seeded generator)."""
+    ready = (device.type in TRITON_DEVICES and dtype in _CHECK_TOLERANCE
+             and importlib.util.find_spec("triton") is not None)
+    if ready:
+        failure = check_triton(device, dtype)
+        if failure:
+            kernels._report_failed_check("the Triton OAttention kernel", device, dtype,
+                                         failure, "OAttention computes in fp32 there")
+            ready = False
+    _CHECKED[key] = ready
 
 
 def _exact(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor, visible: Tensor,
