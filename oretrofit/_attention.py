@@ -67,7 +67,8 @@ from . import _attention_kernels as kernels
 from . import _attention_route as route
 from ._presence import check_positive, compute_dtype
 
-__all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights", "PRECISIONS"]
+__all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights", "PRECISIONS",
+           "check_kernels"]
 
 # Score offset of a null source on both fused routes: finite, so 0·k stays 0 in the backward,
 # and far enough below any real score (and log ε) that e^{s + offset − max} is exactly 0 in fp32.
@@ -242,6 +243,15 @@ def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
     out = kernels.o_attention_lse(q.to(ct), k.to(ct), v.to(ct), p_q.to(ct), p_k.to(ct), visible,
                                   bias, eps, shp.scale, backend)
     return out.to(q.dtype)
+
+
+def check_kernels(device: torch.device, dtype: torch.dtype) -> None:
+    """Run now the checks of the kernels OAttention uses for inputs of ``dtype`` on ``device``
+    (each runs once per device type and dtype, else at the first call that needs it: inside a
+    compiled call that breaks the graph, and the next call recompiles on the checked result)."""
+    kernels.backend_for(device, compute_dtype(dtype))
+    if dtype in (torch.bfloat16, torch.float16):
+        route.check_routes(device, dtype)
 
 
 def _kernel_backend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, ct: torch.dtype

@@ -214,24 +214,31 @@ def backend_for(device: torch.device, dtype: torch.dtype) -> Backend | None:
     """
     key = (device.type, dtype)
     if key not in _CHECKED:
-        make = {("cpu", torch.float32): _cpu_backend, ("cpu", torch.float64): _cpu_backend,
-                ("cuda", torch.float32): _cuda_backend}.get(key)
-        backend = make() if make is not None else None
-        if backend is not None:
-            failure = check_backend(backend, device, dtype)
-            if failure:
-                _report_failed_check(f"the {backend.name} attention kernel", device, dtype,
-                                     failure, "OAttention uses the augmented-copy path there")
-                backend = None
-        _CHECKED[key] = backend
+        _check(key, device, dtype)
     return _CHECKED[key]
+
+
+@torch.compiler.disable
+def _check(key: tuple[str, torch.dtype], device: torch.device, dtype: torch.dtype) -> None:
+    """Check the kernel for ``key`` into ``_CHECKED``; run eagerly even inside a compiled call
+    (Dynamo cannot trace the check's seeded generator)."""
+    make = {("cpu", torch.float32): _cpu_backend, ("cpu", torch.float64): _cpu_backend,
+            ("cuda", torch.float32): _cuda_backend}.get(key)
+    backend = make() if make is not None else None
+    if backend is not None:
+        failure = check_backend(backend, device, dtype)
+        if failure:
+            _report_failed_check(f"the {backend.name} attention kernel", device, dtype,
+                                 failure, "OAttention uses the augmented-copy path there")
+            backend = None
+    _CHECKED[key] = backend
 
 
 def _report_failed_check(kernel: str, device: torch.device, dtype: torch.dtype, failure: str,
                          fallback: str) -> None:
     """One ``RuntimeWarning`` naming the kernel, where it failed, why, and what is used instead."""
     warnings.warn(f"oretrofit: {kernel} fails its check on {device.type} {dtype} ({failure}); "
-                  f"{fallback}", RuntimeWarning, stacklevel=4)
+                  f"{fallback}", RuntimeWarning, stacklevel=6)
 
 
 def check_backend(backend: Backend, device: torch.device, dtype: torch.dtype) -> str:

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from . import _attention_kernels as kernels
 
-__all__ = ["Route", "ROUTES", "route_for", "check_route"]
+__all__ = ["Route", "ROUTES", "route_for", "check_route", "check_routes"]
 
 # (q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p) -> out in q's dtype.
 Run = Callable[..., Tensor]
@@ -118,19 +118,35 @@ def _passes(route: Route, device: torch.device, dtype: torch.dtype) -> bool:
     decided once; a failure is reported once."""
     key = (route.name, device.type, dtype, torch.__version__)
     if key not in _CHECKED:
-        passed = dtype in _CHECK_TOLERANCE and route.ready()
-        if passed:
-            # The first call may come from a frozen host's no_grad or inference_mode forward;
-            # the check's gradients need autograd.
-            with torch.inference_mode(False), torch.enable_grad():
-                failure = check_route(route.run, device, dtype)
-            if failure:
-                kernels._report_failed_check(f"the {route.name} OAttention route", device, dtype,
-                                             failure, "OAttention tries the next route, or "
-                                             "computes in fp32 there")
-                passed = False
-        _CHECKED[key] = passed
+        _check(route, key, device, dtype)
     return _CHECKED[key]
+
+
+@torch.compiler.disable
+def _check(route: Route, key: tuple[str, str, torch.dtype, str], device: torch.device,
+           dtype: torch.dtype) -> None:
+    """Check ``route`` for ``key`` into ``_CHECKED``; run eagerly even inside a compiled call
+    (Dynamo cannot trace the check's seeded generator)."""
+    passed = dtype in _CHECK_TOLERANCE and route.ready()
+    if passed:
+        # The first call may come from a frozen host's no_grad or inference_mode forward;
+        # the check's gradients need autograd.
+        with torch.inference_mode(False), torch.enable_grad():
+            failure = check_route(route.run, device, dtype)
+        if failure:
+            kernels._report_failed_check(f"the {route.name} OAttention route", device, dtype,
+                                         failure, "OAttention tries the next route, or "
+                                         "computes in fp32 there")
+            passed = False
+    _CHECKED[key] = passed
+
+
+def check_routes(device: torch.device, dtype: torch.dtype) -> None:
+    """Run now the checks :func:`route_for` runs for a plain call of ``dtype`` on ``device``
+    (the routes in order, up to the first that passes), outside any compiled call."""
+    for route in ROUTES:
+        if device.type in route.devices and _passes(route, device, dtype):
+            return
 
 
 def _exact(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor, visible: Tensor,

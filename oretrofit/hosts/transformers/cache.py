@@ -15,20 +15,28 @@ The carrier hook arms the layer with the presences of the tokens about to be wri
 returns to the attention site's :class:`~.capture.CarrierPresence`. Keys written without
 presences (by the model before it was retrofitted, or after the retrofit was taken off) mark the
 layer untracked, and the retrofit refuses it.
+
+A layer gets its presence layer (its class swapped for the carrying one) before the model's
+forward, by :func:`carry_presences` on the cache the model is called with; a lazily grown cache
+appends carrying layers itself, and a cache the forward creates is given them at its first
+write. ``torch.compile`` guards on each layer's class: swapped in the same place at every call,
+it compiles a shape once, and the swap itself traces (no graph break).
 """
 
 from __future__ import annotations
 
-import copy
+import sys
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..._host import RetrofitError
 from ..._patching import _import, _path
 
-__all__ = ["carrying_class", "expect_keys", "UNSEEN"]
+__all__ = ["carrying_class", "carrying_classes", "carry_presences", "carry_presences_hook", "cache_of", "expect_keys",
+           "UNSEEN"]
 
 _CARRIED = "_oretrofit_presences"        # attribute on a carrying cache layer
 UNSEEN = ("the KV cache holds tokens whose presences this retrofit never saw (a cache filled by "
@@ -55,13 +63,21 @@ class _Carried:
 class _CarryingMethods:
     """The methods of a presence-carrying layer class (:func:`carrying_class`): every method that
     writes or moves the keys does the same to the presence layer (module docstring). They call
-    the original class's method by name: a layer's class can only be swapped for a subclass of
-    it alone (a second base changes the instance layout Python allows to swap)."""
+    the original class's method through ``_original``: a layer's class can only be swapped for a
+    subclass of it alone (a second base changes the instance layout Python allows to swap)."""
+
+    _original: type
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """A new carrying layer (a lazily grown cache appends them, as its
+        ``layer_class_to_replicate``), its presence layer a new layer of the original kind."""
+        self._original.__init__(self, *args, **kwargs)
+        setattr(self, _CARRIED, _Carried(self._original(*args, **kwargs)))
 
     def update(self, key_states: Tensor, value_states: Tensor, *args: Any,
                **kwargs: Any) -> tuple[Tensor, Tensor]:
-        keys, values = type(self).__base__.update(self, key_states, value_states, *args, **kwargs)
-        carried: _Carried = self.__dict__[_CARRIED]
+        keys, values = self._original.update(self, key_states, value_states, *args, **kwargs)
+        carried: _Carried = getattr(self, _CARRIED)
         incoming, carried.incoming = carried.incoming, None
         first_write, carried.written = not carried.written, True
         if incoming is None or incoming[0].shape != key_states.shape[:1] + key_states.shape[2:3]:
@@ -77,8 +93,8 @@ class _CarryingMethods:
         return keys, values
 
     def _mirror(self, name: str, *args: Any) -> None:
-        getattr(type(self).__base__, name)(self, *args)
-        getattr(self.__dict__[_CARRIED].layer, name)(*args)
+        getattr(self._original, name)(self, *args)
+        getattr(getattr(self, _CARRIED).layer, name)(*args)
 
     def crop(self, tokens_to_remove: int) -> None:
         self._mirror("crop", tokens_to_remove)
@@ -94,7 +110,8 @@ class _CarryingMethods:
 
     def reset(self) -> None:
         self._mirror("reset")
-        self.__dict__[_CARRIED].untracked = self.__dict__[_CARRIED].written = False
+        carried: _Carried = getattr(self, _CARRIED)
+        carried.untracked = carried.written = False
 
     def offload(self) -> None:
         self._mirror("offload")
@@ -104,18 +121,36 @@ class _CarryingMethods:
 
 
 _METHODS = {name: value for name, value in vars(_CarryingMethods).items()
-            if callable(value) and not name.startswith("__")}
+            if callable(value) and (name == "__init__" or not name.startswith("__"))}
+
+
+_CLASSES: dict[type, type] = {}          # original layer class -> its carrying class
 
 
 def carrying_class(original: type) -> type:
     """``original``'s presence-carrying subclass, created once and published in this module
     under a name that encodes ``original`` (so a carrying cache pickles, and loads in a fresh
     process through :func:`__getattr__`)."""
-    name = f"Carrying_{_path(original).encode().hex()}"
-    if name not in globals():
-        globals()[name] = type(f"Carrying{original.__name__}", (original,),
-                               {**_METHODS, "__module__": __name__, "__qualname__": name})
-    return globals()[name]
+    if original not in _CLASSES:
+        name = f"Carrying_{_path(original).encode().hex()}"
+        if name not in globals():
+            globals()[name] = type(f"Carrying{original.__name__}", (original,),
+                                   {**_METHODS, "_original": original, "__module__": __name__,
+                                    "__qualname__": name})
+        _CLASSES[original] = globals()[name]
+    return _CLASSES[original]
+
+
+def carrying_classes() -> None:
+    """Create the carrying class of every cache layer class transformers defines, before any
+    compiled call needs one (naming a new class is not traceable)."""
+    from transformers.cache_utils import CacheLayerMixin
+    pending = [CacheLayerMixin]
+    while pending:
+        cls = pending.pop()
+        pending += cls.__subclasses__()
+        if cls.__module__ != __name__:
+            carrying_class(cls)
 
 
 def __getattr__(name: str) -> type:
@@ -131,8 +166,9 @@ def __getattr__(name: str) -> type:
 
 def _presence_layer(layer: Any) -> Any:
     """A fresh, empty layer of ``layer``'s kind (its settings: window, maximum length; none of
-    its tensors). A quantized layer's presences are kept unquantized, in a dynamic layer: it
-    returns its keys in the order they were written."""
+    its key or value tensors), built attribute by attribute so that a compiled call traces it.
+    A quantized layer's presences are kept unquantized, in a dynamic layer: it returns its keys
+    in the order they were written."""
     from transformers import cache_utils
     # the quantized layers' base: BaseQuantizedLayer from transformers 5.x's later releases,
     # QuantizedLayer before
@@ -140,8 +176,11 @@ def _presence_layer(layer: Any) -> Any:
                       ("BaseQuantizedLayer", "QuantizedLayer") if hasattr(cache_utils, name))
     if isinstance(layer, quantized):
         return cache_utils.DynamicLayer()
-    tensors = {id(t): None for t in vars(layer).values() if isinstance(t, Tensor) and t.dim()}
-    fresh = copy.deepcopy(layer, tensors)
+    fresh = object.__new__(type(layer))
+    for name, value in vars(layer).items():
+        if isinstance(value, Tensor):       # counters (0-D) copied; stored keys/values not
+            value = value.clone() if value.dim() == 0 else None
+        setattr(fresh, name, value)
     fresh.keys = fresh.values = None
     fresh.is_initialized = False
     return fresh
@@ -158,24 +197,76 @@ def _layer(cache: Any, index: int) -> Any:
     return layers[index] if layers is not None and index < len(layers) else None
 
 
+def _carry(layer: Any) -> Any:
+    """``layer`` carrying presences: itself with its class swapped for the carrying one, or in a
+    compiled call a carrying layer with its attributes (Dynamo cannot trace a ``__class__``
+    assignment); ``layer`` as it is where it carries them already or holds keys written without
+    them (refused by :func:`expect_keys`)."""
+    if getattr(layer, _CARRIED, None) is not None or layer.get_seq_length() > 0:
+        return layer
+    presences, carrying = _Carried(_presence_layer(layer)), carrying_class(type(layer))
+    if torch.compiler.is_compiling():
+        carried = object.__new__(carrying)
+        for name, value in vars(layer).items():
+            setattr(carried, name, value)
+    else:
+        carried, layer.__class__ = layer, carrying
+    setattr(carried, _CARRIED, presences)
+    return carried
+
+
+def carry_presences(cache: Any) -> None:
+    """Give every layer of ``cache`` (the self-attention part of an encoder-decoder cache) its
+    presence layer before the model's forward, and a lazily grown cache carrying layers to append
+    (module docstring). Traceable by ``torch.compile`` once :func:`carrying_classes` ran."""
+    from transformers.cache_utils import CacheLayerMixin
+    cache = getattr(cache, "self_attention_cache", cache)
+    replicate = getattr(cache, "layer_class_to_replicate", None)
+    if (isinstance(replicate, type) and issubclass(replicate, CacheLayerMixin)
+            and not issubclass(replicate, _CarryingMethods)):
+        cache.layer_class_to_replicate = carrying_class(replicate)
+    layers = getattr(cache, "layers", ())
+    for index, layer in enumerate(layers):
+        carried = _carry(layer) if isinstance(layer, CacheLayerMixin) else layer
+        if carried is not layer:
+            layers[index] = carried
+
+
+def cache_of(args: tuple, kwargs: dict) -> Any:
+    """The KV cache a layer is called with: ``cache=`` / ``past_key_values=``, else the
+    transformers ``Cache`` among its other arguments (GPT-2's block takes it second,
+    GPT-NeoX's as ``layer_past=``); None without one."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is None and "transformers" in sys.modules:
+        from transformers import Cache
+        cache = next((a for a in (*args, *kwargs.values()) if isinstance(a, Cache)), None)
+    return cache
+
+
+def carry_presences_hook(module: Any, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook on a retrofitted transformers model: :func:`carry_presences` on the
+    cache it is called with."""
+    cache = cache_of(args, kwargs)
+    if cache is not None:
+        carry_presences(cache)
+
+
 def expect_keys(cache: Any, index: int, p: Tensor, state: Any) -> bool:
     """Arm layer ``index`` of ``cache`` with the presences ``p`` (B, N) of the tokens the next
     ``update`` writes, which then sets ``state.keys`` to the presences of every key it returns.
     False where the layer keeps no keys (a layer without attention, a shared-KV layer): the
     caller keeps ``p`` as the keys' presences when the layer is empty. Refuses a layer that holds
-    keys written without presences (:data:`UNSEEN`)."""
+    keys written without presences (:data:`UNSEEN`). A cache :func:`carry_presences` did not
+    reach (one the model's forward creates) gets its presence layers here."""
     from transformers.cache_utils import CacheLayerMixin
     layer = _layer(cache, index)
     if not isinstance(layer, CacheLayerMixin):
         return False
-    carried = layer.__dict__.get(_CARRIED)
+    carried = getattr(layer, _CARRIED, None)
     if carried is None:
-        if layer.get_seq_length() > 0:
-            raise RetrofitError(UNSEEN)
-        carried = _Carried(_presence_layer(layer))
-        layer.__class__ = carrying_class(type(layer))
-        layer.__dict__[_CARRIED] = carried
-    elif carried.untracked:
+        carry_presences(cache)
+        carried = getattr(_layer(cache, index), _CARRIED, None)
+    if carried is None or carried.untracked:
         raise RetrofitError(UNSEEN)
     carried.incoming = (p, state)
     return True

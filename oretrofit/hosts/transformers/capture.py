@@ -10,7 +10,6 @@ to the keys (:mod:`.cache`), so generation after a prompt with null tokens still
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +20,9 @@ from ..._host import RetrofitError
 from ..._patching import SiteConfig
 from ..._presence import presence
 from ..._presence_memo import carrier_presence
-from .cache import UNSEEN, expect_keys
+from .cache import UNSEEN, cache_of, expect_keys
 
-__all__ = ["CarrierPresence", "carrier_of", "cache_of"]
+__all__ = ["CarrierPresence", "carrier_of"]
 
 
 def carrier_of(args: tuple, kwargs: dict) -> Tensor:
@@ -35,17 +34,6 @@ def carrier_of(args: tuple, kwargs: dict) -> Tensor:
         return kwargs["hidden_states"]
     raise RetrofitError("a carrier module was called without hidden states (first positional "
                         "argument or hidden_states=); its layout names the wrong module")
-
-
-def cache_of(args: tuple, kwargs: dict) -> Any:
-    """The KV cache a layer is called with: ``cache=`` / ``past_key_values=``, else the
-    transformers ``Cache`` among its other arguments (GPT-2's block takes it second,
-    GPT-NeoX's as ``layer_past=``); None without one."""
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    if cache is None and "transformers" in sys.modules:
-        from transformers import Cache
-        cache = next((a for a in (*args, *kwargs.values()) if isinstance(a, Cache)), None)
-    return cache
 
 
 @dataclass

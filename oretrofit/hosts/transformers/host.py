@@ -38,6 +38,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..._attention import check_kernels
 from ..._patching import SiteConfig, Undo
 from ..._host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, patch_all, uncovered_attention
@@ -45,6 +46,7 @@ from .attention import attach_o_attention
 from .backbones import backbones, layer_lists, pretrained_models
 from .boundary import (UNGATED, Structure, initial_state_problems, join, norm_site,
                        outer_sites, parameters_between_layers, positional_convolutions)
+from .cache import carry_presences_hook, carrying_classes
 from .gates import INJECT, gate_branch, gate_output_bias, gate_sequence_first_bias
 from .indexer import attach_indexer
 from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
@@ -71,6 +73,14 @@ _REFUSED_HOWTO = ("this host has no O form for it, so the model cannot be retrof
 def forget_structures() -> None:
     """Drop every cached derivation (the next plan derives the sites afresh)."""
     _CACHE.clear()
+
+
+def prepare_kernels(model: nn.Module) -> None:
+    """Check the attention kernels for ``model``'s device and dtype (its first floating
+    parameter's) now, outside any compiled call (:func:`oretrofit._attention.check_kernels`)."""
+    weight = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if weight is not None:
+        check_kernels(weight.device, weight.dtype)
 
 
 def _self_attending_lists(backbone: nn.Module, interface_lists: list[str]
@@ -310,8 +320,15 @@ class TransformersHost:
 
     def attach_to_model(self, model: nn.Module) -> Undo:
         """What the retrofit adds to the retrofitted model as a whole, after its sites:
-        ``save_pretrained`` writes the patch spec beside the weights (:mod:`.pretrained`)."""
-        return keep_spec_on_save(model)
+        ``save_pretrained`` writes the patch spec beside the weights (:mod:`.pretrained`); each
+        transformers model's KV cache gets its presence layers before its forward runs
+        (:func:`.cache.carry_presences`); the attention kernel is checked and the cache layers'
+        carrying classes made now, not in a compiled call (:func:`prepare_kernels`)."""
+        prepare_kernels(model)
+        carrying_classes()
+        return patch_all(lambda: keep_spec_on_save(model), *(
+            lambda m=m: m.register_forward_pre_hook(carry_presences_hook, with_kwargs=True).remove
+            for _, m in pretrained_models(model)))
 
 
 HOST = register_host(TransformersHost())

@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..._attention import o_weights
 from ..._host import RetrofitError
-from ..._patching import SiteConfig, Undo, noop, set_site, site_config
+from ..._patching import SiteConfig, Undo, noop, o_subclass, set_site, site_config
 from ..._presence import compute_dtype
 from ..torch_nn import ATTENTION, patch_all
 from .layouts import eager_class, forward_source as _source
@@ -220,29 +220,46 @@ def _gate_returned_biases(module: nn.Module, out: Any, p: Tensor) -> Any:
     return tuple(p[..., None].to(o.dtype) * o if id(o) in own else o for o in out)
 
 
+class ReadsEager:
+    """Mixin for the config of a module that picks its kernel from it at every call (Falcon)
+    while the softmax route holds it: its attention implementation reads ``"eager"`` (the branch
+    that shows the softmax), and setting one (``model.set_attn_implementation``, or assigning
+    ``config._attn_implementation``) records the user's choice underneath, in the instance's own
+    ``_attn_implementation_internal``, without leaving the retrofit; taking the mixin off shows
+    that choice again."""
+
+    @property
+    def _attn_implementation_internal(self) -> str:
+        return "eager"
+
+    @_attn_implementation_internal.setter
+    def _attn_implementation_internal(self, value: Any) -> None:
+        self.__dict__["_attn_implementation_internal"] = value
+
+
 class _EagerSwitch:
-    """``config._attn_implementation`` set to ``"eager"`` until called (the undo), for a module
-    that picks its kernel from the config at every call (Falcon): its eager branch is the one
-    that shows the softmax. Undone in reverse order, each restores what it found; pickles with
-    the retrofit's undos."""
+    """``config`` reads ``"eager"`` (:class:`ReadsEager`) until called (the undo), which gives it
+    back the class it had. Undone in reverse order, each restores the class it found; pickles
+    with the retrofit's undos."""
 
     portable_undo = True
 
     def __init__(self, config: Any) -> None:
-        self.config, self.found = config, config._attn_implementation
-        config._attn_implementation_internal = "eager"
+        self.config, self.found = config, type(config)
+        if not isinstance(config, ReadsEager):
+            config.__class__ = o_subclass(type(config), ReadsEager)
 
     def release(self) -> None:
-        self.config._attn_implementation_internal = self.found
+        self.config.__class__ = self.found
 
 
 def _switch_to_eager(attention: nn.Module) -> Undo:
     """:class:`_EagerSwitch` on the module's config when its eager forward reads the
-    implementation from it and it names another; else nothing to undo."""
+    implementation from it (also where it reads ``"eager"`` now: an implementation set later
+    is followed); else nothing to undo."""
     config = getattr(attention, "config", None)
     source = _source(eager_class(type(attention)) or type(attention))
-    if (config is None or "_attn_implementation" not in source
-            or getattr(config, "_attn_implementation", "eager") == "eager"):
+    if config is None or "_attn_implementation" not in source:
         return noop
     return _EagerSwitch(config).release
 

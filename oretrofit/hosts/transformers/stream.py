@@ -130,12 +130,20 @@ def _stream(branch_input: Tensor, attention_input: Tensor | None,
     return f"the input of {path} (pre-norm)", x
 
 
+@torch.compiler.assume_constant_result
+def _confirmed(hooks: "_TracedGate") -> bool:
+    """Whether a call has confirmed a decision (``hooks.checked``), read by a compiled call
+    without a guard: the call after the first compiled one (which confirms it) would otherwise
+    compile the same graph again, though checking the decision again computes the same."""
+    return bool(hooks.checked)
+
+
 class _TracedGate:
     """The hooks of :func:`gate_traced_branch` (a plain object's methods, so they pickle)."""
 
     def __init__(self, name: str, config: SiteConfig) -> None:
         self.name, self.config = name, config
-        self.checked: set[str] = set()          # decisions a traced call has confirmed
+        self.checked: frozenset[str] = frozenset()      # decisions a traced call has confirmed
         self._clear()
 
     def _clear(self) -> None:
@@ -151,7 +159,7 @@ class _TracedGate:
     def enter_layer(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._clear()
         self.layer_input = carrier_of(args, kwargs)
-        if not self.checked:                    # until a call has confirmed a decision
+        if not _confirmed(self):               # until a call has confirmed a decision
             self.trace = _Sums(self.layer_input.shape)
             self.trace.__enter__()
 
@@ -188,7 +196,10 @@ class _TracedGate:
         if not any(id(stream) in summands for summands in trace.addends):
             raise self._refuse(f"it read the stream entering this FFN branch as {how}, but the "
                                "layer adds the branch's output to other tensors")
-        self.checked.add(how)
+        # a compiled call found ``checked`` empty (:func:`_confirmed`) and stores it unread: a read
+        # would make Dynamo guard on it, and the next call compile the same graph again
+        self.checked = (frozenset({how}) if torch.compiler.is_compiling()
+                        else self.checked | {how})
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -1,5 +1,5 @@
 """Serving a retrofitted transformers model: switching its attention implementation after the
-retrofit is followed (revert restores the user's latest choice); save_pretrained keeps the
+retrofit is followed, on both routes (revert restores the user's latest choice); save_pretrained keeps the
 retrofit's spec beside the weights and oretrofit.from_pretrained restores it."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import FalconConfig, FalconForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402,E501
 
 import oretrofit  # noqa: E402
 from oretrofit import Retrofit, RetrofitError, retrofit, retrofitted  # noqa: E402
+from oretrofit.hosts.transformers.layouts import calls_attention_interface  # noqa: E402
 from oretrofit.hosts.transformers.models import load_model  # noqa: E402
 from oretrofit.hosts.transformers.pretrained import MARKER, SPEC_FILE  # noqa: E402
 from oretrofit.hosts.transformers.report import EPS, TAU, null_insertion  # noqa: E402
@@ -52,6 +53,28 @@ def test_set_attn_implementation_after_retrofit_is_followed(before: str, after: 
     handle.revert()
     assert model.config._attn_implementation == after
     assert _mask_free_padding_delta(model) > 1e-2           # the unpatched model needs its mask
+
+
+@pytest.mark.parametrize("after", ["sdpa", "eager"])
+def test_the_softmax_routes_eager_switch_follows_a_later_implementation(after: str) -> None:
+    """Falcon picks its kernel from the config at every call and shows its softmax only on the
+    eager branch: an implementation set after the retrofit (its config's own attribute; its
+    ``set_attn_implementation`` refuses non-interface models) is recorded, the module stays on
+    the eager branch (it was refused at the next call for an SDPA one), and ``revert`` restores
+    that choice (it restored the one before the retrofit). From transformers 5.25 Falcon calls the
+    attention interface, whose route keeps the retrofit's own implementation the same way."""
+    torch.manual_seed(0)
+    model = FalconForCausalLM(FalconConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        attn_implementation="sdpa" if after == "eager" else "eager")).eval()
+    routed = calls_attention_interface(model.transformer.h[0].self_attention)
+    handle = retrofit(model, "full-o", TAU, eps=EPS)
+    model.config._attn_implementation = after
+    assert model.config._attn_implementation == ("oretrofit" if routed else "eager")
+    assert null_insertion(model, torch.randint(1, 100, (1, 6)), 3)["inserted_max_abs"] == 0
+    handle.revert()
+    assert model.config._attn_implementation == after
+    assert type(model.config) is FalconConfig
 
 
 def _padded_logits(model: torch.nn.Module) -> torch.Tensor:
