@@ -11,6 +11,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from collections import Counter  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -138,7 +139,7 @@ def test_an_offloaded_cache_needs_cuda_as_the_unpatched_model_does(implementatio
     options = {"cache_implementation": implementation}
     if not torch.cuda.is_available():
         for patched in (False, True):
-            with (retrofitted(model, "full-o", TAU, eps=EPS) if patched else _unchanged()):
+            with retrofitted(model, "full-o", TAU, eps=EPS) if patched else nullcontext():
                 with pytest.raises(AssertionError, match="not compiled with CUDA"):
                     _generate(model, ids, **options)
         return
@@ -148,17 +149,7 @@ def test_an_offloaded_cache_needs_cuda_as_the_unpatched_model_does(implementatio
         assert _generate(model, ids, **options) == reference
 
 
-class _unchanged:
-    """A context that changes nothing (the unpatched arm of a loop over both)."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-class _HostStream(_unchanged):
+class _HostStream(nullcontext):
     """A stand-in for the CUDA streams of transformers' offloading path on a CPU, where every
     copy is synchronous: waiting on another stream has nothing to wait for."""
 
