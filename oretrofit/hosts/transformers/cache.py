@@ -38,12 +38,17 @@ from ..._host import RetrofitError
 from ..._patching import _import, _path
 
 __all__ = ["carrying_class", "carrying_classes", "carry_presences", "carry_presences_hook", "cache_of", "expect_keys",
-           "UNSEEN"]
+           "UNSEEN", "UNCROPPABLE"]
 
 _CARRIED = "_oretrofit_presences"        # attribute on a carrying cache layer
 UNSEEN = ("the KV cache holds tokens whose presences this retrofit never saw (a cache filled by "
           "the model before it was retrofitted or after the retrofit was taken off); run the "
           "prompt through the retrofitted model with a fresh cache")
+UNCROPPABLE = ("{kind} cannot crop its keys (transformers' quantized cache layers are not "
+               "croppable: their quantized keys stay as they were, so the presences, kept "
+               "unquantized beside them, would no longer match them); crop a dynamic or static "
+               "cache (cache_implementation='dynamic' or 'static'), or run the prompt again with "
+               "a fresh cache")
 
 
 @dataclass
@@ -99,6 +104,8 @@ class _CarryingMethods:
         getattr(getattr(self, _CARRIED).layer, name)(*args)
 
     def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove and not self.is_croppable and _quantized(self):
+            raise RetrofitError(UNCROPPABLE.format(kind=self._original.__name__))
         self._mirror("crop", tokens_to_remove)
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
@@ -166,17 +173,23 @@ def __getattr__(name: str) -> type:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
+def _quantized(layer: Any) -> bool:
+    """Whether ``layer`` is one of transformers' quantized cache layers."""
+    from transformers import cache_utils
+    # the quantized layers' base: BaseQuantizedLayer from transformers 5.x's later releases,
+    # QuantizedLayer before
+    return isinstance(layer, tuple(getattr(cache_utils, name) for name in
+                                   ("BaseQuantizedLayer", "QuantizedLayer")
+                                   if hasattr(cache_utils, name)))
+
+
 def _presence_layer(layer: Any) -> Any:
     """A fresh, empty layer of ``layer``'s kind (its settings: window, maximum length; none of
     its key or value tensors), built attribute by attribute so that a compiled call traces it.
     A quantized layer's presences are kept unquantized, in a dynamic layer: it returns its keys
     in the order they were written."""
     from transformers import cache_utils
-    # the quantized layers' base: BaseQuantizedLayer from transformers 5.x's later releases,
-    # QuantizedLayer before
-    quantized = tuple(getattr(cache_utils, name) for name in
-                      ("BaseQuantizedLayer", "QuantizedLayer") if hasattr(cache_utils, name))
-    if isinstance(layer, quantized):
+    if _quantized(layer):
         return cache_utils.DynamicLayer()
     fresh = object.__new__(type(layer))
     for name, value in vars(layer).items():

@@ -20,11 +20,12 @@ import torch.nn.functional as F  # noqa: E402
 from transformers import DynamicCache, QuantizedCache  # noqa: E402
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer  # noqa: E402
 
-from oretrofit import retrofitted  # noqa: E402
+from oretrofit import RetrofitError, retrofitted  # noqa: E402
 from oretrofit.hosts.transformers import cache as cache_module  # noqa: E402
 from oretrofit.hosts.transformers.report import EPS, PROMPTS, TAU  # noqa: E402
 
-from .test_cache import CACHE, KINDS, _generate, smollm2  # noqa: E402,F401 (smollm2: a fixture)
+from .test_cache import (CACHE, KINDS, _generate, _last_logits,  # noqa: E402,F401
+                         smollm2)  # smollm2: a fixture
 
 ARMS = ["oa", "full-o"]
 
@@ -123,6 +124,27 @@ def test_a_quantized_cache_keeps_the_presences_exact(arm: str, backend: str = "f
         torch.testing.assert_close(run["nulls"], run["plain"], atol=1e-5, rtol=1e-5)
 
 
+def test_a_quantized_cache_refuses_to_crop(backend: str = "fp8") -> None:
+    """transformers' quantized layers leave their quantized keys uncropped (quanto's silently,
+    fp8's then fails on an index): the presences beside them would no longer match them, so a
+    crop is refused, naming the fix; ``crop(0)``, which generate may call on any cache, stays a
+    no-op."""
+    model = KINDS["llama"]()
+    ids = torch.randint(1, 100, (1, 6))
+
+    def step(crop_nothing: bool) -> torch.Tensor:
+        cache = QuantizedCache(backend=backend, config=model.config, **_group_options(backend))
+        _last_logits(model, cache, input_ids=ids[:, :5])
+        if crop_nothing:
+            cache.crop(0)
+        with pytest.raises(RetrofitError, match="QuantizedLayer cannot crop.*dynamic or static"):
+            cache.crop(-2)
+        return _last_logits(model, cache, input_ids=ids[:, 5:])
+
+    with torch.no_grad(), retrofitted(model, "full-o", TAU, eps=EPS):
+        torch.testing.assert_close(step(True), step(False), atol=0, rtol=0)
+
+
 # --- offloaded caches ---------------------------------------------------------------------
 
 OFFLOADED = ["offloaded", "offloaded_static"]
@@ -182,16 +204,17 @@ def _layers_in(calls: Counter) -> set:
 @pytest.mark.parametrize("kind, implementation", [("llama", "offloaded"),
                                                   ("llama", "offloaded_static"),
                                                   ("sliding", "offloaded")])
+@pytest.mark.parametrize("beams", [1, 3])
 @pytest.mark.parametrize("arm", ARMS)
-def test_an_offloaded_cache_moves_the_presences_with_the_keys(arm: str, kind: str,
+def test_an_offloaded_cache_moves_the_presences_with_the_keys(arm: str, beams: int, kind: str,
                                                              implementation: str,
                                                              host_streams: Counter) -> None:
     """The offloading path run on a CPU (streams stood in): each layer is prefetched before its
     write and offloaded after it; every offload and prefetch of a carrying layer is made on its
-    presence layer as well, and the tokens are the unpatched model's."""
+    presence layer as well, and the tokens are the unpatched model's (beam search's too)."""
     model = KINDS[kind]()
     ids = torch.randint(1, 100, (2, 7))
-    options = {"cache_implementation": implementation}
+    options = {"cache_implementation": implementation, "num_beams": beams}
     reference = _generate(model, ids, **options)
     host_streams.clear()
     with retrofitted(model, arm, TAU, eps=EPS):
