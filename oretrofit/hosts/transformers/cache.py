@@ -37,8 +37,8 @@ from torch import Tensor
 from ..._host import RetrofitError
 from ..._patching import _import, _path
 
-__all__ = ["carrying_class", "carrying_classes", "carry_presences", "carry_presences_hook", "cache_of", "expect_keys",
-           "UNSEEN", "UNCROPPABLE"]
+__all__ = ["carrying_class", "carrying_classes", "carry_presences", "carry_presences_hook",
+           "cache_of", "expect_keys", "UNSEEN", "UNCROPPABLE"]
 
 _CARRIED = "_oretrofit_presences"        # attribute on a carrying cache layer
 UNSEEN = ("the KV cache holds tokens whose presences this retrofit never saw (a cache filled by "
