@@ -1,14 +1,27 @@
 """Benchmark scripts refuse bad arguments with the fix, before any timing starts, and every one runs."""
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench_pretrain_sizes() -> ModuleType:
+    """benchmarks/bench_pretrain_sizes.py as a module (its smoke run below runs it as a
+    command; here its refusals are checked in this process, without a start-up each)."""
+    spec = importlib.util.spec_from_file_location("bench_pretrain_sizes",
+                                                  ROOT / "benchmarks/bench_pretrain_sizes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -16,11 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--candidates", "32x0"], "give EMBEDxTASKS pairs"),
     (["--max-rows", "10"], "3 <= min_rows <= max_rows"),
 ])
-def test_bench_pretrain_sizes_refuses_bad_arguments(tmp_path, args, message):
+def test_bench_pretrain_sizes_refuses_bad_arguments(tmp_path, monkeypatch, capsys,
+                                                    bench_pretrain_sizes, args, message):
     out = tmp_path / "receipt.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_pretrain_sizes.py"), *args, "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert done.returncode == 2 and message in done.stderr
+    monkeypatch.setattr(sys, "argv", ["bench_pretrain_sizes.py", *args, "--out", str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        bench_pretrain_sizes.main()
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert not out.exists()
 
 
