@@ -1,27 +1,14 @@
 """Benchmark scripts refuse bad arguments with the fix, before any timing starts, and every one runs."""
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def bench_pretrain_sizes() -> ModuleType:
-    """benchmarks/bench_pretrain_sizes.py as a module (its smoke run below runs it as a
-    command; here its refusals are checked in this process, without a start-up each)."""
-    spec = importlib.util.spec_from_file_location("bench_pretrain_sizes",
-                                                  ROOT / "benchmarks/bench_pretrain_sizes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -29,12 +16,13 @@ def bench_pretrain_sizes() -> ModuleType:
     (["--candidates", "32x0"], "give EMBEDxTASKS pairs"),
     (["--max-rows", "10"], "3 <= min_rows <= max_rows"),
 ])
-def test_bench_pretrain_sizes_refuses_bad_arguments(tmp_path, monkeypatch, capsys,
-                                                    bench_pretrain_sizes, args, message):
+def test_bench_pretrain_sizes_refuses_bad_arguments(tmp_path, monkeypatch, capsys, script_module,
+                                                    args, message):
+    """Checked in this process (the smoke run below starts the script as a command)."""
     out = tmp_path / "receipt.json"
     monkeypatch.setattr(sys, "argv", ["bench_pretrain_sizes.py", *args, "--out", str(out)])
     with pytest.raises(SystemExit) as exit_:
-        bench_pretrain_sizes.main()
+        script_module("benchmarks/bench_pretrain_sizes.py").main()
     assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert not out.exists()
 
