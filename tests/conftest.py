@@ -1,8 +1,10 @@
 """Shared fixtures: every test starts from a fixed seed; complete calibration records; a pickle
 payload that proves code ran; a path that is no regular file; a release sweep's script as a
-module."""
+module; any script as a module, and its --help text."""
 
+import contextlib
 import importlib.util
+import io
 import os
 import sys
 from pathlib import Path
@@ -66,6 +68,13 @@ def special_file(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, 
     return Path("/dev/null"), "a character device"
 
 
+def _module(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def sweep_script() -> Callable[[str], ModuleType]:
     """``load(name)``: ``scripts/NAME.py`` as a module, with ``scripts/`` importable while it
@@ -73,12 +82,36 @@ def sweep_script() -> Callable[[str], ModuleType]:
     scripts = Path(__file__).resolve().parents[1] / "scripts"
 
     def load(name: str) -> ModuleType:
-        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
         sys.path.insert(0, str(scripts))
         try:
-            spec.loader.exec_module(module)
+            return _module(scripts / f"{name}.py")
         finally:
             sys.path.remove(str(scripts))
-        return module
     return load
+
+
+@pytest.fixture(scope="session")
+def script_module() -> Callable[[str], ModuleType]:
+    """``load(path)``: the script at ``path`` (relative to the checkout) as a module, so a test
+    can run its ``main()`` in this process, without an interpreter's start-up (the smoke runs
+    start each script as a command)."""
+    root = Path(__file__).resolve().parents[1]
+    return lambda path: _module(root / path)
+
+
+@pytest.fixture(scope="session")
+def script_help(script_module: Callable[[str], ModuleType]) -> Callable[[str], str]:
+    """``help_text(path)``: what the script at ``path`` prints for ``--help``, its ``main()``
+    run in this process."""
+
+    def help_text(path: str) -> str:
+        out, argv = io.StringIO(), sys.argv
+        sys.argv = [path, "--help"]
+        try:
+            with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_:
+                script_module(path).main()
+        finally:
+            sys.argv = argv
+        assert exit_.value.code == 0, f"{path} --help exited {exit_.value.code}"
+        return out.getvalue()
+    return help_text

@@ -16,11 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--candidates", "32x0"], "give EMBEDxTASKS pairs"),
     (["--max-rows", "10"], "3 <= min_rows <= max_rows"),
 ])
-def test_bench_pretrain_sizes_refuses_bad_arguments(tmp_path, args, message):
+def test_bench_pretrain_sizes_refuses_bad_arguments(tmp_path, monkeypatch, capsys, script_module,
+                                                    args, message):
+    """Checked in this process (the smoke run below starts the script as a command)."""
     out = tmp_path / "receipt.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_pretrain_sizes.py"), *args, "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert done.returncode == 2 and message in done.stderr
+    monkeypatch.setattr(sys, "argv", ["bench_pretrain_sizes.py", *args, "--out", str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        script_module("benchmarks/bench_pretrain_sizes.py").main()
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert not out.exists()
 
 

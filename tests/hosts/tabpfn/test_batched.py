@@ -108,8 +108,8 @@ def test_regressor_ragged_equals_per_dataset(small_ckpt, regression_sets):
     assert all(_rel(g, b) <= limit + SAME for g, b, limit in zip(got, base, limits))
 
 
-def test_classifier_ragged_equals_per_dataset(classifier_ckpt):
-    sets = _classification_sets(20)
+def test_classifier_ragged_equals_per_dataset(classifier_ckpt, classification_sets):
+    sets = classification_sets
     classifier, _ = make_classifier(classifier_ckpt, "full-o", 1e-8, n_estimators=2)
     got = predict_proba_batched(classifier, *zip(*sets), max_padding=math.inf, n_jobs=2)
     same = _each(classifier, "predict_proba", sets)
@@ -132,9 +132,11 @@ def classification_sets():
 @pytest.mark.parametrize("task", ["regressor", "classifier"])
 def test_every_version_ragged_equals_per_dataset(tmp_path, version, task, regression_sets,
                                                  classification_sets):
-    """The first 10 of the ragged sets of each task (7 or more widths and row counts) through
-    each other retrofitted model version: v2 and v2.x pad at the first block's input
-    (:class:`padding.BlockInput`), v3.5 as v3 does. v3 takes all 20 above."""
+    """The first 10 of the ragged sets of each task (7 or more widths and row counts), each
+    cut to its first 40% of train rows, through each other retrofitted model version: v2 and
+    v2.x pad at the first block's input (:class:`padding.BlockInput`), v3.5 as v3 does. v3
+    takes all 20 above, whole. (The cut keeps the raggedness; the padded forward's cost grows
+    with the square of the rows.)"""
     path = write_random_checkpoint(tmp_path / f"tabpfn-{version}-{task}-random.ckpt", "small",
                                    task=task, version=version)
     if task == "regressor":
@@ -143,7 +145,7 @@ def test_every_version_ragged_equals_per_dataset(tmp_path, version, task, regres
     else:
         make, method, sets = make_classifier, "predict_proba", classification_sets
         kw = {"n_estimators": 1}
-    sets = sets[:10]
+    sets = [(x[:len(x) * 2 // 5], y[:len(x) * 2 // 5], t) for x, y, t in sets[:10]]
     run = getattr(batched, f"{method}_batched")
     estimator, _ = make(path, "full-o", 1e-8, **kw)
     assert max(map(_rel, run(estimator, *zip(*sets), max_padding=math.inf),
@@ -336,16 +338,12 @@ def test_max_padding_cuts_size_sorted_forwards(small_ckpt, regression_sets, monk
         assert padded <= 1.3 * real or len(layout.calls) == 1
 
 
-def test_the_gpu_script_runs_the_benchmark_with_options_it_has():
-    import re
-    import subprocess
-    import sys
+def test_the_gpu_script_runs_the_benchmark_with_options_it_has(script_help):
     from pathlib import Path
     root = Path(__file__).resolve().parents[3]
     script = (root / "scripts/gpu_check.sh").read_text().replace("\\\n", " ")
     line = next(l for l in script.splitlines() if "benchmarks/bench_batched.py" in l
                 and not l.lstrip().startswith("#"))
-    help_text = subprocess.run([sys.executable, str(root / "benchmarks/bench_batched.py"),
-                                "--help"], capture_output=True, text=True, check=True).stdout
+    help_text = script_help("benchmarks/bench_batched.py")
     assert '--device "$DEVICE"' in line and re.search(r"^DEVICE=cuda$", script, re.M)
     assert all(re.search(rf"{w}\b", help_text) for w in line.split() if w.startswith("--"))

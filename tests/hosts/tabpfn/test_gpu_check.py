@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -37,9 +36,8 @@ def test_every_oretrofit_option_exists():
             assert re.search(rf"{re.escape(option)}\b", help_text), f"{verb} has no {option}"
 
 
-def test_attention_script_options_exist():
+def test_attention_script_options_exist(script_help):
     words = _commands("scripts/gpu_attention.py")[0]
-    help_text = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_attention.py"),
-                                "--help"], capture_output=True, text=True, check=True).stdout
+    help_text = script_help("scripts/gpu_attention.py")
     assert all(w in help_text for w in words if w.startswith("--"))
     assert "--device cuda" in SCRIPT.read_text() and "results/cuda" in SCRIPT.read_text()
