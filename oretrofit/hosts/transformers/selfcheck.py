@@ -112,11 +112,15 @@ def _measure(model: nn.Module, key: tuple[str, ...]) -> dict[str, Any]:
             "padding_max_delta": summary["padding_max_delta"]}
 
 
-def _cannot(key: tuple[str, ...], why: str) -> RetrofitError:
+def _refusal(key: tuple[str, ...], what: str) -> RetrofitError:
+    """The self-check's refusal on the release of ``key``: ``what`` went wrong, and the fix."""
     return RetrofitError(
         f"transformers {key[2]} is newer than every release the transformers host is tested on "
-        f"({supported_text()}), and the self-check of {key[0].rpartition('.')[2]} cannot run "
-        f"there: {why}; pip install \"{requirement()}\"")
+        f"({supported_text()}), and {what}; pip install \"{requirement()}\"")
+
+
+def _cannot(key: tuple[str, ...], why: str) -> RetrofitError:
+    return _refusal(key, f"the self-check of {key[0].rpartition('.')[2]} cannot run there: {why}")
 
 
 def _record(model: nn.Module) -> dict[str, Any]:
@@ -143,11 +147,9 @@ def verify(model: nn.Module) -> None:
         key, record = _key(pretrained), _record(pretrained)
         name = type(pretrained).__name__
         if record["failed"]:
-            raise RetrofitError(
-                f"transformers {key[2]} is newer than every release the transformers host is "
-                f"tested on ({supported_text()}), and {name} fails the self-check there: on a "
-                f"tiny random {name} of its config, {'; '.join(record['failed'])} (kept in "
-                f"{record_path(key)}); pip install \"{requirement()}\"")
+            raise _refusal(key, f"{name} fails the self-check there: on a tiny random {name} "
+                                f"of its config, {'; '.join(record['failed'])} (kept in "
+                                f"{record_path(key)})")
         if key not in _NOTIFIED:
             _NOTIFIED.add(key)
             warnings.warn(
