@@ -49,7 +49,38 @@ RELEASES = ["4.53.3", "4.54.1", "4.55.4", "4.56.2", "4.57.6", "5.0.0", "5.1.0", 
             "5.4.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4", "5.11.0", "5.12.1",
             "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.2",
             "5.21.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0"]
+# packages transformers imports at import time when they are installed: where the main
+# environment's release is outside the bound the transformers release declares for it
+# (transformers' dependency_versions_table), the layer gets one inside it, as a user of that
+# release has (the main environment's kernels 0.19 needs huggingface-hub 1.x, which 4.x's layers
+# replace by 0.x, and transformers 4.53-4.55 then fail at import)
+IMPORTED_OPTIONAL = ("kernels",)
+_OUTSIDE_BOUND = """
+import importlib.metadata as metadata, sys
+from packaging.requirements import Requirement
+from transformers.dependency_versions_table import deps
+for name in sys.argv[1:]:
+    try:
+        installed = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        continue
+    if name in deps and not Requirement(deps[name]).specifier.contains(installed, True):
+        print(deps[name])
+"""
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def pin_imported_optional(python: Path) -> None:
+    """Install in the layer of ``python`` the bound its transformers release declares for each
+    package of :data:`IMPORTED_OPTIONAL` the environment holds outside it."""
+    outside = subprocess.run([str(python), "-c", _OUTSIDE_BOUND, *IMPORTED_OPTIONAL],
+                             capture_output=True, text=True, check=True).stdout.split()
+    if outside:
+        done = subprocess.run([str(python), "-m", "pip", "install", "-q",
+                               "--disable-pip-version-check", *outside],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"pip install {' '.join(outside)} failed:\n{done.stderr[-2000:]}")
 
 
 def run_release(venv: Path, release: str, source: Path) -> dict:
@@ -57,6 +88,7 @@ def run_release(venv: Path, release: str, source: Path) -> dict:
     start = time.monotonic()
     try:
         layered_venv(venv, "transformers", release)
+        pin_imported_optional(venv / "bin" / "python")
     except RuntimeError as err:
         return {"release": release, "ok": False, "tests": "install failed",
                 "failures": [str(err).splitlines()[-1]], "layer": [], "torch": "-", "wall_s": 0}
