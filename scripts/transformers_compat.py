@@ -43,12 +43,14 @@ TESTS = ["tests/hosts/transformers/test_architectures.py",
          "tests/hosts/transformers/test_bert.py", "tests/hosts/transformers/test_llama.py",
          "tests/hosts/test_compose.py", "tests/cli/test_check.py"]
 # the newest patch release of every minor on PyPI with the attention mask interface (4.53 on),
-# oldest first; every sweep tries them all (5.25.0 requires kernels>=0.19.1, which did not
-# install at first: its row said so until it did)
-RELEASES = ["4.53.3", "4.54.1", "4.55.4", "4.56.2", "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0",
-            "5.4.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4", "5.11.0", "5.12.1",
-            "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.2",
-            "5.21.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0"]
+# and earlier patch releases users pin (4.56.1, 4.57.1, ...), oldest first; every sweep tries
+# them all (5.25.0 requires kernels>=0.19.1, which did not install at first: its row said so
+# until it did)
+RELEASES = ["4.53.3", "4.54.1", "4.55.4", "4.56.1", "4.56.2", "4.57.1", "4.57.6", "5.0.0",
+            "5.1.0", "5.2.0", "5.3.0", "5.4.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0",
+            "5.10.4", "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.0", "5.16.1",
+            "5.17.0", "5.18.0", "5.19.0", "5.20.1", "5.20.2", "5.21.1", "5.22.1", "5.22.2",
+            "5.23.0", "5.24.0", "5.25.0"]
 # packages transformers imports at import time when they are installed: where the main
 # environment's release is outside the bound the transformers release declares for it
 # (transformers' dependency_versions_table), the layer gets one inside it, as a user of that

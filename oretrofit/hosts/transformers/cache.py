@@ -183,6 +183,12 @@ def _presence_layer(layer: Any) -> Any:
         setattr(fresh, name, value)
     fresh.keys = fresh.values = None
     fresh.is_initialized = False
+    keys = getattr(layer, "keys", None)
+    if isinstance(keys, Tensor) and keys.dim() == 4:
+        # transformers 4.54-4.55: an empty layer holding keys allocated them up front (a static
+        # or sliding-window layer), and writes into them in place; the presences get theirs
+        fresh.keys = keys.new_zeros(keys.shape[0], 1, keys.shape[2], 1)
+        fresh.values = fresh.keys.clone()
     return fresh
 
 
@@ -193,6 +199,8 @@ def _layer(cache: Any, index: int) -> Any:
     replicate = getattr(cache, "layer_class_to_replicate", None)
     while replicate is not None and len(cache.layers) <= index:
         cache.layers.append(replicate())
+    if hasattr(cache, "layer_classes"):              # transformers 4.54-4.55
+        cache.append_new_layers(index)
     layers = getattr(cache, "layers", None)
     return layers[index] if layers is not None and index < len(layers) else None
 
@@ -215,6 +223,14 @@ def _carry(layer: Any) -> Any:
     return carried
 
 
+def _carrying_4x(classes: Any) -> Any:
+    """transformers 4.54-4.55's lazily appended layer classes (``Cache.layer_classes``: one class
+    or one per layer) as carrying classes."""
+    if isinstance(classes, list):
+        return [_carrying_4x(cls) for cls in classes]
+    return carrying_class(classes) if not issubclass(classes, _CarryingMethods) else classes
+
+
 def carry_presences(cache: Any) -> None:
     """Give every layer of ``cache`` (the self-attention part of an encoder-decoder cache) its
     presence layer before the model's forward, and a lazily grown cache carrying layers to append
@@ -225,6 +241,8 @@ def carry_presences(cache: Any) -> None:
     if (isinstance(replicate, type) and issubclass(replicate, CacheLayerMixin)
             and not issubclass(replicate, _CarryingMethods)):
         cache.layer_class_to_replicate = carrying_class(replicate)
+    if hasattr(cache, "layer_classes"):
+        cache.layer_classes = _carrying_4x(cache.layer_classes)
     layers = getattr(cache, "layers", ())
     for index, layer in enumerate(layers):
         carried = _carry(layer) if isinstance(layer, CacheLayerMixin) else layer
