@@ -59,8 +59,9 @@ BLOCKED: dict[str, str] = {
 # read from changelogs: scripts/transformers_compat.py probes every architecture of
 # tests/hosts/transformers/zoo.py in each release's environment (per row of the receipt: how many
 # are covered, refused, absent; per architecture in its .json) and prints this table from the
-# probes; the other rows (ESM, Qwen3.5, UMT5, Doge, Llama4) are where that release's tests
-# failed, the release found by running the failing contract in each release's environment.
+# probes; the other rows (ESM, Qwen3.5, UMT5, Doge, Llama4, DeepSeek-V3) are where that
+# release's tests failed, the release found by running the failing contract in each release's
+# environment.
 # tests/hosts/transformers/test_releases.py checks the table against the receipt.
 INTERFACE = "does not route attention through the attention interface"
 _ESM = ("rotates queries and keys by sequence index, not by position_ids, so a null token "
@@ -73,6 +74,8 @@ _UMT5 = ("disagrees with itself under the retrofit at τ→0 (relative differenc
 _LLAMA4 = ("scales each token's expert input by another token's router score (its router scores "
            "are reshaped without the transpose transformers 4.56 added), so a token inserted "
            "moves the others (relative difference 0.10 on the tiny model)")
+_DEEPSEEK_V3 = ("fails in transformers' own forward on the tiny model (its SDPA call is given "
+                "fewer key heads than query heads)")
 _DOGE = ("computes other attention under SDPA than under eager (its dynamic mask; relative "
          "difference 1.2 on the tiny model), and the retrofit follows eager, so it would change "
          "an SDPA model's outputs")
@@ -93,10 +96,15 @@ TOP_K_INDEXER = ("selects its attention's keys with a top-k indexer (DeepSeek sp
 NEW_MODEL_TYPE = "is a model type that release does not have yet"
 COVERED_FROM: dict[str, tuple[str, str]] = {
     "minimax_m2": ("5.0.0", NEW_MODEL_TYPE),           # new in 5.0
+    **{model_type: ("4.54.1", NEW_MODEL_TYPE)           # new in 4.54
+       for model_type in ("exaone4", "ernie4_5", "ernie4_5_moe", "modernbert-decoder",
+                          "deepseek_v2", "glm4_moe")},
     "gpt_oss": ("4.55.4", NEW_MODEL_TYPE),             # new in 4.55
     **{model_type: ("4.56.2", NEW_MODEL_TYPE)           # new in 4.56
        for model_type in ("apertus", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss")},
     "llama4_text": ("4.56.2", _LLAMA4),
+    "gpt_bigcode": ("4.54.1", INTERFACE),
+    "deepseek_v3": ("4.54.1", _DEEPSEEK_V3),
     **{model_type: ("4.57.6", NEW_MODEL_TYPE)           # new in 4.57
        for model_type in ("olmo3", "vaultgemma", "flex_olmo")},
     "modernbert": ("5.1.0", INTERFACE),

@@ -23,11 +23,12 @@ CACHE = ("cache" if "cache" in inspect.signature(LlamaModel.forward).parameters
 
 
 def _dynamic_cache(config: LlamaConfig) -> DynamicCache:
-    """A dynamic cache for ``config``'s model, its layers made from the config up front; in
-    transformers 4.54-4.55 (``layer_classes``), whose ``DynamicCache(config=...)`` hands each
-    ``DynamicLayer`` a ``max_cache_len`` it does not take, grown as the model writes it."""
-    return DynamicCache() if hasattr(DynamicCache(), "layer_classes") else DynamicCache(
-        config=config)
+    """A dynamic cache for ``config``'s model, its layers made from the config up front where
+    transformers' ``DynamicCache(config=...)`` works (4.56 on: ``layer_class_to_replicate``);
+    before, grown as the model writes it (4.53's takes no config, 4.54-4.55's hands each
+    ``DynamicLayer`` a ``max_cache_len`` it does not take)."""
+    return (DynamicCache(config=config) if hasattr(DynamicCache(), "layer_class_to_replicate")
+            else DynamicCache())
 
 
 def _tiny_llama(**overrides: object) -> LlamaForCausalLM:
