@@ -50,8 +50,13 @@ endef
 $(OLDEST_STAMP): $(STAMP)
 	$(call layered,$(OLDEST),tabpfn,$(OLDEST_TABPFN))
 
+# an optional package transformers imports (kernels) hidden where the main environment's release
+# of it is outside the bound that release declares, as scripts/transformers_compat.py does
 $(OLDEST_TF_STAMP): $(STAMP)
 	$(call layered,$(OLDEST_TF),transformers,$(OLDEST_TRANSFORMERS))
+	$(PY) -c 'import sys; sys.path.insert(0, "scripts"); from pathlib import Path; \
+		from transformers_compat import hide_imported_optional as hide; \
+		print("hidden:", hide(Path("$(OLDEST_TF)/bin/python")))'
 
 .PHONY: install test test-tabpfn-oldest test-transformers-oldest demo bench docs
 install: $(STAMP)

@@ -21,6 +21,11 @@ forward, by :func:`carry_presences` on the cache the model is called with; a laz
 appends carrying layers itself, and a cache the forward creates is given them at its first
 write. ``torch.compile`` guards on each layer's class: swapped in the same place at every call,
 it compiles a shape once, and the swap itself traces (no graph break).
+
+transformers 4.54-4.55 append a lazily grown cache's layers from ``Cache.layer_classes`` and
+allocate a static layer's keys up front; 4.53 has no cache layers: its cache keeps every layer's
+keys itself, and there the cache's class is swapped, its presences kept in a presence cache of
+its kind (:class:`_LegacyCarryingMethods`).
 """
 
 from __future__ import annotations
@@ -205,10 +210,11 @@ def _presence_cache(cache: Any) -> Any:
     return fresh
 
 
-def _carry_legacy(cache: Any) -> None:
+def _carry_legacy(cache: Any, index: int = 0) -> None:
     """transformers 4.53: ``cache`` carrying presences (its class swapped for the carrying one),
-    unless it does already or holds keys written without them (refused by :func:`expect_keys`)."""
-    if getattr(cache, _CARRIED, None) is not None or cache.get_seq_length() > 0:
+    unless it does already or its layer ``index`` holds keys written without them (refused by
+    :func:`expect_keys`; layers a partial retrofit leaves alone may hold keys already)."""
+    if getattr(cache, _CARRIED, None) is not None or cache.get_seq_length(index) > 0:
         return
     presences = _LegacyCarried(_presence_cache(cache), {})
     cache.__class__ = carrying_class(type(cache))
@@ -217,8 +223,10 @@ def _carry_legacy(cache: Any) -> None:
 
 def _expect_legacy(cache: Any, index: int, p: Tensor, state: Any) -> bool:
     """:func:`expect_keys` in transformers 4.53."""
-    _carry_legacy(cache)
+    _carry_legacy(cache, index)
     legacy: _LegacyCarried | None = getattr(cache, _CARRIED, None)
+    if legacy is not None and index not in legacy.layers and cache.get_seq_length(index) > 0:
+        legacy = None                   # keys written to the layer before the cache carried any
     carried = legacy.layers.setdefault(index, _Carried(None)) if legacy is not None else None
     if carried is None or carried.untracked:
         raise RetrofitError(UNSEEN)
