@@ -196,7 +196,8 @@ def main() -> None:
                              "holding VENVS has less free space than this")
     parser.add_argument("--merge", type=Path, action="append", default=[],
                         help="the .json of another run of this commit (e.g. the other half of a "
-                             "sweep run in parallel): its rows join the table, unless rerun here")
+                             "sweep run in parallel): its rows join the table, unless rerun here "
+                             "or in a later --merge file")
     args = parser.parse_args()
     args.venvs.mkdir(parents=True, exist_ok=True)
     releases = [release for release in args.releases.split(",") if release]
@@ -205,8 +206,10 @@ def main() -> None:
     command = receipt_command("scripts/transformers_compat.py", sys.argv[1:],
                               {args.venvs: "VENVS", **{path: f"PART{i}.json"
                                                        for i, path in enumerate(args.merge, 1)}})
-    rows = sorted((row for merged in args.merge for row in json.loads(merged.read_text())
-                   if row["release"] not in releases), key=lambda row: Version(row["release"]))
+    # a release in a later --merge file replaces its row of an earlier one (a rerun)
+    merged_rows = {row["release"]: row for merged in args.merge
+                   for row in json.loads(merged.read_text()) if row["release"] not in releases}
+    rows = sorted(merged_rows.values(), key=lambda row: Version(row["release"]))
     if rows and not releases:
         args.out.write_text(render(rows, command, commit))
         args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -100,12 +100,12 @@ COVERED_FROM: dict[str, tuple[str, str]] = {
        for model_type in ("exaone4", "ernie4_5", "ernie4_5_moe", "modernbert-decoder",
                           "deepseek_v2", "glm4_moe")},
     "gpt_oss": ("4.55.4", NEW_MODEL_TYPE),             # new in 4.55
-    **{model_type: ("4.56.2", NEW_MODEL_TYPE)           # new in 4.56
+    **{model_type: ("4.56.1", NEW_MODEL_TYPE)           # new in 4.56
        for model_type in ("apertus", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss")},
     "llama4_text": ("4.56.2", _LLAMA4),
     "gpt_bigcode": ("4.54.1", INTERFACE),
     "deepseek_v3": ("4.54.1", _DEEPSEEK_V3),
-    **{model_type: ("4.57.6", NEW_MODEL_TYPE)           # new in 4.57
+    **{model_type: ("4.57.1", NEW_MODEL_TYPE)           # new in 4.57
        for model_type in ("olmo3", "vaultgemma", "flex_olmo")},
     "modernbert": ("5.1.0", INTERFACE),
     "qwen3_5_text": ("5.15.1", _QWEN35),              # the model type is new in 5.2
