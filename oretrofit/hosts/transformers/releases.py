@@ -72,7 +72,7 @@ _QWEN35 = ("fails in transformers' own forward with full-attention layers only (
 _UMT5 = ("disagrees with itself under the retrofit at τ→0 (relative difference 0.87 on the tiny "
          "model, eager and SDPA alike), though it routes attention through the interface")
 _LLAMA4 = ("scales each token's expert input by another token's router score (its router scores "
-           "are reshaped without the transpose transformers 4.56 added), so a token inserted "
+           "are reshaped without the transpose transformers 4.56.1 added), so a token inserted "
            "moves the others (relative difference 0.10 on the tiny model)")
 _DEEPSEEK_V3 = ("fails in transformers' own forward on the tiny model (its SDPA call is given "
                 "fewer key heads than query heads)")
@@ -102,7 +102,7 @@ COVERED_FROM: dict[str, tuple[str, str]] = {
     "gpt_oss": ("4.55.4", NEW_MODEL_TYPE),             # new in 4.55
     **{model_type: ("4.56.1", NEW_MODEL_TYPE)           # new in 4.56
        for model_type in ("apertus", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss")},
-    "llama4_text": ("4.56.2", _LLAMA4),
+    "llama4_text": ("4.56.1", _LLAMA4),
     "gpt_bigcode": ("4.54.1", INTERFACE),
     "deepseek_v3": ("4.54.1", _DEEPSEEK_V3),
     **{model_type: ("4.57.1", NEW_MODEL_TYPE)           # new in 4.57
