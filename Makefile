@@ -28,7 +28,7 @@ OLDEST_TABPFN := 8.0.1
 OLDEST := $(VENV)/tabpfn-$(OLDEST_TABPFN)
 OLDEST_STAMP := $(OLDEST)/.oretrofit-installed
 TABPFN_TESTS := tests/hosts/tabpfn tests/regress/test_cli.py
-OLDEST_TRANSFORMERS := 4.56.2
+OLDEST_TRANSFORMERS := 4.53.3
 OLDEST_TF := $(VENV)/transformers-$(OLDEST_TRANSFORMERS)
 OLDEST_TF_STAMP := $(OLDEST_TF)/.oretrofit-installed
 # the transformers host's tests, as scripts/transformers_compat.py runs them per release (its TESTS)

@@ -25,11 +25,13 @@ __all__ = ["check_transformers", "transformers_version", "TESTED_RELEASES", "BLO
 
 
 # The passing rows of results/transformers-compat.md (scripts/transformers_compat.py runs the
-# host's tests on the newest patch release of every minor from 4.53, each in its own environment).
+# host's tests on the newest patch release of every minor from 4.53, and on earlier patch
+# releases users pin, each in its own environment).
 TESTED_RELEASES: tuple[str, ...] = (
-    "4.56.2", "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1",
-    "5.9.0", "5.10.4", "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0",
-    "5.18.0", "5.19.0", "5.20.2", "5.21.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0")
+    "4.53.3", "4.54.1", "4.55.4", "4.56.1", "4.56.2", "4.57.1", "4.57.6", "5.0.0", "5.1.0",
+    "5.2.0", "5.3.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4", "5.11.0", "5.12.1",
+    "5.13.1", "5.14.1", "5.15.1", "5.16.0", "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.1",
+    "5.20.2", "5.21.1", "5.22.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0")
 
 # Why releases before FIRST_MASK_INTERFACE are refused. The host registers the mask function of
 # its attention implementation with AttentionMaskInterface (transformers.masking_utils), first
