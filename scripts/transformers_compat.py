@@ -43,13 +43,52 @@ TESTS = ["tests/hosts/transformers/test_architectures.py",
          "tests/hosts/transformers/test_bert.py", "tests/hosts/transformers/test_llama.py",
          "tests/hosts/test_compose.py", "tests/cli/test_check.py"]
 # the newest patch release of every minor on PyPI with the attention mask interface (4.53 on),
-# oldest first; every sweep tries them all (5.25.0 requires kernels>=0.19.1, which did not
-# install at first: its row said so until it did)
-RELEASES = ["4.53.3", "4.54.1", "4.55.4", "4.56.2", "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0",
-            "5.4.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4", "5.11.0", "5.12.1",
-            "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.2",
-            "5.21.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0"]
+# and earlier patch releases users pin (4.56.1, 4.57.1, ...), oldest first; every sweep tries
+# them all (5.25.0 requires kernels>=0.19.1, which did not install at first: its row said so
+# until it did)
+RELEASES = ["4.53.3", "4.54.1", "4.55.4", "4.56.1", "4.56.2", "4.57.1", "4.57.6", "5.0.0",
+            "5.1.0", "5.2.0", "5.3.0", "5.4.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0",
+            "5.10.4", "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.0", "5.16.1",
+            "5.17.0", "5.18.0", "5.19.0", "5.20.1", "5.20.2", "5.21.1", "5.22.1", "5.22.2",
+            "5.23.0", "5.24.0", "5.25.0"]
+# optional packages transformers imports when they are installed: where the main environment's
+# release is outside the bound the transformers release declares for it (its
+# dependency_versions_table), the layer hides it, as for a user who has not installed it (the
+# main environment's kernels 0.19 needs huggingface-hub 1.x, which 4.x's layers replace by 0.x:
+# transformers 4.53-4.55 then fail at import, and 4.57 asks kernels for a CUDA kernel to build
+# Mamba on a CPU)
+IMPORTED_OPTIONAL = ("kernels",)
+_OUTSIDE_BOUND = """
+import importlib.metadata as metadata, sys
+from packaging.requirements import Requirement
+from transformers.dependency_versions_table import deps
+for name in sys.argv[1:]:
+    try:
+        installed = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        continue
+    if name in deps and not Requirement(deps[name]).specifier.contains(installed, True):
+        print(name)
+"""
+# the layer's .pth that hides them: a None entry in sys.modules makes importlib.util.find_spec
+# answer None and an import raise ImportError, as for a package that is not installed
+_HIDING_PTH = "_oretrofit_hidden.pth"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def hide_imported_optional(python: Path) -> list[str]:
+    """Hide from the layer of ``python`` each package of :data:`IMPORTED_OPTIONAL` the main
+    environment holds outside the bound its transformers release declares; their names."""
+    pth = Path(subprocess.run([str(python), "-c", "import sysconfig; "
+                               "print(sysconfig.get_paths()['purelib'])"], capture_output=True,
+                              text=True, check=True).stdout.strip()) / _HIDING_PTH
+    pth.unlink(missing_ok=True)
+    hidden = subprocess.run([str(python), "-c", _OUTSIDE_BOUND, *IMPORTED_OPTIONAL],
+                            capture_output=True, text=True, check=True).stdout.split()
+    if hidden:
+        pth.write_text("import sys; " + "; ".join(f"sys.modules[{name!r}] = None"
+                                                  for name in hidden) + "\n")
+    return hidden
 
 
 def run_release(venv: Path, release: str, source: Path) -> dict:
@@ -57,6 +96,7 @@ def run_release(venv: Path, release: str, source: Path) -> dict:
     start = time.monotonic()
     try:
         layered_venv(venv, "transformers", release)
+        hidden = hide_imported_optional(venv / "bin" / "python")
     except RuntimeError as err:
         return {"release": release, "ok": False, "tests": "install failed",
                 "failures": [str(err).splitlines()[-1]], "layer": [], "torch": "-", "wall_s": 0}
@@ -73,7 +113,9 @@ def run_release(venv: Path, release: str, source: Path) -> dict:
     coverage = json.loads(probe.stdout)["archs"] if probe.returncode == 0 else {}
     return {"release": release, "ok": tests.returncode == 0,
             "tests": pytest_summary(tests.stdout), "failures": pytest_failures(tests.stdout),
-            "coverage": coverage, "layer": layer_packages(venv), "torch": torch,
+            "coverage": coverage,
+            "layer": [*layer_packages(venv), *(f"{name} hidden" for name in hidden)],
+            "torch": torch,
             "wall_s": round(time.monotonic() - start)}
 
 
@@ -116,7 +158,9 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "Written by `scripts/transformers_compat.py`; do not edit by hand. One layered virtual "
         "environment per release: the main environment (torch and the rest of "
         "`[all,models,test]`) underneath, `transformers==X` and the packages that release pins "
-        "installed on top (column *layer*). A release passes when the transformers host's tests "
+        "installed on top, and an optional package transformers imports hidden where the main "
+        "environment's release of it is outside the bound that release declares (column "
+        "*layer*). A release passes when the transformers host's tests "
         f"pass ({', '.join(f'`{t}`' for t in TESTS)}): each architecture of "
         "`tests/hosts/transformers/zoo.py` the host covers in that release must hold every "
         "contract, each it covers only from a later release (`COVERED_FROM`) must be refused "
@@ -152,7 +196,8 @@ def main() -> None:
                              "holding VENVS has less free space than this")
     parser.add_argument("--merge", type=Path, action="append", default=[],
                         help="the .json of another run of this commit (e.g. the other half of a "
-                             "sweep run in parallel): its rows join the table, unless rerun here")
+                             "sweep run in parallel): its rows join the table, unless rerun here "
+                             "or in a later --merge file")
     args = parser.parse_args()
     args.venvs.mkdir(parents=True, exist_ok=True)
     releases = [release for release in args.releases.split(",") if release]
@@ -161,8 +206,10 @@ def main() -> None:
     command = receipt_command("scripts/transformers_compat.py", sys.argv[1:],
                               {args.venvs: "VENVS", **{path: f"PART{i}.json"
                                                        for i, path in enumerate(args.merge, 1)}})
-    rows = sorted((row for merged in args.merge for row in json.loads(merged.read_text())
-                   if row["release"] not in releases), key=lambda row: Version(row["release"]))
+    # a release in a later --merge file replaces its row of an earlier one (a rerun)
+    merged_rows = {row["release"]: row for merged in args.merge
+                   for row in json.loads(merged.read_text()) if row["release"] not in releases}
+    rows = sorted(merged_rows.values(), key=lambda row: Version(row["release"]))
     if rows and not releases:
         args.out.write_text(render(rows, command, commit))
         args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -23,6 +23,11 @@ forward, by :func:`carry_presences` on the cache the model is called with; a laz
 appends carrying layers itself, and a cache the forward creates is given them at its first
 write. ``torch.compile`` guards on each layer's class: swapped in the same place at every call,
 it compiles a shape once, and the swap itself traces (no graph break).
+
+transformers 4.54-4.55 append a lazily grown cache's layers from ``Cache.layer_classes`` and
+allocate a static layer's keys up front; 4.53 has no cache layers: its cache keeps every layer's
+keys itself, and there the cache's class is swapped, its presences kept in a presence cache of
+its kind (:class:`_LegacyCarryingMethods`).
 """
 
 from __future__ import annotations
@@ -67,6 +72,20 @@ class _Carried:
         return {**self.__dict__, "incoming": None}
 
 
+def _write(carried: _Carried, key_states: Tensor, update: Any) -> None:
+    """Write the presences armed for ``key_states`` (B, H, N, D) as the column (B, 1, N, 1)
+    through ``update`` (which returns the presences of every key, (B, 1, Nk, 1)), and hand them
+    to the site's state; keys written without presences mark ``carried`` untracked."""
+    incoming, carried.incoming = carried.incoming, None
+    first_write, carried.written = not carried.written, True
+    if incoming is None or incoming[0].shape != key_states.shape[:1] + key_states.shape[2:3]:
+        carried.untracked = True
+        return
+    p, state = incoming
+    state.keys = update(p[:, None, :, None])[:, 0, :, 0]                       # (B, Nk)
+    state.first_write = first_write
+
+
 class _CarryingMethods:
     """The methods of a presence-carrying layer class (:func:`carrying_class`): every method that
     writes or moves the keys does the same to the presence layer (module docstring). They call
@@ -85,18 +104,10 @@ class _CarryingMethods:
                **kwargs: Any) -> tuple[Tensor, Tensor]:
         keys, values = self._original.update(self, key_states, value_states, *args, **kwargs)
         carried: _Carried = getattr(self, _CARRIED)
-        incoming, carried.incoming = carried.incoming, None
-        first_write, carried.written = not carried.written, True
-        if incoming is None or incoming[0].shape != key_states.shape[:1] + key_states.shape[2:3]:
-            carried.untracked = True
-            return keys, values
-        p, state = incoming
         if hasattr(self, "record_past"):                 # a sliding window kept for a rollback
             carried.layer.record_past = self.record_past
-        column = p[:, None, :, None]                                           # (B, 1, N, 1)
-        p_keys, _ = carried.layer.update(column, column, *args, **kwargs)
-        state.keys = p_keys[:, 0, :, 0]                                        # (B, Nk)
-        state.first_write = first_write
+        _write(carried, key_states, lambda column: carried.layer.update(column, column, *args,
+                                                                         **kwargs)[0])
         return keys, values
 
     def _mirror(self, name: str, *args: Any) -> None:
@@ -133,6 +144,105 @@ _METHODS = {name: value for name, value in vars(_CarryingMethods).items()
             if callable(value) and (name == "__init__" or not name.startswith("__"))}
 
 
+@dataclass
+class _LegacyCarried:
+    """transformers 4.53 (no cache layers): a carrying cache's presence cache (a cache of its
+    kind whose keys are the presences (B, 1, N, 1)) and each layer's :class:`_Carried`."""
+
+    cache: Any
+    layers: dict[int, _Carried]
+
+
+class _LegacyCarryingMethods:
+    """transformers 4.53 keeps every layer's keys in the cache object itself (``key_cache``
+    lists; cache layers came in 4.54): there the cache's class is swapped for a carrying one
+    whose methods do to its presence cache what they do to its keys, as a carrying layer's do
+    (:class:`_CarryingMethods`)."""
+
+    _original: type
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int,
+               cache_kwargs: Any = None) -> tuple[Tensor, Tensor]:
+        keys, values = self._original.update(self, key_states, value_states, layer_idx,
+                                             cache_kwargs)
+        legacy: _LegacyCarried = getattr(self, _CARRIED)
+        carried = legacy.layers.setdefault(layer_idx, _Carried(None))
+        _write(carried, key_states, lambda column: legacy.cache.update(
+            column, column, layer_idx, cache_kwargs)[0])
+        return keys, values
+
+    def _mirror(self, name: str, *args: Any) -> None:
+        getattr(self._original, name)(self, *args)
+        getattr(getattr(self, _CARRIED).cache, name)(*args)
+
+    def crop(self, max_length: int) -> None:
+        self._mirror("crop", max_length)
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        self._mirror("reorder_cache", beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._mirror("batch_repeat_interleave", repeats)
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self._mirror("batch_select_indices", indices)
+
+    def reset(self) -> None:
+        self._mirror("reset")
+        getattr(self, _CARRIED).layers.clear()
+
+
+_LEGACY_METHODS = {name: value for name, value in vars(_LegacyCarryingMethods).items()
+                   if callable(value) and not name.startswith("__")}
+
+
+def _has_cache_layers() -> bool:
+    """Whether transformers keeps the keys in cache layers (4.54 on), else in the cache (4.53)."""
+    from transformers import cache_utils
+    return hasattr(cache_utils, "CacheLayerMixin")
+
+
+def _presence_cache(cache: Any) -> Any:
+    """transformers 4.53: a fresh cache of ``cache``'s kind for the presences, every list of key
+    or value tensors the cache allocated up front (a static or sliding-window cache) allocated
+    as columns (B, 1, L, 1); a quantized cache's presences are kept unquantized, in a dynamic
+    cache."""
+    from transformers import cache_utils
+    if isinstance(cache, cache_utils.QuantizedCache):
+        return cache_utils.DynamicCache()
+    fresh = object.__new__(type(cache))
+    for name, value in vars(cache).items():
+        if isinstance(value, list) and all(isinstance(t, Tensor) for t in value):
+            value = [t.new_zeros(t.shape[0], 1, t.shape[2], 1) if t.dim() == 4 else t.clone()
+                     for t in value]
+        setattr(fresh, name, value)
+    return fresh
+
+
+def _carry_legacy(cache: Any, index: int = 0) -> None:
+    """transformers 4.53: ``cache`` carrying presences (its class swapped for the carrying one),
+    unless it does already or its layer ``index`` holds keys written without them (refused by
+    :func:`expect_keys`; layers a partial retrofit leaves alone may hold keys already)."""
+    if getattr(cache, _CARRIED, None) is not None or cache.get_seq_length(index) > 0:
+        return
+    presences = _LegacyCarried(_presence_cache(cache), {})
+    cache.__class__ = carrying_class(type(cache))
+    setattr(cache, _CARRIED, presences)
+
+
+def _expect_legacy(cache: Any, index: int, p: Tensor, state: Any) -> bool:
+    """:func:`expect_keys` in transformers 4.53."""
+    _carry_legacy(cache, index)
+    legacy: _LegacyCarried | None = getattr(cache, _CARRIED, None)
+    if legacy is not None and index not in legacy.layers and cache.get_seq_length(index) > 0:
+        legacy = None                   # keys written to the layer before the cache carried any
+    carried = legacy.layers.setdefault(index, _Carried(None)) if legacy is not None else None
+    if carried is None or carried.untracked:
+        raise RetrofitError(UNSEEN)
+    carried.incoming = (p, state)
+    return True
+
+
 _CLASSES: dict[type, type] = {}          # original layer class -> its carrying class
 
 
@@ -143,8 +253,9 @@ def carrying_class(original: type) -> type:
     if original not in _CLASSES:
         name = f"Carrying_{_path(original).encode().hex()}"
         if name not in globals():
+            methods = _METHODS if _has_cache_layers() else _LEGACY_METHODS
             globals()[name] = type(f"Carrying{original.__name__}", (original,),
-                                   {**_METHODS, "_original": original, "__module__": __name__,
+                                   {**methods, "_original": original, "__module__": __name__,
                                     "__qualname__": name})
         _CLASSES[original] = globals()[name]
     return _CLASSES[original]
@@ -152,7 +263,10 @@ def carrying_class(original: type) -> type:
 
 def carrying_classes() -> None:
     """Create the carrying class of every cache layer class transformers defines, before any
-    compiled call needs one (naming a new class is not traceable)."""
+    compiled call needs one (naming a new class is not traceable); in transformers 4.53 (no
+    cache layers) a cache's class is made when it is first carried."""
+    if not _has_cache_layers():
+        return
     from transformers.cache_utils import CacheLayerMixin
     pending = [CacheLayerMixin]
     while pending:
@@ -198,6 +312,12 @@ def _presence_layer(layer: Any) -> Any:
         setattr(fresh, name, value)
     fresh.keys = fresh.values = None
     fresh.is_initialized = False
+    keys = getattr(layer, "keys", None)
+    if isinstance(keys, Tensor) and keys.dim() == 4:
+        # transformers 4.54-4.55: an empty layer holding keys allocated them up front (a static
+        # or sliding-window layer), and writes into them in place; the presences get theirs
+        fresh.keys = keys.new_zeros(keys.shape[0], 1, keys.shape[2], 1)
+        fresh.values = fresh.keys.clone()
     return fresh
 
 
@@ -208,6 +328,8 @@ def _layer(cache: Any, index: int) -> Any:
     replicate = getattr(cache, "layer_class_to_replicate", None)
     while replicate is not None and len(cache.layers) <= index:
         cache.layers.append(replicate())
+    if hasattr(cache, "layer_classes"):              # transformers 4.54-4.55
+        cache.append_new_layers(index)
     layers = getattr(cache, "layers", None)
     return layers[index] if layers is not None and index < len(layers) else None
 
@@ -230,16 +352,28 @@ def _carry(layer: Any) -> Any:
     return carried
 
 
+def _carrying_4x(classes: Any) -> Any:
+    """transformers 4.54-4.55's lazily appended layer classes (``Cache.layer_classes``: one class
+    or one per layer) as carrying classes."""
+    if isinstance(classes, list):
+        return [_carrying_4x(cls) for cls in classes]
+    return carrying_class(classes) if not issubclass(classes, _CarryingMethods) else classes
+
+
 def carry_presences(cache: Any) -> None:
     """Give every layer of ``cache`` (the self-attention part of an encoder-decoder cache) its
     presence layer before the model's forward, and a lazily grown cache carrying layers to append
     (module docstring). Traceable by ``torch.compile`` once :func:`carrying_classes` ran."""
-    from transformers.cache_utils import CacheLayerMixin
     cache = getattr(cache, "self_attention_cache", cache)
+    if not _has_cache_layers():
+        return _carry_legacy(cache)
+    from transformers.cache_utils import CacheLayerMixin
     replicate = getattr(cache, "layer_class_to_replicate", None)
     if (isinstance(replicate, type) and issubclass(replicate, CacheLayerMixin)
             and not issubclass(replicate, _CarryingMethods)):
         cache.layer_class_to_replicate = carrying_class(replicate)
+    if hasattr(cache, "layer_classes"):
+        cache.layer_classes = _carrying_4x(cache.layer_classes)
     layers = getattr(cache, "layers", ())
     for index, layer in enumerate(layers):
         carried = _carry(layer) if isinstance(layer, CacheLayerMixin) else layer
@@ -273,6 +407,8 @@ def expect_keys(cache: Any, index: int, p: Tensor, state: Any) -> bool:
     caller keeps ``p`` as the keys' presences when the layer is empty. Refuses a layer that holds
     keys written without presences (:data:`UNSEEN`). A cache :func:`carry_presences` did not
     reach (one the model's forward creates) gets its presence layers here."""
+    if not _has_cache_layers():
+        return _expect_legacy(getattr(cache, "self_attention_cache", cache), index, p, state)
     from transformers.cache_utils import CacheLayerMixin
     layer = _layer(cache, index)
     if not isinstance(layer, CacheLayerMixin):

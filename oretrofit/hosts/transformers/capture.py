@@ -10,6 +10,7 @@ to the keys (:mod:`.cache`), so generation after a prompt with null tokens still
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from ..._presence import presence
 from ..._presence_memo import carrier_presence
 from .cache import UNSEEN, cache_of, expect_keys
 
-__all__ = ["CarrierPresence", "carrier_of"]
+__all__ = ["CarrierPresence", "by_name", "carrier_of"]
 
 
 def carrier_of(args: tuple, kwargs: dict) -> Tensor:
@@ -34,6 +35,19 @@ def carrier_of(args: tuple, kwargs: dict) -> Tensor:
         return kwargs["hidden_states"]
     raise RetrofitError("a carrier module was called without hidden states (first positional "
                         "argument or hidden_states=); its layout names the wrong module")
+
+
+def by_name(module: nn.Module, args: tuple) -> dict[str, Any]:
+    """A module call's positional ``args`` by the parameter names of its forward: the first in
+    its class's MRO that names them (a retrofitted module's own forward takes ``*args``)."""
+    for cls in type(module).__mro__:
+        forward = vars(cls).get("forward")
+        if forward is None:
+            continue
+        signature = inspect.signature(forward)
+        if any(p.kind is p.POSITIONAL_OR_KEYWORD for p in list(signature.parameters.values())[1:]):
+            return signature.bind_partial(module, *args).arguments
+    return {}
 
 
 @dataclass
@@ -82,8 +96,10 @@ class CarrierPresence:
         self.capture(carrier_of(args, kwargs), cache_of(args, kwargs))
 
     def capture_sources_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Forward pre-hook on a cross-attention module: its sources (the encoder output)."""
-        sources = kwargs.get("key_value_states", kwargs.get("encoder_hidden_states"))
+        """Forward pre-hook on a cross-attention module: its sources (the encoder output), passed
+        by name or by position (transformers 4.53's BERT passes them fourth)."""
+        named = {**by_name(module, args), **kwargs}
+        sources = named.get("key_value_states", named.get("encoder_hidden_states"))
         if sources is None:
             raise RetrofitError(f"{type(module).__name__} is a cross-attention site but was "
                                 "called without key_value_states / encoder_hidden_states")

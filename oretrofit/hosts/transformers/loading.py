@@ -18,6 +18,8 @@ __all__ = ["from_pretrained"]
 # the files of a folder that can name Python code of its own for transformers to import
 _CODE_NAMING = ("config.json", "tokenizer_config.json", "processor_config.json",
                 "preprocessor_config.json")
+# the release from which from_pretrained takes ``dtype=``; before it, ``torch_dtype=``
+DTYPE_KEYWORD_FROM = "4.56.0"
 _SAFE_FIX = ("save the model with a class transformers ships (model.save_pretrained(folder, "
              "safe_serialization=True) where you trust the code), then pass the folder again")
 
@@ -43,8 +45,13 @@ def from_pretrained(loader: Any, path: str | Path, **kwargs: Any) -> Any:
     ``trust_remote_code=False``: a folder naming code of its own is refused before transformers
     reads it (and transformers never asks on stdin). Every model, tokenizer and config oretrofit
     loads from a folder goes through here."""
+    from packaging.version import Version
     from safetensors import SafetensorError
+
+    from .releases import transformers_version
     _refuse_custom_code(Path(path))
+    if "dtype" in kwargs and Version(transformers_version()) < Version(DTYPE_KEYWORD_FROM):
+        kwargs["torch_dtype"] = kwargs.pop("dtype")
     try:
         return loader.from_pretrained(path, local_files_only=True, trust_remote_code=False,
                                       **kwargs)

@@ -25,11 +25,13 @@ __all__ = ["check_transformers", "transformers_version", "TESTED_RELEASES", "BLO
 
 
 # The passing rows of results/transformers-compat.md (scripts/transformers_compat.py runs the
-# host's tests on the newest patch release of every minor from 4.53, each in its own environment).
+# host's tests on the newest patch release of every minor from 4.53, and on earlier patch
+# releases users pin, each in its own environment).
 TESTED_RELEASES: tuple[str, ...] = (
-    "4.56.2", "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1",
-    "5.9.0", "5.10.4", "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0",
-    "5.18.0", "5.19.0", "5.20.2", "5.21.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0")
+    "4.53.3", "4.54.1", "4.55.4", "4.56.1", "4.56.2", "4.57.1", "4.57.6", "5.0.0", "5.1.0",
+    "5.2.0", "5.3.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4", "5.11.0", "5.12.1",
+    "5.13.1", "5.14.1", "5.15.1", "5.16.0", "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.1",
+    "5.20.2", "5.21.1", "5.22.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0")
 
 # Why releases before FIRST_MASK_INTERFACE are refused. The host registers the mask function of
 # its attention implementation with AttentionMaskInterface (transformers.masking_utils), first
@@ -59,8 +61,9 @@ BLOCKED: dict[str, str] = {
 # read from changelogs: scripts/transformers_compat.py probes every architecture of
 # tests/hosts/transformers/zoo.py in each release's environment (per row of the receipt: how many
 # are covered, refused, absent; per architecture in its .json) and prints this table from the
-# probes; the other rows (ESM, Qwen3.5, UMT5, Doge) are where that release's tests failed, the
-# release found by running the failing contract in each release's environment.
+# probes; the other rows (ESM, Qwen3.5, UMT5, Doge, Llama4, DeepSeek-V3) are where that
+# release's tests failed, the release found by running the failing contract in each release's
+# environment.
 # tests/hosts/transformers/test_releases.py checks the table against the receipt.
 INTERFACE = "does not route attention through the attention interface"
 _ESM = ("rotates queries and keys by sequence index, not by position_ids, so a null token "
@@ -70,6 +73,11 @@ _QWEN35 = ("fails in transformers' own forward with full-attention layers only (
            "the host refuses it (a token mixer outside the interface)")
 _UMT5 = ("disagrees with itself under the retrofit at τ→0 (relative difference 0.87 on the tiny "
          "model, eager and SDPA alike), though it routes attention through the interface")
+_LLAMA4 = ("scales each token's expert input by another token's router score (its router scores "
+           "are reshaped without the transpose transformers 4.56.1 added), so a token inserted "
+           "moves the others (relative difference 0.10 on the tiny model)")
+_DEEPSEEK_V3 = ("fails in transformers' own forward on the tiny model (its SDPA call is given "
+                "fewer key heads than query heads)")
 _DOGE = ("computes other attention under SDPA than under eager (its dynamic mask; relative "
          "difference 1.2 on the tiny model), and the retrofit follows eager, so it would change "
          "an SDPA model's outputs")
@@ -90,7 +98,16 @@ TOP_K_INDEXER = ("selects its attention's keys with a top-k indexer (DeepSeek sp
 NEW_MODEL_TYPE = "is a model type that release does not have yet"
 COVERED_FROM: dict[str, tuple[str, str]] = {
     "minimax_m2": ("5.0.0", NEW_MODEL_TYPE),           # new in 5.0
-    **{model_type: ("4.57.6", NEW_MODEL_TYPE)           # new in 4.57
+    **{model_type: ("4.54.1", NEW_MODEL_TYPE)           # new in 4.54
+       for model_type in ("exaone4", "ernie4_5", "ernie4_5_moe", "modernbert-decoder",
+                          "deepseek_v2", "glm4_moe")},
+    "gpt_oss": ("4.55.4", NEW_MODEL_TYPE),             # new in 4.55
+    **{model_type: ("4.56.1", NEW_MODEL_TYPE)           # new in 4.56
+       for model_type in ("apertus", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss")},
+    "llama4_text": ("4.56.1", _LLAMA4),
+    "gpt_bigcode": ("4.54.1", INTERFACE),
+    "deepseek_v3": ("4.54.1", _DEEPSEEK_V3),
+    **{model_type: ("4.57.1", NEW_MODEL_TYPE)           # new in 4.57
        for model_type in ("olmo3", "vaultgemma", "flex_olmo")},
     "modernbert": ("5.1.0", INTERFACE),
     "qwen3_5_text": ("5.15.1", _QWEN35),              # the model type is new in 5.2

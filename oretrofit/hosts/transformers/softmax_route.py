@@ -50,7 +50,7 @@ from ..._patching import SiteConfig, Undo, noop, o_subclass, set_site, site_conf
 from ..._presence import compute_dtype
 from ..torch_nn import ATTENTION, patch_all
 from .layouts import eager_class, forward_source as _source
-from .capture import CarrierPresence
+from .capture import CarrierPresence, by_name
 
 __all__ = ["SoftmaxCarrier", "presence_softmax", "attach_softmax_attention", "attach_carrier",
            "OSoftmaxAttention"]
@@ -273,7 +273,8 @@ class SoftmaxCarrier(CarrierPresence):
     site: str = ""
 
     def capture_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        cache = next((kwargs[k] for k in _CACHE_NAMES if kwargs.get(k) is not None), None)
+        named = {**by_name(module, args), **kwargs}       # 4.x passes the cache by position
+        cache = next((named[k] for k in _CACHE_NAMES if named.get(k) is not None), None)
         hidden = args[0] if args and isinstance(args[0], Tensor) else next(
             (kwargs[k] for k in ("hidden_states", "query", "x") if k in kwargs), None)
         if hidden is None:
@@ -282,7 +283,8 @@ class SoftmaxCarrier(CarrierPresence):
         self.capture(hidden, cache if hasattr(cache, "get_seq_length") else None)
 
     def capture_sources_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        sources = next((kwargs[k] for k in _SOURCE_NAMES if kwargs.get(k) is not None), None)
+        named = {**by_name(module, args), **kwargs}       # 4.53's BERT passes them fourth
+        sources = next((named[k] for k in _SOURCE_NAMES if named.get(k) is not None), None)
         if sources is None:
             raise RetrofitError(f"{type(module).__name__} is a cross-attention site but was "
                                 f"called without {' / '.join(_SOURCE_NAMES)}")

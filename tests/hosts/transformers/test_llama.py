@@ -22,6 +22,15 @@ CACHE = ("cache" if "cache" in inspect.signature(LlamaModel.forward).parameters
          else "past_key_values")
 
 
+def _dynamic_cache(config: LlamaConfig) -> DynamicCache:
+    """A dynamic cache for ``config``'s model, its layers made from the config up front where
+    transformers' ``DynamicCache(config=...)`` works (4.56 on: ``layer_class_to_replicate``);
+    before, grown as the model writes it (4.53's takes no config, 4.54-4.55's hands each
+    ``DynamicLayer`` a ``max_cache_len`` it does not take)."""
+    return (DynamicCache(config=config) if hasattr(DynamicCache(), "layer_class_to_replicate")
+            else DynamicCache())
+
+
 def _tiny_llama(**overrides: object) -> LlamaForCausalLM:
     config = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -112,7 +121,7 @@ def test_kv_cache_keeps_null_presences() -> None:
     full_mask = torch.ones(1, 6, dtype=torch.long)
     with torch.no_grad(), retrofitted(model, "full-o", TAU):
         whole = model(inputs_embeds=embeds, attention_mask=full_mask).logits[:, -1]
-        cache = DynamicCache(config=model.config)
+        cache = _dynamic_cache(model.config)
         model(inputs_embeds=embeds[:, :5], attention_mask=full_mask[:, :5], **{CACHE: cache},
               use_cache=True)
         step = model(inputs_embeds=embeds[:, 5:], attention_mask=full_mask, **{CACHE: cache},
@@ -123,7 +132,7 @@ def test_kv_cache_keeps_null_presences() -> None:
 def test_cache_filled_before_patching_is_refused() -> None:
     model = _tiny_llama()
     ids = torch.randint(0, 100, (1, 5))
-    cache = DynamicCache(config=model.config)
+    cache = _dynamic_cache(model.config)
     with torch.no_grad():
         model(ids[:, :4], **{CACHE: cache}, use_cache=True)
         with retrofitted(model, "oa", TAU), pytest.raises(RetrofitError, match="fresh cache"):
