@@ -355,13 +355,13 @@ def main(argv: list[str] | None = None) -> None:
     for kind, (name, run, render) in KINDS.items():
         if args.rows not in ("all", kind):
             continue
-        start_load = os.getloadavg()[0]
+        start_load, env = os.getloadavg()[0], environment("cpu")    # the code as it starts
         rows = run(sizes, args.repeats, args.backend)
         receipt = {"schema_version": 2, "repeats": args.repeats, "tau": TAU, "seed": SEED,
                    "sizes": "tiny" if args.tiny else "full", "rows": rows,
                    "cpu_count": os.cpu_count(),
                    "load_average_1min": {"start": start_load, "end": os.getloadavg()[0]},
-                   "environment": environment("cpu")}
+                   "environment": env}
         write_json_atomic(args.out / f"{name}.json", receipt)
         table = render(receipt)
         (args.out / f"{name}.md").write_text(table)
