@@ -150,10 +150,17 @@ def _own_compiled_forward(model: torch.nn.Module, arm: str, backend: str) -> Cal
     return torch.compile(types.MethodType(own, model), backend=backend)
 
 
+DYNAMO_COUNTS = ("graphs", "frames_compiled", "graph_breaks")
+
+
 def _dynamo_counts() -> Counter:
     return Counter({"graphs": counters["stats"]["unique_graphs"],
                     "frames_compiled": counters["frames"]["ok"],
                     "graph_breaks": sum(counters["graph_break"].values())})
+
+
+def _counts(compiled: Counter) -> dict[str, int]:
+    return {key: compiled[key] for key in DYNAMO_COUNTS}
 
 
 @dataclass
@@ -230,9 +237,9 @@ def measure_compile(sizes: Sizes, repeats: int, backend: str) -> list[dict[str, 
             ratio = p / b if p is not None and b is not None else None
             rows.append({"model": name, "call": call, "arm": arm.name, "backend": backend,
                          "target": COMPILE_TARGET, "unpatched_s": b, "patched_s": p,
-                         "ratio": ratio, "unpatched_dynamo": dict(base.compiled),
+                         "ratio": ratio, "unpatched_dynamo": _counts(base.compiled),
                          "unpatched_limit_hit": base.limit_hit,
-                         "patched_dynamo": dict(arm.compiled), "patched_limit_hit": arm.limit_hit,
+                         "patched_dynamo": _counts(arm.compiled), "patched_limit_hit": arm.limit_hit,
                          "same_tokens": arm.tokens == base.tokens})
             print(f"{name} compiled {call} {arm.name}: {ratio}", file=sys.stderr)
     return rows
@@ -309,8 +316,7 @@ def _ms(seconds: float | None) -> str:
 
 
 def _compiled(dynamo: dict[str, int]) -> str:
-    return " / ".join(str(dynamo.get(k, 0)) for k in ("graphs", "frames_compiled",
-                                                       "graph_breaks"))
+    return " / ".join(str(dynamo[key]) for key in DYNAMO_COUNTS)
 
 
 def markdown_compile(receipt: dict[str, Any]) -> str:
