@@ -35,7 +35,8 @@ def test_bench_pretrain_sizes_refuses_bad_arguments(tmp_path, monkeypatch, capsy
 SMOKE = {
     "benchmarks/bench_attention.py": ["--quick", "--no-memory", "--max-reference-n", "256",
                                       "--out", "{tmp}/bench_attention.json"],
-    "benchmarks/bench_hosts.py": ["--repeats", "1", "--out", "{tmp}"],
+    "benchmarks/bench_hosts.py": ["--tiny", "--backend", "eager", "--repeats", "1",
+                                  "--out", "{tmp}"],
     "benchmarks/bench_pretrain_sizes.py": ["--steps", "1", "--warmup", "0", "--candidates", "32x1",
                                            "--max-rows", "32", "--out", "{tmp}/sizes.json"],
     "benchmarks/bench_pretrain_threads.py": ["--quick", "--steps", "1", "--warmup", "0",
@@ -66,11 +67,27 @@ def _run(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
+def _bench_hosts_rows(tmp_path: Path) -> None:
+    """Every row kind ran: long, short and compiled; each compiled arm compiled the unpatched
+    model's graphs, without a graph break or the recompile limit, and generated its tokens."""
+    rows = {kind: json.loads((tmp_path / f"bench_hosts{kind}.json").read_text())["rows"]
+            for kind in ("", "_short", "_compile")}
+    assert [len(r) for r in rows.values()] == [4, 6, 4]
+    for row in rows["_compile"]:
+        assert row["patched_dynamo"] == row["unpatched_dynamo"], row
+        assert row["patched_dynamo"]["graph_breaks"] == 0 and row["patched_dynamo"]["graphs"] > 1
+        assert not (row["patched_limit_hit"] or row["unpatched_limit_hit"]) and row["same_tokens"]
+
+
+ROW_CHECKS = {"benchmarks/bench_hosts.py": _bench_hosts_rows}
+
+
 @pytest.mark.parametrize("script", [s for s in SMOKE if s != "scripts/gpu_check.sh"])
 def test_benchmark_smoke_run(script: str, tmp_path: Path) -> None:
     done = _run(script, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert any(tmp_path.rglob("*.json")), "no receipt written"
+    ROW_CHECKS.get(script, lambda _: None)(tmp_path)
 
 
 def test_the_gpu_check_runs_every_step_on_the_cpu(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ QUOTED_REPORTS = {"results/studies/otransformer.md": "docs/studies.md",
                   "results/bench_attention.md": "docs/benchmarks.md",
                   "results/bench_hosts.md": "docs/benchmarks.md",
                   "results/bench_hosts_short.md": "docs/benchmarks.md",
+                  "results/bench_hosts_compile.md": "docs/benchmarks.md",
                   "results/regress/demo-host/tables/tables.md": "docs/demo-host.md",
                   "results/demo-host/calibrated/README.md": "docs/calibration.md"}
 
@@ -130,7 +131,8 @@ def test_the_readme_benchmark_headline_is_lines_of_the_reports() -> None:
                          json.loads((ROOT / "results/bench_retrofit.json").read_text())["markdown"],
                          json.loads((ROOT / "results/bench_batched.json").read_text())["markdown"],
                          (ROOT / "results/bench_hosts.md").read_text(),
-                         (ROOT / "results/bench_hosts_short.md").read_text()]).splitlines()
+                         (ROOT / "results/bench_hosts_short.md").read_text(),
+                         (ROOT / "results/bench_hosts_compile.md").read_text()]).splitlines()
     quoted = [line for line in section.splitlines() if line.startswith(("|", "Fused at"))]
     assert len(quoted) >= 10 and all(line in reports for line in quoted)
 

@@ -28,6 +28,7 @@ added to; the stream must be among those summands, or the call is refused with a
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -208,12 +209,24 @@ class _TracedGate:
         return state
 
 
+# each layer's gate, kept across retrofits: a compiled call guards on the gate's identity (it reads
+# the confirmation without a guard on its value, :func:`_confirmed`), so a new gate for a model
+# retrofitted again would compile every graph again; the decision it confirmed is this layer's
+_GATES: "weakref.WeakKeyDictionary[nn.Module, _TracedGate]" = weakref.WeakKeyDictionary()
+
+
 def gate_traced_branch(name: str, layer: nn.Module, attention: nn.Module, branch: nn.Module,
                        config: SiteConfig) -> Undo:
     """OFFN gate (eq. 15) of the MLP ``branch`` (site ``name``) of ``layer``: ρτ(h)·branch(·),
     h the stream read from the layer's call (module docstring); ``attention`` is the layer's
-    self-attention."""
-    hooks = _TracedGate(name, config)
+    self-attention. A layer retrofitted again with the same site and config gets its gate back
+    (:data:`_GATES`), and once the gate has confirmed its decision its exit hook is a plain one:
+    no trace is left to end when the layer raises (the next call clears what the gate holds),
+    and a compiled call guards on an always-called hook's id, which each retrofit renews."""
+    hooks = _GATES.get(layer)
+    if hooks is None or (hooks.name, hooks.config) != (name, config):
+        hooks = _GATES[layer] = _TracedGate(name, config)
+    always_call = not hooks.checked
     front = [(path, m) for path, m in layer.named_modules() if _in_front(m, path)]
     return patch_all(
         lambda: layer.register_forward_pre_hook(hooks.enter_layer, with_kwargs=True).remove,
@@ -225,4 +238,4 @@ def gate_traced_branch(name: str, layer: nn.Module, attention: nn.Module, branch
         lambda: branch.register_forward_pre_hook(hooks.enter_branch, with_kwargs=True).remove,
         lambda: branch.register_forward_hook(hooks.leave_branch).remove,
         lambda: layer.register_forward_hook(hooks.leave_layer, with_kwargs=True,
-                                            always_call=True).remove)
+                                            always_call=always_call).remove)

@@ -93,3 +93,28 @@ def test_the_attention_implementation_lookup_traces_without_a_graph_break() -> N
         traced = torch.compile(_original_implementation, fullgraph=True, backend="eager")
         assert traced(model.config) == "eager"
     assert traced(model.config) == "sdpa"
+
+
+# full-o's FFN stream gate: the first retrofit's graphs guard on its always-called exit hook
+@pytest.mark.parametrize(("arm", "first_graphs"), [("full-o", 2), ("oa", 1)])
+def test_retrofitting_again_compiles_one_set_of_graphs_after_the_first(
+        arm: str, first_graphs: int) -> None:
+    """A model retrofitted, reverted and retrofitted again (``retrofitted`` used per request)
+    reuses the graphs of the retrofit before: the FFN stream gate a retrofit installs is the
+    layer's gate of the last retrofit, and once it has confirmed its decision its exit hook is a
+    plain one, whose id no graph guards (an always-called hook's id is guarded)."""
+    model = _tiny(2)
+    compiled = torch.compile(model, backend="eager")
+    graphs, outputs = [], []
+    with torch.no_grad():
+        try:
+            torch._dynamo.reset()
+            counters.clear()
+            for _ in range(4):
+                with retrofitted(model, arm, 1e-8):
+                    outputs.append(compiled(IDS).logits)
+                graphs.append(counters["stats"]["unique_graphs"])
+        finally:
+            torch._dynamo.reset()
+    assert graphs == [1] + [first_graphs] * 3
+    assert all(torch.equal(out, outputs[0]) for out in outputs)
