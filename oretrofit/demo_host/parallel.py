@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -89,18 +89,15 @@ def weights_digest(model: torch.nn.Module) -> str:
     return state_digest(model.state_dict())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, size: int, port: int, fn: Callable[..., None], args: tuple) -> None:
+def _worker(rank: int, size: int, rendezvous: str, fn: Callable[..., None], args: tuple) -> None:
     # one thread on one core per worker: the workers are the parallelism, threads would compete with them
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[rank % len(cores)]})
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    # The workers meet in a file, not at a TCP store rank 0 would serve: a worker that finishes
+    # first (rank 0 with nothing to do) would take such a store down while another worker still
+    # reads it at the end of its init (DistNetworkError in place of that worker's own result).
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size)
     try:
         fn(Workers(rank, size), *args)
     finally:
@@ -118,4 +115,6 @@ def _worker(rank: int, size: int, port: int, fn: Callable[..., None], args: tupl
 def spawn(size: int, fn: Callable[..., None], *args: Any) -> None:
     """Run ``fn(workers, *args)`` in ``size`` worker processes, worker k pinned to the k-th core this
     process may use; returns when all have finished, and raises if any of them raised."""
-    torch.multiprocessing.spawn(_worker, args=(size, _free_port(), fn, args), nprocs=size, join=True)
+    with tempfile.TemporaryDirectory(prefix="oretrofit-workers-") as folder:
+        rendezvous = os.path.join(folder, "rendezvous")
+        torch.multiprocessing.spawn(_worker, args=(size, rendezvous, fn, args), nprocs=size, join=True)
