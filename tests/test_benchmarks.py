@@ -99,6 +99,10 @@ def test_the_gpu_check_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     assert all(s["exit"] == 0 for s in summary["steps"]) and summary["environment"]
     for name in GPU_CHECK_RECEIPTS:
         assert (tmp_path / name).exists(), name
+    attention = json.loads((tmp_path / "attention.json").read_text())  # gpu_attention.py's logic
+    assert attention["route"]["kernel"] == "cpu-flash" and len(attention["rows"]) == 9
+    assert len(attention["checks"]) == 24 and max(c["error"] for c in attention["checks"]) <= 2e-6
+    assert "bound 2e-06: met" in (tmp_path / "attention.md").read_text()
     shapes = json.loads((tmp_path / "attention_shapes.json").read_text())
     assert {(r["dtype"], r["mode"]) for r in shapes["rows"]} == {
         (d, m) for d in ("bf16", "fp16", "fp32") for m in ("fwd", "fwd+bwd")}
