@@ -240,9 +240,15 @@ def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
     if backend is None:
         return _o_attention_augmented(q, k, v, p_q, p_k, mask, eps, shp)
     visible, bias = _split_mask(mask, ct)
-    out = kernels.o_attention_lse(q.to(ct), k.to(ct), v.to(ct), p_q.to(ct), p_k.to(ct), visible,
-                                  bias, eps, shp.scale, backend)
-    return out.to(q.dtype)
+    out = kernels.o_attention_lse(_cast(q, ct), _cast(k, ct), _cast(v, ct), _cast(p_q, ct),
+                                  _cast(p_k, ct), visible, bias, eps, shp.scale, backend)
+    return _cast(out, q.dtype)
+
+
+def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` in ``dtype``: itself where it is already (a decode step calls this per layer, and
+    ``Tensor.to`` parses its arguments even when it returns ``t``)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def check_kernels(device: torch.device, dtype: torch.dtype) -> None:

@@ -289,8 +289,10 @@ def score_bias(p_k: Tensor, heads: int, visible: Tensor | None, bias: Tensor | N
     NaN stays NaN. Not differentiable at null sources (see :func:`source_logit`)."""
     if p_k.dim() == 3 and p_k.shape[1] != heads:
         p_k = p_k.repeat_interleave(heads // p_k.shape[1], dim=1)
-    pk = (p_k[:, None] if p_k.dim() == 2 else p_k)[:, :, None, :]           # (B, 1|H, 1, Nk)
-    logit = torch.where(pk != 0, torch.log(pk), _NULL_LOGIT)
+    # log 0 = -inf clamps to the null logit; NaN stays NaN (clamp keeps it): two ops per call
+    logit = torch.log(p_k).clamp_min_(null_logit(p_k.dtype))
+    heads_axis = logit.shape[1] if logit.dim() == 3 else 1
+    logit = logit.view(logit.shape[0], heads_axis, 1, logit.shape[-1])     # (B, 1|H, 1, Nk)
     if bias is not None:
         logit = logit + bias
     if visible is not None:
