@@ -60,6 +60,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ._presence import number_like
+
 # Score bias of a null or masked source: finite, so a row with no live source stays finite
 # (L ≈ −1e30, σ(L − log ε) = 0 exactly) whatever a kernel does with fully masked rows, and far
 # enough below any real score that e^{t − max} is exactly 0.
@@ -321,7 +323,7 @@ def sink_gate(lse: Tensor, eps: float) -> Tensor:
     Every kernel route composes OAttention from a kernel's ``o, L`` as
     ``out_i = p_i σ(L_i − log ε) o_i`` with this gate: :func:`_forward` (whose backward is
     :class:`_LSEOAttention`'s) and the FlexAttention route (whose backward is autograd's)."""
-    return torch.sigmoid(lse - math.log(eps))
+    return torch.sigmoid(lse - number_like(math.log(eps), lse))
 
 
 def o_attention_lse(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
