@@ -13,7 +13,9 @@ over the rounds; target < 50 ms.
 Short calls (``--rows short``), where the hooks' fixed cost per call shows:
 SmolLM2-135M prefill of 16, 32 and 64 tokens and one decoded token after a 32-token prompt (a
 KV cache the same arm filled, cropped back after each step), unpatched and patched interleaved
-per round, median ratio. Targets: ≤ 1.10× (oa), ≤ 1.15× (full-o).
+per round, median ratio. Targets: ≤ 1.10× (oa), ≤ 1.15× (full-o). Beside the times, which load
+moves, the aten ops one call dispatches, unpatched and patched (counted by a
+``TorchDispatchMode`` after a warm-up call): what the hooks add per call, whatever the load.
 
 Compiled generation (``--rows compile``): SmolLM2-135M's forward under ``torch.compile``
 (``--backend``, inductor by default) greedily generates 8 tokens after a 32-token prompt, per
@@ -43,10 +45,11 @@ import types
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BertConfig, BertModel, DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from oretrofit import retrofit, retrofitted
@@ -94,28 +97,59 @@ def _ids(tokens: int) -> torch.Tensor:
     return torch.randint(100, 1000, (1, tokens), generator=torch.Generator().manual_seed(SEED))
 
 
-@torch.no_grad()
-def _short_call_seconds(model: torch.nn.Module, arm: str | None, prefill: int | None,
-                        decode_after: int, steps: int = 5) -> float:
-    """Mean seconds of one short call over ``steps``: a prefill of ``prefill`` tokens, or (None)
-    one decoded token after a ``decode_after``-token prompt whose cache ``arm`` filled."""
-    with retrofitted(model, arm, TAU) if arm else contextlib.nullcontext():
+@contextlib.contextmanager
+def _short_call(model: torch.nn.Module, arm: str | None, prefill: int | None,
+                decode_after: int) -> Iterator[tuple[Callable[[], Any], Callable[[], Any]]]:
+    """``(call, reset)`` for one short call of ``model``, ``arm`` retrofitted for the block: a
+    prefill of ``prefill`` tokens, or (None) one decoded token after a ``decode_after``-token
+    prompt whose cache ``arm`` filled; ``reset`` crops that token off the cache again."""
+    with torch.no_grad(), retrofitted(model, arm, TAU) if arm else contextlib.nullcontext():
         if prefill is not None:
             ids = _ids(prefill)
-            model(ids)                                                         # warm-up
-            start = time.perf_counter()
-            for _ in range(steps):
-                model(ids)
-            return (time.perf_counter() - start) / steps
+            yield (lambda: model(ids)), (lambda: None)
+            return
         cache, ids = DynamicCache(config=model.config), _ids(decode_after + 1)
         model(ids[:, :-1], past_key_values=cache, use_cache=True)
+        yield (lambda: model(ids[:, -1:], past_key_values=cache, use_cache=True),
+               lambda: cache.crop(-1))
+
+
+def _short_call_seconds(model: torch.nn.Module, arm: str | None, prefill: int | None,
+                        decode_after: int, steps: int = 5) -> float:
+    """Mean seconds of one short call (:func:`_short_call`) over ``steps``, after a warm-up."""
+    with _short_call(model, arm, prefill, decode_after) as (call, reset):
         seconds = []
         for _ in range(steps + 1):                                             # 1 warm-up
             start = time.perf_counter()
-            model(ids[:, -1:], past_key_values=cache, use_cache=True)
+            call()
             seconds.append(time.perf_counter() - start)
-            cache.crop(-1)
+            reset()
         return statistics.mean(seconds[1:])
+
+
+class _OpCount(TorchDispatchMode):
+    """The aten ops dispatched inside the block: a count that load does not change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Callable, types: tuple, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _short_call_ops(model: torch.nn.Module, arm: str | None, prefill: int | None,
+                    decode_after: int) -> int:
+    """The aten ops one short call (:func:`_short_call`) dispatches, after a warm-up (the first
+    call of a retrofit traces the FFN stream)."""
+    with _short_call(model, arm, prefill, decode_after) as (call, reset):
+        call()
+        reset()
+        with _OpCount() as count:
+            call()
+        return count.ops
 
 
 def measure_short(sizes: Sizes, repeats: int, backend: str) -> list[dict[str, object]]:
@@ -133,7 +167,11 @@ def measure_short(sizes: Sizes, repeats: int, backend: str) -> list[dict[str, ob
                 patched.append(_short_call_seconds(model, arm, prefill, sizes.decode_after))
             b, p = statistics.median(base), statistics.median(patched)
             rows.append({"model": name, "call": call, "arm": arm, "target": target,
-                         "unpatched_s": b, "patched_s": p, "ratio": p / b})
+                         "unpatched_s": b, "patched_s": p, "ratio": p / b,
+                         "unpatched_ops": _short_call_ops(model, None, prefill,
+                                                          sizes.decode_after),
+                         "patched_ops": _short_call_ops(model, arm, prefill,
+                                                        sizes.decode_after)})
             print(f"{name} {call} {arm}: {p / b:.3f}×", file=sys.stderr)
     return rows
 
@@ -304,10 +342,12 @@ def markdown(receipt: dict[str, Any]) -> str:
 
 def markdown_short(receipt: dict[str, Any]) -> str:
     table = [[r["model"], r["call"], f"`{r['arm']}`", f"{1e3 * r['unpatched_s']:.2f}",
-              f"{1e3 * r['patched_s']:.2f}", f"{r['ratio']:.3f}×", _verdict(r)]
+              f"{1e3 * r['patched_s']:.2f}", f"{r['ratio']:.3f}×", _verdict(r),
+              f"{r['unpatched_ops']} → {r['patched_ops']}"]
              for r in receipt["rows"]]
     return "\n".join([pipe_table(["model", "call (batch 1)", "arm", "unpatched (ms)",
-                                  "patched (ms)", "ratio", "target"], table), "",
+                                  "patched (ms)", "ratio", "target",
+                                  "aten ops per call (unpatched → patched)"], table), "",
                       _footer(receipt)]) + "\n"
 
 

@@ -65,7 +65,7 @@ from torch import Tensor
 
 from . import _attention_kernels as kernels
 from . import _attention_route as route
-from ._presence import check_positive, compute_dtype
+from ._presence import as_dtype, check_positive, compute_dtype
 
 __all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights", "PRECISIONS",
            "check_kernels"]
@@ -240,9 +240,10 @@ def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
     if backend is None:
         return _o_attention_augmented(q, k, v, p_q, p_k, mask, eps, shp)
     visible, bias = _split_mask(mask, ct)
-    out = kernels.o_attention_lse(q.to(ct), k.to(ct), v.to(ct), p_q.to(ct), p_k.to(ct), visible,
-                                  bias, eps, shp.scale, backend)
-    return out.to(q.dtype)
+    out = kernels.o_attention_lse(as_dtype(q, ct), as_dtype(k, ct), as_dtype(v, ct),
+                                  as_dtype(p_q, ct), as_dtype(p_k, ct), visible, bias, eps,
+                                  shp.scale, backend)
+    return as_dtype(out, q.dtype)
 
 
 def check_kernels(device: torch.device, dtype: torch.dtype) -> None:

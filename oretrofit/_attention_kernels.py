@@ -60,6 +60,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ._presence import number_like
+
 # Score bias of a null or masked source: finite, so a row with no live source stays finite
 # (L ≈ −1e30, σ(L − log ε) = 0 exactly) whatever a kernel does with fully masked rows, and far
 # enough below any real score that e^{t − max} is exactly 0.
@@ -289,8 +291,10 @@ def score_bias(p_k: Tensor, heads: int, visible: Tensor | None, bias: Tensor | N
     NaN stays NaN. Not differentiable at null sources (see :func:`source_logit`)."""
     if p_k.dim() == 3 and p_k.shape[1] != heads:
         p_k = p_k.repeat_interleave(heads // p_k.shape[1], dim=1)
-    pk = (p_k[:, None] if p_k.dim() == 2 else p_k)[:, :, None, :]           # (B, 1|H, 1, Nk)
-    logit = torch.where(pk != 0, torch.log(pk), _NULL_LOGIT)
+    # log 0 = -inf clamps to the null logit; NaN stays NaN (clamp keeps it): two ops per call
+    logit = torch.log(p_k).clamp_min_(null_logit(p_k.dtype))
+    heads_axis = logit.shape[1] if logit.dim() == 3 else 1
+    logit = logit.view(logit.shape[0], heads_axis, 1, logit.shape[-1])     # (B, 1|H, 1, Nk)
     if bias is not None:
         logit = logit + bias
     if visible is not None:
@@ -319,7 +323,7 @@ def sink_gate(lse: Tensor, eps: float) -> Tensor:
     Every kernel route composes OAttention from a kernel's ``o, L`` as
     ``out_i = p_i σ(L_i − log ε) o_i`` with this gate: :func:`_forward` (whose backward is
     :class:`_LSEOAttention`'s) and the FlexAttention route (whose backward is autograd's)."""
-    return torch.sigmoid(lse - math.log(eps))
+    return torch.sigmoid(lse - number_like(math.log(eps), lse))
 
 
 def o_attention_lse(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
@@ -344,7 +348,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor, bias: Te
     and their ``o′ = σ·o`` rows ``(B, H, m, d)``."""
     o, lse = backend.forward(q, k, v, bias, scale)
     gate = sink_gate(lse, eps)                                              # (B, H, Nq)
-    pq = p_q[:, None] if p_q.dim() == 2 else p_q                            # (B, 1|H, Nq)
+    pq = p_q.unsqueeze(1) if p_q.dim() == 2 else p_q                        # (B, 1|H, Nq)
     index = rows = None
     if keep_null_rows and bool((pq == 0).any()):
         o.mul_(gate[..., None])
@@ -354,8 +358,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor, bias: Te
         rows = o.gather(2, index[..., None].expand(o.shape[0], o.shape[1], m, o.shape[3]))
         gate = pq.expand_as(gate)
     else:
-        gate = gate * pq
-    return o.mul_(gate[..., None]), lse, index, rows
+        gate = gate.mul_(pq)                      # σ is this call's own tensor: gated in place
+    # methods, not indexing with None: a decode step pays these per layer
+    return o.mul_(gate.unsqueeze(-1)), lse, index, rows
 
 
 class _LSEOAttention(torch.autograd.Function):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._presence import TAU_MODULES, check_positive, compute_dtype, presence
+from ._presence import TAU_MODULES, as_dtype, check_positive, compute_dtype, presence
 
 __all__ = ["OFFN", "ONorm", "OInject", "OStandardize", "o_gate", "o_residual", "o_moments",
            "o_standardize"]
@@ -19,7 +19,7 @@ __all__ = ["OFFN", "ONorm", "OInject", "OStandardize", "o_gate", "o_residual", "
 
 def o_gate(p: Tensor, y: Tensor) -> Tensor:
     """Gated branch G_O[F] = p_i · y_i (eq. 11): p ``(...)`` times y ``(..., d)``, in y's dtype."""
-    return p.to(y.dtype).unsqueeze(-1) * y
+    return as_dtype(p, y.dtype).unsqueeze(-1) * y
 
 
 def o_residual(h: Tensor, p: Tensor, y: Tensor) -> Tensor:

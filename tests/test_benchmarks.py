@@ -68,11 +68,14 @@ def _run(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 def _bench_hosts_rows(tmp_path: Path) -> None:
-    """Every row kind ran: long, short and compiled; each compiled arm compiled the unpatched
-    model's graphs, without a graph break or the recompile limit, and generated its tokens."""
+    """Every row kind ran: long, short (with op counts) and compiled; each compiled arm compiled
+    the unpatched model's graphs, without a graph break or the recompile limit, and generated its
+    tokens."""
     rows = {kind: json.loads((tmp_path / f"bench_hosts{kind}.json").read_text())["rows"]
             for kind in ("", "_short", "_compile")}
     assert [len(r) for r in rows.values()] == [4, 6, 4]
+    # the hooks add ops to every short call; the counts do not depend on the load
+    assert all(r["patched_ops"] > r["unpatched_ops"] > 0 for r in rows["_short"])
     for row in rows["_compile"]:
         assert row["patched_dynamo"] == row["unpatched_dynamo"], row
         assert row["patched_dynamo"]["graph_breaks"] == 0 and row["patched_dynamo"]["graphs"] > 1

@@ -220,7 +220,8 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
     untracked = _untracked_presences(module, state, query.shape[2], key.shape[2])
     if untracked:
         raise RetrofitError(untracked)
-    is_causal = _sdpa_causality(module, attention_mask, is_causal)
+    if query.shape[2] > 1:               # one query attends to every key it is given either way
+        is_causal = _sdpa_causality(module, attention_mask, is_causal)
     _check_keys(type(module).__name__, attention_mask, query.shape[2], key.shape[2], is_causal,
                 state.first_write)
     mask = _score_mask(attention_mask, query, key, is_causal, sliding_window, biases)

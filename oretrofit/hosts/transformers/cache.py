@@ -82,7 +82,9 @@ def _write(carried: _Carried, key_states: Tensor, update: Any) -> None:
         carried.untracked = True
         return
     p, state = incoming
-    state.keys = update(p[:, None, :, None])[:, 0, :, 0]                       # (B, Nk)
+    # one view op each way (indexing with None and 0 would dispatch two): a decode step pays
+    # them in every layer
+    state.keys = update(p.reshape(p.shape[0], 1, p.shape[1], 1)).flatten(1)   # (B, Nk)
     state.first_write = first_write
 
 
