@@ -88,6 +88,26 @@ def _write(carried: _Carried, key_states: Tensor, update: Any) -> None:
     state.first_write = first_write
 
 
+class _MirroredMoves:
+    """The moves of the keys that both carrying kinds (:class:`_CarryingMethods`,
+    :class:`_LegacyCarryingMethods`) do to their presences through their ``_mirror``."""
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        self._mirror("reorder_cache", beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._mirror("batch_repeat_interleave", repeats)
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self._mirror("batch_select_indices", indices)
+
+
+def _methods(holder: type) -> dict[str, Any]:
+    """The methods a carrying class gets: the mirrored moves and ``holder``'s own."""
+    return {name: value for cls in (_MirroredMoves, holder) for name, value in vars(cls).items()
+            if callable(value) and (name == "__init__" or not name.startswith("__"))}
+
+
 class _CarryingMethods:
     """The methods of a presence-carrying layer class (:func:`carrying_class`): every method that
     writes or moves the keys does the same to the presence layer (module docstring). They call
@@ -121,15 +141,6 @@ class _CarryingMethods:
             raise RetrofitError(UNCROPPABLE.format(kind=self._original.__name__))
         self._mirror("crop", tokens_to_remove)
 
-    def reorder_cache(self, beam_idx: Tensor) -> None:
-        self._mirror("reorder_cache", beam_idx)
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._mirror("batch_repeat_interleave", repeats)
-
-    def batch_select_indices(self, indices: Tensor) -> None:
-        self._mirror("batch_select_indices", indices)
-
     def reset(self) -> None:
         self._mirror("reset")
         carried: _Carried = getattr(self, _CARRIED)
@@ -142,8 +153,7 @@ class _CarryingMethods:
         self._mirror("prefetch")
 
 
-_METHODS = {name: value for name, value in vars(_CarryingMethods).items()
-            if callable(value) and (name == "__init__" or not name.startswith("__"))}
+_METHODS = _methods(_CarryingMethods)
 
 
 @dataclass
@@ -180,22 +190,12 @@ class _LegacyCarryingMethods:
     def crop(self, max_length: int) -> None:
         self._mirror("crop", max_length)
 
-    def reorder_cache(self, beam_idx: Tensor) -> None:
-        self._mirror("reorder_cache", beam_idx)
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._mirror("batch_repeat_interleave", repeats)
-
-    def batch_select_indices(self, indices: Tensor) -> None:
-        self._mirror("batch_select_indices", indices)
-
     def reset(self) -> None:
         self._mirror("reset")
         getattr(self, _CARRIED).layers.clear()
 
 
-_LEGACY_METHODS = {name: value for name, value in vars(_LegacyCarryingMethods).items()
-                   if callable(value) and not name.startswith("__")}
+_LEGACY_METHODS = _methods(_LegacyCarryingMethods)
 
 
 def _has_cache_layers() -> bool:
