@@ -10,6 +10,7 @@ to the keys (:mod:`.cache`), so generation after a prompt with null tokens still
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -38,16 +39,25 @@ def carrier_of(args: tuple, kwargs: dict) -> Tensor:
 
 
 def by_name(module: nn.Module, args: tuple) -> dict[str, Any]:
-    """A module call's positional ``args`` by the parameter names of its forward: the first in
-    its class's MRO that names them (a retrofitted module's own forward takes ``*args``)."""
-    for cls in type(module).__mro__:
-        forward = vars(cls).get("forward")
+    """A module call's positional ``args`` by the parameter names of its forward
+    (:func:`_positional_names`)."""
+    return dict(zip(_positional_names(type(module)), args))
+
+
+@functools.cache
+def _positional_names(cls: type) -> tuple[str, ...]:
+    """The names of the positional parameters after ``self`` of the first forward in ``cls``'s
+    MRO that names any (a retrofitted module's own forward takes ``*args``). Read once per
+    class: the capture hooks call :func:`by_name` in every layer at every call."""
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    for klass in cls.__mro__:
+        forward = vars(klass).get("forward")
         if forward is None:
             continue
-        signature = inspect.signature(forward)
-        if any(p.kind is p.POSITIONAL_OR_KEYWORD for p in list(signature.parameters.values())[1:]):
-            return signature.bind_partial(module, *args).arguments
-    return {}
+        parameters = list(inspect.signature(forward).parameters.values())[1:]
+        if any(p.kind is p.POSITIONAL_OR_KEYWORD for p in parameters):
+            return tuple(p.name for p in parameters if p.kind in positional)
+    return ()
 
 
 @dataclass
