@@ -57,7 +57,7 @@ or no route that passes, computes them in fp32 on the paths above (upcast copies
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -75,8 +75,7 @@ __all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weigh
 _NULL_LOGIT = kernels._NULL_LOGIT
 
 
-@dataclass(frozen=True)
-class _Shapes:
+class _Shapes(NamedTuple):
     batch: int
     heads: int
     kv_heads: int
@@ -87,7 +86,9 @@ class _Shapes:
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                   mask: Tensor | None, eps: float, scale: float | None) -> _Shapes:
-    """Validate shapes and dtypes; every error names the argument and the fix."""
+    """Validate shapes and dtypes; every error names the argument and the fix. (Every attention
+    call of every layer runs it, a decode step's included: checks that pass cost few
+    statements.)"""
     check_positive("eps", eps)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not torch.is_tensor(t) or t.dim() != 4:
@@ -105,36 +106,48 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
     if hkv == 0 or h % hkv != 0:
         raise ValueError(f"the query heads H={h} must be a multiple of the key/value heads Hkv={hkv} "
                          "(grouped-query attention); repeat k/v heads or change the head counts")
-    for name, p, n in (("p_q", p_q, n_q), ("p_k", p_k, n_k)):
-        if not torch.is_tensor(p):
-            raise ValueError(f"{name} must be a tensor of presences, got {type(p).__name__}")
-        ok = (p.dim() == 2 and tuple(p.shape) == (b, n)) or (
-            p.dim() == 3 and p.shape[0] == b and p.shape[2] == n
-            and (p.shape[1] == h or (name == "p_k" and p.shape[1] == hkv)))
-        if not ok:
-            heads = f"{h}" if name == "p_q" else f"{h} or {hkv}"
-            raise ValueError(f"{name} must be (B, N) = ({b}, {n}) shared across heads, or (B, H, N) "
-                             f"per head with H = {heads}; got {tuple(p.shape)}")
-        if p.is_floating_point() is False:
-            raise ValueError(f"{name} must be a floating tensor of presences in [0, 1]")
+    _check_presences("p_q", p_q, b, n_q, (h,))
+    _check_presences("p_k", p_k, b, n_k, (h, hkv))
     if mask is not None:
-        if not torch.is_tensor(mask) or not (mask.dtype == torch.bool or mask.is_floating_point()):
-            raise ValueError("mask must be a bool tensor (True = visible) or a float additive mask "
-                             "(-inf = excluded)")
-        if mask.dim() > 4:
-            raise ValueError(f"mask must broadcast to (B, H, Nq, Nk) = {(b, h, n_q, n_k)}; "
-                             f"got {tuple(mask.shape)}")
-        try:
-            full = torch.broadcast_shapes(mask.shape, (b, h, n_q, n_k))
-        except RuntimeError:
-            full = None
-        if full != (b, h, n_q, n_k):
-            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "
-                             f"(B, H, Nq, Nk) = {(b, h, n_q, n_k)}; use e.g. (B, 1, 1, Nk) for key "
-                             "padding or (Nq, Nk) for a relation shared by all batches and heads")
+        _check_mask(mask, (b, h, n_q, n_k))
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
     return _Shapes(b, h, hkv, n_q, n_k, float(scale))
+
+
+def _check_presences(name: str, p: Tensor, b: int, n: int, heads: tuple[int, ...]) -> None:
+    """``p`` floating, ``(B, N)`` shared across heads or ``(B, H, N)`` per head, H in ``heads``."""
+    if not torch.is_tensor(p):
+        raise ValueError(f"{name} must be a tensor of presences, got {type(p).__name__}")
+    shape = p.shape
+    if not (shape == (b, n) or (len(shape) == 3 and shape[0] == b and shape[2] == n
+                                and shape[1] in heads)):
+        raise ValueError(f"{name} must be (B, N) = ({b}, {n}) shared across heads, or (B, H, N) "
+                         f"per head with H = {' or '.join(map(str, heads))}; got {tuple(shape)}")
+    if not p.is_floating_point():
+        raise ValueError(f"{name} must be a floating tensor of presences in [0, 1]")
+
+
+def _check_mask(mask: Tensor, full: tuple[int, int, int, int]) -> None:
+    """``mask`` bool or floating, broadcasting to ``full`` = (B, H, Nq, Nk) itself."""
+    if not torch.is_tensor(mask) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise ValueError("mask must be a bool tensor (True = visible) or a float additive mask "
+                         "(-inf = excluded)")
+    if mask.dim() > 4:
+        raise ValueError(f"mask must broadcast to (B, H, Nq, Nk) = {full}; "
+                         f"got {tuple(mask.shape)}")
+    if not _broadcasts_to(mask.shape, full):
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "
+                         f"(B, H, Nq, Nk) = {full}; use e.g. (B, 1, 1, Nk) for key "
+                         "padding or (Nq, Nk) for a relation shared by all batches and heads")
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` itself (each axis, right-aligned, 1 or equal).
+    Compared in Python: ``torch.broadcast_shapes`` costs tens of microseconds, and every
+    attention call of every layer checks its mask."""
+    return len(shape) <= len(target) and all(
+        size in (1, full) for size, full in zip(reversed(shape), reversed(target)))
 
 
 def _check_dropout(dropout_p: float) -> None:

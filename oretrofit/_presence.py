@@ -146,7 +146,9 @@ def presence(h: Tensor, tau: float) -> Tensor:
         raise ValueError("h must be a tensor of carriers with the feature axis last, shape (..., d)")
     ct = compute_dtype(h.dtype)
     if h.dtype == ct:
-        sq = h.square().sum(dim=-1)
+        # ``(h·h)`` summed, as ``h.square().sum(-1)`` (the same bits) in one call: a decode step
+        # computes presences in every layer
+        sq = torch.linalg.vecdot(h, h)
     else:
         sq = torch.linalg.vector_norm(h, dim=-1, dtype=ct).square()
     p = sq / (sq + number_like(tau, sq))

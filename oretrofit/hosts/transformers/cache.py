@@ -88,6 +88,19 @@ def _write(carried: _Carried, key_states: Tensor, update: Any) -> None:
     state.first_write = first_write
 
 
+def _append(layer: Any, column: Tensor, args: tuple, kwargs: dict) -> Tensor:
+    """The presences of every key after the presence ``layer`` writes ``column`` as its keys and
+    values: its ``update``, except for a dynamic layer holding keys (every decode step's write),
+    where that is one ``torch.cat`` along the token axis (transformers 4.54-5.x), made once and
+    kept as both (a decode step pays every op in every layer)."""
+    from transformers.cache_utils import DynamicLayer
+    keys = layer.keys
+    if type(layer) is DynamicLayer and isinstance(keys, Tensor) and keys.dim() == 4:
+        layer.keys = layer.values = torch.cat([keys, column], dim=-2)
+        return layer.keys
+    return layer.update(column, column, *args, **kwargs)[0]
+
+
 class _MirroredMoves:
     """The moves of the keys that both carrying kinds (:class:`_CarryingMethods`,
     :class:`_LegacyCarryingMethods`) do to their presences through their ``_mirror``."""
@@ -128,8 +141,7 @@ class _CarryingMethods:
         carried: _Carried = getattr(self, _CARRIED)
         if hasattr(self, "record_past"):                 # a sliding window kept for a rollback
             carried.layer.record_past = self.record_past
-        _write(carried, key_states, lambda column: carried.layer.update(column, column, *args,
-                                                                         **kwargs)[0])
+        _write(carried, key_states, lambda column: _append(carried.layer, column, args, kwargs))
         return keys, values
 
     def _mirror(self, name: str, *args: Any) -> None:

@@ -185,3 +185,22 @@ def test_smollm2_static_cache_and_prefix_cache_recipe(smollm2: tuple) -> None:
     reference = run()
     with retrofitted(model, "full-o", TAU, eps=EPS):
         assert run() == reference
+
+
+def test_a_dynamic_presence_layer_appends_as_its_update_does() -> None:
+    """A decode step's presence write on a dynamic layer is one concatenation kept as keys and
+    values (cache._append); it leaves the layer as the layer's own ``update`` would, and any
+    other layer kind (a sliding window's roll) is written by its ``update``."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    from oretrofit.hosts.transformers.cache import _append
+    first, column = torch.rand(2, 1, 5, 1), torch.rand(2, 1, 1, 1)
+    for make in (DynamicLayer, lambda: DynamicSlidingWindowLayer(sliding_window=4)):
+        own, appended = make(), make()
+        for layer in (own, appended):
+            layer.update(first, first)
+        expected = own.update(column, column)
+        got = _append(appended, column, (), {})
+        assert torch.equal(got, expected[0])
+        assert torch.equal(appended.keys, own.keys) and torch.equal(appended.values, own.values)
+        assert appended.get_seq_length() == own.get_seq_length()
