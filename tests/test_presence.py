@@ -94,6 +94,9 @@ def test_number_like_gives_the_bits_of_the_python_number(dtype: torch.dtype) -> 
         h = sq.reshape(-1, 8)                         # presence: eq. 3 with τ as the number
         norms = h.square().sum(-1)
         assert torch.equal(presence(h, tau), norms / (tau + norms))
+    wide = torch.randn(2, 7, 576, dtype=dtype)        # a hidden size a host has: same bits
+    norms = wide.square().sum(-1)
+    assert torch.equal(presence(wide, 1e-8), norms / (1e-8 + norms))
     with torch.inference_mode():                    # made here, usable under autograd later
         number_like(0.125, torch.ones(1, dtype=dtype))
     x = torch.ones(3, dtype=dtype, requires_grad=True)
