@@ -27,12 +27,13 @@ import weakref
 import torch
 from torch import Tensor
 
+from . import _presence
 from ._presence import _NORM_OBSERVERS, _OBSERVERS, presence
 
 __all__ = ["carrier_presence"]
 
 # A handful of carriers are live at once in a forward (the layer input, the stream before the
-# MLP): the memo keeps the most recent few, per thread.
+# MLP): the memo keeps the most recent few, per thread, by the carrier's id and τ.
 _SIZE = 4
 
 
@@ -54,10 +55,11 @@ class _Entry:
 _LOCAL = threading.local()
 
 
-def _entries() -> list[_Entry]:
+def _entries() -> dict[tuple[int, float], _Entry]:
+    """This thread's entries by ``(id(carrier), tau)``, oldest first."""
     entries = getattr(_LOCAL, "entries", None)
     if entries is None:
-        entries = _LOCAL.entries = []
+        entries = _LOCAL.entries = {}
     return entries
 
 
@@ -66,7 +68,8 @@ def _memoizable(h: Tensor) -> bool:
             and torch.is_tensor(h) and not h.is_inference()
             and not torch.is_inference_mode_enabled()   # its results keep no version either
             and not (h.requires_grad and torch.is_grad_enabled())
-            and not _OBSERVERS.get() and not _NORM_OBSERVERS.get())
+            and not (_presence._ACTIVE_OBSERVERS
+                     and (_OBSERVERS.get() or _NORM_OBSERVERS.get())))
 
 
 def carrier_presence(h: Tensor, tau: float) -> Tensor:
@@ -74,11 +77,13 @@ def carrier_presence(h: Tensor, tau: float) -> Tensor:
     the same unchanged carrier ``h`` at the same ``tau`` (module docstring)."""
     if not _memoizable(h):
         return presence(h, tau)
-    entries = _entries()
-    for entry in entries:
-        if entry.holds(h, tau):
-            return entry.p
+    entries, key = _entries(), (id(h), tau)
+    entry = entries.get(key)
+    if entry is not None and entry.holds(h, tau):
+        return entry.p
     p = presence(h, tau)
-    entries.insert(0, _Entry(h, tau, p))
-    del entries[_SIZE:]
+    entries.pop(key, None)              # a stale entry (a freed tensor's id, or h changed since)
+    entries[key] = _Entry(h, tau, p)
+    if len(entries) > _SIZE:
+        del entries[next(iter(entries))]
     return p

@@ -210,10 +210,12 @@ class _LegacyCarryingMethods:
 _LEGACY_METHODS = _methods(_LegacyCarryingMethods)
 
 
-def _has_cache_layers() -> bool:
-    """Whether transformers keeps the keys in cache layers (4.54 on), else in the cache (4.53)."""
+def _layer_mixin() -> type | None:
+    """transformers' base class of cache layers, where it keeps the keys in cache layers (4.54
+    on); None where it keeps them in the cache (4.53). One import: every layer's capture asks
+    at every call."""
     from transformers import cache_utils
-    return hasattr(cache_utils, "CacheLayerMixin")
+    return getattr(cache_utils, "CacheLayerMixin", None)
 
 
 def _presence_cache(cache: Any) -> Any:
@@ -267,7 +269,7 @@ def carrying_class(original: type) -> type:
     if original not in _CLASSES:
         name = f"Carrying_{_path(original).encode().hex()}"
         if name not in globals():
-            methods = _METHODS if _has_cache_layers() else _LEGACY_METHODS
+            methods = _METHODS if _layer_mixin() is not None else _LEGACY_METHODS
             globals()[name] = type(f"Carrying{original.__name__}", (original,),
                                    {**methods, "_original": original, "__module__": __name__,
                                     "__qualname__": name})
@@ -279,10 +281,10 @@ def carrying_classes() -> None:
     """Create the carrying class of every cache layer class transformers defines, before any
     compiled call needs one (naming a new class is not traceable); in transformers 4.53 (no
     cache layers) a cache's class is made when it is first carried."""
-    if not _has_cache_layers():
+    mixin = _layer_mixin()
+    if mixin is None:
         return
-    from transformers.cache_utils import CacheLayerMixin
-    pending = [CacheLayerMixin]
+    pending = [mixin]
     while pending:
         cls = pending.pop()
         pending += cls.__subclasses__()
@@ -379,18 +381,18 @@ def carry_presences(cache: Any) -> None:
     presence layer before the model's forward, and a lazily grown cache carrying layers to append
     (module docstring). Traceable by ``torch.compile`` once :func:`carrying_classes` ran."""
     cache = getattr(cache, "self_attention_cache", cache)
-    if not _has_cache_layers():
+    mixin = _layer_mixin()
+    if mixin is None:
         return _carry_legacy(cache)
-    from transformers.cache_utils import CacheLayerMixin
     replicate = getattr(cache, "layer_class_to_replicate", None)
-    if (isinstance(replicate, type) and issubclass(replicate, CacheLayerMixin)
+    if (isinstance(replicate, type) and issubclass(replicate, mixin)
             and not issubclass(replicate, _CarryingMethods)):
         cache.layer_class_to_replicate = carrying_class(replicate)
     if hasattr(cache, "layer_classes"):
         cache.layer_classes = _carrying_4x(cache.layer_classes)
     layers = getattr(cache, "layers", ())
     for index, layer in enumerate(layers):
-        carried = _carry(layer) if isinstance(layer, CacheLayerMixin) else layer
+        carried = _carry(layer) if isinstance(layer, mixin) else layer
         if carried is not layer:
             layers[index] = carried
 
@@ -421,11 +423,11 @@ def expect_keys(cache: Any, index: int, p: Tensor, state: Any) -> bool:
     caller keeps ``p`` as the keys' presences when the layer is empty. Refuses a layer that holds
     keys written without presences (:data:`UNSEEN`). A cache :func:`carry_presences` did not
     reach (one the model's forward creates) gets its presence layers here."""
-    if not _has_cache_layers():
+    mixin = _layer_mixin()
+    if mixin is None:
         return _expect_legacy(getattr(cache, "self_attention_cache", cache), index, p, state)
-    from transformers.cache_utils import CacheLayerMixin
     layer = _layer(cache, index)
-    if not isinstance(layer, CacheLayerMixin):
+    if not isinstance(layer, mixin):
         return False
     carried = getattr(layer, _CARRIED, None)
     if carried is None:
