@@ -210,13 +210,13 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
     if kwargs.pop("output_attentions", None):
         raise RetrofitError("output_attentions=True: the O attention function returns no weights; "
                             "use oretrofit.o_attention(..., need_weights=True) on the q/k/v")
-    unknown = sorted(name for name, given in kwargs.items()
-                     if given is not None and name not in METADATA)
+    unknown = [name for name, given in kwargs.items()
+               if given is not None and name not in METADATA]
     if unknown:
         raise RetrofitError(
-            f"{type(module).__name__} passes {', '.join(unknown)} to the attention function and "
-            "OAttention has no rule for it; exclude this module with exclude=[...] or register a "
-            "site for it (oretrofit.hosts.torch_nn.register_module_site)")
+            f"{type(module).__name__} passes {', '.join(sorted(unknown))} to the attention "
+            "function and OAttention has no rule for it; exclude this module with exclude=[...] "
+            "or register a site for it (oretrofit.hosts.torch_nn.register_module_site)")
     untracked = _untracked_presences(module, state, query.shape[2], key.shape[2])
     if untracked:
         raise RetrofitError(untracked)
