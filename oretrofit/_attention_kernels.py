@@ -348,9 +348,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor, bias: Te
     and their ``o′ = σ·o`` rows ``(B, H, m, d)``."""
     o, lse = backend.forward(q, k, v, bias, scale)
     gate = sink_gate(lse, eps)                                              # (B, H, Nq)
-    pq = p_q.unsqueeze(1) if p_q.dim() == 2 else p_q                        # (B, 1|H, Nq)
     index = rows = None
-    if keep_null_rows and bool((pq == 0).any()):
+    if keep_null_rows and bool((p_q == 0).any()):
+        pq = p_q.unsqueeze(1) if p_q.dim() == 2 else p_q                    # (B, 1|H, Nq)
         o.mul_(gate[..., None])
         null = pq == 0
         m = int(null.sum(-1).max())
@@ -358,7 +358,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor, bias: Te
         rows = o.gather(2, index[..., None].expand(o.shape[0], o.shape[1], m, o.shape[3]))
         gate = pq.expand_as(gate)
     else:
-        gate = gate.mul_(pq)                      # σ is this call's own tensor: gated in place
+        # σ is this call's own tensor: gated in place, by (B, Nq) presences as (B, 1, Nq), or for
+        # a batch of one as they are (one view op less: a decode step pays it in every layer)
+        gate = gate.mul_(p_q.unsqueeze(1) if p_q.dim() == 2 and p_q.shape[0] != 1 else p_q)
     # methods, not indexing with None: a decode step pays these per layer
     return o.mul_(gate.unsqueeze(-1)), lse, index, rows
 

@@ -123,6 +123,18 @@ def test_no_grad_is_the_same_output_and_builds_no_graph() -> None:
     assert type(with_grad.grad_fn).__name__ == "_LSEOAttentionBackward"
 
 
+@pytest.mark.parametrize("nq", [1, 6])
+def test_a_batch_of_one_is_its_row_of_the_batch(nq: int) -> None:
+    """A batch of one gates by its (1, Nq) presences without the heads axis added (the kernel
+    route's one shortcut for a batch of one): each row alone gives its row of the batch."""
+    q, k, v, p_q, p_k = make(b=3, h=4, hkv=2, nq=nq, nk=9)
+    with torch.no_grad():
+        batch = o_attention_fused(q, k, v, p_q, p_k)
+        for row in range(3):
+            one = o_attention_fused(*(t[row:row + 1] for t in (q, k, v, p_q, p_k)))
+            torch.testing.assert_close(one, batch[row:row + 1], atol=1e-6, rtol=1e-6)
+
+
 def test_empty_support_is_an_exact_zero_with_finite_gradients() -> None:
     q, k, v, p_q, p_k = make(nq=4, nk=6)
     p_k[1] = 0.0
