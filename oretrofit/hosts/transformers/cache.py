@@ -5,8 +5,9 @@ at every later call. Each cache layer the retrofitted model writes (any ``CacheL
 dynamic, static, sliding-window, offloaded, hybrid) carries a *presence layer*: a fresh layer of
 its own kind whose "keys" are the presences ``(B, 1, N, 1)`` (a quantized layer's is a dynamic
 one: its keys are quantized, the presences are not, so a null token's stays exactly 0).
-Whatever the cache layer does to its keys it does to the presences with the same code, so they
-sit in the same slots: written by
+Whatever the cache layer does to its keys it does to the presences with the same code (a
+dynamic layer's append, a concatenation, made once for the presences' keys and values alike:
+:func:`_append`), so they sit in the same slots: written by
 ``update`` (a static cache's slot positions, a sliding window's roll), moved by ``crop``,
 ``reorder_cache`` (beam search), ``batch_select_indices``, ``batch_repeat_interleave``,
 ``reset``, ``offload`` / ``prefetch``, and copied with the layer by ``copy.deepcopy`` and pickle.
