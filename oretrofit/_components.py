@@ -19,7 +19,13 @@ __all__ = ["OFFN", "ONorm", "OInject", "OStandardize", "o_gate", "o_residual", "
 
 def o_gate(p: Tensor, y: Tensor) -> Tensor:
     """Gated branch G_O[F] = p_i · y_i (eq. 11): p ``(...)`` times y ``(..., d)``, in y's dtype."""
-    return as_dtype(p, y.dtype).unsqueeze(-1) * y
+    return o_gate_column(p.unsqueeze(-1), y)
+
+
+def o_gate_column(column: Tensor, y: Tensor) -> Tensor:
+    """:func:`o_gate` with the presences given as the column ``(..., 1)`` it multiplies y
+    ``(..., d)`` by (a hook that has it from the presence memo spares the view op)."""
+    return as_dtype(column, y.dtype) * y
 
 
 def o_residual(h: Tensor, p: Tensor, y: Tensor) -> Tensor:

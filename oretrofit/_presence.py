@@ -125,12 +125,14 @@ def number_like(value: float, like: Tensor) -> Tensor | float:
     return number
 
 
-def presence(h: Tensor, tau: float) -> Tensor:
+def presence(h: Tensor, tau: float, keepdim: bool = False) -> Tensor:
     """ρτ(h) = ‖h‖² / (τ + ‖h‖²) over the last axis.
 
     Args:
         h: carriers ``(..., d)``.
         tau: scale τ > 0; τ → 0 sends every non-zero carrier to presence 1.
+        keepdim: keep the feature axis, as size 1: ``(..., 1)``, the column a gate multiplies
+            ``(..., d)`` by (the same numbers).
 
     Returns:
         ``(...)`` presences in [0, 1), computed in fp32 (fp64 when ``h`` is fp64).
@@ -145,13 +147,15 @@ def presence(h: Tensor, tau: float) -> Tensor:
     if not torch.is_tensor(h) or h.dim() < 1:
         raise ValueError("h must be a tensor of carriers with the feature axis last, shape (..., d)")
     ct = compute_dtype(h.dtype)
-    if h.dtype == ct:
+    if keepdim and h.dtype == ct:
+        sq = (h * h).sum(dim=-1, keepdim=True)
+    elif h.dtype == ct:
         # ``(h·h)`` summed, as ``h.square().sum(-1)`` (the same bits) in one call: a decode step
         # computes presences in every layer
         sq = torch.linalg.vecdot(h, h)
     else:
-        sq = torch.linalg.vector_norm(h, dim=-1, dtype=ct).square()
+        sq = torch.linalg.vector_norm(h, dim=-1, keepdim=keepdim, dtype=ct).square()
     p = sq / (sq + number_like(tau, sq))
-    if _ACTIVE_OBSERVERS:
-        _notify_observers(sq, p)
+    if _ACTIVE_OBSERVERS:                             # observers see (...) either way
+        _notify_observers(*((sq[..., 0], p[..., 0]) if keepdim else (sq, p)))
     return p

@@ -3,7 +3,9 @@
 In a pre-norm layer under ``full-o`` the norm in front of the attention and the attention's
 capture read the same carrier (the layer input), and the norm in front of the MLP and the FFN
 gate read the same stream: :func:`carrier_presence` returns the presence the first of them
-computed instead of computing it again.
+computed instead of computing it again. It keeps both forms the hooks ask for, the ``(...)``
+presences (the attention's capture) and the ``(..., 1)`` column a gate multiplies the features by
+(norms and FFN gates), each made once per carrier (the second as a view of the first).
 
 A memo entry is used only for the very tensor it was computed from, unchanged: it holds a weak
 reference to the carrier (a freed tensor whose ``id`` is reused misses) and the carrier's version
@@ -38,18 +40,28 @@ _SIZE = 4
 
 
 class _Entry:
-    """ρτ ``p`` of ``carrier`` at ``tau``, with both tensors' versions when it was computed."""
+    """ρτ ``p`` of ``carrier`` at ``tau`` as computed, with both tensors' versions then, and its
+    forms asked for so far (``forms[False]`` ``(...)``, ``forms[True]`` the column ``(..., 1)``;
+    the other form is a view of ``p``, so it shares its version counter)."""
 
-    __slots__ = ("carrier", "version", "tau", "p", "p_version")
+    __slots__ = ("carrier", "version", "tau", "p", "p_version", "forms")
 
-    def __init__(self, carrier: Tensor, tau: float, p: Tensor) -> None:
+    def __init__(self, carrier: Tensor, tau: float, p: Tensor, column: bool) -> None:
         self.carrier = weakref.ref(carrier)
         self.version, self.tau, self.p, self.p_version = carrier._version, tau, p, p._version
+        self.forms = {column: p}
 
     def holds(self, carrier: Tensor, tau: float) -> bool:
-        """Whether this entry is ρτ of ``carrier`` as it is now (and ``p`` as computed)."""
+        """Whether this entry is ρτ of ``carrier`` as it is now (and its presences as computed)."""
         return (self.carrier() is carrier and self.version == carrier._version
                 and self.tau == tau and self.p_version == self.p._version)
+
+    def form(self, column: bool) -> Tensor:
+        """The presences as ``(...)`` or as the column ``(..., 1)``."""
+        p = self.forms.get(column)
+        if p is None:
+            p = self.forms[column] = self.p.unsqueeze(-1) if column else self.p.squeeze(-1)
+        return p
 
 
 _LOCAL = threading.local()
@@ -72,18 +84,19 @@ def _memoizable(h: Tensor) -> bool:
                      and (_OBSERVERS.get() or _NORM_OBSERVERS.get())))
 
 
-def carrier_presence(h: Tensor, tau: float) -> Tensor:
-    """ρτ(h) as :func:`oretrofit._presence.presence` computes it, shared with the hooks that read
-    the same unchanged carrier ``h`` at the same ``tau`` (module docstring)."""
+def carrier_presence(h: Tensor, tau: float, column: bool = False) -> Tensor:
+    """ρτ(h) as :func:`oretrofit._presence.presence` computes it (``(...)``, or with ``column``
+    the column ``(..., 1)``), shared with the hooks that read the same unchanged carrier ``h`` at
+    the same ``tau`` (module docstring)."""
     if not _memoizable(h):
-        return presence(h, tau)
+        return presence(h, tau, keepdim=column)
     entries, key = _entries(), (id(h), tau)
     entry = entries.get(key)
     if entry is not None and entry.holds(h, tau):
-        return entry.p
-    p = presence(h, tau)
+        return entry.form(column)
+    p = presence(h, tau, keepdim=column)
     entries.pop(key, None)              # a stale entry (a freed tensor's id, or h changed since)
-    entries[key] = _Entry(h, tau, p)
+    entries[key] = _Entry(h, tau, p, column)
     if len(entries) > _SIZE:
         del entries[next(iter(entries))]
     return p

@@ -108,3 +108,16 @@ def test_number_like_keeps_the_number_where_a_tensor_would_change_the_op() -> No
     from oretrofit._presence import number_like
     assert number_like(1e-8, torch.ones(2, dtype=torch.bfloat16)) == 1e-8     # computed in fp32
     assert number_like(1e-8, torch.nn.Parameter(torch.ones(2))) == 1e-8       # a subclass
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_keepdim_gives_the_same_presences_as_a_column(dtype: torch.dtype) -> None:
+    from oretrofit import observe_presence
+    h = torch.randn(3, 4, 33).to(dtype)
+    h[0, 1] = 0.0
+    seen: list[torch.Tensor] = []
+    with observe_presence(seen.append):
+        column = presence(h, 1e-2, keepdim=True)
+    assert column.shape == (3, 4, 1)
+    assert torch.equal(column[..., 0], presence(h, 1e-2))
+    assert seen[0].shape == (3, 4)                  # observers see (...) presences either way

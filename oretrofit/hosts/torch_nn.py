@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._attention import o_attention
-from .._components import o_gate
+from .._components import o_gate, o_gate_column
 from .._host import KINDS, RetrofitError, Site, inside, join_path, register_host
 from .._patching import SiteConfig, Undo, UndoAll, set_site, site_config
 from .._presence import presence
@@ -88,7 +88,7 @@ class ONormSite:
 
     def forward(self, h: Tensor) -> Tensor:
         config = site_config(self, NORM)
-        return o_gate(carrier_presence(h, config.tau), super().forward(h))
+        return o_gate_column(carrier_presence(h, config.tau, column=True), super().forward(h))
 
 
 class OMLPSite:
@@ -97,7 +97,7 @@ class OMLPSite:
 
     def forward(self, x: Tensor) -> Tensor:
         config = site_config(self, FFN)
-        return o_gate(carrier_presence(x, config.tau), super().forward(x))
+        return o_gate_column(carrier_presence(x, config.tau, column=True), super().forward(x))
 
 
 def _batch_major(t: Tensor, batch_first: bool, unbatched: bool) -> Tensor:

@@ -417,6 +417,24 @@ def test_carrier_presence_is_shared_only_for_the_same_unchanged_carrier() -> Non
     assert torch.equal(carrier_presence(h, 0.5), presence(h, 0.5))
 
 
+@pytest.mark.parametrize("first_column", [False, True])
+def test_carrier_presence_keeps_its_two_forms_for_one_carrier(first_column: bool) -> None:
+    """The (…) presences and the (…, 1) column of one carrier are made once each, the second a
+    view of the first, and an in-place change to either invalidates both."""
+    from oretrofit._presence_memo import carrier_presence
+    h = torch.randn(2, 5, D)
+    first = carrier_presence(h, 0.5, column=first_column)
+    other = carrier_presence(h, 0.5, column=not first_column)
+    column, row = (first, other) if first_column else (other, first)
+    assert column.shape == (2, 5, 1) and row.shape == (2, 5)
+    assert torch.equal(row, presence(h, 0.5)) and torch.equal(column[..., 0], row)
+    assert carrier_presence(h, 0.5, column=True) is column
+    assert carrier_presence(h, 0.5) is row
+    other.mul_(2.0)                                    # a view changed in place: both miss
+    assert torch.equal(carrier_presence(h, 0.5), presence(h, 0.5))
+    assert torch.equal(carrier_presence(h, 0.5, column=True), presence(h, 0.5, keepdim=True))
+
+
 def test_carrier_presence_is_computed_each_time_under_autograd_and_observers() -> None:
     from oretrofit._presence_memo import carrier_presence
     h = torch.randn(2, 5, D, requires_grad=True)

@@ -31,9 +31,9 @@ def _counted(monkeypatch: pytest.MonkeyPatch) -> list[torch.Size]:
     computed: list[torch.Size] = []
     original = presence_memo.presence
 
-    def counting(h: torch.Tensor, tau: float) -> torch.Tensor:
+    def counting(h: torch.Tensor, tau: float, keepdim: bool = False) -> torch.Tensor:
         computed.append(h.shape)
-        return original(h, tau)
+        return original(h, tau, keepdim)
 
     monkeypatch.setattr(presence_memo, "presence", counting)
     return computed
