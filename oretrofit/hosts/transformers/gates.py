@@ -74,15 +74,16 @@ def gate_output_bias(projection: nn.Module, state: CarrierPresence) -> Undo:
 
 def _gate(p: Tensor, y: Tensor, branch: nn.Module) -> Tensor:
     """ρτ (B, N) · y (B, N, d); an MoE block that returns its tokens flattened (B·N, d), as
-    Llama4's does, is gated row for row (the flattening is row-major over (B, N))."""
-    if y.shape[:-1] != p.shape and y.shape[:-1].numel() == p.numel() and y.dim() == 2:
+    Llama4's does, is gated row for row (the flattening is row-major over (B, N)). The usual
+    layout is tested first: every FFN gate checks it at every call of every layer."""
+    if y.shape[:-1] == p.shape:
+        return o_gate(p, y)
+    if y.dim() == 2 and y.shape[0] == p.numel():
         return o_gate(p.reshape(-1), y)
-    if y.shape[:-1] != p.shape:
-        raise RetrofitError(f"{type(branch).__name__} returned {tuple(y.shape)} for a residual "
-                            f"stream of {tuple(p.shape)} tokens; its layout names the wrong FFN "
-                            "branch (register a layout: "
-                            "oretrofit.hosts.transformers.layouts.register_layout)")
-    return o_gate(p, y)
+    raise RetrofitError(f"{type(branch).__name__} returned {tuple(y.shape)} for a residual "
+                        f"stream of {tuple(p.shape)} tokens; its layout names the wrong FFN "
+                        "branch (register a layout: "
+                        "oretrofit.hosts.transformers.layouts.register_layout)")
 
 
 def gate_branch_output(p: Tensor, output: Any, branch: nn.Module) -> Any:

@@ -119,12 +119,17 @@ def _stream(branch_input: Tensor, attention_input: Tensor | None,
             calls: list[tuple[str, Tensor, Tensor]], layer_input: Tensor | None
             ) -> tuple[str, Tensor]:
     """``(how, stream)``: the stream entering the branch, by the rules of the module docstring;
-    ``calls``: ``(path, input, output)`` of the layer's norm (or Identity) calls so far."""
-    fed = next(((path, x) for path, x, y in reversed(calls) if y is branch_input), None)
-    if fed is None:
+    ``calls``: ``(path, input, output)`` of the layer's norm (or Identity) calls so far. Plain
+    loops, not generators: every call of every layer runs this."""
+    for path, x, y in reversed(calls):
+        if y is branch_input:
+            break
+    else:
         return "its own input (no norm in front of it)", branch_input
-    path, x = fed
-    if not any(y is attention_input for _, _, y in calls):
+    for _, _, y in calls:
+        if y is attention_input:
+            break
+    else:
         return f"its own input, the output of {path} (post-norm)", branch_input
     if x is layer_input:
         return f"the layer input, the input of {path} (parallel residual)", x

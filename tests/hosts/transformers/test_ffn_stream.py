@@ -17,6 +17,7 @@ from oretrofit._patching import SiteConfig  # noqa: E402
 from oretrofit._presence import presence  # noqa: E402
 from hosts.transformers import zoo  # noqa: E402
 from oretrofit.hosts.transformers.backbones import layers  # noqa: E402
+from oretrofit.hosts.transformers.gates import gate_branch_output  # noqa: E402
 from oretrofit.hosts.transformers.stream import gate_traced_branch  # noqa: E402
 
 # architecture -> (MLP branch, the module whose input is the stream its output is added to,
@@ -96,3 +97,53 @@ def test_a_stream_the_layer_does_not_add_to_is_refused_at_the_call() -> None:
             assert torch._C._len_torch_function_stack() == 0     # the trace has ended
     finally:
         undo()
+
+
+class _SwitchingLayer(nn.Module):
+    """Pre-norm until ``post`` is set, then post-norm: the MLP reads ``norm1``'s output, which
+    its output is added to (a layer that is sound either way, but reads its stream differently
+    from one call to the next)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn, self.mlp = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.norm1, self.norm2 = nn.LayerNorm(4), nn.LayerNorm(4)
+        self.post = False
+
+    def forward(self, h: Tensor) -> Tensor:
+        if self.post:
+            h = self.norm1(h + self.attn(h))
+            return self.norm2(h + self.mlp(h))
+        h = h + self.attn(self.norm1(h))
+        return h + self.mlp(self.norm2(h))
+
+
+def test_a_confirmed_gate_refuses_a_later_call_that_reads_another_stream() -> None:
+    layer, x = _SwitchingLayer(), torch.randn(2, 3, 4)
+    undo = gate_traced_branch("layer.mlp", layer, layer.attn, layer.mlp, SiteConfig(1.0))
+    try:
+        with torch.no_grad():
+            confirmed = [layer(x) for _ in range(3)]          # the first traced, the rest not
+            layer.post = True
+            with pytest.raises(RetrofitError, match=r"layer\.mlp: this call reads the stream as "
+                                                    r"its own input, the output of norm1 "
+                                                    r"\(post-norm\), its first read it as the "
+                                                    r"input of norm2 \(pre-norm\)"):
+                layer(x)
+            layer.post = False
+            assert torch.equal(layer(x), confirmed[0])     # the refused call left nothing behind
+    finally:
+        undo()
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4), (6, 4)])
+def test_the_branch_output_is_gated_per_token_flattened_or_not(shape: tuple[int, ...]) -> None:
+    p, y = torch.rand(2, 3), torch.randn(shape)
+    assert torch.equal(gate_branch_output(p, (y, "router logits"), nn.Identity())[0],
+                       (p.reshape(2, 3, 1) * y.reshape(2, 3, 4)).reshape(shape))
+
+
+def test_a_branch_output_of_another_token_count_is_refused() -> None:
+    with pytest.raises(RetrofitError, match="Linear returned \\(5, 4\\) for a residual stream of "
+                                            "\\(2, 3\\) tokens"):
+        gate_branch_output(torch.rand(2, 3), torch.randn(5, 4), nn.Linear(4, 4))
