@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..._components import o_gate
+from ..._components import o_gate, o_gate_column
 from ..._host import RetrofitError
 from ..._patching import SiteConfig, Undo, noop, set_site, site_config
 from ..._presence import presence
@@ -72,25 +72,26 @@ def gate_output_bias(projection: nn.Module, state: CarrierPresence) -> Undo:
     return set_site(projection, OGatedBias, ATTENTION, state)
 
 
-def _gate(p: Tensor, y: Tensor, branch: nn.Module) -> Tensor:
-    """ρτ (B, N) · y (B, N, d); an MoE block that returns its tokens flattened (B·N, d), as
-    Llama4's does, is gated row for row (the flattening is row-major over (B, N)). The usual
-    layout is tested first: every FFN gate checks it at every call of every layer."""
-    if y.shape[:-1] == p.shape:
-        return o_gate(p, y)
-    if y.dim() == 2 and y.shape[0] == p.numel():
-        return o_gate(p.reshape(-1), y)
+def _gate(column: Tensor, y: Tensor, branch: nn.Module) -> Tensor:
+    """ρτ as the column (B, N, 1) · y (B, N, d); an MoE block that returns its tokens flattened
+    (B·N, d), as Llama4's does, is gated row for row (the flattening is row-major over (B, N)).
+    The usual layout is tested first: every FFN gate checks it at every call of every layer."""
+    if y.shape[:-1] == column.shape[:-1]:
+        return o_gate_column(column, y)
+    if y.dim() == 2 and y.shape[0] == column.numel():
+        return o_gate_column(column.reshape(-1, 1), y)
     raise RetrofitError(f"{type(branch).__name__} returned {tuple(y.shape)} for a residual "
-                        f"stream of {tuple(p.shape)} tokens; its layout names the wrong FFN "
-                        "branch (register a layout: "
+                        f"stream of {tuple(column.shape[:-1])} tokens; its layout names the wrong "
+                        "FFN branch (register a layout: "
                         "oretrofit.hosts.transformers.layouts.register_layout)")
 
 
-def gate_branch_output(p: Tensor, output: Any, branch: nn.Module) -> Any:
-    """ρτ · branch output; a tuple output (MoE blocks: hidden, router logits) gates its first."""
+def gate_branch_output(column: Tensor, output: Any, branch: nn.Module) -> Any:
+    """ρτ (the column (B, N, 1) of :func:`~oretrofit._presence_memo.carrier_presence`) · branch
+    output; a tuple output (MoE blocks: hidden, router logits) gates its first."""
     if isinstance(output, tuple):
-        return (_gate(p, output[0], branch), *output[1:])
-    return _gate(p, output, branch)
+        return (_gate(column, output[0], branch), *output[1:])
+    return _gate(column, output, branch)
 
 
 class _BranchGate:
@@ -101,7 +102,7 @@ class _BranchGate:
         self.config, self.p = config, None
 
     def capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self.p = carrier_presence(carrier_of(args, kwargs), self.config.tau)
+        self.p = carrier_presence(carrier_of(args, kwargs), self.config.tau, column=True)
 
     def gate(self, module: nn.Module, args: tuple, output: Any) -> Any:
         p, self.p = self.p, None

@@ -183,7 +183,7 @@ class _TracedGate:
         if self.trace is None and self.how not in self.checked:
             raise self._refuse(f"this call reads the stream as {self.how}, its first read it as "
                                f"{' or '.join(sorted(self.checked))}")
-        self.p = carrier_presence(self.stream, self.config.tau)
+        self.p = carrier_presence(self.stream, self.config.tau, column=True)        # (B, N, 1)
 
     def leave_branch(self, module: nn.Module, args: tuple, output: Any) -> Any:
         gated = gate_branch_output(self.p, output, module)

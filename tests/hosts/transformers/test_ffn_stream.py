@@ -138,12 +138,12 @@ def test_a_confirmed_gate_refuses_a_later_call_that_reads_another_stream() -> No
 
 @pytest.mark.parametrize("shape", [(2, 3, 4), (6, 4)])
 def test_the_branch_output_is_gated_per_token_flattened_or_not(shape: tuple[int, ...]) -> None:
-    p, y = torch.rand(2, 3), torch.randn(shape)
-    assert torch.equal(gate_branch_output(p, (y, "router logits"), nn.Identity())[0],
-                       (p.reshape(2, 3, 1) * y.reshape(2, 3, 4)).reshape(shape))
+    column, y = torch.rand(2, 3, 1), torch.randn(shape)            # the gates' (B, N, 1) form
+    assert torch.equal(gate_branch_output(column, (y, "router logits"), nn.Identity())[0],
+                       (column * y.reshape(2, 3, 4)).reshape(shape))
 
 
 def test_a_branch_output_of_another_token_count_is_refused() -> None:
     with pytest.raises(RetrofitError, match="Linear returned \\(5, 4\\) for a residual stream of "
                                             "\\(2, 3\\) tokens"):
-        gate_branch_output(torch.rand(2, 3), torch.randn(5, 4), nn.Linear(4, 4))
+        gate_branch_output(torch.rand(2, 3, 1), torch.randn(5, 4), nn.Linear(4, 4))
