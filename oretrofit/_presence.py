@@ -147,12 +147,8 @@ def presence(h: Tensor, tau: float, keepdim: bool = False) -> Tensor:
     if not torch.is_tensor(h) or h.dim() < 1:
         raise ValueError("h must be a tensor of carriers with the feature axis last, shape (..., d)")
     ct = compute_dtype(h.dtype)
-    if keepdim and h.dtype == ct:
-        sq = (h * h).sum(dim=-1, keepdim=True)
-    elif h.dtype == ct:
-        # ``(h·h)`` summed, as ``h.square().sum(-1)`` (the same bits) in one call: a decode step
-        # computes presences in every layer
-        sq = torch.linalg.vecdot(h, h)
+    if h.dtype == ct:
+        sq = (h * h).sum(dim=-1, keepdim=keepdim)
     else:
         sq = torch.linalg.vector_norm(h, dim=-1, keepdim=keepdim, dtype=ct).square()
     p = sq / (sq + number_like(tau, sq))
