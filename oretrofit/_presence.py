@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["presence", "observe_presence", "observe_carrier_norms", "compute_dtype", "check_positive",
-           "as_dtype", "number_like", "TAU_MODULES", "TAU_RETROFIT"]
+           "check_eps", "as_dtype", "number_like", "TAU_MODULES", "TAU_RETROFIT", "EPS_MODULES",
+           "EPS_RETROFIT"]
 
 # The two default presence scales. Two values on purpose, one per use, each the paper's:
 # TAU_MODULES (1e-6) is the default of the O-modules a model is built and trained with
@@ -29,6 +30,14 @@ TAU_MODULES = 1e-6
 # active carrier's ρτ(h) = ‖h‖²/(τ+‖h‖²) at 1 up to round-off and the O arms equal the host
 # (the paper's Table 2 is at τ = 1e-8; Table 7 shows what τ = 1 does).
 TAU_RETROFIT = 1e-8
+# The two default OAttention ε_den (eq. 7), one per use like τ. EPS_MODULES (1e-6) is the paper's,
+# for the O-modules trained with the gate. EPS_RETROFIT (0) is the limit ε_den → 0⁺ of eq. 8, for a
+# pretrained host: an absolute ε competes with Σ_j p_j e^{s_ij}, and a pretrained softmax never cared
+# about its logits' level (SmolLM2 has heads whose row maximum sits near −20, where ε = 1e-6 outweighs
+# the whole row and silences the head). In the limit an active row is the host's softmax exactly and
+# an empty one is totalised to exact zeros (docs/operators.md, "The ε sink of a retrofit").
+EPS_MODULES = 1e-6
+EPS_RETROFIT = 0.0
 
 Observer = Callable[[Tensor], None]
 # Observers called with every presence ρ (see observe_presence) and every carrier's squared norm
@@ -87,6 +96,21 @@ def check_positive(name: str, value: float) -> float:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}") from None
     if not math.isfinite(value) or value <= 0.0:
         raise ValueError(f"{name} must be a positive finite number (e.g. {name}=1e-6), got {value!r}")
+    return value
+
+
+def check_eps(value: float, name: str = "eps") -> float:
+    """Return OAttention's ``ε`` as float if it is a finite number ≥ 0, else raise a ValueError
+    naming it; ``0`` is the limit ε → 0⁺ (:data:`EPS_RETROFIT`)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r} (a bool)")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r}") from None
+    if not math.isfinite(value) or value < 0.0:
+        raise ValueError(f"{name} must be a finite number ≥ 0 (0, the default of a retrofit, is "
+                         f"the limit ε → 0⁺; the paper's modules use 1e-6), got {value!r}")
     return value
 
 
