@@ -20,6 +20,7 @@ _HOMES = {
     "presence": "._presence", "observe_presence": "._presence",
     "observe_carrier_norms": "._presence",
     "TAU_MODULES": "._presence", "TAU_RETROFIT": "._presence",
+    "EPS_MODULES": "._presence", "EPS_RETROFIT": "._presence",
     "PresenceProfile": "._presence_profile", "presence_by_module": "._presence_profile",
     "o_attention": "._attention", "o_attention_fused": "._attention",
     "o_attention_reference": "._attention",
@@ -53,7 +54,8 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ 
     from ._components import OFFN, OInject, ONorm, OStandardize, o_gate, o_moments, o_standardize
     from ._patching import SiteConfig
     from ._calibrate import CarrierNormProfile, calibrate
-    from ._presence import TAU_MODULES, TAU_RETROFIT, observe_carrier_norms, observe_presence, presence
+    from ._presence import (EPS_MODULES, EPS_RETROFIT, TAU_MODULES, TAU_RETROFIT,
+                            observe_carrier_norms, observe_presence, presence)
     from ._presence_profile import PresenceProfile, presence_by_module
     from ._registry import (ARMS, KINDS, Host, PatchPlan, Retrofit, RetrofitError, Site, apply_spec,
                             plan_retrofit, read_spec, register_host, registered_hosts, retrofit,
