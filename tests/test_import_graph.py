@@ -4,7 +4,7 @@ and the hosts come in their documented order.
 Every ``import`` statement of every module under ``oretrofit/`` counts, function-level (lazy)
 ones included; an import of a module's attribute (``from . import __version__``) is an edge to
 that module. The built-in hosts are found through a table of module names
-(``oretrofit._host.BUILTIN_HOSTS``), so the registry never imports a host.
+(``oretrofit._surgery.host.BUILTIN_HOSTS``), so the registry never imports a host.
 
 The layers, lowest first (:data:`LAYERS`): the core (``oretrofit._*``); the hosts
 (``oretrofit.hosts``, one folder per host, which import the core and ``hosts.torch_nn`` only);
@@ -117,23 +117,23 @@ def test_the_cycle_finder_sees_a_circle() -> None:
 
 def test_the_graph_resolves_relative_imports() -> None:
     graph = import_graph()
-    assert "oretrofit._host" in graph["oretrofit.hosts.torch_nn"]
-    assert "oretrofit._version" in graph["oretrofit._registry"]
-    assert {"oretrofit._host", "oretrofit._compose"} <= graph["oretrofit._registry"]
-    assert "oretrofit._registry" in graph["oretrofit.hosts.transformers.contracts"]   # from ...
+    assert "oretrofit._surgery.host" in graph["oretrofit.hosts.torch_nn"]
+    assert "oretrofit._version" in graph["oretrofit._surgery.registry"]
+    assert {"oretrofit._surgery.host", "oretrofit._surgery.compose"} <= graph["oretrofit._surgery.registry"]
+    assert "oretrofit._surgery.registry" in graph["oretrofit.hosts.transformers.contracts"]   # from ...
     assert "oretrofit.hosts.torch_nn" in graph["oretrofit.hosts.tabpfn.v3"]          # from ..
 
 
 def test_no_import_cycle_among_oretrofit_modules() -> None:
     assert find_cycle(import_graph()) is None
     host_modules = {m for m in _modules() if m.startswith("oretrofit.hosts.")}
-    assert host_modules and not import_graph()["oretrofit._host"] & (host_modules
-                                                                     | {"oretrofit._registry"})
+    assert host_modules and not import_graph()["oretrofit._surgery.host"] & (host_modules
+                                                                     | {"oretrofit._surgery.registry"})
 
 
 def _documented_order() -> list[tuple[str, int]]:
-    """The table in ``oretrofit._host``'s docstring: ``name  specificity  description``."""
-    from oretrofit import _host
+    """The table in ``oretrofit._surgery.host``'s docstring: ``name  specificity  description``."""
+    from oretrofit._surgery import host as _host
     return [(m.group(1), int(m.group(2)))
             for m in re.finditer(r"^ {4}(\S+) +(\d+) {3}", _host.__doc__, re.MULTILINE)]
 
@@ -156,11 +156,11 @@ def test_fresh_interpreter_lists_the_hosts_in_documented_order() -> None:
 
 
 def test_the_layer_finder_sees_an_upward_import() -> None:
-    assert [layer(m) for m in ("oretrofit._registry", "oretrofit.hosts.tabpfn.v3", "oretrofit",
+    assert [layer(m) for m in ("oretrofit._surgery.registry", "oretrofit.hosts.tabpfn.v3", "oretrofit",
                                "oretrofit.tabpfn", "oretrofit.transformers",
                                "oretrofit.regress.runner", "oretrofit.demo_host.train",
                                "oretrofit.cli.app")] == [0, 1, 2, 2, 2, 3, 4, 5]
-    assert layer("oretrofit.hosts.torch_nn") > layer("oretrofit._host")
+    assert layer("oretrofit.hosts.torch_nn") > layer("oretrofit._surgery.host")
 
 
 def test_imports_run_from_higher_layers_to_lower_ones_only() -> None:

@@ -98,7 +98,7 @@ def test_torch_nn_hosts_round_trip_even_when_the_root_itself_is_patched():
 def test_a_pickle_written_before_the_hosts_moved_still_loads():
     # the host modules were oretrofit.patches.* before oretrofit/hosts/; a pickled patched module
     # names its O-class's mixin by module path, so the old paths keep loading (_patching._MOVED)
-    from oretrofit import _patching
+    from oretrofit._surgery import patching as _patching
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     model, x = torch.nn.TransformerEncoder(layer, 2).eval(), torch.randn(2, 5, 16)
     retrofit(model, "full-o", 1.0)

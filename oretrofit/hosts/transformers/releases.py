@@ -15,7 +15,7 @@ import importlib
 import os
 from typing import Any
 
-from ..._host import RetrofitError
+from ..._surgery.host import RetrofitError
 
 __all__ = ["check_transformers", "transformers_version", "TESTED_RELEASES", "BLOCKED",
            "FIRST_MASK_INTERFACE", "SWEEP_RELEASE", "ROUTES_FROM", "supported_range",
