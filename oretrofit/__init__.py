@@ -13,7 +13,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._lazy import lazy_attributes
+from ._surgery import moved
 from ._version import __version__
+
+moved.install()                 # old module paths (a pickle written before a move) still load
 
 # public name -> the module that defines it
 _HOMES = {

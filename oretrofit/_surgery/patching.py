@@ -9,7 +9,8 @@ restored by the last undo.
 The O-subclasses are importable by name, so a patched module pickles (``torch.save``, ``pickle``,
 ``joblib.dump``, ``copy.deepcopy``): each is published here as ``O<Original>_<hex>``, the hex
 naming ``module:qualname`` of the original class and the mixin, and this module's
-``__getattr__`` rebuilds the class from that name in a fresh process.
+``__getattr__`` rebuilds the class from that name in a fresh process (a module path that
+moved since is found through :mod:`.moved`).
 
 Undos are objects, not closures (:class:`SiteUndo`, :class:`UndoAll`, :class:`PopAttribute`,
 :func:`noop`, a hook's ``RemovableHandle.remove``), so the undos of a retrofit that also adds
@@ -31,13 +32,6 @@ __all__ = ["SiteConfig", "Undo", "o_subclass", "set_site", "site_config", "SiteU
 
 Undo = Callable[[], None]
 _SUBCLASSES: dict[tuple[type, type], type] = {}
-# Host modules that held O-mixins under an earlier name: a pickle written then names the old
-# module, and loads through the new one (the hosts moved to oretrofit/hosts/ in issue 41).
-_MOVED = {"oretrofit.patches.torch_nn": "oretrofit.hosts.torch_nn",
-          "oretrofit.patches.tabpfn_v3": "oretrofit.hosts.tabpfn.v3",
-          "oretrofit.patches.tabpfn_v3_blocks": "oretrofit.hosts.tabpfn.v3_blocks",
-          "oretrofit.patches.transformers_common": "oretrofit.hosts.transformers.releases",
-          "oretrofit.patches.transformers_host": "oretrofit.hosts.transformers.host"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +48,7 @@ def _path(cls: type) -> str:
 
 def _import(path: str) -> type:
     module, _, qualname = path.partition(":")
-    found: Any = importlib.import_module(_MOVED.get(module, module))
+    found: Any = importlib.import_module(module)
     for part in qualname.split("."):
         found = getattr(found, part)
     return found
