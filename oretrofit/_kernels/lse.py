@@ -60,7 +60,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .._operators.presence import number_like
+from .dtypes import number_like
 
 # Score bias of a null or masked source: finite, so a row with no live source stays finite
 # (L ≈ −1e30, σ(L − log ε) = 0 exactly) whatever a kernel does with fully masked rows, and far

@@ -65,7 +65,8 @@ from torch import Tensor
 
 from .._kernels import lse as kernels
 from .._kernels import routes as route
-from .presence import as_dtype, check_positive, compute_dtype
+from .._kernels.dtypes import as_dtype, compute_dtype
+from .presence import check_positive
 
 __all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights", "PRECISIONS",
            "check_kernels"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .presence import TAU_MODULES, as_dtype, check_positive, compute_dtype, presence
+from .._kernels.dtypes import as_dtype, compute_dtype
+from .presence import TAU_MODULES, check_positive, presence
 
 __all__ = ["OFFN", "ONorm", "OInject", "OStandardize", "o_gate", "o_residual", "o_moments",
            "o_standardize"]

@@ -15,8 +15,10 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
-__all__ = ["presence", "observe_presence", "observe_carrier_norms", "compute_dtype", "check_positive",
-           "as_dtype", "number_like", "TAU_MODULES", "TAU_RETROFIT"]
+from .._kernels.dtypes import compute_dtype, number_like
+
+__all__ = ["presence", "observe_presence", "observe_carrier_norms", "check_positive", "TAU_MODULES",
+           "TAU_RETROFIT"]
 
 # The two default presence scales. Two values on purpose, one per use, each the paper's:
 # TAU_MODULES (1e-6) is the default of the O-modules a model is built and trained with
@@ -88,41 +90,6 @@ def check_positive(name: str, value: float) -> float:
     if not math.isfinite(value) or value <= 0.0:
         raise ValueError(f"{name} must be a positive finite number (e.g. {name}=1e-6), got {value!r}")
     return value
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Precision the O-operators compute in: fp64 stays fp64, everything else is fp32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def as_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """``t`` in ``dtype``; ``t`` itself where it is in it already, without calling ``Tensor.to``,
-    which parses its arguments (microseconds) even when it returns ``t``: a decode step calls
-    the O-components once per layer and site."""
-    return t if t.dtype == dtype else t.to(dtype)
-
-
-# (number, dtype) -> the number as a 0-dim CPU tensor of that dtype (number_like)
-_NUMBERS: dict[tuple[float, torch.dtype], Tensor] = {}
-
-
-def number_like(value: float, like: Tensor) -> Tensor | float:
-    """``value`` for an elementwise op with ``like`` (fp32 or fp64): a 0-dim CPU tensor of its
-    dtype, made once per value. An op on a Python number wraps the number into a new tensor at
-    every call, microseconds per layer and site in a decode step; a 0-dim tensor of the op's
-    dtype promotes as the number does and gives the same bits (the op casts the number to that
-    dtype either way). The number itself for other dtypes (a half-precision op computes with the
-    number in fp32), for a tensor subclass (a fake tensor takes no real operand) and while
-    torch.compile traces (a constant there)."""
-    if (type(like) is not Tensor or like.dtype not in (torch.float32, torch.float64)
-            or torch.compiler.is_compiling()):
-        return value
-    key = (value, like.dtype)
-    number = _NUMBERS.get(key)
-    if number is None:
-        with torch.inference_mode(False):             # usable outside inference mode as well
-            number = _NUMBERS[key] = torch.tensor(value, dtype=like.dtype, device="cpu")
-    return number
 
 
 def presence(h: Tensor, tau: float, keepdim: bool = False) -> Tensor:

@@ -47,7 +47,7 @@ from torch.overrides import TorchFunctionMode
 from ..._operators.attention import o_weights
 from ..._surgery.host import RetrofitError
 from ..._surgery.patching import SiteConfig, Undo, noop, o_subclass, set_site, site_config
-from ..._operators.presence import compute_dtype
+from ..._kernels.dtypes import compute_dtype
 from ..torch_nn import ATTENTION, patch_all
 from .layouts import eager_class, forward_source as _source
 from .capture import CarrierPresence, by_name
