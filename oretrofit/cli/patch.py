@@ -78,7 +78,7 @@ def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
     (its ``calibration`` record among them) with the checkpoint's SHA-256.
     """
     import oretrofit
-    from oretrofit._provenance import environment, portable
+    from oretrofit._files.provenance import environment, portable
     from oretrofit.tabpfn import (build_model, checkpoint_sha256, load_checkpoint,
                                   resolve_model_path, weights_label, write_patched_artifact)
     from oretrofit.hosts.tabpfn.checkpoints import checkpoint_task
@@ -150,8 +150,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Retrofit a TabPFN v3 host (regressor or classifier) with an arm at τ, or with a patch
         spec, and list every patched site with its τ."""
-        from oretrofit._presence import EPS_RETROFIT
-        from oretrofit._registry import RetrofitError
+        from oretrofit._operators.presence import EPS_RETROFIT
+        from oretrofit._surgery.registry import RetrofitError
         overrides = parse_site_tau(site_tau)
         if spec is not None:
             settings = (("--arm", arm), ("--tau", tau), ("--eps", eps), ("--site-tau", site_tau),

@@ -101,7 +101,7 @@ def _execute(matrix: Any, options: RunOptions) -> None:
     """Run the matrix into ``options.out`` (resuming), render its tables, print the result."""
     from oretrofit.regress.data import OFFLINE_STANDINS
     from oretrofit.regress.protocol import SplitProtocol
-    from oretrofit._presence import EPS_RETROFIT
+    from oretrofit._operators.presence import EPS_RETROFIT
     from oretrofit.regress.runner import ModelSettings, parse_shard
     from oretrofit.regress.tables import render
     model = ModelSettings(options.model_path, options.device, options.n_estimators,

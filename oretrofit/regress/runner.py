@@ -38,10 +38,10 @@ import joblib
 import numpy as np
 import torch
 
-from .._presence import EPS_RETROFIT, check_eps, check_positive
-from .._presence_profile import PresenceProfile, presence_by_module
-from .._provenance import environment, portable
-from .._registry import ARMS, RetrofitError
+from .._operators.presence import EPS_RETROFIT, check_eps, check_positive
+from .._operators.presence_profile import PresenceProfile, presence_by_module
+from .._files.provenance import environment, portable
+from .._surgery.registry import ARMS, RetrofitError
 from .data import Dataset, canonical_spec, load_datasets
 from .protocol import PAPER_PROTOCOL, SplitProtocol, rmse_r2
 from .store import Cell, RunFolder

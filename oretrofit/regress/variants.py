@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from .._presence import check_eps, check_positive
-from .._provenance import sha256_file
-from .._registry import ARMS, KINDS, RetrofitError, plan_retrofit, read_spec
-from .._serialize import calibrated_weights_digest
+from .._operators.presence import check_eps, check_positive
+from .._files.provenance import sha256_file
+from .._surgery.registry import ARMS, KINDS, RetrofitError, plan_retrofit, read_spec
+from .._surgery.serialize import calibrated_weights_digest
 
 __all__ = ["Variant", "check_record", "spec_variant", "ablation_variants", "check_variants",
            "site_families", "parse_families", "arm_sites", "checkpoint_arm_sites"]

@@ -16,8 +16,8 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from ..._presence import EPS_RETROFIT, TAU_RETROFIT
-from ..._registry import ARMS, Retrofit, RetrofitError, apply_spec, read_spec, retrofit
+from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
+from ..._surgery.registry import ARMS, Retrofit, RetrofitError, apply_spec, read_spec, retrofit
 from . import releases
 from .checkpoints import (build_model, checkpoint_sha256, checkpoint_task, load_checkpoint,
                           resolve_model_path)

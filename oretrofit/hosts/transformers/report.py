@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..._atomic import write_text_atomic
-from ..._markdown import pipe_table
-from ..._provenance import environment, portable, sha256_file, write_json_atomic
-from ..._presence import EPS_RETROFIT, TAU_RETROFIT
-from ..._registry import retrofitted
+from ..._files.atomic import write_text_atomic
+from ..._files.markdown import pipe_table
+from ..._files.provenance import environment, portable, sha256_file, write_json_atomic
+from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
+from ..._surgery.registry import retrofitted
 from .inputs import zero_padded_inputs
 
 __all__ = ["TAU", "EPS", "PAPER_EPS", "SENTENCES", "PROMPTS", "CHAT_PROMPTS", "chat_text",
