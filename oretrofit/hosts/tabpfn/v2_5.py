@@ -40,8 +40,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..._surgery.host import Site
-from ..torch_nn import OMLPSite
-from .v3 import norms, patch, receiver_report
+from ..torch_nn import OMLPSite, norms, patch, receiver_report
 
 __all__ = ["sites"]
 

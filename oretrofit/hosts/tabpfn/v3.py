@@ -33,31 +33,15 @@ classifier's many-class decoder is attention over the train rows, so its sources
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 from torch import nn
 
 from ..._surgery.host import Site
 from ..._surgery.patching import SiteConfig, Undo, UndoAll, set_site
-from ..._operators.presence import presence
-from ..torch_nn import ONormSite, patch_all
+from ..torch_nn import norms, patch, receiver_report
 
-__all__ = ["sites", "stage_sites", "decoder_sites", "norms", "patch", "receiver_report"]
-
-
-def patch(module: nn.Module, mixin: type, key: str) -> Callable[[SiteConfig], Undo]:
-    return lambda config: set_site(module, mixin, key, config)
-
-
-def receiver_report(name: str, vectors: nn.Parameter) -> Callable[[float], dict[str, float]]:
-    """Min and mean presence of a set of learned receiver vectors ``(n, E)`` at τ."""
-
-    def report(tau: float) -> dict[str, float]:
-        p = presence(vectors.detach().float(), tau)
-        return {f"{name}.min": float(p.min()), f"{name}.mean": float(p.mean())}
-
-    return report
+__all__ = ["sites", "stage_sites", "decoder_sites"]
 
 
 def sites(model: nn.Module) -> list[Site]:
@@ -91,12 +75,6 @@ def _te_col(model: nn.Module, model_mixin: type) -> Callable[[SiteConfig], Undo]
         site = set_site(model, model_mixin, "te.col", config)
         return UndoAll([site, model.x_embed.register_forward_hook(te_col_hook).remove])
     return apply
-
-
-def norms(*modules: nn.Module) -> Callable[[SiteConfig], Undo]:
-    """One ONorm site over several RMSNorm modules (all-or-nothing)."""
-    return lambda config: patch_all(*(functools.partial(set_site, m, ONormSite, "norm", config)
-                                      for m in modules))
 
 
 def _block_sites(prefix: str, block: nn.Module, mixin: type, pre_norms: tuple[nn.Module, ...]

@@ -40,7 +40,8 @@ from __future__ import annotations
 from torch import nn
 
 from ..._surgery.host import Site
-from .v3 import decoder_sites, norms, patch, stage_sites
+from ..torch_nn import norms, patch
+from .v3 import decoder_sites, stage_sites
 
 __all__ = ["sites", "TASK_SITES"]
 

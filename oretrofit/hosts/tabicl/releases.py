@@ -1,0 +1,39 @@
+"""The tabicl releases the TabICL host admits.
+
+The gate admits exactly :data:`TESTED_RELEASES`: the releases on which the host's contracts
+(τ → 0 equal to the unpatched forward, ``revert`` bit-identical, padding inert) were shown to
+hold. Every other release, older or newer, is refused by name with the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata as _md
+
+from ..._surgery.host import RetrofitError
+
+__all__ = ["TESTED_RELEASES", "installed_version", "check_release"]
+
+TESTED_RELEASES: tuple[str, ...] = ("2.2.0",)
+
+
+@functools.cache
+def installed_version() -> str | None:
+    """The installed tabicl version (read once), or None when tabicl is not installed."""
+    try:
+        return _md.version("tabicl")
+    except _md.PackageNotFoundError:
+        return None
+
+
+def check_release(version: str | None) -> None:
+    """Refuse a tabicl release the host has not been shown to work with, naming the fix."""
+    if version in TESTED_RELEASES:
+        return
+    tested = ", ".join(TESTED_RELEASES)
+    fix = f"pip install 'tabicl=={TESTED_RELEASES[-1]}' (or pip install 'oretrofit[tabicl]')"
+    if version is None:
+        raise RetrofitError(f"the TabICL host needs tabicl {tested}, and tabicl is not "
+                            f"installed: {fix}")
+    raise RetrofitError(f"tabicl {version} is not supported by the TabICL host: it is tested "
+                        f"on tabicl {tested} only: {fix}")
