@@ -84,22 +84,26 @@ class Layout:
         return pad
 
 
-def padded_forward(model: nn.Module, xs: list[Tensor], ys: list[Tensor], **forward_kwargs: Any
+def padded_forward(model: nn.Module, xs: list[Tensor], ys: list[Tensor],
+                   column_targets: list[Tensor] | None = None, **forward_kwargs: Any
                    ) -> list[Tensor]:
     """``model(X_k, y_k, **forward_kwargs)`` of every dataset ``k``, computed in one forward of
     the datasets stacked and zero-padded: each dataset's test-row outputs ``(B_k, M_k, …)``.
 
-    ``model`` must be retrofitted with every site (``full-o``); it is left as it is (the
-    forward runs on a :func:`~oretrofit._surgery.shadow.shadow` of it). Classifier datasets
-    must have the same number of classes (the vendor reads them off the first lane).
+    ``column_targets``: the train targets the column embedder reads, per dataset, where they
+    are not ``ys`` (the vendor's ``feature_shuffles`` path embeds every lane with the first
+    lane's targets). ``model`` must be retrofitted with every site (``full-o``); it is left as
+    it is (the forward runs on a :func:`~oretrofit._surgery.shadow.shadow` of it). Classifier
+    datasets must have the same number of classes (the vendor reads them off the first lane).
     """
     _check_full_o(model)
     if forward_kwargs.get("feature_shuffles") is not None:
         raise ValueError("padded_forward: feature_shuffles assume every lane is one table; "
-                         "pass the lanes' columns already shuffled instead")
+                         "pass the lanes' columns already shuffled (and column_targets)")
     layout = Layout.of(xs, ys)
     x, y = layout.stack(xs, ys)
-    out = _inert(model, layout)(x, y, **forward_kwargs)
+    col_y = None if column_targets is None else layout.stack(xs, column_targets)[1]
+    out = _inert(model, layout, col_y)(x, y, **forward_kwargs)
     return [out[lanes, :m] for lanes, _, m, _ in layout.parts()]
 
 
@@ -111,8 +115,9 @@ def _check_full_o(model: nn.Module) -> None:
                             "retrofit the model with arm 'full-o' (no targets, no exclude) first")
 
 
-def _inert(model: nn.Module, layout: Layout) -> nn.Module:
-    """A shadow of ``model`` whose token makers zero the padding's tokens."""
+def _inert(model: nn.Module, layout: Layout, column_targets: Tensor | None) -> nn.Module:
+    """A shadow of ``model`` whose token makers zero the padding's tokens (and whose column
+    embedder reads ``column_targets`` when given)."""
     col, row = model.col_embedder, model.row_interactor
     cells = shadow(col.in_linear)
     cells.register_forward_hook(_zero_marked)
@@ -131,9 +136,12 @@ def _inert(model: nn.Module, layout: Layout) -> nn.Module:
 
     rows = shadow(row)
     rows.register_forward_hook(zero_padded_rows)
-    return shadow(model, {"col_embedder": shadow(col, {"in_linear": cells},
-                                                 feature_grouping=grouping_each),
-                          "row_interactor": rows})
+    columns = shadow(col, {"in_linear": cells}, feature_grouping=grouping_each)
+    if column_targets is not None:
+        embed = columns.forward                                          # bound to the shadow
+        columns.__dict__["forward"] = lambda x, y_train, **kwargs: embed(
+            x, y_train=column_targets, **kwargs)
+    return shadow(model, {"col_embedder": columns, "row_interactor": rows})
 
 
 def _zero_marked(_module: nn.Module, args: tuple, output: Tensor) -> Tensor:
