@@ -8,8 +8,8 @@ hold. Every other release, older or newer, is refused by name with the fix.
 from __future__ import annotations
 
 import functools
-import importlib.metadata as _md
 
+from ..._files.provenance import package_version
 from ..._surgery.host import RetrofitError
 
 __all__ = ["TESTED_RELEASES", "installed_version", "check_release"]
@@ -20,10 +20,7 @@ TESTED_RELEASES: tuple[str, ...] = ("2.2.0",)
 @functools.cache
 def installed_version() -> str | None:
     """The installed tabicl version (read once), or None when tabicl is not installed."""
-    try:
-        return _md.version("tabicl")
-    except _md.PackageNotFoundError:
-        return None
+    return package_version("tabicl")
 
 
 def check_release(version: str | None) -> None:

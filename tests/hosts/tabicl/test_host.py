@@ -36,17 +36,24 @@ def test_a_model_that_is_not_target_aware_has_no_column_target_site(tiny):
     assert "te.col" not in _names(tiny(col_target_aware=False))
 
 
+def _before_and_after(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, fp32,
+                      arm: str = "full-o") -> tuple[torch.Tensor, torch.Tensor, oretrofit.Retrofit]:
+    """The forward unpatched, then retrofitted with ``arm`` at τ = 1e-8, and the retrofit."""
+    with torch.no_grad():
+        reference = model(x, y, inference_config=fp32)
+        r = oretrofit.retrofit(model, arm, tau=1e-8)
+        return reference, model(x, y, inference_config=fp32), r
+
+
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("arm", ["oa", "full-o"])
 def test_tau_to_zero_is_the_unpatched_forward_and_revert_is_bit_identical(tiny, fp32, task, arm):
     model = tiny(task)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     x, y = table(task)
+    reference, patched, r = _before_and_after(model, x, y, fp32, arm)
+    r.revert()
     with torch.no_grad():
-        reference = model(x, y, inference_config=fp32)
-        state = {k: v.clone() for k, v in model.state_dict().items()}
-        r = oretrofit.retrofit(model, arm, tau=1e-8)
-        patched = model(x, y, inference_config=fp32)
-        r.revert()
         back = model(x, y, inference_config=fp32)
     assert r.plan.host == "tabicl"
     assert (patched - reference).abs().max() < 1e-5
@@ -81,22 +88,15 @@ def test_many_classes_mixed_radix_and_hierarchical_keep_the_forward(tiny, fp32):
     model = tiny(max_classes=3)
     x = torch.randn(1, 20, 5, generator=torch.Generator().manual_seed(1))
     y = (torch.arange(14) % 7).float()[None]
-    with torch.no_grad():
-        reference = model(x, y, inference_config=fp32)
-        oretrofit.retrofit(model, "full-o", tau=1e-8)
-        patched = model(x, y, inference_config=fp32)
+    reference, patched, _ = _before_and_after(model, x, y, fp32)
     assert reference.shape == (1, 6, 7)
     assert (patched - reference).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("ssmax", ["ssmax", "ssmax-mlp", "qassmax-mlp", "none"])
 def test_every_scalable_softmax_keeps_the_forward(tiny, fp32, ssmax):
-    model = tiny(col_ssmax=ssmax, icl_ssmax=ssmax)
-    x, y = table("classifier")
-    with torch.no_grad():
-        reference = model(x, y, inference_config=fp32)
-        oretrofit.retrofit(model, "full-o", tau=1e-8)
-        patched = model(x, y, inference_config=fp32)
+    reference, patched, _ = _before_and_after(tiny(col_ssmax=ssmax, icl_ssmax=ssmax),
+                                              *table("classifier"), fp32)
     assert (patched - reference).abs().max() < 1e-5
 
 
