@@ -8,6 +8,7 @@ the vendor's class (:func:`write_random_checkpoint`) serves tests and offline ma
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Literal
 
@@ -27,13 +28,23 @@ TINY_CONFIG: dict[str, Any] = dict(
 def random_model(task: Task = "classifier", seed: int = 0, **config: Any) -> tuple[nn.Module,
                                                                                     dict]:
     """A random ``TabICL`` of ``task`` (``max_classes`` 10 or 0) and its config: the vendor's
-    defaults overridden by :data:`TINY_CONFIG`, then by ``config``."""
+    defaults overridden by :data:`TINY_CONFIG`, then by ``config``, less what the installed
+    release does not take. A release without ``zero_init`` (before 2.2.0) always zeroes the
+    blocks' output projections; ``zero_init=False`` then draws them as ``nn.Linear`` does."""
     from tabicl._model.tabicl import TabICL
     full = {"max_classes": 10 if task == "classifier" else 0, "num_quantiles": 9, **TINY_CONFIG,
             **config}
+    accepted = inspect.signature(TabICL).parameters
+    taken = {key: value for key, value in full.items() if key in accepted}
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return TabICL(**full).eval(), full
+        model = TabICL(**taken).eval()
+        if not full.get("zero_init", True) and "zero_init" not in accepted:
+            for block in model.modules():
+                if hasattr(block, "linear2") and hasattr(block, "attn"):
+                    block.attn.out_proj.reset_parameters()
+                    block.linear2.reset_parameters()
+    return model, taken
 
 
 def write_random_checkpoint(path: str | os.PathLike[str], task: Task = "classifier",

@@ -16,7 +16,9 @@ from . import releases
 
 __all__ = ["TabICLHost"]
 
-VENDOR_CLASS = "tabicl._model.tabicl.TabICL"
+# the model class, where each tabicl release defines it (2.1.0+: ``_model``; before: ``model``),
+# so that a release the gate refuses is refused by name rather than matched by no host
+VENDOR_CLASSES = ("tabicl._model.tabicl.TabICL", "tabicl.model.tabicl.TabICL")
 
 
 class TabICLHost:
@@ -26,9 +28,11 @@ class TabICLHost:
     specificity = 20
 
     def matches(self, model: nn.Module) -> bool:
-        return any(f"{c.__module__}.{c.__qualname__}" == VENDOR_CLASS for c in type(model).__mro__)
+        return any(f"{c.__module__}.{c.__qualname__}" in VENDOR_CLASSES
+                   for c in type(model).__mro__)
 
     def check(self, model: nn.Module) -> None:
+        """The release gate first, then what the O-mixins cannot retrofit exactly."""
         releases.check_release(releases.installed_version())
         if not model.norm_first:
             raise RetrofitError("this TabICL model has post-norm blocks (norm_first=False); the "
