@@ -5,6 +5,7 @@ reloads its model at each), equal at τ → 0 to the vendor's unpatched estimato
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,3 +74,11 @@ def test_a_pickled_estimator_is_retrofitted_again_and_a_clone_is_refused(checkpo
     assert np.array_equal(back.predict(x_test), expected)
     with pytest.raises(RetrofitError, match="has lost its retrofit .*make_classifier"):
         clone(ours).fit(x, y)
+
+
+def test_the_readmes_example_runs_and_matches_the_vendor(capsys):
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    code = readme.split("\n## Retrofit a TabICL classifier\n", 1)[1]
+    code = code.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip().endswith("sites=22, active) True")
