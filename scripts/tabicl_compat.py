@@ -32,7 +32,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from release_envs import (export_head, head_commit, layered_venv, markdown_table,
+from release_envs import (check_result, export_head, head_commit, layered_venv, markdown_table,
                           provenance_lines, pytest_summary, receipt_command, sweep_parser)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,10 +127,7 @@ def run_release(venv: Path, release: str) -> dict:
     python = str(venv / "bin" / "python")
     start = time.monotonic()
     checked = _run([python, str(SOURCE / "scripts" / "tabicl_compat.py"), "--check"])
-    try:
-        result = json.loads(checked.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        result = {"error": (checked.stderr.strip().splitlines() or ["no output"])[-1]}
+    result = check_result(checked)
     if "refused" in result:
         ok = f"tabicl {release} is not supported" in result["refused"]
         tests = "not run (refused)"
@@ -193,24 +190,29 @@ def main() -> None:
     args = parser.parse_args()
     if args.check:
         print(json.dumps(check()))
-        return
+    else:
+        sweep(args.venvs, args.releases.split(","), args.out)
+
+
+def sweep(venvs: Path, releases: list[str], out: Path) -> None:
+    """Every release in its environment (an export of HEAD), the receipt rewritten after each."""
     global SOURCE
     SOURCE = export_head(ROOT, Path(tempfile.mkdtemp(prefix="tabicl-compat-")))
     commit = head_commit(ROOT)
-    command = receipt_command("scripts/tabicl_compat.py", sys.argv[1:], {args.venvs: "VENVS"})
+    command = receipt_command("scripts/tabicl_compat.py", sys.argv[1:], {venvs: "VENVS"})
     rows = []
-    for release in args.releases.split(","):
+    for release in releases:
         try:
-            layered_venv(args.venvs / f"tabicl-{release}", "tabicl", release)
-            rows.append(run_release(args.venvs / f"tabicl-{release}", release))
+            layered_venv(venvs / f"tabicl-{release}", "tabicl", release)
+            rows.append(run_release(venvs / f"tabicl-{release}", release))
         except RuntimeError as err:
             rows.append({"release": release, "ok": False, "tests": f"install failed: {err}"[:200],
                          "result": {}, "wall_s": 0})
         print(f"{release}: {_outcome(rows[-1])} ({rows[-1]['tests']})", flush=True)
         rows.sort(key=lambda row: Version(row["release"]))
-        args.out.write_text(render(rows, command, commit))
-        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"wrote {args.out}")
+        out.write_text(render(rows, command, commit))
+        out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"wrote {out}")
     sys.exit(0 if all(row["ok"] for row in rows) else 1)
 
 

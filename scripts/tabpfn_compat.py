@@ -38,7 +38,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from release_envs import (export_head, head_commit, layered_venv, markdown_table,
+from release_envs import (check_result, export_head, head_commit, layered_venv, markdown_table,
                           provenance_lines, pytest_summary, receipt_command)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,10 +199,7 @@ def run_release(venv: Path, release: str) -> dict:
     python = str(venv / "bin" / "python")
     start = time.monotonic()
     checked = _run([python, str(SOURCE / "scripts" / "tabpfn_compat.py"), "--check"])
-    try:
-        diabetes = json.loads(checked.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        diabetes = {"error": (checked.stderr.strip().splitlines() or ["no output"])[-1]}
+    diabetes = check_result(checked)
     refused = "refused" in diabetes
     tests = None if refused else _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                        *TESTS, *IGNORED])
