@@ -40,7 +40,7 @@ def test_the_classifier_equals_the_vendors_over_two_fits(checkpoints, arm):
     assert isinstance(ours, TabICLClassifier) and ours.get_params() == vendor.get_params()
     for x, y, x_test in _tables():
         got = ours.fit(x, y).predict_proba(x_test)
-        assert ours.model_ is r.model and not r.reverted     # the retrofit survived the vendor's fit
+        assert ours.model_ is r.model and not r.reverted   # the retrofit survived the fit
         assert np.abs(got - vendor.fit(x, y).predict_proba(x_test)).max() < 1e-5
         assert (ours.predict(x_test) == vendor.predict(x_test)).all()
 
