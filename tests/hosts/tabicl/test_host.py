@@ -4,6 +4,8 @@ bit-identical, and what it cannot retrofit exactly is refused by name."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -127,3 +129,15 @@ def test_a_masked_call_is_refused_under_o(tiny):
     x = torch.randn(2, 4, 16)
     with pytest.raises(RetrofitError, match="takes no masks: pad with zero vectors"):
         block(x, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))
+
+
+def test_a_retrofitted_model_pickles_as_itself(tiny, fp32):
+    model = tiny()
+    x, y = table("classifier")
+    _, patched, _ = _before_and_after(model, x, y, fp32)
+    copy = pickle.loads(pickle.dumps(model))
+    with torch.no_grad():
+        assert torch.equal(copy(x, y, inference_config=fp32), patched)
+        oretrofit.Retrofit.of(copy).revert()
+        assert not torch.equal(copy(x, y, inference_config=fp32), patched)
+        assert torch.equal(model(x, y, inference_config=fp32), patched)
