@@ -88,7 +88,7 @@ def _answer_rows(summary: dict[str, Any], limits: dict[str, float]) -> list[list
                          "tokens) unchanged", f"{kept} of {answers['prompts']}", "all",
                          _mark(not a["changed"])])
         for site in a["sites"]:
-            rows.append([f"  moved by site {site['site']} (own relative deviation)",
+            rows.append([f"  moved by {site['site']} (its own relative deviation)",
                          f"{site['deviation']:.3g}", "", ""])
     return rows
 
@@ -104,7 +104,7 @@ def _print_table(summary: dict[str, Any]) -> None:
     for column in ("contract", "measured", "limit", "holds"):
         table.add_column(column)
     for a in summary["agreement"]:
-        table.add_row(f"agreement with the unpatched model, {a['arm']} ({a['sites']} sites)",
+        table.add_row(f"agreement, {a['arm']} ({a['sites']} sites)",
                       f"{a['relative_max_diff']:.3g}", f"≤ {limits['agreement']:g}",
                       _mark(a["relative_max_diff"] <= limits["agreement"]))
         table.add_row(f"revert() bit-identical, {a['arm']}", str(a["revert_bit_identical"]),
