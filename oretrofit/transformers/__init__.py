@@ -1,4 +1,5 @@
-"""transformers models: mask-free padded batches, the contracts checked on a model, τ calibrated
+"""transformers models: mask-free padded batches, the contracts and answers checked on a model at
+the settings you run (``check``; ``failed`` names what a summary shows broken), τ calibrated
 on text, retrofitted folders loaded back, and the transformers releases the host admits (on a
 newer one, a retrofit checks itself first: :class:`UntestedReleaseWarning`).
 
@@ -18,6 +19,7 @@ from .._lazy import lazy_attributes
 _HOMES = {
     "zero_padded_inputs": ("..hosts.transformers.inputs", "zero_padded_inputs"),
     "check": ("..hosts.transformers.check", "check"),
+    "failed": ("..hosts.transformers.check", "failed"),
     "calibrate": ("..hosts.transformers.calibrate", "calibrate_text"),
     "from_pretrained": ("..hosts.transformers.pretrained", "from_pretrained"),
     "check_transformers": ("..hosts.transformers.releases", "check_transformers"),
@@ -36,7 +38,7 @@ __getattr__, __dir__ = lazy_attributes(globals(), _HOMES)
 
 if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ imports these
     from ..hosts.transformers.calibrate import calibrate_text as calibrate
-    from ..hosts.transformers.check import check
+    from ..hosts.transformers.check import check, failed
     from ..hosts.transformers.inputs import zero_padded_inputs
     from ..hosts.transformers.pretrained import from_pretrained
     from ..hosts.transformers.releases import (TESTED_RELEASES, check_transformers, requirement,
