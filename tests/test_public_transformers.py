@@ -17,6 +17,7 @@ import oretrofit.transformers as public
 ROOT = Path(__file__).resolve().parents[1]
 HOMES = {"zero_padded_inputs": "oretrofit.hosts.transformers.inputs:zero_padded_inputs",
          "check": "oretrofit.hosts.transformers.check:check",
+         "failed": "oretrofit.hosts.transformers.check:failed",
          "calibrate": "oretrofit.hosts.transformers.calibrate:calibrate_text",
          "from_pretrained": "oretrofit.hosts.transformers.pretrained:from_pretrained",
          "check_transformers": "oretrofit.hosts.transformers.releases:check_transformers",

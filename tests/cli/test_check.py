@@ -1,6 +1,5 @@
 """`oretrofit check`: contracts and answers of a tiny model saved with save_pretrained, as JSON and
-a table, at the settings given or the library's; and on the real SmolLM2, a setting that changes
-its answers fails naming the number and the sites."""
+a table, at the settings given or the library's (the real SmolLM2: test_check_smollm2.py)."""
 
 from __future__ import annotations
 
@@ -227,53 +226,3 @@ def test_text_file_needs_a_tokenizer_and_spec_excludes_eps(cli: typer.Typer,
     spec.write_text("{}")
     mixed = CliRunner().invoke(cli, ["check", str(folder), "--spec", str(spec), "--eps", "0"])
     assert mixed.exit_code == 2 and "drop --eps" in mixed.output
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> tuple:
-    from oretrofit.hosts.transformers.report import load_smollm2
-    return load_smollm2()
-
-
-@pytest.fixture()
-def shipped(smollm2: tuple, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """`check smollm2` served the model loaded once for this file; returns a prompt file of
-    one chat question whose answer the ε sink changes."""
-    from oretrofit.hosts.transformers import report
-    monkeypatch.setattr(report, "load_smollm2", lambda: smollm2)
-    lines = tmp_path / "prompts.txt"
-    lines.write_text("What is the capital of France?\n")
-    return lines
-
-
-def test_smollm2_at_a_sink_that_changes_its_answers_fails_with_the_number(
-        cli: typer.Typer, shipped: Path) -> None:
-    """τ = ε = 1e-6: heads whose largest logit is around −20 go silent (ε e^{−max} outweighs
-    the row): the answer changes, the logits move by far more than 1e-3, attention sites are
-    named; with ε = 1e-30 the logits are the unpatched ones."""
-    args = ["check", "smollm2", "--arm", "oa", "--text-file", str(shipped), "--new-tokens", "4"]
-    moved = CliRunner().invoke(cli, [*args, "--tau", "1e-6", "--eps", "1e-6", "--json"])
-    assert moved.exit_code == 1, moved.output
-    summary = json.loads(moved.stdout)
-    arm = summary["answers"]["arms"][0]
-    assert summary["answers"]["kind"] == "generate" and arm["changed"] == [0]
-    assert arm["logits_max_delta"] > 1.0
-    assert arm["sites"][0]["site"].endswith("self_attn") and arm["sites"][0]["deviation"] > 0.1
-    message = next(f for f in summary["failed"] if f.startswith("answers (oa: "))
-    assert "1 of 1 greedy continuations change, logits move by up to " in message
-    assert f"moved most by {arm['sites'][0]['site']} (" in message
-    kept = CliRunner().invoke(cli, [*args, "--eps", "1e-30"])
-    assert kept.exit_code == 0, kept.output
-    assert "max |Δ logit|" in kept.output and "all contracts hold" in kept.output
-
-
-def test_smollm2_keeps_its_answers_at_the_librarys_defaults(cli: typer.Typer,
-                                                            shipped: Path) -> None:
-    shipped.write_text("What is the capital of France?\nHow many legs does a spider have?\n")
-    result = CliRunner().invoke(cli, ["check", "smollm2", "--text-file", str(shipped),
-                                      "--new-tokens", "4", "--json"])
-    summary = json.loads(result.stdout)
-    assert [a["arm"] for a in summary["answers"]["arms"]] == ["oa", "full-o"]
-    assert all(a["changed"] == [] and a["logits_max_delta"] <= 1e-3
-               for a in summary["answers"]["arms"]), summary["failed"]
-    assert result.exit_code == 0 and summary["holds"], summary["failed"]
