@@ -35,8 +35,8 @@ def run_check(name: str, arm: str | None = None, tau: float | None = None,
               text_file: Path | None = None, new_tokens: int | None = None) -> dict[str, Any]:
     """Measure every contract and the answers (:func:`oretrofit.hosts.transformers.check.check`);
     ``holds`` is True when all are within their limits."""
-    from oretrofit._files import read_text
-    from oretrofit._provenance import environment, portable
+    from oretrofit._files.reading import read_text
+    from oretrofit._files.provenance import environment, portable
     from oretrofit.hosts.transformers.answers import NEW_TOKENS
     from oretrofit.hosts.transformers.check import check
     from oretrofit.hosts.transformers.contracts import require_finite_weights
@@ -159,7 +159,7 @@ def register(app: typer.Typer) -> None:
         """Retrofit a transformers model at your settings and print the paper's contracts and
         how its answers move (exit 1 when one does not hold, 2 when the model cannot be
         retrofitted)."""
-        from oretrofit._registry import RetrofitError
+        from oretrofit._surgery.registry import RetrofitError
         given = [flag for flag, value in (("--arm", arm), ("--tau", tau), ("--eps", eps))
                  if value is not None]
         if spec is not None and given:

@@ -35,7 +35,7 @@ LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4, "logits": LOGIT_LIM
 
 def library_defaults() -> dict[str, float]:
     """τ and ε a retrofit takes when given none: the defaults of :func:`oretrofit.retrofit`."""
-    from ..._registry import retrofit
+    from ..._surgery.registry import retrofit
     parameters = inspect.signature(retrofit).parameters
     return {"tau": parameters["tau"].default, "eps": parameters["eps"].default}
 
@@ -54,7 +54,7 @@ class Setting:
     def patched(self, model: nn.Module) -> Iterator[Any]:
         """``model`` under this setting (a spec checked against it by
         :func:`oretrofit.apply_spec`); reverted on exit."""
-        from ..._registry import apply_spec, retrofit
+        from ..._surgery.registry import apply_spec, retrofit
         applied = (apply_spec(model, self.spec) if self.spec is not None
                    else retrofit(model, self.arm, self.tau, eps=self.eps))
         try:
