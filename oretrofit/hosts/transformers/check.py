@@ -17,7 +17,6 @@ spec), each against its limit (:data:`LIMITS`): what ``oretrofit check`` prints 
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -34,10 +33,10 @@ LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4, "logits": LOGIT_LIM
 
 
 def library_defaults() -> dict[str, float]:
-    """τ and ε a retrofit takes when given none: the defaults of :func:`oretrofit.retrofit`."""
-    from ..._surgery.registry import retrofit
-    parameters = inspect.signature(retrofit).parameters
-    return {"tau": parameters["tau"].default, "eps": parameters["eps"].default}
+    """τ and ε a retrofit takes when given none (:func:`oretrofit.retrofit`'s defaults):
+    ``TAU_RETROFIT`` and ``EPS_RETROFIT`` (0: the limit ε → 0⁺)."""
+    from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
+    return {"tau": TAU_RETROFIT, "eps": EPS_RETROFIT}
 
 
 @dataclass(frozen=True)
