@@ -11,18 +11,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
-import typer  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from oretrofit.cli import check as check_verb  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    app.callback()(lambda: None)          # keep `check` a sub-command
-    check_verb.register(app)
-    return app
+from oretrofit.cli.app import app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +34,12 @@ def shipped(smollm2: tuple, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
 
 def test_smollm2_at_a_sink_that_changes_its_answers_fails_with_the_number(
-        cli: typer.Typer, shipped: Path) -> None:
+        shipped: Path) -> None:
     """τ = ε = 1e-6: heads whose largest logit is around −20 go silent (ε e^{−max} outweighs
     the row): the answer changes, the logits move by far more than 1e-3, attention sites are
     named; with ε = 1e-30 the logits are the unpatched ones."""
     args = ["check", "smollm2", "--arm", "oa", "--text-file", str(shipped), "--new-tokens", "4"]
-    moved = CliRunner().invoke(cli, [*args, "--tau", "1e-6", "--eps", "1e-6", "--json"])
+    moved = CliRunner().invoke(app, [*args, "--tau", "1e-6", "--eps", "1e-6", "--json"])
     assert moved.exit_code == 1, moved.output
     summary = json.loads(moved.stdout)
     arm = summary["answers"]["arms"][0]
@@ -58,15 +49,14 @@ def test_smollm2_at_a_sink_that_changes_its_answers_fails_with_the_number(
     message = next(f for f in summary["failed"] if f.startswith("answers (oa: "))
     assert "1 of 1 greedy continuations change, logits move by up to " in message
     assert f"moved most by {arm['sites'][0]['site']} (" in message
-    kept = CliRunner().invoke(cli, [*args, "--eps", "1e-30"])
+    kept = CliRunner().invoke(app, [*args, "--eps", "1e-30"])
     assert kept.exit_code == 0, kept.output
     assert "max |Δ logit|" in kept.output and "all contracts hold" in kept.output
 
 
-def test_smollm2_keeps_its_answers_at_the_librarys_defaults(cli: typer.Typer,
-                                                            shipped: Path) -> None:
+def test_smollm2_keeps_its_answers_at_the_librarys_defaults(shipped: Path) -> None:
     shipped.write_text("What is the capital of France?\nHow many legs does a spider have?\n")
-    result = CliRunner().invoke(cli, ["check", "smollm2", "--text-file", str(shipped),
+    result = CliRunner().invoke(app, ["check", "smollm2", "--text-file", str(shipped),
                                       "--new-tokens", "4", "--json"])
     summary = json.loads(result.stdout)
     assert [a["arm"] for a in summary["answers"]["arms"]] == ["oa", "full-o"]
