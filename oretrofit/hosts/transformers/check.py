@@ -191,7 +191,8 @@ def check(model: nn.Module, tokenizer: Any = None, arm: str | None = None,
         padding = padding_delta(model, sequences) if sequences else None
     answers = None
     if tokenizer is not None:
-        reference = reference_answers(model, tokenizer, prompts or CHAT_PROMPTS, new_tokens)
+        reference = reference_answers(model, tokenizer,
+                                      CHAT_PROMPTS if prompts is None else prompts, new_tokens)
         answers = {"kind": reference.kind, "prompts": len(reference.prompts),
                    "new_tokens": new_tokens if reference.kind == "generate" else None,
                    "arms": [_answers(model, tokenizer, reference, s) for s in measured]}

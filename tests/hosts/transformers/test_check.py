@@ -54,6 +54,8 @@ def test_the_settings_measured_are_the_users_or_the_librarys_defaults():
         check(model, spec=retrofit(zoo.build(BERT)).spec(), eps=1e-9)
     with pytest.raises(ValueError, match="pass tokenizer= too"):
         check(model, prompts=PROMPTS)
+    with pytest.raises(ValueError, match="prompts must be non-empty strings, got \\[\\]"):
+        check(model, word_tokenizer(), prompts=[])
 
 
 @pytest.mark.parametrize("broken, named", [
@@ -84,18 +86,32 @@ def _tiny_causal_lm() -> nn.Module:
         eos_token_id=2)).eval(), 0)
 
 
-def test_a_language_models_answers_are_kept_or_the_moving_sites_named():
-    model, tokenizer = _tiny_causal_lm(), word_tokenizer()
+def _tiny_seq2seq_lm() -> nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from oretrofit.hosts.transformers.shrink import jitter
+    torch.manual_seed(0)
+    return jitter(T5ForConditionalGeneration(T5Config(
+        vocab_size=99, d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=2)).eval(), 0)
+
+
+@pytest.mark.parametrize("make", [_tiny_causal_lm, _tiny_seq2seq_lm], ids=["Llama", "T5"])
+def test_a_language_models_answers_are_kept_or_the_moving_sites_named(make):
+    from oretrofit import plan_retrofit
+    model, tokenizer = make(), word_tokenizer()
     kept = check(model, tokenizer, prompts=PROMPTS, new_tokens=5)
     answers = kept["answers"]
     assert answers["kind"] == "generate" and answers["prompts"] == 2
     assert answers["new_tokens"] == 5 and kept["holds"], kept["failed"]
     assert all(a["changed"] == [] and a["logits_max_delta"] <= 1e-3 and a["sites"] == []
                for a in answers["arms"])
-    # ε far above every row's mass silences the heads
+    # ε far above every row's mass silences the heads: attention sites are named
     moved = check(model, tokenizer, arm="full-o", eps=1e3, prompts=PROMPTS, new_tokens=5)
     arm = moved["answers"]["arms"][0]
-    assert arm["logits_max_delta"] > 1e-2 and arm["sites"][0]["site"].endswith("self_attn")
+    attention = {s.name for s, _ in plan_retrofit(model, "full-o").entries
+                 if s.kind == "attention"}
+    assert arm["logits_max_delta"] > 1e-2 and arm["sites"][0]["site"] in attention
     assert any(f.startswith("answers (full-o: ") and f"logits move by up to "
                f"{arm['logits_max_delta']:.3g} (limit 0.001); moved most by "
                f"{arm['sites'][0]['site']} (" in f for f in moved["failed"]), moved["failed"]
