@@ -16,7 +16,7 @@ from typer.testing import CliRunner  # noqa: E402
 from oretrofit.cli import calibrate as calibrate_verb  # noqa: E402
 from oretrofit.cli import check as check_verb  # noqa: E402
 from hosts.transformers import zoo  # noqa: E402
-from hosts.transformers.word_tokenizer import word_tokenizer  # noqa: E402
+from hosts.transformers.tiny_text import word_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -127,7 +127,8 @@ def failed(summary: Mapping[str, Any]) -> list[str]:
                      f"{len(a['changed'])} of {answers['prompts']} greedy continuations change, "
                      f"logits move by up to {a['logits_max_delta']:.3g} (limit "
                      f"{LIMITS['logits']:g})")
-            broken.append(f"answers ({a['arm']}: {moved}; moved most by {_sites_named(a['sites'])})")
+            broken.append(f"answers ({a['arm']}: {moved}; moved most by "
+                          f"{_sites_named(a['sites'])})")
     return broken
 
 
@@ -171,8 +172,8 @@ def check(model: nn.Module, tokenizer: Any = None, arm: str | None = None,
     Contracts run on example inputs of 2 × 12 tokens; padding batches the first row with the
     second's first 7 tokens; null insertion and padding run under the last setting (``full-o``
     when both arms are measured). The model is left as it was given. Raises
-    :class:`oretrofit.RetrofitError` for a model the host does not cover (by name) and ValueError for
-    a model that is no transformers model.
+    :class:`oretrofit.RetrofitError` for a model the host does not cover (by name) and
+    ValueError for a model that is no transformers model.
     """
     if prompts is not None and tokenizer is None:
         raise ValueError("prompts are tokenised by the model's tokenizer: pass tokenizer= too")

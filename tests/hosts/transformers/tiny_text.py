@@ -1,9 +1,12 @@
-"""A word-level tokenizer for the tiny models (vocabulary 99): the built-in calibration text's
-first words (ids 4…), every other word [UNK]."""
+"""Text for the tiny models (vocabulary 99): a word-level tokenizer (the built-in calibration
+text's first words as ids 4…, every other word [UNK]) and a tiny causal LM."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
+from torch import nn
 
 
 def word_tokenizer() -> Any:
@@ -19,3 +22,15 @@ def word_tokenizer() -> Any:
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]",
                                    pad_token="[PAD]")
+
+
+def tiny_causal_lm() -> nn.Module:
+    """A jittered 2-layer ``LlamaForCausalLM`` (width 32, 4 heads) in eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from oretrofit.hosts.transformers.shrink import jitter
+    torch.manual_seed(0)
+    return jitter(LlamaForCausalLM(LlamaConfig(
+        vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)).eval(), 0)
