@@ -20,10 +20,7 @@ FIX = f"pip install 'tabdpt=={TESTED_RELEASES[-1]}'"
 @functools.cache
 def installed_version() -> str | None:
     """The installed tabdpt version (read once), or None when tabdpt is not installed."""
-    try:
-        return _md.version("tabdpt")
-    except _md.PackageNotFoundError:
-        return None
+    return next((found.version for found in _md.distributions(name="tabdpt")), None)
 
 
 def check_release(version: str | None) -> None:
