@@ -66,7 +66,7 @@ def test_the_padding_would_show_so_other_arms_are_refused(checkpoint, table):
 
 
 def test_an_ensemble_from_fresh_entropy_and_bad_lists_are_refused(checkpoint, table):
-    datasets = [table(10, 3, 0, seed=8)]
+    datasets = [table(10, 8, 0, seed=8)]      # 8! feature orders: two draws agree ~never
     estimator, _ = make_regressor(checkpoint, verbose=False)
     with pytest.raises(RetrofitError, match="pass seed=<int>"):
         _batched(predict_batched, estimator, datasets, n_ensembles=2)

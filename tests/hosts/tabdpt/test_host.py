@@ -12,6 +12,7 @@ from torch import nn
 import oretrofit
 from oretrofit import RetrofitError, retrofit
 from oretrofit.hosts.tabdpt.host import TabDPTHost
+from oretrofit.tabdpt import checkpoint_config, random_model
 
 
 def _outputs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, is_cls: bool) -> torch.Tensor:
@@ -33,6 +34,18 @@ def test_retrofit_is_the_vendor_forward_and_revert_is_bit_identical(model, batch
     assert torch.equal(_outputs(model, x, y, is_cls), before)
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     assert [type(m).__name__ for m in model.modules() if "_oretrofit" in m.__dict__] == []
+
+
+@pytest.mark.parametrize("config", [{"n_thinking_rows": 0},
+                                    {"min_eval_context": 64, "max_eval_context": 64},
+                                    {"nhead": 4, "y_encoder_dim": 4}])
+def test_retrofit_is_the_vendor_forward_in_other_configurations(batch, config):
+    """No thinking rows; the length scale switched off (β = 1); more heads, narrower targets."""
+    model = random_model(checkpoint_config(**config), seed=1)
+    x, y = batch(True)
+    before = _outputs(model, x, y, True)
+    retrofit(model, "full-o", tau=1e-8)
+    assert (_outputs(model, x, y, True) - before).abs().max().item() <= 1e-5
 
 
 def test_the_comparison_sees_a_retrofit_that_changes_the_forward(model, batch):
