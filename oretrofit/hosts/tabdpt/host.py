@@ -3,19 +3,19 @@ it admits are in :mod:`oretrofit.hosts.tabdpt.releases`, the O-mixin in
 :mod:`oretrofit.hosts.tabdpt.blocks`, the token boundary in :mod:`oretrofit.hosts.tabdpt.padding`).
 
 Rows are tokens: ``enc_norm(encoder(x))`` of each row's features (zero-padded to
-``num_features``), after the model's learned thinking rows. Each layer ``l`` is one gated
+``num_features``), after the model's learned thinking rows. Each layer ``k`` is one gated
 attention of every row over the context rows, with the target embedding concatenated into the
 context rows' values, then a SwiGLU FFN. Sites, in forward order:
 
 =============  =========  ==========================================================
 site           kind       carrier (presence read from it)
 =============  =========  ==========================================================
-icl.l.norm     norm       ``attn_norm`` and ``ff_norm``: the residual stream each reads
-icl.l.te       inject     the context row's token, gating its target embedding
-                          ``cls_y_encoders[l]`` / ``reg_y_encoders[l]`` in the values
-icl.l.attn     attention  receivers: all rows; sources: the context rows (thinking rows
+icl.k.norm     norm       ``attn_norm`` and ``ff_norm``: the residual stream each reads
+icl.k.te       inject     the context row's token, gating its target embedding
+                          ``cls_y_encoders[k]`` / ``reg_y_encoders[k]`` in the values
+icl.k.attn     attention  receivers: all rows; sources: the context rows (thinking rows
                           first); the length scale reads the sources' presence mass
-icl.l.ffn      ffn        the residual stream before ``ff_norm``
+icl.k.ffn      ffn        the residual stream before ``ff_norm``
 =============  =========  ==========================================================
 
 The row encoder (``encoder``, ``enc_norm``) is where tokens are born, the token boundary, not a
@@ -78,15 +78,15 @@ def _norms(*modules: nn.Module) -> Callable[[SiteConfig], Undo]:
 def sites(model: nn.Module) -> list[Site]:
     """The sites of a ``TabDPTModel`` (see the module docstring)."""
     found: list[Site] = []
-    for l, layer in enumerate(model.transformer_encoder):
+    for k, layer in enumerate(model.transformer_encoder):
         found += [
-            Site(f"icl.{l}.norm", "norm", "residual stream entering attn_norm and ff_norm",
+            Site(f"icl.{k}.norm", "norm", "residual stream entering attn_norm and ff_norm",
                  _norms(layer.attn_norm, layer.ff_norm)),
-            Site(f"icl.{l}.te", "inject", "context row token, gating its target embedding in "
+            Site(f"icl.{k}.te", "inject", "context row token, gating its target embedding in "
                  "the values", _layer_site(layer, "te")),
-            Site(f"icl.{l}.attn", "attention", "receivers: all rows; sources: context rows "
+            Site(f"icl.{k}.attn", "attention", "receivers: all rows; sources: context rows "
                  "(length scale on their presence mass)", _layer_site(layer, "attn")),
-            Site(f"icl.{l}.ffn", "ffn", "residual stream before ff_norm",
+            Site(f"icl.{k}.ffn", "ffn", "residual stream before ff_norm",
                  _layer_site(layer, "ffn"))]
     return found
 

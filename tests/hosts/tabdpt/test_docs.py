@@ -21,7 +21,7 @@ def test_python_example_runs_and_prints_what_the_page_says(capsys, tmp_path, mon
 
 
 def test_the_site_table_is_the_hosts(model):
-    rows = re.findall(r"^\| `icl\.l\.(\w+)` \| (\w+) \|", DOC, flags=re.M)
+    rows = re.findall(r"^\| `icl\.k\.(\w+)` \| (\w+) \|", DOC, flags=re.M)
     layer_0 = [(s.name.removeprefix("icl.0."), s.kind) for s in TabDPTHost().sites(model)
                if s.name.startswith("icl.0.")]
     assert rows == layer_0

@@ -58,7 +58,7 @@ def test_the_comparison_sees_a_retrofit_that_changes_the_forward(model, batch):
 def test_sites_are_every_layers_norm_target_attention_and_ffn(model):
     sites = TabDPTHost().sites(model)
     assert [(s.name, s.kind) for s in sites] == [
-        (f"icl.{l}.{name}", kind) for l in range(2)
+        (f"icl.{k}.{name}", kind) for k in range(2)
         for name, kind in (("norm", "norm"), ("te", "inject"), ("attn", "attention"),
                            ("ffn", "ffn"))]
     plan = oretrofit.plan_retrofit(model, "oa")
