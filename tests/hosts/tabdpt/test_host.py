@@ -91,3 +91,14 @@ def test_an_untested_release_is_refused_by_name(model, monkeypatch):
     with pytest.raises(RetrofitError, match=r"tabdpt 1\.2\.0 is not supported .* "
                                             r"pip install 'tabdpt==1\.3\.1'"):
         retrofit(model, "oa")
+
+
+def test_a_saved_spec_retrofits_a_fresh_model_the_same(model, batch, tmp_path):
+    x, y = batch(True)
+    handle = retrofit(model, "full-o", tau=1e-7, site_tau={"icl.1.*": 1e-6})
+    path = handle.save_spec(tmp_path / "spec.json")
+    fresh = random_model(checkpoint_config(), seed=0)
+    again = oretrofit.apply_spec(fresh, oretrofit.read_spec(path))
+    assert again.spec()["host_versions"] == {"tabdpt": "1.3.1"}
+    assert [s.name for s, _ in again.plan.entries] == [s.name for s, _ in handle.plan.entries]
+    assert torch.equal(_outputs(fresh, x, y, True), _outputs(model, x, y, True))
