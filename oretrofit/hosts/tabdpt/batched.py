@@ -67,15 +67,10 @@ def _answer(model: nn.Module, recorders: list[_Calls]) -> None:
     """One padded forward over every lane of every recorded call; each recorder gets its
     answers ``(M, B, O)``, in call order."""
     calls = [call for recorder in recorders for call in recorder.calls]
-    if not calls:
-        return
-    tasks = {is_cls for _, _, is_cls in calls}
-    if len(tasks) > 1:
-        raise RetrofitError("predict_batched: the calls mix classification and regression")
-    with torch.inference_mode():
+    with torch.inference_mode():                  # one estimator's copies: one task flag
         outs = iter(padded_forward(model, [x[b] for x, _, _ in calls for b in range(len(x))],
                                    [y[b] for _, y, _ in calls for b in range(len(y))],
-                                   tasks.pop()))
+                                   calls[0][2]))
         for recorder in recorders:
             recorder.answers = [torch.stack([next(outs) for _ in range(len(x))], dim=1)
                                 for x, _, _ in recorder.calls]
