@@ -13,9 +13,8 @@ up to float summation order (the tests hold it to 1e-5). The steps:
    inputs ``x (B, N + M, F)``, ``y (B, N)`` and answers zeros. A TabDPT model call never reads
    an earlier call's output (ensemble members, class digits and retrieval batches are fixed by
    the data and the seed), so the calls are those of the real prediction.
-2. *one padded forward*: every batch lane of every recorded call is one dataset of
-   :func:`.padding.padded_forward` (its own preprocessing statistics; tokens zero-padded,
-   no mask).
+2. *one padded forward*: :func:`.padding.padded_forward` answers every recorded call at once
+   (each batch lane with its own preprocessing statistics; tokens zero-padded, no mask).
 3. *replay*: each copy's ``predict`` runs again with the model answering its calls from that
    forward, so the vendor decodes them (softmax, class digits, ensemble average, target scale)
    as it would its own forward's. A call that differs from the recorded one (an ensemble drawn
@@ -64,16 +63,14 @@ class _Calls:
 
 
 def _answer(model: nn.Module, recorders: list[_Calls]) -> None:
-    """One padded forward over every lane of every recorded call; each recorder gets its
-    answers ``(M, B, O)``, in call order."""
+    """One padded forward answering every recorded call; each recorder gets its answers
+    ``(M, B, O)``, in call order."""
     calls = [call for recorder in recorders for call in recorder.calls]
     with torch.inference_mode():                  # one estimator's copies: one task flag
-        outs = iter(padded_forward(model, [x[b] for x, _, _ in calls for b in range(len(x))],
-                                   [y[b] for _, y, _ in calls for b in range(len(y))],
+        outs = iter(padded_forward(model, [x for x, _, _ in calls], [y for _, y, _ in calls],
                                    calls[0][2]))
-        for recorder in recorders:
-            recorder.answers = [torch.stack([next(outs) for _ in range(len(x))], dim=1)
-                                for x, _, _ in recorder.calls]
+    for recorder in recorders:
+        recorder.answers = [next(outs) for _ in recorder.calls]
 
 
 def _full_o_model(estimator: Any) -> nn.Module:

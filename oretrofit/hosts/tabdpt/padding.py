@@ -8,10 +8,11 @@ outliers (``forward``'s first lines). The features are already zero-padded to th
 and meets only the encoder's weights, so padded features are inert in the host itself. Padded
 *rows* are not: a zero row enters the statistics and the encoder's bias makes it a token.
 
-:func:`padded_forward` therefore makes each dataset's row tokens by the model itself, one call
-each, stopped at the boundary (a forward hook on ``enc_norm``); stacks them on the batch axis,
-context rows first and test rows after, zero where a dataset has fewer rows; and runs the model
-once with its ``enc_norm`` output replaced by that stack. A zero token has presence 0: an
+:func:`padded_forward` therefore makes each call's row tokens by the model itself (each batch
+lane standardised on its own), stopped at the boundary (a forward hook on ``enc_norm``); stacks
+the lanes of every call on the batch axis, context rows first and test rows after, zero where a
+lane has fewer rows; and runs the model once with its ``enc_norm`` output replaced by that
+stack. A zero token has presence 0: an
 OAttention source of weight 0 that changes neither the softmax nor the length scale (which reads
 the presence mass), a receiver whose output is 0, and norm/FFN/target branches gated by 0, so
 under ``full-o`` every layer keeps it zero and it never reaches a real row. Under ``oa`` it
@@ -21,6 +22,7 @@ does not stay zero (``ff_norm``'s bias gives it an FFN output).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from typing import Callable, Iterator, Sequence
 
@@ -73,39 +75,44 @@ def row_tokens(model: nn.Module, x: Tensor, y: Tensor, is_cls: bool) -> Tensor:
 
 def _padded_features(x: Tensor, width: int) -> Tensor:
     if x.shape[-1] > width:
-        raise ValueError(f"a dataset has {x.shape[-1]} features, more than the model's "
+        raise ValueError(f"a call has {x.shape[-1]} features, more than the model's "
                          f"{width}; reduce them first (the estimators' feature_reduction)")
     return torch.nn.functional.pad(x, (0, width - x.shape[-1]))
 
 
 def padded_forward(model: nn.Module, xs: Sequence[Tensor], ys: Sequence[Tensor],
                    is_cls: bool) -> list[Tensor]:
-    """One forward of a ``TabDPTModel`` over several datasets of different sizes.
+    """One forward of a ``TabDPTModel`` answering several of its calls on datasets of different
+    sizes.
 
     Args:
-        xs: each dataset's rows ``(N_k + M_k, F_k)``, its ``N_k`` context rows first,
-            ``F_k ≤ num_features`` features (zero-padded to the model's width here).
-        ys: each dataset's context targets ``(N_k,)``.
+        xs: each call's rows ``(B_k, N_k + M_k, F_k)`` as the model takes them (``B_k`` batch
+            lanes, the ``N_k`` context rows first, ``F_k ≤ num_features`` features: zero-padded
+            to the model's width here).
+        ys: each call's context targets ``(B_k, N_k)``.
         is_cls: the model's task flag.
     Returns:
-        per dataset, the model's output for its test rows, ``(M_k, n_out + bins)``; under
-        ``full-o`` equal to ``model(xs[k][None], ys[k][None], is_cls)[:, 0]`` (the padding is
-        inert, see the module docstring). Datasets keep their own preprocessing statistics.
+        per call, the model's output for its test rows, ``(M_k, B_k, n_out + bins)``; under
+        ``full-o`` equal to ``model(xs[k], ys[k], is_cls)`` (the padding is inert, see the
+        module docstring). Each lane keeps its own preprocessing statistics.
     """
     if len(xs) != len(ys) or not xs:
-        raise ValueError(f"padded_forward needs one target vector per dataset, and at least "
-                         f"one dataset; got {len(xs)} datasets and {len(ys)} target vectors")
+        raise ValueError(f"padded_forward needs one target tensor per call, and at least one "
+                         f"call; got {len(xs)} row tensors and {len(ys)} target tensors")
     width = model.num_features
-    tokens = [row_tokens(model, _padded_features(x, width)[None], y[None], is_cls)[:, 0]
-              for x, y in zip(xs, ys)]                                       # (N_k + M_k, D)
-    n = max(len(y) for y in ys)
-    m = max(len(x) - len(y) for x, y in zip(xs, ys))
-    stack = tokens[0].new_zeros(n + m, len(xs), tokens[0].shape[-1])
-    targets = ys[0].new_zeros(len(xs), n)
-    for k, (t, y) in enumerate(zip(tokens, ys)):
-        stack[: len(y), k], stack[n: n + len(t) - len(y), k] = t[: len(y)], t[len(y):]
-        targets[k, : len(y)] = y
-    blank = stack.new_zeros(len(xs), n + m, width)
+    tokens = [row_tokens(model, _padded_features(x, width), y, is_cls)
+              for x, y in zip(xs, ys)]                                  # (N_k + M_k, B_k, D)
+    lanes = [0, *itertools.accumulate(len(x) for x in xs)]
+    n = max(y.shape[1] for y in ys)
+    m = max(x.shape[1] - y.shape[1] for x, y in zip(xs, ys))
+    stack = tokens[0].new_zeros(n + m, lanes[-1], tokens[0].shape[-1])
+    targets = ys[0].new_zeros(lanes[-1], n)
+    for t, y, first, end in zip(tokens, ys, lanes, lanes[1:]):
+        n_k = y.shape[1]
+        stack[:n_k, first:end], stack[n: n + len(t) - n_k, first:end] = t[:n_k], t[n_k:]
+        targets[first:end, :n_k] = y
+    blank = stack.new_zeros(lanes[-1], n + m, width)
     with boundary(model, lambda _made: stack):
-        out = model(blank, targets, is_cls)                                   # (M, K, O)
-    return [out[: len(x) - len(y), k] for k, (x, y) in enumerate(zip(xs, ys))]
+        out = model(blank, targets, is_cls)                                   # (M, lanes, O)
+    return [out[: x.shape[1] - y.shape[1], first:end]
+            for x, y, first, end in zip(xs, ys, lanes, lanes[1:])]

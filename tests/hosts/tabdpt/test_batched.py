@@ -49,7 +49,7 @@ def test_predict_batched_is_the_loop_for_an_ensembled_regressor(checkpoint, tabl
     assert _largest_gap(ours, _loop(estimator, datasets, "predict", **kwargs)) <= 1e-5
 
 
-def test_retrieval_lanes_are_datasets_of_the_padded_forward(checkpoint, table):
+def test_retrieval_lanes_are_answered_by_the_padded_forward(checkpoint, table):
     datasets = [table(30, 5, 3, seed=5), table(18, 4, 3, seed=6, test_rows=2)]
     estimator, _ = make_classifier(checkpoint, context_reduction="retrieval")
     ours = _batched(predict_proba_batched, estimator, datasets, context_size=8)
