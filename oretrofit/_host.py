@@ -46,7 +46,10 @@ class Site:
     the presence of learned receivers (inducing vectors, CLS tokens) at that τ. ``scope``
     optionally names the module paths (in the model given to ``Host.sites``) whose parameters
     and buffers the site gates; when every site of a host states its scope, the registry lists
-    any weight outside all scopes as uncovered (see :mod:`oretrofit._compose`).
+    any weight outside all scopes as uncovered (see :mod:`oretrofit._compose`). ``modules``
+    optionally names the modules the site patches (default: those at its ``scope`` paths); a
+    patch spec records their classes and weight shapes, so that a spec applied to another model
+    or under another release is refused where a site differs (:mod:`oretrofit._serialize`).
     """
 
     name: str
@@ -55,6 +58,7 @@ class Site:
     apply: Callable[[SiteConfig], Undo]
     receivers: Callable[[float], dict[str, float]] | None = None
     scope: tuple[str, ...] | None = None
+    modules: tuple[nn.Module, ...] = ()
 
 
 class Host(Protocol):
