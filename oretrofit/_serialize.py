@@ -150,8 +150,8 @@ def _record_difference(spec: Mapping[str, Any] | None, made: Mapping[str, Any] |
             if path not in theirs:
                 return f"has the {what} {path} ({mine[path]}) here, absent from the spec"
             if theirs[path] != mine[path]:
-                noun = "a" if entry == "classes" else "of shape"
-                return (f"has the {what} {path} {noun} {theirs[path]} in the spec, {noun} "
+                noun = "class" if entry == "classes" else "shape"
+                return (f"has the {what} {path} of {noun} {theirs[path]} in the spec, of {noun} "
                         f"{mine[path]} here")
     return None
 
