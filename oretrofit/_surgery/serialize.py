@@ -115,7 +115,7 @@ def site_records(model: nn.Module, sites: Sequence[Site]) -> dict[str, dict[str,
         records[site.name] = {
             "kind": site.kind,
             "classes": {paths[id(m)] or "root": _site_class(m).__name__ for m in modules},
-            "shapes": {join_path(paths[id(m)], name): "x".join(map(str, weight.shape))
+            "shapes": {join_path(paths[id(m)], name): "x".join(map(str, weight.shape)) or "scalar"
                        for m in modules for name, weight in m.named_parameters()}}
     return records
 
