@@ -34,14 +34,14 @@ from .._version import __version__
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
            "register_host", "registered_hosts", "plan_retrofit", "retrofit", "retrofitted",
-           "apply_spec", "read_spec", "SPEC_VERSION", "SPEC_VERSIONS_READ"]
+           "apply_spec", "read_spec", "check_schema_version", "SPEC_VERSION", "SPEC_VERSIONS_READ"]
 
 ARMS: dict[str, frozenset[str]] = {
     "base": frozenset(),
     "oa": frozenset({"attention"}),
     "full-o": frozenset(KINDS),
 }
-SPEC_VERSION = 2                  # 2 added site_modules (oretrofit._serialize.ADDED_IN)
+SPEC_VERSION = 2             # 2 added site_modules (oretrofit._surgery.serialize.ADDED_IN)
 SPEC_VERSIONS_READ = (1, 2)
 _ACTIVE = "_oretrofit_retrofit"          # attribute on a retrofitted model (not in state_dict)
 
