@@ -48,6 +48,10 @@ class Site:
     optionally names the module paths (in the model given to ``Host.sites``) whose parameters
     and buffers the site gates; when every site of a host states its scope, the registry lists
     any weight outside all scopes as uncovered (see :mod:`oretrofit._surgery.compose`).
+    ``modules`` optionally names the modules the site patches (default: those at its ``scope``
+    paths); a patch spec records their classes and weight shapes, so that a spec applied to
+    another model or under another release is refused where a site differs
+    (:mod:`oretrofit._surgery.serialize`).
     """
 
     name: str
@@ -56,6 +60,7 @@ class Site:
     apply: Callable[[SiteConfig], Undo]
     receivers: Callable[[float], dict[str, float]] | None = None
     scope: tuple[str, ...] | None = None
+    modules: tuple[nn.Module, ...] = ()
 
 
 class Host(Protocol):
