@@ -94,6 +94,17 @@ def _check_keys(owner: str, attention_mask: Tensor | None, n_q: int, n_k: int,
             "with a config whose layer counts add up")
 
 
+def _mask_over_keys(attention_mask: Tensor | None, n_k: int) -> Tensor | None:
+    """The mask's columns of the ``n_k`` keys given, ``m[..., :n_k]``: transformers before 5.0
+    builds a decoder's mask without a 2-D ``attention_mask`` over one key past the cache
+    (``_update_causal_mask``: target length = cached + new + 1, GPT-2, BioGPT), and its eager and
+    SDPA functions read the first ``n_k`` columns; a mask over fewer keys is
+    :func:`_check_keys`' to refuse."""
+    if attention_mask is None or attention_mask.shape[-1] <= n_k:
+        return attention_mask
+    return attention_mask[..., :n_k]
+
+
 def _untracked_presences(module: nn.Module, state: CarrierPresence, n_q: int, n_k: int
                          ) -> str | None:
     """Why the captured presences do not fit the call's ``n_q`` queries and ``n_k`` keys (None
@@ -222,6 +233,7 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
         raise RetrofitError(untracked)
     if query.shape[2] > 1:               # one query attends to every key it is given either way
         is_causal = _sdpa_causality(module, attention_mask, is_causal)
+    attention_mask = _mask_over_keys(attention_mask, key.shape[2])
     _check_keys(type(module).__name__, attention_mask, query.shape[2], key.shape[2], is_causal,
                 state.first_write)
     mask = _score_mask(attention_mask, query, key, is_causal, sliding_window, biases)
