@@ -20,7 +20,6 @@ from transformers import LlamaModel  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer  # noqa: E402
 
 from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
-from oretrofit.hosts.transformers import selfcheck  # noqa: E402
 from oretrofit.hosts.transformers.contracts import null_insertion  # noqa: E402
 from oretrofit.hosts.transformers.overrides import overrides  # noqa: E402
 from oretrofit.hosts.transformers.selfcheck import (SubclassCheckedWarning,  # noqa: E402
@@ -69,15 +68,6 @@ class BiasedLayer(LlamaDecoderLayer):
         return super().forward(hidden_states + 0.5, *args, **kwargs)
 
 
-@pytest.fixture()
-def fresh(monkeypatch, tmp_path):
-    """An empty record folder and no record or notice kept in this process."""
-    monkeypatch.setenv("ORETROFIT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(selfcheck, "_RESULTS", {})
-    monkeypatch.setattr(selfcheck, "_NOTIFIED", set())
-    return tmp_path
-
-
 def _built(cls: type) -> nn.Module:
     """``cls`` with the jittered weights of the zoo's tiny Llama (its own parameters random)."""
     base = zoo.build(LLAMA)
@@ -88,6 +78,14 @@ def _built(cls: type) -> nn.Module:
             if name == "token_bias":
                 parameter.normal_(0, 1, generator=torch.Generator().manual_seed(0))
     return model
+
+
+def _refusal(model: nn.Module) -> str:
+    """The RetrofitError message of retrofitting ``model``, which is left unpatched."""
+    with pytest.raises(RetrofitError) as error:
+        retrofit(model, "full-o", 1e-6)
+    assert not [m for m in model.modules() if type(m).__module__ == "oretrofit._patching"]
+    return str(error.value)
 
 
 def _inserted_max_abs(model: nn.Module) -> float:
@@ -106,9 +104,7 @@ def test_overriding_classes_are_found_with_the_methods_they_redefine() -> None:
 
 def test_a_bias_adding_forward_is_refused_naming_class_method_and_contract(fresh) -> None:
     model = _built(BiasedLlama)
-    with pytest.raises(RetrofitError) as error:
-        retrofit(model, "full-o", 1e-6)
-    message = str(error.value)
+    message = _refusal(model)
     assert message.startswith("BiasedLlama (the model itself, a subclass of transformers' "
                               "LlamaModel) overrides forward, which the host relies on")
     assert "BiasedLlama fails the self-check: on a tiny random BiasedLlama of its config, " \
@@ -116,7 +112,6 @@ def test_a_bias_adding_forward_is_refused_naming_class_method_and_contract(fresh
     assert message.endswith("make the override keep the contracts, or retrofit the model "
                             "without it")
     assert not hasattr(model, "_oretrofit_retrofit")
-    assert not [m for m in model.modules() if type(m).__module__ == "oretrofit._patching"]
 
 
 def test_a_forward_that_keeps_the_contracts_is_admitted_after_the_self_check(fresh) -> None:
@@ -145,9 +140,7 @@ def test_an_overriding_layer_put_in_after_construction_is_refused_by_name(fresh)
     layer = BiasedLayer(model.config, layer_idx=1).eval()
     layer.load_state_dict(model.layers[1].state_dict())
     model.layers[1] = layer
-    with pytest.raises(RetrofitError) as error:
-        retrofit(model, "full-o", 1e-6)
-    message = str(error.value)
+    message = _refusal(model)
     assert message.startswith("BiasedLayer (at layers.1, a subclass of transformers' "
                               "LlamaDecoderLayer) overrides forward, which the host relies on")
     assert "the self-check cannot measure BiasedLayer: a tiny LlamaModel built from its " \
