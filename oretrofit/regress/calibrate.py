@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 from torch import nn
 
-from .._calibrate import calibrate
+from .._surgery.calibrate import calibrate
 from .data import Dataset
 from .protocol import PAPER_PROTOCOL, SplitProtocol
 

@@ -26,9 +26,9 @@ from typing import Any, Mapping
 
 import torch
 
-from ..._files import FileRefused, parse_json
-from ..._provenance import weights_digest
-from ..._registry import SPEC_VERSION, Retrofit, RetrofitError
+from ..._files.reading import FileRefused, parse_json
+from ..._files.provenance import weights_digest
+from ..._surgery.registry import SPEC_VERSION, Retrofit, RetrofitError
 from .checkpoints import check_checkpoint_name, checkpoint_sha256, load_checkpoint, save_atomic
 from .estimators import regressor_from_checkpoint, spec_patch
 

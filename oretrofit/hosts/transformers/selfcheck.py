@@ -14,11 +14,12 @@ and the ``pip install`` of the tested range. An overriding class that the tiny m
 hold (put into the model after it was built) cannot be measured, and is refused by name.
 
 The result is kept per (model class, attention implementation, transformers release, oretrofit
-version, and the digest of the overriding classes' code) in memory and on disk, ``<cache>/selfcheck/*.json`` (:func:`oretrofit._provenance.
-cache_dir`: ``$ORETROFIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/oretrofit``), written whole
-(:mod:`oretrofit._atomic`), so it is measured once; a record that cannot be read is measured
-again. A check that cannot run (no tiny model builds, or its forward raises) refuses and is not
-kept.
+version, and the digest of the overriding classes' code) in memory and on disk,
+``<cache>/selfcheck/*.json`` (:func:`oretrofit._files.provenance.cache_dir`:
+``$ORETROFIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/oretrofit``), written whole
+(:mod:`oretrofit._files.atomic`), so it is measured once; a record that cannot be read is
+measured again. A check that cannot run (no tiny model builds, or its forward raises) refuses
+and is not kept.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from typing import Any
 
 from torch import nn
 
-from ..._files import FileRefused, read_json
-from ..._host import RetrofitError
-from ..._provenance import cache_dir, write_json_atomic
+from ..._files.reading import FileRefused, read_json
+from ..._surgery.host import RetrofitError
+from ..._files.provenance import cache_dir, write_json_atomic
 from ..._version import __version__
 from .backbones import pretrained_models
 from .check import check

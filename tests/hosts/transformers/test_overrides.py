@@ -83,13 +83,13 @@ def _built(cls: type) -> nn.Module:
 def _refusal(model: nn.Module) -> str:
     """The RetrofitError message of retrofitting ``model``, which is left unpatched."""
     with pytest.raises(RetrofitError) as error:
-        retrofit(model, "full-o", 1e-6)
-    assert not [m for m in model.modules() if type(m).__module__ == "oretrofit._patching"]
+        retrofit(model)
+    assert not [m for m in model.modules() if type(m).__module__ == "oretrofit._surgery.patching"]
     return str(error.value)
 
 
 def _inserted_max_abs(model: nn.Module) -> float:
-    with retrofitted(model, "full-o", 1e-6, eps=1e-30):
+    with retrofitted(model):
         return null_insertion(model, zoo.example_inputs(model))["inserted_max_abs"]
 
 
@@ -153,6 +153,6 @@ def test_a_newer_release_refuses_the_bias_adding_forward_too(monkeypatch, fresh)
     with pytest.raises(RetrofitError, match=r"^transformers 5\.99\.0 is newer than every release "
                        r".*, BiasedLlama \(the model itself.*overrides forward.* BiasedLlama "
                        r"fails the self-check there: .*null insertion"):
-        retrofit(model, "full-o", 1e-6)
+        retrofit(model)
     with pytest.warns(UntestedReleaseWarning):
         retrofit(_built(HelperLlama), "oa").revert()
