@@ -462,8 +462,9 @@ def architectures_table() -> str:
             f"{on_call}\n\n"
             "Generated from `tests/hosts/transformers/zoo.py` by `make docs` "
             "(`scripts/transformers_docs.py`); `tests/hosts/transformers/test_architectures.py` "
-            "runs the contracts on every row, `tests/test_docs_transformers.py` checks this table "
-            "is current.\n")
+            "runs the contracts on every row, `tests/hosts/transformers/test_calls.py` calls every "
+            "row as users do (with and without a mask, `inputs_embeds`, `generate`, a training "
+            "step), `tests/test_docs_transformers.py` checks this table is current.\n")
 
 
 _TRACED = ("read from the layer's call: the input of the norm the MLP reads (pre-norm), the "
