@@ -33,11 +33,12 @@ TABPFN_TESTS := tests/hosts/tabpfn tests/regress/test_cli.py
 OLDEST_TRANSFORMERS := 4.53.3
 OLDEST_TF := $(VENV)/transformers-$(OLDEST_TRANSFORMERS)
 OLDEST_TF_STAMP := $(OLDEST_TF)/.oretrofit-installed
-# the transformers host's tests, as scripts/transformers_compat.py runs them per release (its TESTS)
+# the transformers host's tests, as scripts/transformers_compat.py runs them per release (its TESTS),
+# and on the oldest release (the newest runs them with the rest) the call matrix and the overrides
 TRANSFORMERS_TESTS := tests/hosts/transformers/test_architectures.py \
 	tests/hosts/transformers/test_bert.py tests/hosts/transformers/test_llama.py \
-	tests/hosts/transformers/test_pretrained.py tests/_surgery/test_compose.py \
-	tests/cli/test_check.py
+	tests/hosts/transformers/test_pretrained.py tests/hosts/transformers/test_overrides.py \
+	tests/hosts/transformers/test_calls.py tests/_surgery/test_compose.py tests/cli/test_check.py
 # tabdpt pins huggingface-hub<2.0, which the main environment's transformers does not admit: the
 # TabDPT host's tests run in an environment of their own (transformers is not importable there;
 # oretrofit and its registry import without it)

@@ -26,7 +26,9 @@ HOMES = {"zero_padded_inputs": "oretrofit.hosts.transformers.inputs:zero_padded_
          "requirement": "oretrofit.hosts.transformers.releases:requirement",
          "TESTED_RELEASES": "oretrofit.hosts.transformers.releases:TESTED_RELEASES",
          "UntestedReleaseWarning":
-             "oretrofit.hosts.transformers.selfcheck:UntestedReleaseWarning"}
+             "oretrofit.hosts.transformers.selfcheck:UntestedReleaseWarning",
+         "SubclassCheckedWarning":
+             "oretrofit.hosts.transformers.selfcheck:SubclassCheckedWarning"}
 
 
 def test_every_public_name_is_its_home_modules_object():

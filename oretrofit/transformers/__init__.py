@@ -1,7 +1,8 @@
 """transformers models: mask-free padded batches, the contracts and answers checked on a model at
 the settings you run (``check``; ``failed`` names what a summary shows broken), τ calibrated
 on text, retrofitted folders loaded back, and the transformers releases the host admits (on a
-newer one, a retrofit checks itself first: :class:`UntestedReleaseWarning`).
+newer one, or for a subclass redefining a transformers class's methods, a retrofit checks itself
+first: :class:`UntestedReleaseWarning`, :class:`SubclassCheckedWarning`).
 
 The public entry points of the transformers host (:mod:`oretrofit.hosts.transformers`, where
 its sites live); ``oretrofit.retrofit(model, ...)`` retrofits a model. Needs ``oretrofit[hf]``.
@@ -28,6 +29,7 @@ _HOMES = {
     "requirement": ("..hosts.transformers.releases", "requirement"),
     "TESTED_RELEASES": ("..hosts.transformers.releases", "TESTED_RELEASES"),
     "UntestedReleaseWarning": ("..hosts.transformers.selfcheck", "UntestedReleaseWarning"),
+    "SubclassCheckedWarning": ("..hosts.transformers.selfcheck", "SubclassCheckedWarning"),
 }
 
 __all__ = list(_HOMES)
@@ -43,4 +45,4 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ 
     from ..hosts.transformers.pretrained import from_pretrained
     from ..hosts.transformers.releases import (TESTED_RELEASES, check_transformers, requirement,
                                                supported_range, supported_text)
-    from ..hosts.transformers.selfcheck import UntestedReleaseWarning
+    from ..hosts.transformers.selfcheck import SubclassCheckedWarning, UntestedReleaseWarning

@@ -25,15 +25,6 @@ NEWER = "5.99.0"
 LLAMA, BERT = (next(a for a in zoo.ARCHITECTURES if a.name == name) for name in ("Llama", "BERT"))
 
 
-@pytest.fixture()
-def fresh(monkeypatch, tmp_path):
-    """An empty record folder and no record or notice kept in this process."""
-    monkeypatch.setenv("ORETROFIT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(selfcheck, "_RESULTS", {})
-    monkeypatch.setattr(selfcheck, "_NOTIFIED", set())
-    return tmp_path
-
-
 def _installed(monkeypatch, version: str) -> None:
     # after the models are built: building one may put a new transformers module object in
     # sys.modules, and the host reads the release from there
