@@ -49,7 +49,7 @@ from .._operators.presence import presence
 from .._operators.presence_memo import carrier_presence
 
 __all__ = ["register_module_site", "unregister_module_site", "set_site", "site_config",
-           "gated_linear", "patch_all", "patch", "norms", "receiver_report",
+           "gated_linear", "patch_all", "patch", "norm_site", "receiver_report",
            "uncovered_attention", "ONormSite", "OMLPSite", "OMultiheadAttention", "TorchNNHost"]
 
 ATTENTION, NORM, FFN = "attention", "norm", "ffn"
@@ -77,10 +77,12 @@ def patch(module: nn.Module, mixin: type, key: str) -> Callable[[SiteConfig], Un
     return lambda config: set_site(module, mixin, key, config)
 
 
-def norms(*modules: nn.Module) -> Callable[[SiteConfig], Undo]:
+def norm_site(name: str, carrier: str, *modules: nn.Module) -> Site:
     """One ONorm site over several token-local norm modules (all-or-nothing)."""
-    return lambda config: patch_all(*(functools.partial(set_site, m, ONormSite, NORM, config)
-                                      for m in modules))
+    return Site(name, NORM, carrier,
+                lambda config: patch_all(*(functools.partial(set_site, m, ONormSite, NORM, config)
+                                           for m in modules)),
+                modules=modules)
 
 
 def receiver_report(name: str, vectors: nn.Parameter) -> Callable[[float], dict[str, float]]:

@@ -38,7 +38,7 @@ from torch import nn
 
 from ..._surgery.host import Site
 from ..._surgery.patching import SiteConfig, Undo, UndoAll, set_site
-from ..torch_nn import norms, patch, receiver_report
+from ..torch_nn import norm_site, patch, receiver_report
 
 __all__ = ["sites"]
 
@@ -50,17 +50,16 @@ def sites(model: nn.Module) -> list[Site]:
     out: list[Site] = []
     if col.target_aware:
         out.append(Site("te.col", "inject", "cell token in_linear(x) of a train row and column",
-                        _targets(col, OColEmbedding, "te.col")))
+                        _targets(col, OColEmbedding, "te.col"), modules=(col.y_encoder,)))
     out += _column_sites(col.tf_col.blocks)
     out += _row_sites(row)
     out.append(Site("te.icl", "inject", "row token (flattened CLS outputs) of a train row",
-                    _targets(icl, OICLearning, "te.icl")))
+                    _targets(icl, OICLearning, "te.icl"), modules=(icl.y_encoder,)))
     for k, block in enumerate(icl.tf_icl.blocks):
         out += _block_sites(f"icl.{k}", f"icl.{k}.attn", block,
                             "receivers: all rows; sources: train rows")
     if isinstance(getattr(icl, "ln", None), nn.LayerNorm):
-        out.append(Site("icl.out_norm", "norm", "row token after the last ICL block (ln)",
-                        norms(icl.ln)))
+        out.append(norm_site("icl.out_norm", "row token after the last ICL block (ln)", icl.ln))
     return out
 
 
@@ -79,11 +78,12 @@ def _block_sites(prefix: str, name: str, block: nn.Module, carrier: str,
                  receivers: Callable[[float], dict[str, float]] | None = None) -> list[Site]:
     """A ``MultiheadAttentionBlock``'s attention, its two LayerNorms and its FFN."""
     from .blocks import OAttentionBlock
-    return [Site(name, "attention", carrier, patch(block, OAttentionBlock, "attn"), receivers),
-            Site(f"{prefix}.norm", "norm", "residual stream entering the attention and FFN "
-                 "(norm1, norm2)", norms(block.norm1, block.norm2)),
+    return [Site(name, "attention", carrier, patch(block, OAttentionBlock, "attn"), receivers,
+                 modules=(block,)),
+            norm_site(f"{prefix}.norm", "residual stream entering the attention and FFN "
+                      "(norm1, norm2)", block.norm1, block.norm2),
             Site(f"{prefix}.ffn", "ffn", "residual stream before the FFN",
-                 patch(block, OAttentionBlock, "ffn"))]
+                 patch(block, OAttentionBlock, "ffn"), modules=(block,))]
 
 
 def _column_sites(blocks: nn.ModuleList) -> list[Site]:
@@ -111,6 +111,5 @@ def _row_sites(row: nn.Module) -> list[Site]:
                                 "one row (self-attention, RoPE)",
                                 cls_receivers if k == 0 else None)
     if isinstance(row.out_ln, nn.LayerNorm):
-        out.append(Site("row.out_norm", "norm", "CLS outputs of the read-out (out_ln)",
-                        norms(row.out_ln)))
+        out.append(norm_site("row.out_norm", "CLS outputs of the read-out (out_ln)", row.out_ln))
     return out
