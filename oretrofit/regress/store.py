@@ -147,8 +147,12 @@ class RunFolder:
                               "new --out folder")
         return found["settings"]
 
-    def record_dataset(self, dataset: Dataset) -> None:
-        """Store a dataset's receipt; a different checksum under the same spec is refused."""
+    def record_dataset(self, dataset: Dataset) -> str:
+        """Store a dataset's receipt and return the spec the folder knows it by (its cells'
+        ``dataset``): a local table (a ``file:`` spec) is known by its content, so a table
+        recorded before under another path with the same SHA-256 (the file moved or copied)
+        is that one's spec, and nothing is recorded twice. A different checksum under the
+        same spec is refused."""
         path = self.path / "datasets" / f"{spec_slug(dataset.spec)}.json"
         receipt = dataset.receipt()
         if os.path.lexists(path):
@@ -161,8 +165,14 @@ class RunFolder:
                 raise RunMismatch(f"dataset {dataset.spec} changed since this run folder was "
                                   f"made (SHA-256 {known['sha256'][:12]}… now "
                                   f"{receipt['sha256'][:12]}…); use a new --out folder")
-            return
+            return dataset.spec
+        if dataset.spec.startswith("file:"):
+            known = [spec for spec, found in self.datasets().items()
+                     if spec.startswith("file:") and found.get("sha256") == receipt["sha256"]]
+            if known:
+                return known[0]
         write_json_atomic(own_folder(path.parent) / path.name, receipt)
+        return dataset.spec
 
     def datasets(self) -> dict[str, dict[str, Any]]:
         fix = "delete it; the next run records the dataset again"
