@@ -29,6 +29,7 @@ def operators(
 
     from .._files.atomic import make_folder, write_text_atomic
     from .._files.lock import receipt_lock
+    from .._files.written import claim
     from .._files.provenance import environment, write_json_atomic
     from ..sweep import SweepConfig, operators_markdown, run_operator_sweep
 
@@ -40,6 +41,7 @@ def operators(
     json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
     try:
         with receipt_lock(json_path), _err.status("operator sweep") as status:
+            claim(out, [json_path.name, md_path.name])     # never a file oretrofit did not write
             receipt = run_operator_sweep(SweepConfig(device=device, quick=quick), progress=lambda
                                          msg: status.update(f"operator sweep: {msg}"))
             receipt["environment"] = environment(device)

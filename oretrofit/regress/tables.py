@@ -20,11 +20,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .._files.atomic import make_folder, own_folder, write_text_atomic
 from .._files.markdown import pipe_table
+from .._files.written import claim
+from .plots import PLOT_NAMES
 from .reading import reading
 from .store import read_cells, read_variants
 from .summary import MEAN_ROW, Row, Summary, summarize
 from .variant_tables import ablation_tables, curve_tables, variant_table
-
 __all__ = ["Table", "Rendered", "build_tables", "to_markdown", "to_latex", "render"]
 
 ARM_LABELS = {"base": "Base", "oa": "OA", "full-o": "Full-O"}
@@ -219,6 +220,8 @@ def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
              "cells.csv": _csv(cells, _with_variant(_CELL_COLUMNS, variants)),
              "timings.csv": _csv(cells, _with_variant(_TIMING_COLUMNS, variants)),
              "timings.md": to_markdown([timing_table(cells, summary, settings)])}
+    # the user's own files of these names are never replaced (_files.written)
+    claim(out, [*texts, *(PLOT_NAMES if plots else ())])
     files = {}
     for name, text in texts.items():
         files[name] = write_text_atomic(out / name, text)

@@ -14,6 +14,7 @@ from torch import nn
 
 from .._files.atomic import write_text_atomic
 from .._files.lock import receipt_lock
+from .._files.written import claim
 from .data import SEEDS, TASKS as REGISTRY, Split
 from .models import FTHost, HostSpec, build_host
 from .receipts import PlannedRun, Receipt, run_plan
@@ -94,6 +95,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, quiet: bool 
     if not execute and not path.exists():
         raise ValueError(f"no receipt at {path} to report from; run the study first")
     with receipt_lock(path):
+        claim(out, [path.name, f"{stem}.md"])      # never a file of these names oretrofit did not write
         return _run_locked(study, options, out, stem, quiet, execute, merge_from)
 
 

@@ -67,3 +67,13 @@ def test_a_second_sweep_on_the_same_out_is_refused_by_name_and_loses_nothing(tmp
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_users_own_files_of_the_sweeps_names_are_never_replaced(tmp_path) -> None:
+    (tmp_path / "operators-quick.md").write_text("my notes")
+    refused = CliRunner().invoke(app, ["sweep", "operators", "--quick", "--out", str(tmp_path)])
+    assert refused.exit_code == 2
+    assert (f"error: {tmp_path} holds operators-quick.md, which oretrofit did not write"
+            in refused.output), refused.output
+    assert (tmp_path / "operators-quick.md").read_text() == "my notes"
+    assert not (tmp_path / "operators-quick.json").exists()

@@ -66,3 +66,14 @@ def test_a_second_experiment_on_the_same_out_is_refused_by_name_and_loses_nothin
     other = CliRunner().invoke(app, ["experiment", "adapters", "--quick", "--epochs", "1",
                                      "--report-only", "--out", str(tmp_path)])
     assert "in use" not in other.output                       # another study's receipt: free
+
+
+def test_a_users_own_table_of_the_studys_name_is_never_replaced(tmp_path):
+    (tmp_path / "ostandardize-quick.md").write_text("my notes")
+    refused = CliRunner().invoke(app, ["experiment", "ostandardize", "--quick", "--epochs", "2",
+                                       "--out", str(tmp_path)])
+    assert refused.exit_code == 2
+    assert (f"error: {tmp_path} holds ostandardize-quick.md, which oretrofit did not write"
+            in refused.output), refused.output
+    assert (tmp_path / "ostandardize-quick.md").read_text() == "my notes"
+    assert not (tmp_path / "ostandardize-quick.json").exists()
