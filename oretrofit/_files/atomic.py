@@ -43,7 +43,8 @@ from typing import IO, Iterator
 from .reading import _kind_of
 
 __all__ = ["atomic_file", "write_text_atomic", "sweep_temp_files", "scratch_folder", "make_folder",
-           "own_folder", "refuse_link", "LinkedPath", "NoSpace", "no_space", "TEMP_SUFFIX"]
+           "own_folder", "refuse_link", "LinkedPath", "NoSpace", "no_space", "is_full",
+           "TEMP_SUFFIX"]
 
 TEMP_SUFFIX = ".oretrofit-tmp"
 _NAME_MAX = 255                         # bytes in one file name (ext4, xfs, btrfs, tmpfs, APFS)
@@ -97,7 +98,8 @@ def no_space(path: str | os.PathLike[str], cause: OSError) -> NoSpace:
     return found
 
 
-def _full(exc: BaseException) -> bool:
+def is_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a full disk (``ENOSPC``) or a full quota (``EDQUOT``)."""
     return isinstance(exc, OSError) and exc.errno in _FULL
 
 
@@ -111,7 +113,7 @@ class _TempFile(io.FileIO):
         try:
             return self.write_through(data)
         except OSError as exc:
-            if _full(exc):
+            if is_full(exc):
                 self.full = exc
             raise
 
@@ -223,7 +225,7 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb",
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        if _full(exc):                      # no inode left
+        if is_full(exc):                      # no inode left
             raise no_space(path, exc) from exc
         raise
     raw = _TempFile(fd, "wb")
@@ -235,7 +237,7 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb",
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        full = raw.full or (exc if _full(exc) else None)
+        full = raw.full or (exc if is_full(exc) else None)
         if full is not None:
             raise no_space(path, full) from exc
         raise

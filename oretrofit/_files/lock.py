@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from .atomic import make_folder, refuse_link
+from .atomic import is_full, make_folder, no_space, refuse_link
 
 __all__ = ["FolderBusy", "hold_lock", "receipt_lock"]
 
@@ -50,10 +50,15 @@ def hold_lock(lock: str | os.PathLike[str], output: str | os.PathLike[str]) -> I
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
             raise FolderBusy(f"{output} is in use by another run ({holder}); wait for it to "
                              "finish, or use another --out folder") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (f"host {socket.gethostname()}, pid {os.getpid()}, since "
-                       f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, command "
-                       f"{' '.join(sys.argv)[:300]}").encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (f"host {socket.gethostname()}, pid {os.getpid()}, since "
+                           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, command "
+                           f"{' '.join(sys.argv)[:300]}").encode(), 0)
+        except OSError as exc:
+            if is_full(exc):
+                raise no_space(lock, exc) from exc
+            raise
         yield
     finally:
         os.close(fd)                                # releases the flock

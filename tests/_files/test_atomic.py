@@ -49,7 +49,7 @@ def test_a_full_disk_is_one_error_line_of_the_command(tmp_path, full_disk):
     result = CliRunner().invoke(app, ["sweep", "operators", "--quick", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert result.output.startswith("error: no space left on the device to write "
-                                    f"{tmp_path / 'operators-quick.json'} ("), result.output
+                                    f"{tmp_path / '.oretrofit-written'} ("), result.output
 
 
 @pytest.mark.parametrize("length", [238, 239, 240, 255])
