@@ -86,33 +86,33 @@ def observe_carrier_norms(observer: Observer) -> contextlib.AbstractContextManag
     return _observing(_NORM_OBSERVERS, observer)
 
 
-def check_positive(name: str, value: float) -> float:
-    """Return ``value`` as float if it is a finite number > 0, else raise a ValueError naming it
-    (``True``/``False`` are refused: a flag is not a number)."""
+def _finite_number(name: str, value: float, what: str, allowed: Callable[[float], bool],
+                   example: str) -> float:
+    """``value`` as float if it is a finite number that ``allowed`` accepts, else a ValueError
+    saying it must be ``what`` (``True``/``False`` are refused: a flag is not a number)."""
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r} (a bool)")
+        raise ValueError(f"{name} must be {what}, got {value!r} (a bool)")
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}") from None
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"{name} must be a positive finite number (e.g. {name}=1e-6), got {value!r}")
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
+    if not (math.isfinite(value) and allowed(value)):
+        raise ValueError(f"{name} must be {what} ({example}), got {value!r}")
     return value
+
+
+def check_positive(name: str, value: float) -> float:
+    """Return ``value`` as float if it is a finite number > 0, else raise a ValueError naming it."""
+    return _finite_number(name, value, "a positive finite number", lambda v: v > 0.0,
+                          f"e.g. {name}=1e-6")
 
 
 def check_eps(value: float, name: str = "eps") -> float:
     """Return OAttention's ``ε`` as float if it is a finite number ≥ 0, else raise a ValueError
     naming it; ``0`` is the limit ε → 0⁺ (:data:`EPS_RETROFIT`)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r} (a bool)")
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r}") from None
-    if not math.isfinite(value) or value < 0.0:
-        raise ValueError(f"{name} must be a finite number ≥ 0 (0, the default of a retrofit, is "
-                         f"the limit ε → 0⁺; the paper's modules use 1e-6), got {value!r}")
-    return value
+    return _finite_number(name, value, "a finite number ≥ 0", lambda v: v >= 0.0,
+                          "0, the default of a retrofit, is the limit ε → 0⁺; the paper's "
+                          "modules use 1e-6")
 
 
 def presence(h: Tensor, tau: float, keepdim: bool = False) -> Tensor:

@@ -184,12 +184,11 @@ def register(app: typer.Typer) -> None:
                                              help="Old name of --target-column"),
         seeds: str = typer.Option("11,23,37", "--seeds"),
         arms: str = typer.Option("base,oa,full-o", "--arms", help="Comma-separated arms"),
-        tau: str = typer.Option("1e-8", "--tau", help="Comma-separated τ values (O arms)"),
+        tau: str = typer.Option("1e-8", "--tau", help="Comma-separated τ of the O arms"),
         tau_spec: list[Path] = typer.Option([], "--tau-spec", help=(
             "Per-site τ spec (oretrofit calibrate): one more cell per dataset and seed")),
         ablate_sites: str = typer.Option("", "--ablate-sites", help=(
-            "Site families (attention,norm,ffn,inject,fde.*,icl.*,...): each alone at "
-            "--stress-tau, the rest at the first --tau")),
+            "Site families (attention,norm,ffn,...): each alone at --stress-tau")),
         stress_tau: Optional[float] = typer.Option(None, "--stress-tau", help=(
             "τ of an ablated family [default: 1]")),
         model_path: Optional[str] = MODEL_PATH, device: str = DEVICE,
@@ -204,8 +203,7 @@ def register(app: typer.Typer) -> None:
             callback=choices.INFERENCE_PRECISIONS),
         test_fraction: float = typer.Option(0.25, "--test-fraction", help="Share of rows "
                                             "held out before capping"),
-        eps: Optional[float] = typer.Option(None, "--eps", help=(
-            "OAttention ε ≥ 0 of the O arms (default 0: the limit ε → 0⁺, exact on the host)")),
+        eps: Optional[float] = typer.Option(None, "--eps", help="OAttention ε ≥ 0 [default: 0]"),
         plots: bool = PLOTS, json_out: bool = JSON_OUT,
     ) -> None:
         """Run a dataset × seed × arm × τ matrix of TabPFN v3 fits, then render its tables."""
