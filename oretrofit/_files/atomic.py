@@ -8,9 +8,9 @@ failure (or a kill) before the rename leaves the old file untouched.
 
 A full disk (``ENOSPC``, or a quota: ``EDQUOT``) met by any write into the temporary file is
 reported as :class:`NoSpace`, naming the target and the free space in its folder
-(:func:`no_space`), also where the writer wraps the ``OSError`` in an error of its own (torch's
-zip writer raises a bare ``RuntimeError`` from ``inline_container.cc``): the temporary file's
-raw writes (:class:`_TempFile`) remember the error they met. A target name up to the file
+(:func:`no_space`), also where the writer reports it as an error of its own (torch's zip
+writer can raise a ``RuntimeError`` from ``inline_container.cc``): the temporary file's raw
+writes (:class:`_TempFile`) remember the error they met. Text is written as UTF-8. A target name up to the file
 system's limit (255 bytes) is legal: the temporary file's name shortens the target's part of it
 to fit.
 

@@ -30,7 +30,7 @@ from typing import Iterable, Iterator
 from .atomic import write_text_atomic
 from .reading import read_json
 
-__all__ = ["RECORD", "ForeignFiles", "claim"]
+__all__ = ["RECORD", "ForeignFiles", "claim", "refuse_foreign"]
 
 RECORD = ".oretrofit-written"
 _FIX = "delete it; oretrofit then treats every file of the folder as not its own"
@@ -62,22 +62,30 @@ def _recorded(folder: Path) -> set[str]:
     return set(files)
 
 
+def refuse_foreign(folder: str | os.PathLike[str], names: Iterable[str]) -> set[str]:
+    """Refuse (:class:`ForeignFiles`) the files of ``names`` in ``folder`` that its record
+    lacks, all in one error; returns the names recorded. Changes nothing: a runner checks its
+    output folder with it before its work, and :func:`claim` again before it writes."""
+    folder = Path(folder)
+    recorded = _recorded(folder)
+    foreign = sorted(name for name in set(names)
+                     if name not in recorded and os.path.lexists(folder / name))
+    if foreign:
+        raise ForeignFiles(
+            f"{folder} holds {', '.join(foreign)}, which oretrofit did not write (its record "
+            f"{folder / RECORD} does not list {'it' if len(foreign) == 1 else 'them'}), and "
+            "would replace; move them elsewhere (or delete them, if an oretrofit older than "
+            "the record wrote them), or write to another folder")
+    return recorded
+
+
 def claim(folder: str | os.PathLike[str], names: Iterable[str]) -> None:
     """Claim ``names`` in the folder ``folder`` (made by the caller) for writing (module
-    docstring). A name already there that the folder's record lacks is refused
-    (:class:`ForeignFiles`)."""
+    docstring): :func:`refuse_foreign`, then the names join the record."""
     folder = Path(folder)
     names = sorted(set(names))
     with _locked(folder):
-        recorded = _recorded(folder)
-        foreign = [name for name in names
-                   if name not in recorded and os.path.lexists(folder / name)]
-        if foreign:
-            raise ForeignFiles(
-                f"{folder} holds {', '.join(foreign)}, which oretrofit did not write (its record "
-                f"{folder / RECORD} does not list {'it' if len(foreign) == 1 else 'them'}), and "
-                "would replace; move them elsewhere (or delete them, if an oretrofit older than "
-                "the record wrote them), or write to another folder")
+        recorded = refuse_foreign(folder, names)
         if not set(names) <= recorded:
             write_text_atomic(folder / RECORD, json.dumps(
                 {"schema_version": 1, "kind": "oretrofit.written",

@@ -32,7 +32,7 @@ def full_disk(monkeypatch):
 @pytest.mark.parametrize("name, write", [
     ("t.md", lambda path: write_text_atomic(path, "x" * 100_000)),
     ("r.json", lambda path: write_json_atomic(path, {"x": list(range(10_000))})),
-    # torch's zip writer turns the OSError into its own error (inline_container.cc)
+    # through torch's zip writer (inline_container.cc)
     ("m.pt", lambda path: oretrofit.save(torch.nn.Linear(64, 64), path)),
 ])
 def test_a_full_disk_names_the_file_and_the_free_space(tmp_path, full_disk, name, write):

@@ -219,6 +219,7 @@ def test_a_users_own_tables_in_an_out_folder_are_never_replaced(capsys, monkeypa
                   "--arms", "base", "--seeds", "1", "--out", out, *SMALL),
              f"{out / 'tables'} holds summary.csv, tables.md, tables.tex, which oretrofit did "
              "not write", "move them elsewhere")
+    assert not (out / "run.json").exists()                  # refused before any work
     theirs = place(tmp_path / "theirs")
     _refused(_cli(capsys, monkeypatch, "tables", out, "--out", theirs, "--no-plots"),
              f"{theirs} holds summary.csv, tables.md, tables.tex, which oretrofit did not write")
