@@ -205,26 +205,29 @@ def test_a_users_own_tables_in_an_out_folder_are_never_replaced(capsys, monkeypa
                                                                 table):
     """`regress --out DIR` and `tables RUN --out DIR` overwrote the user's own tables.md,
     tables.tex and summary.csv."""
-    mine = {"tables.md": "my notes", "tables.tex": "my paper", "summary.csv": "mine,1\n"}
+    users = {"tables.md": "my notes", "tables.tex": "my paper", "summary.csv": "mine,1\n"}
 
     def place(folder: Path) -> Path:
         folder.mkdir(parents=True)
-        for name, text in mine.items():
+        for name, text in users.items():
             (folder / name).write_text(text)
         return folder
 
-    out = tmp_path / "run"
-    place(out / "tables")
+    mine = place(tmp_path / "mine" / "tables")
     _refused(_cli(capsys, monkeypatch, "regress", "--data", table, "--target-column", "y",
-                  "--arms", "base", "--seeds", "1", "--out", out, *SMALL),
-             f"{out / 'tables'} holds summary.csv, tables.md, tables.tex, which oretrofit did "
-             "not write", "move them elsewhere")
-    assert not (out / "run.json").exists()                  # refused before any work
+                  "--arms", "base", "--seeds", "1", "--out", mine.parent, *SMALL),
+             f"{mine} holds summary.csv, tables.md, tables.tex, which oretrofit did not write",
+             "move them elsewhere")
+    assert not (mine.parent / "run.json").exists()          # refused before any work
+    out = tmp_path / "run"
+    code, _, _ = _cli(capsys, monkeypatch, "regress", "--data", table, "--target-column", "y",
+                      "--arms", "base", "--seeds", "1", "--out", out, *SMALL)
+    assert code == 0
     theirs = place(tmp_path / "theirs")
     _refused(_cli(capsys, monkeypatch, "tables", out, "--out", theirs, "--no-plots"),
              f"{theirs} holds summary.csv, tables.md, tables.tex, which oretrofit did not write")
-    for folder in (out / "tables", theirs):
-        assert {name: (folder / name).read_text() for name in mine} == mine
+    for folder in (mine, theirs):
+        assert {name: (folder / name).read_text() for name in users} == users
     fresh = tmp_path / "fresh"
     for _ in range(2):                                      # and again: its own files now
         code, stdout, _ = _cli(capsys, monkeypatch, "tables", out, "--out", fresh, "--no-plots")
