@@ -298,14 +298,16 @@ def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
 def _parse_config(checkpoint: dict[str, Any], where: str) -> tuple[Any, Any]:
     """``(architecture module, parsed config)`` of a checkpoint; a key of its architecture
     config that the version does not know is refused by name (tabpfn would drop it with a
-    log line, and a model other than the one meant would run)."""
-    from .versions import architecture, version_of_checkpoint
+    log line, and a model other than the one meant would run), except a chunking key at its
+    default (:func:`.versions.droppable_keys`: another release's memory setting)."""
+    from .versions import architecture, droppable_keys, version_of_checkpoint
     row = version_of_checkpoint(checkpoint["architecture_name"])
     arch = architecture(row)
     if not isinstance(checkpoint["config"], dict):
         raise RetrofitError(f"{where}: the architecture config is not a dict; re-download or "
                             "re-create the checkpoint")
     config, unused = arch.parse_config(dict(checkpoint["config"]))
+    unused = sorted(set(unused) - droppable_keys(unused))
     if unused:
         raise RetrofitError(f"{where}: the architecture config has keys TabPFN {row.label} "
                             f"(tabpfn {version('tabpfn')}) does not know: "
