@@ -38,7 +38,7 @@ import joblib
 import numpy as np
 import torch
 
-from .._operators.presence import EPS_RETROFIT, check_eps, check_positive
+from .._operators.presence import EPS_RETROFIT, check_eps
 from .._operators.presence_profile import PresenceProfile, presence_by_module
 from .._files.provenance import environment, portable
 from .._surgery.registry import ARMS, RetrofitError
