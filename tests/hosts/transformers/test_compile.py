@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters  # noqa: E402
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from oretrofit import retrofitted  # noqa: E402
-from oretrofit._kernels import lse as kernels  # noqa: E402
+from oretrofit._kernels import routes  # noqa: E402
 
 DEEP = 9            # above Dynamo's recompile limit (8): a per-layer recompile would hit it
 IDS = torch.tensor([[5, 6, 7, 8]])
@@ -51,7 +51,7 @@ def _generate(model: LlamaForCausalLM) -> Callable[[], torch.Tensor]:
 def test_generating_twice_compiles_the_graphs_of_the_unpatched_model(
         arm: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model = _tiny(DEEP)
-    monkeypatch.setattr(kernels, "_CHECKED", {})       # the first compiled call would check
+    monkeypatch.setattr(routes, "_CHECKED", {})       # the first compiled call would check
     with torch.no_grad():
         model.forward = torch.compile(model.forward, backend="eager")
         try:
