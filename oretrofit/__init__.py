@@ -23,6 +23,7 @@ _HOMES = {
     "presence": "._operators.presence", "observe_presence": "._operators.presence",
     "observe_carrier_norms": "._operators.presence",
     "TAU_MODULES": "._operators.presence", "TAU_RETROFIT": "._operators.presence",
+    "EPS_MODULES": "._operators.presence", "EPS_RETROFIT": "._operators.presence",
     "PresenceProfile": "._operators.presence_profile", "presence_by_module": "._operators.presence_profile",
     "o_attention": "._operators.attention", "o_attention_fused": "._operators.attention",
     "o_attention_reference": "._operators.attention",
@@ -56,7 +57,8 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ 
     from ._operators.components import OFFN, OInject, ONorm, OStandardize, o_gate, o_moments, o_standardize
     from ._surgery.patching import SiteConfig
     from ._surgery.calibrate import CarrierNormProfile, calibrate
-    from ._operators.presence import TAU_MODULES, TAU_RETROFIT, observe_carrier_norms, observe_presence, presence
+    from ._operators.presence import (EPS_MODULES, EPS_RETROFIT, TAU_MODULES, TAU_RETROFIT,
+                                      observe_carrier_norms, observe_presence, presence)
     from ._operators.presence_profile import PresenceProfile, presence_by_module
     from ._surgery.registry import (ARMS, KINDS, Host, PatchPlan, Retrofit, RetrofitError, Site, apply_spec,
                             plan_retrofit, read_spec, register_host, registered_hosts, retrofit,

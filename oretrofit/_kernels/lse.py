@@ -65,6 +65,11 @@ from .dtypes import number_like
 # (L ≈ −1e30, σ(L − log ε) = 0 exactly) whatever a kernel does with fully masked rows, and far
 # enough below any real score that e^{t − max} is exactly 0.
 _NULL_LOGIT = -1e30
+# The ε sink's score for ε = 0 (the limit ε → 0⁺): half fp16's null logit (−32752), so it lies
+# below every live row's L_i = log Σ_j p_j e^{s_ij} (e^{−16376 − L} is exactly 0 even in fp64)
+# and above every null source's score on every route, in every dtype: a row with no live source
+# gives all its mass to the sink (value 0) and the gate σ(L − log ε) is exactly 0 or 1.
+_LIMIT_SINK_LOGIT = -16376.0
 # lse″ of a null receiver in the backward: every P_ij = e^{t − lse″} is exactly 0.
 _NULL_LSE = 1e30
 # Query rows and key columns of one backward call (see the docstring). 768 query rows is the
@@ -278,13 +283,20 @@ def source_logit(p_k: Tensor, ct: torch.dtype) -> Tensor:
     return torch.where(live, log_pk, torch.full((), _NULL_LOGIT, dtype=ct, device=pk.device))
 
 
+def sink_logit(eps: float) -> float:
+    """``log ε``, the ε sink's score on every path; for ``ε = 0`` (the limit ε → 0⁺) the finite
+    :data:`_LIMIT_SINK_LOGIT`, which weighs exactly 0 against any live source and carries all the
+    mass of a row whose sources are all null."""
+    return math.log(eps) if eps > 0.0 else _LIMIT_SINK_LOGIT
+
+
 def sink_gate(lse: Tensor, eps: float) -> Tensor:
     """``σ(L_i − log ε) = Z_i / (ε + Z_i)``: the weight the ε sink leaves to the sources.
 
     Every kernel route composes OAttention from a kernel's ``o, L`` as
     ``out_i = p_i σ(L_i − log ε) o_i`` with this gate: :func:`_forward` (whose backward is
     :class:`_LSEOAttention`'s) and the FlexAttention route (whose backward is autograd's)."""
-    return torch.sigmoid(lse - number_like(math.log(eps), lse))
+    return torch.sigmoid(lse - number_like(sink_logit(eps), lse))
 
 
 def o_attention_lse(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
@@ -348,7 +360,7 @@ class _LSEOAttention(torch.autograd.Function):
         pq = p_q[:, None] if p_q.dim() == 2 else p_q                        # (B, 1|H, Nq)
         live = pq != 0
         inv_pq = torch.where(live, 1 / pq, 0.0)
-        lse2 = torch.where(live, torch.logaddexp(lse, torch.full_like(lse, math.log(ctx.eps)))
+        lse2 = torch.where(live, torch.logaddexp(lse, torch.full_like(lse, sink_logit(ctx.eps)))
                            - torch.log(pq), _NULL_LSE)
         if need_q or need_k or need_v or need_pk:
             expand = p_k.dim() == 3 and p_k.shape[1] == q.shape[1] != k.shape[1]

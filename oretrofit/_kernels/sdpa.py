@@ -5,20 +5,19 @@ With queries ``q' = [q, 1]`` and keys ``k'_j = [k_j, log p_j / scale]``, ``scale
 s_ij + log p_j``: no float mask is needed, so PyTorch keeps its flash/efficient kernels. A null
 source gets the finite offset ``_NULL_LOGIT`` instead of ``log 0``, so its weight is exactly 0
 without any mask; the caller's mask (if any) stays boolean. ε is one extra *sink* key with score
-exactly ``log ε`` and value 0. SDPA then returns ``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})``
-and the result is multiplied by ``p_i``. Empty support puts all mass on the sink: an exact 0.
-Gradients are autograd's through SDPA.
+exactly ``log ε`` (``sink_logit``: finite for ε = 0, the limit ε → 0⁺) and value 0. SDPA then
+returns ``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})`` and the result is multiplied by
+``p_i``. Empty support puts all mass on the sink: an exact 0. Gradients are autograd's through
+SDPA.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .lse import source_logit
+from .lse import sink_logit, source_logit
 
 __all__ = ["o_attention_sdpa"]
 
@@ -54,7 +53,7 @@ def _sdpa_with_sink(q: Tensor, k: Tensor, v: Tensor, p_k: Tensor, attn_mask: Ten
     k_aug = k.new_zeros(b, hk, n_k + 1, width)                               # (B, Hk, Nk+1, w)
     k_aug[:, :, :n_k, :d] = k
     k_aug[:, :, :n_k, d] = source_logit(p_k, q.dtype) / scale                # (B, Hk|1, Nk)
-    k_aug[:, :, n_k, d] = math.log(eps) / scale
+    k_aug[:, :, n_k, d] = sink_logit(eps) / scale
     v_aug = v.new_zeros(b, hk, n_k + 1, width)                               # sink value is 0
     v_aug[:, :, :n_k, :dv] = v
     q_aug = q.new_zeros(b, h, n_q, width)                                    # (B, H, Nq, w)

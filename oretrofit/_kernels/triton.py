@@ -11,8 +11,8 @@ sum ``l_i`` that *start as the ε sink* (``m_i = log ε``, ``l_i = 1``: the sink
     out_i = p_i · acc_i / l_i,         lse_i = m_i + log l_i = log(ε + Z_i),
 
 ``δ_ij`` the attention-weight dropout (``ξ_ij / (1 − dropout_p)``, ``ξ`` from Philox on the
-kernel's seed; 1 without dropout). Empty support keeps ``m_i = log ε`` and every ``e^{t − m}`` is
-exactly 0: an exact zero row, with no special case. A null receiver (``p_i = 0``) emits an exact 0.
+kernel's seed; 1 without dropout; ``log ε`` is ``sink_logit(ε)``, finite for ε = 0). Empty support
+keeps ``m_i = log ε`` and every ``e^{t − m}`` is exactly 0: an exact zero row, with no special case. A null receiver (``p_i = 0``) emits an exact 0.
 
 Backward, from the kernel's own quantities, with ``W_ij = e^{t_ij − lse_i}`` (eq. 6's weight):
 ``out_i = p_i Σ_j δ_ij W_ij v_j``, ``∂W_ij/∂t_il = W_ij (1[j=l] − W_il)`` (ε is a constant), so
@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .lse import _NULL_LOGIT, _NULL_LSE
+from .lse import _NULL_LOGIT, _NULL_LSE, sink_logit
 
 __all__ = ["o_attention_triton", "dropout_keep"]
 
@@ -351,7 +351,7 @@ class _Launch:
         grid = (triton.cdiv(n_q, _BLOCKS[0]), b * h)
         _forward_kernel[grid](self.q, self.k, self.v, self.logp, *self.masks, self.pq, out, lse,
                               *args, *out.stride(), h, self.group, n_q, n_k, self.d, self.scale,
-                              math.log(self.eps), self.softcap or 1.0, self.dropout_p, self.seed,
+                              sink_logit(self.eps), self.softcap or 1.0, self.dropout_p, self.seed,
                               **flags)
         return out, lse
 

@@ -53,8 +53,9 @@ from torch import Tensor
 
 from .._kernels import routes as route
 from .._kernels.dtypes import compute_dtype
+from .._kernels.lse import sink_logit
 from .._kernels.routes import PRECISIONS
-from .presence import check_positive
+from .presence import EPS_MODULES, check_eps, check_positive
 
 __all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights", "PRECISIONS"]
 
@@ -72,7 +73,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
     """Validate shapes and dtypes; every error names the argument and the fix. (Every attention
     call of every layer runs it, a decode step's included: checks that pass cost few
     statements.)"""
-    check_positive("eps", eps)
+    check_eps(eps)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not torch.is_tensor(t) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (B, H, N, d); got "
@@ -182,13 +183,16 @@ def o_weights(scores: Tensor, p_k: Tensor, support: Tensor, eps: float) -> Tenso
     masked = torch.where(support, scores, neg_inf)
     row_max = masked.amax(dim=-1, keepdim=True) if scores.shape[-1] > 0 else masked.new_zeros(
         masked.shape[:-1] + (1,))
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)).detach()
+    # a row with no support takes the sink's own score as its maximum: its sink term is 1, its
+    # weights 0 (for ε = 0 too, whose sink weighs 0 against any live source)
+    sink = sink_logit(eps)
+    row_max = torch.where(torch.isfinite(row_max), row_max, sink).detach()
     u = torch.where(support, p_k * torch.exp(masked - row_max), torch.zeros_like(neg_inf))
-    return u / (torch.exp(math.log(eps) - row_max) + u.sum(dim=-1, keepdim=True))
+    return u / (torch.exp(sink - row_max) + u.sum(dim=-1, keepdim=True))
 
 
 def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
-                          mask: Tensor | None = None, eps: float = 1e-6,
+                          mask: Tensor | None = None, eps: float = EPS_MODULES,
                           scale: float | None = None, need_weights: bool = False,
                           softcap: float | None = None, dropout_p: float = 0.0
                           ) -> tuple[Tensor, Tensor | None]:
@@ -222,7 +226,7 @@ def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Ten
 
 
 def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
-                      mask: Tensor | None = None, eps: float = 1e-6,
+                      mask: Tensor | None = None, eps: float = EPS_MODULES,
                       scale: float | None = None) -> Tensor:
     """OAttention in O(N) memory, in the compute dtype (fp32; fp64 for fp64 inputs), on the
     route :func:`oretrofit._kernels.routes.route_for` gives it; see the module docstring.
@@ -246,7 +250,7 @@ def _on_route(chosen: route.Route, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor,
 
 
 def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
-                mask: Tensor | None = None, eps: float = 1e-6, scale: float | None = None,
+                mask: Tensor | None = None, eps: float = EPS_MODULES, scale: float | None = None,
                 need_weights: bool = False, softcap: float | None = None, dropout_p: float = 0.0,
                 precision: str = "auto") -> tuple[Tensor, Tensor | None]:
     """OAttention: ``out_i = p_i Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij})``.
@@ -259,7 +263,9 @@ def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
         p_k: source presences, ``(B, Nk)`` or per head ``(B, H, Nk)`` / ``(B, Hkv, Nk)``.
         mask: bool (True = visible) or additive float (-inf = excluded), broadcastable to
             ``(B, H, Nq, Nk)``. Keep it compact (e.g. ``(B, 1, 1, Nk)``), not ``.expand()``ed.
-        eps: ε > 0, totalises empty support.
+        eps: ε ≥ 0, totalises empty support. ``0`` is the limit ε → 0⁺ (paper eq. 8), the
+            default of a retrofit: a row with a live source is the plain presence-weighted
+            softmax, with no sink competing with it; a row with none gives exact zeros.
         scale: score scale, default ``1/sqrt(d)``.
         need_weights: also return ``w_ij`` ``(B, H, Nq, Nk)``; selects the reference path.
         softcap: c > 0 caps the scores, ``s_ij = c·tanh(scale·q_i·k_j / c)`` (Gemma2's attention

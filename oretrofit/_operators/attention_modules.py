@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .attention import o_attention
-from .presence import TAU_MODULES, check_positive, presence
+from .presence import EPS_MODULES, TAU_MODULES, check_eps, check_positive, presence
 
 __all__ = ["HiddenCarrierOAttention", "QKVOAttention"]
 
@@ -18,7 +18,7 @@ class _ProjectedAttention(nn.Module):
     """Bias-free Q/K/V/out projections shared by both boundaries (zero-preserving by design)."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
-                 tau: float = TAU_MODULES, eps: float = 1e-6, d_context: int | None = None) -> None:
+                 tau: float = TAU_MODULES, eps: float = EPS_MODULES, d_context: int | None = None) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads != 0:
@@ -26,7 +26,7 @@ class _ProjectedAttention(nn.Module):
         if n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads} (GQA)")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
-        self.tau, self.eps = check_positive("tau", tau), check_positive("eps", eps)
+        self.tau, self.eps = check_positive("tau", tau), check_eps(eps)
         d_context = d_model if d_context is None else d_context
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
         self.k_proj = nn.Linear(d_context, n_kv_heads * self.head_dim, bias=False)

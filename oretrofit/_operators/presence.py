@@ -17,8 +17,8 @@ from torch import Tensor
 
 from .._kernels.dtypes import compute_dtype, number_like
 
-__all__ = ["presence", "observe_presence", "observe_carrier_norms", "check_positive", "TAU_MODULES",
-           "TAU_RETROFIT"]
+__all__ = ["presence", "observe_presence", "observe_carrier_norms", "check_positive", "check_eps",
+           "TAU_MODULES", "TAU_RETROFIT", "EPS_MODULES", "EPS_RETROFIT"]
 
 # The two default presence scales. Two values on purpose, one per use, each the paper's:
 # TAU_MODULES (1e-6) is the default of the O-modules a model is built and trained with
@@ -31,6 +31,14 @@ TAU_MODULES = 1e-6
 # active carrier's ρτ(h) = ‖h‖²/(τ+‖h‖²) at 1 up to round-off and the O arms equal the host
 # (the paper's Table 2 is at τ = 1e-8; Table 7 shows what τ = 1 does).
 TAU_RETROFIT = 1e-8
+# The two default OAttention ε_den (eq. 7), one per use like τ. EPS_MODULES (1e-6) is the paper's,
+# for the O-modules trained with the gate. EPS_RETROFIT (0) is the limit ε_den → 0⁺ of eq. 8, for a
+# pretrained host: an absolute ε competes with Σ_j p_j e^{s_ij}, and a pretrained softmax never cared
+# about its logits' level (SmolLM2 has heads whose row maximum sits near −20, where ε = 1e-6 outweighs
+# the whole row and silences the head). In the limit an active row is the host's softmax exactly and
+# an empty one is totalised to exact zeros (docs/operators.md, "The ε sink of a retrofit").
+EPS_MODULES = 1e-6
+EPS_RETROFIT = 0.0
 
 Observer = Callable[[Tensor], None]
 # Observers called with every presence ρ (see observe_presence) and every carrier's squared norm
@@ -78,18 +86,33 @@ def observe_carrier_norms(observer: Observer) -> contextlib.AbstractContextManag
     return _observing(_NORM_OBSERVERS, observer)
 
 
-def check_positive(name: str, value: float) -> float:
-    """Return ``value`` as float if it is a finite number > 0, else raise a ValueError naming it
-    (``True``/``False`` are refused: a flag is not a number)."""
+def _finite_number(name: str, value: float, what: str, allowed: Callable[[float], bool],
+                   example: str) -> float:
+    """``value`` as float if it is a finite number that ``allowed`` accepts, else a ValueError
+    saying it must be ``what`` (``True``/``False`` are refused: a flag is not a number)."""
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r} (a bool)")
+        raise ValueError(f"{name} must be {what}, got {value!r} (a bool)")
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}") from None
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"{name} must be a positive finite number (e.g. {name}=1e-6), got {value!r}")
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
+    if not (math.isfinite(value) and allowed(value)):
+        raise ValueError(f"{name} must be {what} ({example}), got {value!r}")
     return value
+
+
+def check_positive(name: str, value: float) -> float:
+    """Return ``value`` as float if it is a finite number > 0, else raise a ValueError naming it."""
+    return _finite_number(name, value, "a positive finite number", lambda v: v > 0.0,
+                          f"e.g. {name}=1e-6")
+
+
+def check_eps(value: float, name: str = "eps") -> float:
+    """Return OAttention's ``ε`` as float if it is a finite number ≥ 0, else raise a ValueError
+    naming it; ``0`` is the limit ε → 0⁺ (:data:`EPS_RETROFIT`)."""
+    return _finite_number(name, value, "a finite number ≥ 0", lambda v: v >= 0.0,
+                          "0, the default of a retrofit, is the limit ε → 0⁺; the paper's "
+                          "modules use 1e-6")
 
 
 def presence(h: Tensor, tau: float, keepdim: bool = False) -> Tensor:

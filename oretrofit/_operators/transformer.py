@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from .attention_modules import HiddenCarrierOAttention
 from .components import OFFN, ONorm
-from .presence import TAU_MODULES, presence
+from .presence import EPS_MODULES, TAU_MODULES, presence
 
 __all__ = ["OTransformerBlock"]
 
@@ -27,7 +27,7 @@ class OTransformerBlock(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, tau: float = TAU_MODULES,
-                 eps: float = 1e-6, n_kv_heads: int | None = None) -> None:
+                 eps: float = EPS_MODULES, n_kv_heads: int | None = None) -> None:
         super().__init__()
         self.tau = tau
         self.norm1 = ONorm(nn.LayerNorm(d_model), tau)

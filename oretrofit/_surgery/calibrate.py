@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._operators.presence import observe_carrier_norms
+from .._operators.presence import EPS_RETROFIT, observe_carrier_norms
 from .registry import RetrofitError, plan_retrofit, retrofit, retrofitted
 from .serialize import calibrated_weights_digest, check_calibrated_weights
 
@@ -119,7 +119,7 @@ def _runner(batches: Iterable[Any] | Callable[[nn.Module], Any]
 
 def calibrate(model: nn.Module, batches: Iterable[Any] | Callable[[nn.Module], Any],
               delta: float = 1e-3, quantile: float = 0.01, *, arm: str = "full-o",
-              eps: float = 1e-6, targets: Sequence[str] | None = None,
+              eps: float = EPS_RETROFIT, targets: Sequence[str] | None = None,
               exclude: Sequence[str] | None = None, allow_partial: bool = False,
               data: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A patch spec with one τ per site: ``τ_site = δ/(1−δ) · Q_q(‖h‖²)`` of the site's carriers.

@@ -27,6 +27,8 @@ from typing import Any, Callable, Sequence
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .._operators.presence import EPS_RETROFIT
+
 __all__ = ["SiteConfig", "Undo", "o_subclass", "set_site", "site_config", "SiteUndo", "UndoAll",
            "PopAttribute", "noop", "portable"]
 
@@ -39,7 +41,7 @@ class SiteConfig:
     """What one patched site computes with: presence scale τ and attention stabiliser ε."""
 
     tau: float
-    eps: float = 1e-6
+    eps: float = EPS_RETROFIT
 
 
 def _path(cls: type) -> str:

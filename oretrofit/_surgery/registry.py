@@ -27,7 +27,7 @@ from .compose import compose, uncovered_error
 from .._files.reading import FileRefused, read_text
 from .host import KINDS, Host, RetrofitError, Site, register_host, registered_hosts
 from .patching import SiteConfig, Undo, portable
-from .._operators.presence import TAU_RETROFIT, check_positive
+from .._operators.presence import EPS_RETROFIT, TAU_RETROFIT, check_eps, check_positive
 from .serialize import (attach, check_calibrated_weights, check_spec, check_spec_entries,
                          footprint, parse_spec_json, strip, unstrip)
 from .._version import __version__
@@ -72,8 +72,8 @@ class PatchPlan:
     calibration: Mapping[str, Any] | None = None       # the record of an applied calibrated spec
 
 
-def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT, eps: float = 1e-6,
-                  site_tau: Mapping[str, float] | None = None, targets: Sequence[str] | None = None,
+def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT,
+                  eps: float = EPS_RETROFIT, site_tau: Mapping[str, float] | None = None, targets: Sequence[str] | None = None,
                   exclude: Sequence[str] | None = None, allow_partial: bool = False) -> PatchPlan:
     """Resolve the sites of ``arm`` on ``model`` without changing it (see :func:`retrofit`)."""
     if not isinstance(model, nn.Module):
@@ -81,7 +81,7 @@ def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROF
                             f"{type(model).__name__}; build the model first, then retrofit it")
     if arm not in ARMS:
         raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
-    tau, eps = check_positive("tau", tau), check_positive("eps", eps)
+    tau, eps = check_positive("tau", tau), check_eps(eps)
     site_tau = {str(k): check_positive(f"site_tau[{k!r}]", v) for k, v in (site_tau or {}).items()}
     for option, patterns in (("targets", targets), ("exclude", exclude)):
         if isinstance(patterns, str):
@@ -302,7 +302,7 @@ def _host_versions(names: Sequence[str], model: nn.Module) -> dict[str, str]:
     return versions
 
 
-def retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT, eps: float = 1e-6,
+def retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT, eps: float = EPS_RETROFIT,
              site_tau: Mapping[str, float] | None = None, targets: Sequence[str] | None = None,
              exclude: Sequence[str] | None = None, allow_partial: bool = False) -> Retrofit:
     """Patch ``model`` in place with the O-components of ``arm`` at presence scale ``tau``.
@@ -313,7 +313,10 @@ def retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT, e
             (first matching pattern wins). The default, ``TAU_RETROFIT`` = 1e-8, is smaller than
             the O-modules' ``TAU_MODULES`` = 1e-6: a pretrained host never saw the gate, so τ → 0
             keeps ρτ(h) = ‖h‖²/(τ+‖h‖²) at 1 on every active carrier (paper Table 2).
-        eps: ε of every OAttention denominator.
+        eps: ε of every OAttention denominator; the default, ``EPS_RETROFIT`` = 0, is the limit
+            ε → 0⁺ (paper eq. 8): a row with a live source is the host's softmax exactly, a row
+            with none gives exact zeros. An ε > 0 fades rows whose mass Σ_j p_j e^{s_ij} is near
+            ε, which on a pretrained host can silence heads whose logits sit low.
         targets / exclude: site-name patterns to keep / drop.
         allow_partial: patch a model its hosts cover only in part (``plan.uncovered`` and the
             spec list what no site reaches, e.g. a module whose weights lie outside every site's

@@ -28,7 +28,7 @@ from torch import nn
 from .._files.atomic import atomic_file
 from .._files.reading import FileRefused, parse_json
 from .host import RetrofitError
-from .._operators.presence import check_positive
+from .._operators.presence import check_eps, check_positive
 from .._files.provenance import weights_digest
 
 __all__ = ["footprint", "attach", "strip", "unstrip", "check_spec", "check_spec_entries",
@@ -122,7 +122,7 @@ def parse_spec_json(text: str) -> Any:
 
 def check_spec_entries(spec: Mapping[str, Any]) -> None:
     """Refuse a spec that lacks an entry of :data:`SPEC_KEYS` or whose entries have the wrong
-    type or value: ``arm`` a string, ``tau`` and ``eps`` positive finite numbers, ``site_tau`` an
+    type or value: ``arm`` a string, ``tau`` a positive finite number, ``eps`` one ≥ 0, ``site_tau`` an
     object of pattern -> positive τ, ``targets`` / ``exclude`` lists of strings (or null),
     ``sites`` / ``uncovered`` lists of strings, ``calibration`` null or an object holding
     :data:`CALIBRATION_KEYS` (its ``data`` an object); an arm ``base`` spec names no site, no
@@ -143,7 +143,8 @@ def check_spec_entries(spec: Mapping[str, Any]) -> None:
     if not isinstance(site_tau, Mapping):
         raise refuse(f"site_tau must be an object of pattern -> τ, got {site_tau!r}")
     try:
-        for name, value in (("tau", spec["tau"]), ("eps", spec["eps"]),
+        check_eps(spec["eps"])
+        for name, value in (("tau", spec["tau"]),
                             *((f"site_tau[{k!r}]", v) for k, v in site_tau.items())):
             check_positive(name, value)
     except ValueError as exc:

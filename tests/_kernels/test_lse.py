@@ -278,14 +278,15 @@ def test_the_emulated_efficient_kernel_passes_the_check() -> None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mask_kind", ["none", "bool", "causal_2d", "additive_bias"])
 @pytest.mark.parametrize("pk_grad", [True, False], ids=["pk_grad", "pk_detached"])
+@pytest.mark.parametrize("eps", [1e-3, 0.0], ids=["eps=1e-3", "eps=0"])
 def test_cuda_adaptation_matches_the_fp64_reference(layout: str, mask_kind: str, pk_grad: bool,
-                                                    small_tiles: None) -> None:
+                                                    eps: float, small_tiles: None) -> None:
     h, hkv, ph = LAYOUTS[layout]
     q, k, v, p_q, p_k = make(h=h, hkv=hkv, presence_heads=ph, nq=7, nk=8)
     p_q, p_k = with_nulls(p_q, p_k)
     inputs = [t.requires_grad_(t is not p_k or pk_grad) for t in (q, k, v, p_q, p_k)]
     compare_with_reference(on_efficient, inputs, GRAD_TOL[torch.float32],
-                           mask=mask_of(mask_kind, 2, 7, 8), eps=1e-3)
+                           mask=mask_of(mask_kind, 2, 7, 8), eps=eps)
 
 
 def test_efficient_bias_is_padded_only_when_its_strides_are_not_aligned() -> None:

@@ -162,14 +162,15 @@ def test_each_route_is_the_operator_in_fp64(name: str, layout: str, mask_kind: s
     compare_with_reference(on_route(name), inputs, GRAD_TOL[torch.float64], mask=mask, eps=1e-3)
 
 
+@pytest.mark.parametrize("eps", [1e-3, 0.0], ids=["eps=1e-3", "eps=0"])
 @pytest.mark.parametrize("name", list(ROUTES))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_each_route_in_the_inputs_dtype(name: str, dtype: torch.dtype) -> None:
+def test_each_route_in_the_inputs_dtype(name: str, dtype: torch.dtype, eps: float) -> None:
     """Outputs and gradients in the inputs' dtypes, within their rounding of the reference;
-    null receivers, null sources and empty rows exact."""
+    null receivers, null sources and empty rows exact (ε = 0, the limit, included)."""
     inputs = [t.requires_grad_() for t in half_inputs(dtype)]
-    compare_with_reference(on_route(name), inputs, TOL[dtype], eps=1e-3)
-    out, dq, dk, dv, d_pq, d_pk = grads(on_route(name), inputs, torch.randn(2, 4, 7, 16))
+    compare_with_reference(on_route(name), inputs, TOL[dtype], eps=eps)
+    out, dq, dk, dv, d_pq, d_pk = grads(on_route(name), inputs, torch.randn(2, 4, 7, 16), eps=eps)
     assert out.dtype == dq.dtype == dk.dtype == dv.dtype == dtype
     assert d_pq.dtype == d_pk.dtype == torch.float32
     assert torch.equal(out[1], torch.zeros_like(out[1]))                # no live source

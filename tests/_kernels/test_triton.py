@@ -52,17 +52,19 @@ def make(dtype: torch.dtype, h: int = 4, hkv: int = 2, nq: int = 19, nk: int = 2
     return [q, k, v, p_q, p_k]
 
 
-def run_both(module, inputs, mask=None, softcap=None, dropout_p=0.0, seed=None, reference=None):
+def run_both(module, inputs, mask=None, softcap=None, dropout_p=0.0, seed=None, reference=None,
+             eps=1e-6):
     """(kernel out, kernel grads, fp64 reference out, reference grads) for one random d_out."""
     ours = [t.detach().clone().requires_grad_() for t in inputs]
     theirs = [t.detach().double().requires_grad_() for t in inputs]
     visible, bias = _split_mask(mask, torch.float32)
     d = inputs[0].shape[-1]
-    out = module.o_attention_triton(*ours, visible, bias, 1e-6, d ** -0.5, softcap, dropout_p,
+    out = module.o_attention_triton(*ours, visible, bias, eps, d ** -0.5, softcap, dropout_p,
                                     seed)
     d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
     out.backward(d_out)
-    want = (reference or (lambda *t: o_attention_reference(*t, mask=mask, softcap=softcap)[0]))(
+    want = (reference or (lambda *t: o_attention_reference(*t, mask=mask, softcap=softcap,
+                                                           eps=eps)[0]))(
         *theirs)
     want.backward(d_out.double())
     return out, [t.grad for t in ours], want, [t.grad for t in theirs]
@@ -73,10 +75,11 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -
     assert error <= tol, f"{what}: relative error {error:.3g} > {tol}"
 
 
+@pytest.mark.parametrize("eps", [1e-6, 0.0], ids=["eps=1e-6", "eps=0"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-def test_forward_and_every_gradient_match_the_reference(triton_module, dtype) -> None:
+def test_forward_and_every_gradient_match_the_reference(triton_module, dtype, eps) -> None:
     inputs = make(dtype)
-    out, grads, want, want_grads = run_both(triton_module, inputs)
+    out, grads, want, want_grads = run_both(triton_module, inputs, eps=eps)
     assert out.dtype == dtype
     assert_close(out, want, REL_TOL[dtype], "out")
     for name, given, got, expected in zip(("dq", "dk", "dv", "dp_q", "dp_k"), inputs, grads,

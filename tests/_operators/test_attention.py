@@ -104,13 +104,14 @@ def test_dispatch_fused_unless_weights_requested() -> None:
     assert torch.equal(out, ref) and torch.equal(w, ref_w)
 
 
+@pytest.mark.parametrize("eps", [1e-6, 0.0], ids=["eps=1e-6", "eps=0"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("layout", ["mha", "gqa", "per_head"])
-def test_null_receiver_is_exactly_zero(path: str, layout: str) -> None:
+def test_null_receiver_is_exactly_zero(path: str, layout: str, eps: float) -> None:
     h, hkv, ph = LAYOUTS[layout]
     q, k, v, p_q, p_k = make(h=h, hkv=hkv, presence_heads=ph)
     p_q[:, ..., 2] = 0.0
-    out = PATHS[path](q, k, v, p_q, p_k)
+    out = PATHS[path](q, k, v, p_q, p_k, eps=eps)
     assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
     assert (out[:, :, 1].abs() > 0).any()
 
@@ -128,18 +129,20 @@ def insert_sources(k: torch.Tensor, v: torch.Tensor, p_k: torch.Tensor, where: l
 @pytest.mark.parametrize("where", [[7], [7, 8], [0], [3], [0, 4, 9]], ids=str)
 @pytest.mark.parametrize("layout", ["mha", "gqa", "per_head"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_null_source_insertion(where: list[int], layout: str, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("eps", [1e-6, 0.0], ids=["eps=1e-6", "eps=0"])
+def test_null_source_insertion(where: list[int], layout: str, dtype: torch.dtype, eps: float) -> None:
     h, hkv, ph = LAYOUTS[layout]
     q, k, v, p_q, p_k = make(h=h, hkv=hkv, presence_heads=ph, nk=7, dtype=dtype)
     old = [i for i in range(7 + len(where)) if i not in where]
     k2, v2, p_k2 = insert_sources(k, v, p_k, where)
-    ref, w = o_attention_reference(q, k, v, p_q, p_k, need_weights=True)
-    ref2, w2 = o_attention_reference(q, k2, v2, p_q, p_k2, need_weights=True)
+    ref, w = o_attention_reference(q, k, v, p_q, p_k, eps=eps, need_weights=True)
+    ref2, w2 = o_attention_reference(q, k2, v2, p_q, p_k2, eps=eps, need_weights=True)
     tol = TOL[dtype] * 2
     assert (ref2.float() - ref.float()).abs().max() <= tol
     assert (w2[..., old].float() - w.float()).abs().max() <= tol
     assert torch.equal(w2[..., where], torch.zeros_like(w2[..., where]))
-    fused, fused2 = o_attention_fused(q, k, v, p_q, p_k), o_attention_fused(q, k2, v2, p_q, p_k2)
+    fused = o_attention_fused(q, k, v, p_q, p_k, eps=eps)
+    fused2 = o_attention_fused(q, k2, v2, p_q, p_k2, eps=eps)
     assert (fused2.float() - fused.float()).abs().max() <= tol
 
 
@@ -152,9 +155,10 @@ def test_empty_key_axis_gives_exact_zeros(path: str) -> None:
     assert w.shape == (2, 4, 5, 0)
 
 
+@pytest.mark.parametrize("eps", [1e-6, 0.0], ids=["eps=1e-6", "eps=0"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("how", ["bool", "additive", "all_null", "null_and_masked"])
-def test_fully_masked_or_all_null_rows_give_exact_zeros(path: str, how: str) -> None:
+def test_fully_masked_or_all_null_rows_give_exact_zeros(path: str, how: str, eps: float) -> None:
     q, k, v, p_q, p_k = make(nq=4, nk=6)
     visible = torch.ones(2, 1, 4, 6, dtype=torch.bool)
     if how in ("bool", "additive"):
@@ -166,8 +170,8 @@ def test_fully_masked_or_all_null_rows_give_exact_zeros(path: str, how: str) -> 
         visible[:, :, 1, 3:] = False                              # row 1: live sources all masked
     mask = visible if how != "additive" else torch.zeros(visible.shape).masked_fill(
         ~visible, float("-inf"))
-    out = PATHS[path](q, k, v, p_q, p_k, mask=mask)
-    _, w = o_attention_reference(q, k, v, p_q, p_k, mask=mask, need_weights=True)
+    out = PATHS[path](q, k, v, p_q, p_k, mask=mask, eps=eps)
+    _, w = o_attention_reference(q, k, v, p_q, p_k, mask=mask, eps=eps, need_weights=True)
     dead = (slice(None), slice(None), 1) if how != "all_null" else (1,)
     assert torch.equal(out[dead], torch.zeros_like(out[dead]))
     assert torch.equal(w[dead], torch.zeros_like(w[dead]))
@@ -202,9 +206,11 @@ def carriers_with_zeros(b: int, n: int, width: int, zero: list[int]) -> torch.Te
     return x.requires_grad_()
 
 
+@pytest.mark.parametrize("eps", [1e-3, 0.0], ids=["eps=1e-3", "eps=0"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("layout", ["mha", "gqa", "per_head"])
-def test_gradcheck_fp64_through_presence_with_zero_carriers(path: str, layout: str) -> None:
+def test_gradcheck_fp64_through_presence_with_zero_carriers(path: str, layout: str,
+                                                            eps: float) -> None:
     h, hkv, ph = LAYOUTS[layout]
     q, k, v, _, _ = make(b=1, h=h, hkv=hkv, nq=3, nk=4, d=3, dtype=torch.float64,
                          requires_grad=True)
@@ -216,7 +222,7 @@ def test_gradcheck_fp64_through_presence_with_zero_carriers(path: str, layout: s
         p_q, p_k = presence(hq, 0.5), presence(hk, 0.5)
         if ph is not None:
             p_q, p_k = p_q.view(1, h, 3), p_k.view(1, h, 4)
-        return PATHS[path](q, k, v, p_q, p_k, mask=mask, eps=1e-3)
+        return PATHS[path](q, k, v, p_q, p_k, mask=mask, eps=eps)
 
     # Full Jacobian for MHA; a random-projection check (fast_mode) for the other layouts.
     assert torch.autograd.gradcheck(f, (q, k, v, hq, hk), fast_mode=layout != "mha")
@@ -248,6 +254,29 @@ def test_small_tau_and_eps_limit_is_softmax_attention(path: str, mask_kind: str,
     assert (out - sdpa).abs().max() <= 2e-6
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mask_kind", ["none", "causal_2d", "additive_bias"])
+@pytest.mark.parametrize("level", [0.0, -40.0, 60.0])
+def test_eps_limit_is_the_host_softmax_at_any_logit_level(path: str, mask_kind: str,
+                                                          level: float) -> None:
+    """ε = 0 (a retrofit's default): present tokens give the host's softmax exactly, wherever its
+    logits sit. An absolute ε = 1e-6 silences rows whose logits sit around −40 (a pretrained
+    softmax never cared about the level)."""
+    q, k, v, _, _ = make(h=4, hkv=2, nq=5, nk=7)
+    carriers_q, carriers_k = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    p_q, p_k = presence(carriers_q, 1e-8), presence(carriers_k, 1e-8)
+    mask = mask_of(mask_kind, 2, 5, 7)
+    shifted = torch.full((5, 7), level) if mask is None else (
+        torch.zeros(mask.shape).masked_fill(~mask, float("-inf")) + level
+        if mask.dtype == torch.bool else mask + level)
+    out = PATHS[path](q, k, v, p_q, p_k, mask=shifted, eps=0.0)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=shifted, enable_gqa=True)
+    assert (out - sdpa).abs().max() <= 2e-6 * sdpa.abs().max()
+    if level == -40.0:
+        sink = PATHS[path](q, k, v, p_q, p_k, mask=shifted, eps=1e-6)
+        assert (sink - sdpa).abs().max() > 0.1
+
+
 def test_near_origin_output_is_quadratic_in_the_receiver() -> None:
     q, k, v, _, p_k = make(b=1, dtype=torch.float64)
     carrier = F.normalize(torch.randn(1, 5, 16, dtype=torch.float64), dim=-1)
@@ -276,7 +305,6 @@ def test_non_finite_carriers_propagate_nan_to_who_sees_them() -> None:
 GOOD = dict(q=torch.randn(2, 4, 3, 8), k=torch.randn(2, 2, 5, 8), v=torch.randn(2, 2, 5, 6),
             p_q=torch.rand(2, 3), p_k=torch.rand(2, 5))
 BAD = [
-    ("eps", dict(eps=0.0)), ("eps", dict(eps=-1e-6)), ("eps", dict(eps=float("nan"))),
     ("q must be a 4-D", dict(q=torch.randn(4, 3, 8))),
     ("batch size", dict(k=torch.randn(3, 2, 5, 8), v=torch.randn(3, 2, 5, 6))),
     ("same head size", dict(k=torch.randn(2, 2, 5, 7))),
@@ -288,6 +316,9 @@ BAD = [
     ("mask must be a bool", dict(mask=torch.ones(3, 5, dtype=torch.long))),
     ("does not broadcast", dict(mask=torch.ones(3, 4, dtype=torch.bool))),
     ("mask must broadcast", dict(mask=torch.ones(1, 1, 2, 4, 3, 5, dtype=torch.bool))),
+    ("eps must be a finite number ≥ 0", dict(eps=-1e-6)),
+    ("eps must be a finite number ≥ 0", dict(eps=float("nan"))),
+    ("eps must be a finite number ≥ 0", dict(eps=True)),
 ]
 
 

@@ -29,7 +29,7 @@ def test_set_site_swaps_class_and_undo_restores_it() -> None:
     assert type(lin).__name__ == "OLinear" and isinstance(lin, nn.Linear)
     assert list(lin.state_dict()) == keys
     assert torch.equal(lin(x), 2 * before)
-    assert site_config(lin, "double") == SiteConfig(tau=1.0, eps=1e-6)
+    assert site_config(lin, "double") == SiteConfig(tau=1.0, eps=0.0)
     undo()
     assert type(lin) is nn.Linear and "_oretrofit" not in lin.__dict__
     assert site_config(lin, "double") is None

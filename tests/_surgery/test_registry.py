@@ -134,7 +134,7 @@ def test_patch_twice_and_revert_twice_raise() -> None:
     (dict(arm="everything"), RetrofitError, "unknown arm 'everything'; choose one of base, oa, full-o"),
     (dict(tau=0.0), ValueError, "tau"),
     (dict(tau=-1e-8), ValueError, "tau"),
-    (dict(eps=0.0), ValueError, "eps"),
+    (dict(eps=-1e-6), ValueError, "eps"),
     (dict(targets=["nothing.*"]), RetrofitError, r"targets pattern .nothing\.\*. matches no site"),
     (dict(exclude=["block.*"]), RetrofitError, "no site matched"),
     (dict(site_tau={"other.*": 1.0}), RetrofitError, "matches no planned site"),

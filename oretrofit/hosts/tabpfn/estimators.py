@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from ..._operators.presence import TAU_RETROFIT
+from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
 from ..._surgery.registry import ARMS, Retrofit, RetrofitError, apply_spec, read_spec, retrofit
 from . import releases
 from .checkpoints import (build_model, checkpoint_sha256, checkpoint_task, load_checkpoint,
@@ -25,7 +25,7 @@ from .checkpoints import (build_model, checkpoint_sha256, checkpoint_task, load_
 __all__ = ["make_regressor", "make_classifier", "regressor_from_checkpoint",
            "estimator_from_checkpoint", "spec_patch", "check_spec_checkpoint"]
 
-EPS = 1e-6                      # OAttention ε of make_regressor / make_classifier by default
+EPS = EPS_RETROFIT              # OAttention ε of make_regressor / make_classifier by default
 
 
 def estimator_from_checkpoint(path: str | os.PathLike[str],
@@ -146,7 +146,7 @@ def make_regressor(model_path: str | os.PathLike[str] | None, arm: str | None = 
         arm: ``base`` (unpatched; the Retrofit returned is None; the default without ``spec``),
             ``oa`` or ``full-o``.
         tau, eps, site_tau: presence scale (default ``TAU_RETROFIT`` = 1e-8), OAttention ε
-            (default 1e-6) and per-site τ (see :func:`oretrofit.retrofit`).
+            (default 0, the limit ε → 0⁺) and per-site τ (see :func:`oretrofit.retrofit`).
         spec: a patch spec (dict, or the path of its JSON: ``Retrofit.save_spec``,
             ``oretrofit calibrate --out``) applied with :func:`oretrofit.apply_spec` instead of
             arm/tau/eps/site_tau: it sets every site's τ (a calibrated spec: one per site). With
