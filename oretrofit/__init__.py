@@ -5,7 +5,8 @@ a token's presence p = ‖h‖²/(τ+‖h‖²) gates what it emits and weights 
 contributes to anything shared between tokens.
 
 Every public name is listed once in ``__all__`` and imported from its home module on first
-use (PEP 562), so ``import oretrofit`` (and ``oretrofit --help``) does not import torch.
+use (PEP 562), so ``import oretrofit`` (and ``oretrofit --help``) does not import torch; the
+public subpackages ``oretrofit.transformers`` and ``oretrofit.tabpfn`` likewise, on first use.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ __all__ = list(_HOMES)
 
 
 __getattr__, __dir__ = lazy_attributes(
-    globals(), {name: (home, name) for name, home in _HOMES.items()})
+    globals(), {name: (home, name) for name, home in _HOMES.items()}, ("tabpfn", "transformers"))
 
 
 if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ imports these
