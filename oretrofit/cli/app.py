@@ -78,6 +78,8 @@ for _info in app.registered_commands:
 
 def main() -> None:
     from .errors import run
+    from .output import show_progress
+    show_progress()
     run(app)                    # errors print as plain text (no traceback, no rich markup)
 
 
