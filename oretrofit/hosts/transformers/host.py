@@ -42,7 +42,7 @@ from ..._kernels.routes import check_routes
 from ..._surgery.patching import SiteConfig, Undo
 from ..._surgery.host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, patch_all, uncovered_attention
-from .attention import attach_o_attention
+from .interface_route import attach_o_attention
 from .backbones import backbones, layer_lists, pretrained_models
 from .boundary import (UNGATED, Structure, initial_state_problems, join, norm_site,
                        outer_sites, parameters_between_layers, positional_convolutions)

@@ -12,7 +12,7 @@ from torch import nn  # noqa: E402
 
 from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
 from hosts.transformers import zoo  # noqa: E402
-from oretrofit.hosts.transformers.attention import o_attention_function  # noqa: E402
+from oretrofit.hosts.transformers.interface_route import o_attention_function  # noqa: E402
 from oretrofit.hosts.transformers.contracts import agreement, null_insertion  # noqa: E402
 
 NAMES = [a.name for a in zoo.ARCHITECTURES]

@@ -86,7 +86,7 @@ def test_compiled_forwards_compile_the_graphs_of_the_unpatched_model() -> None:
 
 
 def test_the_attention_implementation_lookup_traces_without_a_graph_break() -> None:
-    from oretrofit.hosts.transformers.attention import _original_implementation
+    from oretrofit.hosts.transformers.interface_route import _original_implementation
     model = _tiny(2)
     with retrofitted(model, "full-o", 1e-2):
         model.set_attn_implementation("eager")
