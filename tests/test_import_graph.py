@@ -9,7 +9,8 @@ that module. The built-in hosts are found through a table of module names
 The layers, lowest first (:data:`LAYERS`): the core (``oretrofit._*``, in rooms of its own:
 :data:`ROOMS`); the hosts
 (``oretrofit.hosts``, one folder per host, which import the core and ``hosts.torch_nn`` only);
-the public facades (``oretrofit`` itself, ``oretrofit.tabpfn``, ``oretrofit.transformers``); the
+the public facades (``oretrofit`` itself, ``oretrofit.tabpfn``, ``oretrofit.tabdpt``,
+``oretrofit.transformers``); the
 runners (``regress``, ``sweep``, ``studies``); the demo host's training code (``demo_host``,
 which uses ``regress``); the CLI.
 """
@@ -31,7 +32,8 @@ ROOT = PACKAGE.parent
 # lowest first: a module imports modules of its own layer and of the layers below it only
 LAYERS = [("core", ("oretrofit._",)),
           ("hosts", ("oretrofit.hosts",)),
-          ("facades", ("oretrofit", "oretrofit.tabpfn", "oretrofit.transformers")),
+          ("facades", ("oretrofit", "oretrofit.tabpfn", "oretrofit.tabdpt",
+                       "oretrofit.transformers")),
           ("runners", ("oretrofit.regress", "oretrofit.sweep", "oretrofit.studies")),
           ("demo host", ("oretrofit.demo_host",)),
           ("cli", ("oretrofit.cli",))]
@@ -228,7 +230,8 @@ def test_hosts_import_the_core_and_the_torch_nn_host_only() -> None:
             "oretrofit.hosts.tabpfn.v3", "oretrofit.hosts.tabpfn.checkpoints"} <= set(hosts)
     for module, targets in hosts.items():
         for target in targets:
-            assert not target.startswith(("oretrofit.tabpfn", "oretrofit.transformers",
+            assert not target.startswith(("oretrofit.tabpfn", "oretrofit.tabdpt",
+                                          "oretrofit.transformers",
                                           "oretrofit.cli", "oretrofit.regress",
                                           "oretrofit.studies", "oretrofit.sweep",
                                           "oretrofit.demo_host")), f"{module} -> {target}"
