@@ -41,8 +41,8 @@ LAYERS = [("core", ("oretrofit._",)),
 
 # the core's rooms, and the other rooms each may import (besides itself): the kernels and the
 # files import nothing else of oretrofit, the operators the kernels, the surgery the rest; the
-# two leaf modules at the root import nothing
-ROOMS = {"oretrofit._version": set(), "oretrofit._lazy": set(),
+# leaf module at the root imports nothing
+ROOMS = {"oretrofit._version": set(),
          "oretrofit._kernels": set(), "oretrofit._files": set(),
          "oretrofit._operators": {"oretrofit._kernels"},
          "oretrofit._surgery": {"oretrofit._operators", "oretrofit._kernels", "oretrofit._files",
