@@ -130,7 +130,7 @@ def test_softcap_and_position_bias_reach_the_operator() -> None:
             for name_, parameter in model.named_parameters():
                 parameter.mul_(30.0 if name_.endswith("q_proj.weight") else 1.0)
         inputs = zoo.example_inputs(model)
-        from oretrofit.hosts.transformers import attention as ta
+        from oretrofit.hosts.transformers import interface_route as ta
         original = ta.o_attention_function
 
         def dropping(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
