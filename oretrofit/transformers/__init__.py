@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_attributes
+from .. import _lazy_attributes
 
 # public name -> (the module that defines it, its name there)
 _HOMES = {
@@ -35,7 +35,7 @@ _HOMES = {
 __all__ = list(_HOMES)
 
 
-__getattr__, __dir__ = lazy_attributes(globals(), _HOMES)
+__getattr__, __dir__ = _lazy_attributes(globals(), _HOMES)
 
 
 if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ imports these

@@ -48,13 +48,14 @@ def test_safetensors_checkpoint(tmp_path):
     assert load_checkpoint(path)["architecture_name"] == "tabpfn_v3"
 
 
-def test_random_and_demo_hosts(monkeypatch, capsys, small_ckpt, tmp_path):
+def test_random_and_demo_hosts(monkeypatch, caplog, small_ckpt, tmp_path):
     random_path = resolve_model_path("random")
     assert "v3" in random_path.name and "random" in random_path.name
     assert random_path.parent == checkpoints.cache_dir()
     monkeypatch.setattr(checkpoints, "DEMO_CHECKPOINT", tmp_path / "tabpfn-v3-demo.ckpt")
     assert resolve_model_path("demo") == random_path
-    assert "RANDOM-WEIGHTS" in capsys.readouterr().err
+    assert [r.levelname for r in caplog.records] == ["WARNING"]       # a notice, not a result
+    assert "RANDOM-WEIGHTS" in caplog.text
     shutil.copy(small_ckpt, tmp_path / "tabpfn-v3-demo.ckpt")
     assert resolve_model_path("demo") == tmp_path / "tabpfn-v3-demo.ckpt"
 

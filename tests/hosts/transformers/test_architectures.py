@@ -12,7 +12,7 @@ from torch import nn  # noqa: E402
 
 from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
 from hosts.transformers import zoo  # noqa: E402
-from oretrofit.hosts.transformers.attention import o_attention_function  # noqa: E402
+from oretrofit.hosts.transformers.interface_route import o_attention_function  # noqa: E402
 from oretrofit.hosts.transformers.contracts import agreement, null_insertion  # noqa: E402
 
 NAMES = [a.name for a in zoo.ARCHITECTURES]
@@ -130,7 +130,7 @@ def test_softcap_and_position_bias_reach_the_operator() -> None:
             for name_, parameter in model.named_parameters():
                 parameter.mul_(30.0 if name_.endswith("q_proj.weight") else 1.0)
         inputs = zoo.example_inputs(model)
-        from oretrofit.hosts.transformers import attention as ta
+        from oretrofit.hosts.transformers import interface_route as ta
         original = ta.o_attention_function
 
         def dropping(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
