@@ -13,10 +13,15 @@ likewise, on first use (:func:`_lazy_attributes`, which ``oretrofit.transformers
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any, Callable
 
-from ._surgery import moved
-from ._version import __version__
+try:                    # pyproject.toml's version, the one place it is set
+    __version__ = importlib.metadata.version("oretrofit")
+except importlib.metadata.PackageNotFoundError:                  # a source tree never installed
+    __version__ = "0+unknown"
+
+from ._surgery import moved  # noqa: E402
 
 moved.install()                 # old module paths (a pickle written before a move) still load
 

@@ -25,7 +25,7 @@ import torch
 from .atomic import atomic_file
 from .json_numbers import encode_non_finite
 
-__all__ = ["cache_dir", "environment", "package_version", "portable", "sha256_file", "weights_digest", "write_json_atomic",
+__all__ = ["cache_dir", "environment", "package_version", "oretrofit_version", "portable", "sha256_file", "weights_digest", "write_json_atomic",
            "git_revision"]
 
 _PACKAGES = ("oretrofit", "torch", "numpy", "tabpfn", "transformers", "scikit-learn", "openml")
@@ -117,6 +117,12 @@ def package_version(name: str) -> str | None:
         return _md.version(name)
     except _md.PackageNotFoundError:
         return None
+
+
+def oretrofit_version() -> str:
+    """This installed oretrofit's version (pyproject.toml's), ``0+unknown`` in a source tree that
+    was never installed."""
+    return package_version("oretrofit") or "0+unknown"
 
 
 def _numpy_simd() -> list[str] | None:

@@ -24,13 +24,13 @@ from typing import Any, Iterator, Mapping, Sequence
 from torch import nn
 
 from .compose import compose, uncovered_error
+from .._files.provenance import oretrofit_version
 from .._files.reading import FileRefused, read_text
 from .host import KINDS, Host, RetrofitError, Site, register_host, registered_hosts
 from .patching import SiteConfig, Undo, portable
 from .._operators.presence import EPS_RETROFIT, TAU_RETROFIT, check_eps, check_positive
 from .serialize import (attach, check_calibrated_weights, check_spec, check_spec_entries,
                         footprint, parse_spec_json, site_records, strip, unstrip)
-from .._version import __version__
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
            "register_host", "registered_hosts", "plan_retrofit", "retrofit", "retrofitted",
@@ -228,7 +228,7 @@ class Retrofit:
     def spec(self) -> dict[str, Any]:
         """Versioned JSON-able patch spec; :func:`apply_spec` re-applies it to a loaded host."""
         plan = self._bound().plan
-        return {"schema_version": SPEC_VERSION, "oretrofit": __version__, "host": plan.host,
+        return {"schema_version": SPEC_VERSION, "oretrofit": oretrofit_version(), "host": plan.host,
                 "hosts": plan.hosts, "host_versions": _host_versions(plan.hosts, self.model),
                 "arm": plan.arm,
                 "tau": plan.tau, "eps": plan.eps, "site_tau": plan.site_tau,

@@ -37,7 +37,7 @@ app = typer.Typer(name="oretrofit", cls=_Verbs, no_args_is_help=True, add_comple
 
 def _print_version(asked: bool) -> None:
     if asked:
-        from .._version import __version__
+        from .. import __version__
         typer.echo(f"oretrofit {__version__}")
         raise typer.Exit()
 

@@ -34,8 +34,7 @@ from torch import nn
 
 from ..._files.reading import FileRefused, read_json
 from ..._surgery.host import RetrofitError
-from ..._files.provenance import cache_dir, write_json_atomic
-from ..._version import __version__
+from ..._files.provenance import cache_dir, oretrofit_version, write_json_atomic
 from .backbones import pretrained_models
 from .check import check
 from .overrides import Override, code_digest, within
@@ -71,7 +70,7 @@ def _key(model: nn.Module, own: list[Override] | tuple = ()) -> tuple[str, ...]:
     """(model class, attention implementation, transformers and oretrofit versions), and the
     digest of ``own`` overriding classes' code where there are any."""
     return (_name(type(model)), str(getattr(model.config, "_attn_implementation", None)),
-            transformers_version(), __version__, *([code_digest(own)] if own else []))
+            transformers_version(), oretrofit_version(), *([code_digest(own)] if own else []))
 
 
 def record_path(key: tuple[str, ...]) -> Path:
