@@ -10,6 +10,8 @@ import sys
 
 from torch import nn
 
+from ..._surgery.host import inside
+from ..torch_nn import ATTENTION, TorchNNHost
 from .boundary import join
 from .layouts import attention_modules
 
@@ -18,16 +20,35 @@ __all__ = ["pretrained_models", "backbones", "layer_lists", "layers"]
 
 def pretrained_models(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(path, module)`` of every outermost transformers ``PreTrainedModel`` in ``model``
-    (a head model such as ``BertForMaskedLM``, or a bare base model)."""
+    (a head model such as ``BertForMaskedLM``, or a bare base model); a composite one
+    (:func:`_composite`) gives way to the ``PreTrainedModel`` s inside it, so the plain torch.nn
+    attention in its own code is left to the torch.nn host."""
     if "transformers" not in sys.modules:
         return []                        # a transformers model cannot exist without it
+    return _outermost(model, "", top=True)
+
+
+def _outermost(module: nn.Module, prefix: str, top: bool = False) -> list[tuple[str, nn.Module]]:
     from transformers import PreTrainedModel
     found: list[tuple[str, nn.Module]] = []
-    for name, module in model.named_modules():
-        if isinstance(module, PreTrainedModel) and not any(
-                name == f or name.startswith(f + ".") or not f for f, _ in found):
-            found.append((name, module))
-    return found
+    for name, sub in module.named_modules():
+        if (not isinstance(sub, PreTrainedModel) or (not top and not name)
+                or any(name == f or name.startswith(f + ".") or not f for f in found)):
+            continue
+        found.append(name)
+    pairs = [(join(prefix, name), module.get_submodule(name)) for name in found]
+    return [pair for path, sub in pairs
+            for pair in (_outermost(sub, path) if _composite(sub) else [(path, sub)])]
+
+
+def _composite(pretrained: nn.Module) -> bool:
+    """Whether ``pretrained`` holds ``PreTrainedModel`` s and, outside them, attention the
+    torch.nn host has a site for (a BERT text encoder and an ``nn.TransformerEncoder`` in one
+    model, as TabSTAR): its transformers parts are this host's, the rest the torch.nn host's."""
+    inner = [path for path, _ in _outermost(pretrained, "")]
+    return bool(inner) and any(
+        site.kind == ATTENTION and not inside(site.scope[0], inner)
+        for site in TorchNNHost().sites(pretrained) if site.scope)
 
 
 def backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
