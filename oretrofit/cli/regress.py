@@ -58,6 +58,7 @@ class RunOptions:
     inference_precision: Optional[str] = None
     test_fraction: float = 0.25
     eps: Optional[float] = None                 # None: the retrofit's default (ε → 0⁺)
+    host: str = "tabpfn"
 
 
 def _floats(text: str, what: str) -> tuple[float, ...]:
@@ -107,7 +108,7 @@ def _execute(matrix: Any, options: RunOptions) -> None:
     check_outputs(options.out / "tables", options.plots)    # the user's own tables: before work
     model = ModelSettings(options.model_path, options.device, options.n_estimators,
                           EPS_RETROFIT if options.eps is None else options.eps,
-                          inference_precision=options.inference_precision)
+                          inference_precision=options.inference_precision, host=options.host)
     result = _progress_run(
         matrix, model, options.out,
         protocol=SplitProtocol(options.test_fraction, options.max_train, options.max_test),
@@ -205,6 +206,8 @@ def register(app: typer.Typer) -> None:
         test_fraction: float = typer.Option(0.25, "--test-fraction", help="Share of rows "
                                             "held out before capping"),
         eps: Optional[float] = typer.Option(None, "--eps", help="OAttention ε ≥ 0 [default: 0]"),
+        host: str = typer.Option("tabpfn", "--host", help=(
+            "Model family: tabpfn, tabicl or tabdpt (tabicl/tabdpt: --model-path FILE)")),
         plots: bool = PLOTS, json_out: bool = JSON_OUT,
     ) -> None:
         """Run a dataset × seed × arm × τ matrix of TabPFN v3 fits, then render its tables."""
@@ -213,7 +216,7 @@ def register(app: typer.Typer) -> None:
         from .errors import warn
         options = RunOptions(model_path, device, out, openml_cache, offline_standins, shard,
                              backend, scheduler, n_jobs, max_train, max_test, plots, json_out,
-                             n_estimators, inference_precision, test_fraction, eps)
+                             n_estimators, inference_precision, test_fraction, eps, host)
         if old_target:
             warn("--target of `regress` is now --target-column (in `patch`, --target is a site "
                  "pattern); the old name goes in the next release")

@@ -40,8 +40,9 @@ import torch
 
 from .._operators.presence import EPS_RETROFIT, check_eps
 from .._operators.presence_profile import PresenceProfile, presence_by_module
-from .._files.provenance import environment, portable
+from .._files.provenance import environment, portable, sha256_file
 from .._surgery.registry import ARMS, RetrofitError
+from .families import check_host, checkpoint_file, make_regressor, vendor_kwargs
 from .data import Dataset, canonical_spec, load_datasets, refuse_twins
 from .protocol import PAPER_PROTOCOL, SplitProtocol, rmse_r2
 from .store import Cell, RunFolder
@@ -120,6 +121,7 @@ class ModelSettings:
     eps: float = EPS_RETROFIT
     inference_precision: str | None = None      # float32 | float16 | bfloat16 | auto |
                                                 # autocast; None: the retrofit's default
+    host: str = "tabpfn"                        # the model family (:mod:`.families`)
 
     def __post_init__(self) -> None:
         check_device(self.device)
@@ -127,7 +129,8 @@ class ModelSettings:
                 or self.n_estimators < 1:
             raise ValueError(f"--n-estimators must be an integer >= 1, got {self.n_estimators!r}")
         check_eps(self.eps)
-        self.regressor_kwargs()
+        check_host(self.host)
+        vendor_kwargs(self.host, self.regressor_kwargs(), seed=0)
 
     def regressor_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"eps": self.eps, "device": self.device,
@@ -230,20 +233,21 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
     """Fit and score one cell on ``(X_train, y_train, X_test, y_test)``; runs in a worker
     (which watches ``driver``, the driver's pid, when given). ``variant``: the per-site τ
     (and ε) the cell's variant runs."""
-    from ..tabpfn import make_regressor
     if driver is not None:
         _watch_driver(driver)
     X_train, y_train, X_test, y_test = arrays
     start, cpu_start = time.perf_counter(), time.process_time()
     kwargs = model.regressor_kwargs()
-    if cell.arm == "base":                      # base patches nothing: no τ or ε to pass
-        kwargs.pop("eps")
+    eps = kwargs.pop("eps")
+    kwargs = vendor_kwargs(model.host, kwargs, cell.seed)
+    if cell.arm != "base":                      # base patches nothing: no τ or ε to pass
+        kwargs["eps"] = eps
     if cell.tau is not None:
         kwargs["tau"] = cell.tau
     if variant is not None:
         kwargs["site_tau"] = variant.site_tau
         kwargs["eps"] = variant.eps if variant.eps is not None else model.eps
-    regressor, applied = make_regressor(checkpoint, arm=cell.arm, seed=cell.seed, **kwargs)
+    regressor, applied = make_regressor(model.host)(checkpoint, arm=cell.arm, **kwargs)
     # Every presence the O sites compute in fit + predict, per module (base computes none).
     where = presence_by_module(applied.model) if applied is not None else nullcontext({})
     with where as by_module:
@@ -306,17 +310,13 @@ def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
     Every dataset is loaded before any cell runs, so a missing one fails fast with one error
     naming all of them. ``standins`` maps specs to offline replacements (recorded per dataset).
     """
-    from ..tabpfn import checkpoint_sha256, resolve_model_path
     _check_backend(backend, n_jobs, scheduler)
     datasets = load_datasets(matrix.datasets, openml_cache=openml_cache, standins=standins)
     refuse_twins(datasets)
     for dataset in datasets.values():
         for seed in matrix.seeds:
             protocol.check_fits(dataset.spec, len(dataset.y), seed)
-    checkpoint = resolve_model_path(model.model_path)
-    weights, host = _check_builds(checkpoint)
-    sha256 = checkpoint_sha256(checkpoint)
-    check_variants(host, matrix.variants, model.eps, sha256)
+    checkpoint, weights, sha256 = _checkpoint(model, matrix)
     folder = RunFolder(out)
     with folder.lock():
         folder.sweep()
@@ -325,6 +325,23 @@ def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
                            sha256, protocol=protocol, standins=standins,
                            shard=shard, backend=backend, n_jobs=n_jobs, scheduler=scheduler,
                            progress=progress)
+
+
+def _checkpoint(model: ModelSettings, matrix: Matrix) -> tuple[Path, str, str]:
+    """The run's checkpoint, its weights label and SHA-256, checked before any cell runs: a
+    TabPFN one builds and plans every variant; another family's is a file in its format."""
+    if model.host != "tabpfn":
+        if matrix.variants:
+            raise ValueError(f"per-site τ variants are planned on TabPFN's host; --host "
+                             f"{model.host} runs the arms at one τ each (drop --variant)")
+        checkpoint = checkpoint_file(model.host, model.model_path)
+        return checkpoint, f"{model.host} checkpoint", sha256_file(checkpoint)
+    from ..tabpfn import checkpoint_sha256, resolve_model_path
+    checkpoint = resolve_model_path(model.model_path)
+    weights, host = _check_builds(checkpoint)
+    sha256 = checkpoint_sha256(checkpoint)
+    check_variants(host, matrix.variants, model.eps, sha256)
+    return checkpoint, weights, sha256
 
 
 def _check_builds(checkpoint: Path) -> tuple[str, torch.nn.Module]:
@@ -351,7 +368,8 @@ def _run_locked(matrix: Matrix, model: ModelSettings, folder: RunFolder,
                  "device_type": torch.device(model.device).type,
                  "n_estimators": model.n_estimators, "eps": model.eps,
                  "inference_precision": model.inference_precision,
-                 "protocol": protocol.describe()})
+                 "protocol": protocol.describe(),
+                 **({} if model.host == "tabpfn" else {"host": model.host})})
     folder.bind_variants({v.key: v.record() for v in matrix.variants})
     # a local table by its content: the spec the folder first recorded it under
     known = {spec: folder.record_dataset(dataset) for spec, dataset in datasets.items()}

@@ -1,0 +1,85 @@
+"""`oretrofit regress --host`: each family's regressor in the runner, a family that does not
+import refused by name, and the table across hosts generated from run folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from oretrofit.cli.app import app
+from oretrofit.regress import families
+from oretrofit.regress.host_tables import host_table, write_host_table
+from oretrofit.regress.store import read_cells
+
+tabicl = pytest.importorskip("tabicl")
+from oretrofit.tabicl import write_random_checkpoint  # noqa: E402
+
+SMALL = ["--datasets", "sklearn:diabetes", "--seeds", "11", "--max-train", "32",
+         "--max-test", "16", "--no-plots", "--tau", "1e-08"]
+
+
+def _regress(*args: object):
+    return CliRunner().invoke(app, ["regress", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def tabicl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tabicl")
+    checkpoint = write_random_checkpoint(root / "regressor.ckpt", "regressor", seed=3)
+    out = root / "run"
+    result = _regress("--host", "tabicl", "--model-path", checkpoint, "--out", out, "--json",
+                      *SMALL)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_regress_host_tabicl_runs_every_arm_end_to_end(tabicl_run: Path):
+    settings, _, cells = read_cells([tabicl_run])
+    assert settings["host"] == "tabicl"
+    assert sorted(c["arm"] for c in cells) == ["base", "full-o", "oa"]
+    assert all(c["rmse"] > 0 and c["n_train"] == 32 and c["n_test"] == 16 for c in cells)
+    assert all(c["sites_patched"] > 0 for c in cells if c["arm"] != "base")
+    tables = (tabicl_run / "tables" / "tables.md").read_text()
+    assert "Table 2 layout" in tables and "Table 7 layout" in tables
+
+
+def test_the_table_across_hosts_is_made_from_two_run_folders(tabicl_run: Path, tmp_path: Path):
+    checkpoint = write_random_checkpoint(tmp_path / "other.ckpt", "regressor", seed=4)
+    second = tmp_path / "second"
+    assert _regress("--host", "tabicl", "--model-path", checkpoint, "--out", second,
+                    *SMALL).exit_code == 0
+    table = host_table([tabicl_run, second])
+    assert [row[:3] for row in table.rows] == [["tabicl", "run", "1e-08"],
+                                               ["tabicl", "second", "1e-08"]]
+    _, _, cells = read_cells([tabicl_run])
+    rmse = {c["arm"]: c["rmse"] for c in cells}
+    expected = 100 * (rmse["full-o"] - rmse["base"]) / rmse["base"]
+    assert table.rows[0][5] == f"{expected:+.3f}%"
+    written = write_host_table([tabicl_run, second], tmp_path / "compare").read_text()
+    assert "| tabicl | second | 1e-08 |" in written
+
+
+def test_a_family_without_its_package_is_refused_by_name_with_the_fix(monkeypatch):
+    real = families.importlib.import_module
+
+    def missing(name: str):
+        if name == "tabdpt":
+            raise ImportError("cannot import name 'x' from 'huggingface_hub'")
+        return real(name)
+    monkeypatch.setattr(families.importlib, "import_module", missing)
+    result = _regress("--host", "tabdpt", "--model-path", "x.safetensors", *SMALL)
+    assert result.exit_code != 0
+    assert "--host tabdpt needs the tabdpt package" in result.output
+    assert "environment with it" in result.output
+
+
+def test_settings_a_family_has_no_argument_for_are_refused():
+    with pytest.raises(ValueError, match="--inference-precision is TabPFN's"):
+        families.vendor_kwargs("tabicl", {"inference_precision": "float16"}, seed=1)
+    assert families.vendor_kwargs("tabicl", {"n_estimators": 2, "device": "cpu"}, seed=7) == {
+        "n_estimators": 2, "device": "cpu", "random_state": 7}
+    with pytest.raises(ValueError, match="needs --model-path FILE"):
+        families.checkpoint_file("tabicl", "demo")
