@@ -4,8 +4,7 @@ arguments the runner's settings map to, and its checkpoint (``--host``).
 TabPFN takes every setting (``seed``, ``n_estimators``, ``inference_precision``, variants, the
 ``demo``/``random`` checkpoints); TabICL and TabDPT take a checkpoint file in the vendor's format
 (e.g. ``oretrofit.tabicl.write_random_checkpoint(path, "regressor")``) and the vendor's own names:
-TabICL ``random_state`` and ``n_estimators``, TabDPT neither (it draws its context subsample
-itself). A family whose package cannot be imported is refused by name, with the fix.
+TabICL ``random_state`` and ``n_estimators``, TabDPT ``seed`` and ``n_ensembles`` at ``predict``. A family whose package cannot be imported is refused by name, with the fix.
 """
 
 from __future__ import annotations
@@ -37,21 +36,21 @@ def check_host(host: str) -> None:
                "builds one" if host == "tabdpt" else "") + ")") from None
 
 
-def vendor_kwargs(host: str, settings: dict[str, Any], seed: int) -> dict[str, Any]:
+def vendor_kwargs(host: str, settings: dict[str, Any], seed: int
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The runner's ``settings`` (``device``, ``n_estimators``, ``inference_precision``) and
-    the cell's ``seed`` under the family's own argument names; a setting the family has no
-    argument for is refused rather than dropped."""
+    the cell's ``seed`` under the family's own argument names: ``(constructor kwargs, predict
+    kwargs)``. TabDPT takes its ensemble size and seed at ``predict`` (``n_ensembles``,
+    ``seed``). A setting the family has no argument for is refused rather than dropped."""
     settings = dict(settings)
     if host == "tabpfn":
-        return {**settings, "seed": seed}
+        return {**settings, "seed": seed}, {}
     if settings.pop("inference_precision", None) is not None:
         raise ValueError(f"--inference-precision is TabPFN's; --host {host} takes none")
     n_estimators = settings.pop("n_estimators", 1)
     if host == "tabicl":
-        return {**settings, "n_estimators": n_estimators, "random_state": seed}
-    if n_estimators != 1:
-        raise ValueError("--n-estimators is not an argument of TabDPTRegressor; leave it at 1")
-    return {**settings, "compile": False}
+        return {**settings, "n_estimators": n_estimators, "random_state": seed}, {}
+    return settings, {"n_ensembles": n_estimators, "seed": seed}
 
 
 def make_regressor(host: str) -> Callable[..., Any]:

@@ -239,7 +239,10 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
     start, cpu_start = time.perf_counter(), time.process_time()
     kwargs = model.regressor_kwargs()
     eps = kwargs.pop("eps")
-    kwargs = vendor_kwargs(model.host, kwargs, cell.seed)
+    kwargs, predict_kwargs = vendor_kwargs(model.host, kwargs, cell.seed)
+    # a vendor drawing from the global generators (TabDPT's fit) draws the same in every arm
+    torch.manual_seed(cell.seed)
+    np.random.seed(cell.seed)
     if cell.arm != "base":                      # base patches nothing: no τ or ε to pass
         kwargs["eps"] = eps
     if cell.tau is not None:
@@ -254,7 +257,7 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
         fit_start = time.perf_counter()
         regressor.fit(X_train, y_train)
         predict_start = time.perf_counter()
-        prediction = regressor.predict(X_test)
+        prediction = regressor.predict(X_test, **predict_kwargs)
         end = time.perf_counter()
     _require_finite(cell, prediction, model)
     rmse, r2 = rmse_r2(y_test, prediction)

@@ -42,6 +42,8 @@ def test_regress_host_tabicl_runs_every_arm_end_to_end(tabicl_run: Path):
     assert sorted(c["arm"] for c in cells) == ["base", "full-o", "oa"]
     assert all(c["rmse"] > 0 and c["n_train"] == 32 and c["n_test"] == 16 for c in cells)
     assert all(c["sites_patched"] > 0 for c in cells if c["arm"] != "base")
+    rmse = {c["arm"]: c["rmse"] for c in cells}
+    assert abs(rmse["full-o"] - rmse["base"]) <= 1e-5 * rmse["base"]     # τ → 0: the host
     tables = (tabicl_run / "tables" / "tables.md").read_text()
     assert "Table 2 layout" in tables and "Table 7 layout" in tables
 
@@ -79,7 +81,9 @@ def test_a_family_without_its_package_is_refused_by_name_with_the_fix(monkeypatc
 def test_settings_a_family_has_no_argument_for_are_refused():
     with pytest.raises(ValueError, match="--inference-precision is TabPFN's"):
         families.vendor_kwargs("tabicl", {"inference_precision": "float16"}, seed=1)
-    assert families.vendor_kwargs("tabicl", {"n_estimators": 2, "device": "cpu"}, seed=7) == {
-        "n_estimators": 2, "device": "cpu", "random_state": 7}
+    assert families.vendor_kwargs("tabicl", {"n_estimators": 2, "device": "cpu"}, seed=7) == (
+        {"n_estimators": 2, "device": "cpu", "random_state": 7}, {})
+    assert families.vendor_kwargs("tabdpt", {"n_estimators": 2, "device": "cpu"}, seed=7) == (
+        {"device": "cpu"}, {"n_ensembles": 2, "seed": 7})
     with pytest.raises(ValueError, match="needs --model-path FILE"):
         families.checkpoint_file("tabicl", "demo")
