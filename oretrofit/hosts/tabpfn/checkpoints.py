@@ -119,7 +119,8 @@ def random_model(version: str = "v3", size: str = "small", seed: int = 0,
                  task: str = "regressor") -> tuple[torch.nn.Module, Any]:
     """A random-init model of TabPFN ``version`` (a supported row of
     :data:`~oretrofit.hosts.tabpfn.versions.VERSIONS`), built from that version's own
-    ``parse_config`` (v2.5/v2.6 at :data:`V2_SIZES`), and its config. A classifier (and every
+    ``parse_config`` (v2.5/v2.6 at :data:`V2_SIZES`; v3 also at size ``"demo"``, the demo
+    host's architecture), and its config. A classifier (and every
     v3.5 model, which serves both tasks) reads out :data:`RANDOM_CLASSIFIER_CLASSES` classes.
 
     The zero-initialised weights (out-projections, MLP outputs, query modulation) are redrawn
@@ -130,15 +131,15 @@ def random_model(version: str = "v3", size: str = "small", seed: int = 0,
     row = next((v for v in VERSIONS if v.label == version and v.sites), None)
     if row is None:
         raise RetrofitError(f"no random TabPFN {version!r} host: supported are {supported()}")
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    sizes = V2_SIZES if row.sites == "v2_5" else {**SIZES, "demo": _demo_size()}
+    if size not in sizes:
+        raise ValueError(f"size must be one of {', '.join(sizes)}, got {size!r}")
     if task not in DEFAULT_CHECKPOINT_NAMES:
         raise ValueError(f"task must be regressor or classifier, got {task!r}")
     arch = architecture(row)
     classes = ({"max_num_classes": RANDOM_CLASSIFIER_CLASSES}
                if task == "classifier" or version == "v3.5" else
                {"max_num_classes": 0} if version == "v2" else {})    # v2's default is -1
-    sizes = V2_SIZES if row.sites == "v2_5" else SIZES
     config, _ = arch.parse_config({**sizes[size], **classes})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -199,15 +200,37 @@ def check_checkpoint_name(path: Path, version: str | None = None) -> str:
     return row.label
 
 
-def _random_host(task: str) -> Path:
-    """The cached small random host, one file per task and tabpfn release (each release writes
-    its own inference config)."""
+def _demo_size() -> dict[str, Any]:
+    """The demo host's architecture (the fields :mod:`oretrofit.demo_host` trains it with)."""
+    from ...demo_host.train import HostConfig
+    return asdict(HostConfig())
+
+
+def _random_host(task: str, size: str = "small") -> Path:
+    """The cached random host of ``size``, one file per task and tabpfn release (each release
+    writes its own inference config)."""
     kind = "" if task == "regressor" else f"{task}-"
     path = (cache_dir()
-            / f"tabpfn-v3-random-{kind}small-seed0-tabpfn{releases.installed_version()}.ckpt")
+            / f"tabpfn-v3-random-{kind}{size}-seed0-tabpfn{releases.installed_version()}.ckpt")
     if not path.exists():
-        write_random_checkpoint(path, "small", seed=0, task=task)
+        write_random_checkpoint(path, size, seed=0, task=task)
     return path
+
+
+def _demo_host(task: str) -> Path:
+    """The ``demo`` host of ``task``. The regressor is the trained checkpoint shipped in
+    ``oretrofit/data`` (its card, ``tabpfn-v3-demo.md``, says how it was trained); when it is
+    not installed, the small random regressor. No classifier has been trained: the ``demo``
+    classifier has RANDOM weights (seed 0) in the demo regressor's architecture with a
+    10-class read-out, so that classifier code runs end to end offline; its weights label
+    says so (``random weights (size demo, seed 0)``) and a warning is printed on stderr."""
+    if task == "regressor" and DEMO_CHECKPOINT.exists():
+        return DEMO_CHECKPOINT
+    what = ("the demo classifier has RANDOM weights (the demo architecture, untrained)"
+            if task == "classifier" else f"the trained demo checkpoint {DEMO_CHECKPOINT} is "
+            "not installed; using the small RANDOM-WEIGHTS v3 host instead")
+    print(f"oretrofit: {what}", file=sys.stderr)
+    return _random_host(task, "demo" if task == "classifier" else "small")
 
 
 def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "regressor"
@@ -216,8 +239,9 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "r
 
     * ``"random"``: a deterministic small random-init host of ``task`` (random weights), cached
       under :func:`cache_dir`.
-    * ``"demo"``: the trained demo checkpoint shipped in ``oretrofit/data`` when present,
-      otherwise the random host (with a warning on stderr).
+    * ``"demo"``: the trained demo regressor shipped in ``oretrofit/data`` when present,
+      otherwise the random host; the demo classifier has random weights (:func:`_demo_host`;
+      both with a warning on stderr).
     * ``None``: tabpfn's download cache (``tabpfn.model_loading.get_cache_dir()``).
     * a path: must exist, be named ``*v3*.ckpt``/``*.safetensors`` and load weights-only; a
       bare file name not found in the working directory is looked up in tabpfn's cache.
@@ -236,12 +260,7 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "r
     elif str(model_path) == "random":
         return _random_host(task)
     elif str(model_path) == "demo":
-        if DEMO_CHECKPOINT.exists():
-            path = DEMO_CHECKPOINT
-        else:
-            print(f"oretrofit: the trained demo checkpoint {DEMO_CHECKPOINT} is not installed; "
-                  "using the small RANDOM-WEIGHTS v3 host instead", file=sys.stderr)
-            return _random_host(task)
+        path = _demo_host(task)
     else:
         path = Path(model_path).expanduser()
         if path.parent == Path() and not path.exists():       # a bare name: tabpfn's cache, as
@@ -389,15 +408,19 @@ def build_model(checkpoint: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
 
     Always a new instance: never the model object tabpfn may share through its caches.
     """
-    from tabpfn.inference_config import InferenceConfig
-
     arch, config = _parse_config(checkpoint, "the checkpoint")
     with _no_parameter_init():
         model = arch.get_architecture(config)
     state = {k: v for k, v in checkpoint["state_dict"].items() if "criterion." not in k}
     model.load_state_dict(state, strict=True)
     model.eval()
-    return releases.ensure_config(model, config), config, InferenceConfig(**checkpoint["inference_config"])
+    return releases.ensure_config(model, config), config, inference_config(checkpoint)
+
+
+def inference_config(checkpoint: dict[str, Any]) -> Any:
+    """The checkpoint's inference config as tabpfn's ``InferenceConfig``."""
+    from tabpfn.inference_config import InferenceConfig
+    return InferenceConfig(**checkpoint["inference_config"])
 
 
 def weights_label(checkpoint: dict[str, Any]) -> str:
