@@ -56,6 +56,7 @@ from torch import Tensor, nn
 from ..._host import RetrofitError
 from ..._registry import Retrofit
 from . import forward_plan, reload
+from .checkpoints import build_model, load_checkpoint
 from .estimators import in_memory_specs, vendor_class
 from .padding import (BlockInput, CellAndRowTokens, Layout, RecordedCall, boundaries_of,
                       shadow)
@@ -160,8 +161,9 @@ def _dataset(index: int, what: str) -> Iterator[None]:
 
 def _estimator_model(estimator: Any) -> nn.Module:
     model_path = getattr(estimator, "model_path", None)
-    model = (reload.patched_model(model_path) if isinstance(model_path, (str, os.PathLike))
-             else getattr(model_path, "model", None))
+    if isinstance(model_path, (str, os.PathLike)):      # a plain checkpoint: its sites refused
+        return reload.patched_model(model_path) or build_model(load_checkpoint(model_path))[0]
+    model = getattr(model_path, "model", None)
     if not isinstance(model, nn.Module):
         raise RetrofitError("predict_batched takes an estimator from oretrofit.tabpfn."
                             "make_regressor/make_classifier (its model_path a patched "

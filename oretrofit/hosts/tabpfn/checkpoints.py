@@ -5,8 +5,8 @@ A checkpoint is tabpfn's own format: a ``.ckpt`` (``torch.save``) or ``.safetens
 holding ``state_dict``, ``config``, ``architecture_name`` and ``inference_config``; tabpfn reads
 the model version from the file name (``v2.5``, ``v2.6``, ``v3``, ``v3.5``; see
 :func:`oretrofit.hosts.tabpfn.versions.version_from_name`). Up to v2.6 a regressor's bucket
-borders are criterion state (``criterion.borders``), from v3 the model's
-``regression_borders``. Files written here also carry
+borders are criterion state (``criterion.borders`` and ``criterion.losses_per_bucket``, as
+tabpfn loads them), from v3 the model's ``regression_borders``. Files written here also carry
 an ``oretrofit`` entry ``{"weights": "random" | ..., "size", "seed"}`` that tabpfn ignores.
 
 Loading reads regular files only (:func:`oretrofit._files.regular_file`: a FIFO or device is
@@ -161,7 +161,8 @@ def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", s
     model, config = random_model(version, size, seed, task)
     state = model.state_dict()
     if getattr(model, "regression_borders", None) is None and task == "regressor":
-        state["criterion.borders"] = _regression_borders(config.num_buckets)
+        criterion = releases.bar_distribution()(_regression_borders(config.num_buckets))
+        state.update({f"criterion.{k}": v for k, v in criterion.state_dict().items()})
     checkpoint = {
         "state_dict": state,
         "config": asdict(config),

@@ -70,13 +70,13 @@ def embedded_spec(path: str | Path) -> dict[str, Any] | None:
 
 
 def _patched(path: Path, spec: dict[str, Any]) -> nn.Module:
-    """The live model of ``path``, else a fresh one of its weights with ``spec`` applied (and
-    registered as the live model)."""
-    from ..._registry import apply_spec
+    """The live model of ``path`` while it is retrofitted, else a fresh one of its weights
+    with ``spec`` applied (registered as the live model)."""
+    from ..._registry import Retrofit, apply_spec
     from .checkpoints import build_model, load_checkpoint
     with _LOCK:
         model = _LIVE.get(_key(path))
-        if model is None:
+        if model is None or Retrofit.of(model) is None:
             model = build_model(load_checkpoint(path))[0]
             apply_spec(model, spec)
             _LIVE[_key(path)] = model

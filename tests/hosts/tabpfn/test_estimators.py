@@ -8,6 +8,8 @@ import torch
 
 from oretrofit.tabpfn import make_classifier, make_regressor
 
+from . import FAST
+
 TASKS = {  # task: (maker, tabpfn estimator, checkpoint fixture, data fixture, output)
     "regressor": (make_regressor, "TabPFNRegressor", "small_ckpt", "table", "predict"),
     "classifier": (make_classifier, "TabPFNClassifier", "classifier_ckpt", "classes",
@@ -29,9 +31,8 @@ def task(request: pytest.FixtureRequest):
 def test_base_is_bit_identical_to_tabpfn(task):
     import tabpfn
     maker, vendor, checkpoint, run = task
-    reference = getattr(tabpfn, vendor)(model_path=str(checkpoint), device="cpu", n_estimators=1,
-                                        inference_precision=torch.float32, random_state=0)
-    estimator, result = maker(checkpoint, "base")
+    reference = getattr(tabpfn, vendor)(model_path=str(checkpoint), **FAST)
+    estimator, result = maker(checkpoint, "base", **FAST)
     assert result is None
     np.testing.assert_array_equal(run(estimator), run(reference))
 
@@ -39,7 +40,7 @@ def test_base_is_bit_identical_to_tabpfn(task):
 @pytest.mark.parametrize("arm", ["oa", "full-o"])
 def test_tau_limits(task, arm):
     maker, _, checkpoint, run = task
-    fp64 = {"inference_precision": torch.float64}
+    fp64 = {"inference_precision": torch.float64, **FAST}
     base = run(maker(checkpoint, "base", **fp64)[0])
     scale = np.abs(base).max()
     near, result = maker(checkpoint, arm, 1e-12, eps=1e-12, **fp64)
