@@ -63,8 +63,6 @@ def check_vendor_kwargs(task: releases.Task, kwargs: Mapping[str, Any]) -> None:
     if "seed" in kwargs:
         raise RetrofitError(f"seed= is not an argument of {where}: pass random_state= "
                             "(tabpfn's name for it)")
-    if "model_path" in kwargs:
-        raise RetrofitError("pass the checkpoint as the first argument (model_path), once")
     unknown = sorted(set(kwargs) - set(parameters))
     if unknown:
         raise RetrofitError(f"{where} takes no {', '.join(unknown)}; its arguments are "

@@ -1,4 +1,5 @@
-"""Both estimators, regressor and classifier: base is tabpfn's own, τ → 0 is base, τ = 1 is not."""
+"""Both estimators, regressor and classifier: base is tabpfn's own, τ → 0 is base, τ = 1 is not;
+tabpfn's own arguments, names and defaults."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from oretrofit import RetrofitError
 from oretrofit.tabpfn import make_classifier, make_regressor
 
 from . import FAST
@@ -48,3 +50,45 @@ def test_tau_limits(task, arm):
     far, _ = maker(checkpoint, arm, 1.0, **fp64)
     assert np.abs(run(far) - base).max() > 1e-3 * scale
     assert ("dec" in {row["site"] for row in result.report()}) == (maker is make_classifier)
+
+
+@pytest.mark.parametrize("maker", [make_regressor, make_classifier])
+def test_the_estimator_gets_tabpfns_defaults(maker):
+    """Every argument left out is the vendor's signature default (model_path aside)."""
+    import inspect
+
+    import tabpfn
+    vendor = tabpfn.TabPFNRegressor if maker is make_regressor else tabpfn.TabPFNClassifier
+    expected = {name: p.default for name, p in inspect.signature(vendor.__init__).parameters
+                .items() if name not in ("self", "model_path")}
+    estimator, _ = maker("random", "full-o")
+    assert type(estimator) is vendor
+    assert {k: v for k, v in estimator.get_params().items() if k != "model_path"} == expected
+
+
+def test_vendor_names_pass_through_and_auto_where_the_release_has_it():
+    """make_regressor("demo", random_state=3, n_estimators="auto"): tabpfn's names, unchanged;
+    a release without n_estimators="auto" (8.0.1) refuses it by name."""
+    import inspect
+
+    from tabpfn import TabPFNRegressor
+    if "auto" not in str(inspect.signature(TabPFNRegressor.__init__)
+                         .parameters["n_estimators"].annotation):
+        with pytest.raises(RetrofitError, match="takes no n_estimators='auto'"):
+            make_regressor("demo", random_state=3, n_estimators="auto")
+        return
+    from sklearn.datasets import load_diabetes
+    x, y = load_diabetes(return_X_y=True)
+    regressor, result = make_regressor("demo", random_state=3, n_estimators="auto")
+    assert (regressor.random_state, regressor.n_estimators) == (3, "auto")
+    assert result.plan.arm == "full-o"
+    assert np.isfinite(regressor.fit(x[:40], y[:40]).predict(x[40:45])).all()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"seed": 3}, "seed= is not an argument of tabpfn .*pass random_state="),
+    ({"n_estimator": 2}, "TabPFNRegressor takes no n_estimator; its arguments are .*n_estimators"),
+])
+def test_arguments_tabpfn_does_not_take_are_refused_by_name(kwargs, message):
+    with pytest.raises(RetrofitError, match=message):
+        make_regressor("random", "full-o", **kwargs)
