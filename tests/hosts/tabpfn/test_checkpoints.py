@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -108,3 +109,24 @@ def test_same_weights_give_identical_bytes(small_ckpt, tmp_path):
     assert first.read_bytes() == second.read_bytes()
     assert checkpoint_sha256(first) == checkpoint_sha256(small_ckpt)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_the_demo_classifier_is_the_demo_architecture_with_random_weights(capsys, classes):
+    """No demo classifier has been trained: "demo" gives the demo regressor's architecture with
+    a 10-class read-out and random weights, labelled and announced as such."""
+    from dataclasses import asdict
+
+    from oretrofit.demo_host.train import HostConfig
+    from oretrofit.tabpfn import make_classifier
+    path = resolve_model_path("demo", "classifier")
+    assert "RANDOM weights" in capsys.readouterr().err
+    checkpoint = load_checkpoint(path)
+    assert weights_label(checkpoint) == "random weights (size demo, seed 0)"
+    assert checkpoints.checkpoint_task(checkpoint) == "classifier"
+    config = checkpoint["config"]
+    assert {k: config[k] for k in asdict(HostConfig())} == asdict(HostConfig())
+    assert config["max_num_classes"] == checkpoints.RANDOM_CLASSIFIER_CLASSES
+    x_train, y_train, x_test = classes
+    classifier, _ = make_classifier("demo", device="cpu", n_estimators=1)
+    probabilities = classifier.fit(x_train, y_train).predict_proba(x_test)
+    np.testing.assert_allclose(probabilities.sum(1), 1.0, rtol=1e-5)
