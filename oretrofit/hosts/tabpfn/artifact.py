@@ -4,8 +4,8 @@ The file is the source checkpoint (same ``state_dict``, ``config``, ``architectu
 ``inference_config``) plus an ``oretrofit_patch`` entry: the JSON text of
 :meth:`oretrofit.Retrofit.spec` extended with the source checkpoint's SHA-256 and weights label.
 tabpfn still loads it as the unpatched model (it ignores the extra entry);
-:func:`load_patched_regressor` / :func:`load_patched_classifier` load it back as a ready,
-retrofitted tabpfn estimator whose ``model_path`` is the artifact.
+:func:`oretrofit.tabpfn.load_patched_regressor` / ``load_patched_classifier`` load it back as
+a ready, retrofitted tabpfn estimator whose ``model_path`` is the artifact.
 
 A second entry, ``oretrofit_patch_sha256``, is the checksum
 
@@ -29,11 +29,11 @@ import torch
 
 from ..._files import FileRefused, parse_json
 from ..._provenance import weights_digest
-from ..._registry import SPEC_VERSION, Retrofit, RetrofitError
+from ..._registry import SPEC_VERSION, RetrofitError
 from .checkpoints import check_checkpoint_name, checkpoint_sha256, load_checkpoint, save_atomic
 
 __all__ = ["ARTIFACT_KEY", "DIGEST_KEY", "write_patched_artifact", "read_patch_spec",
-           "load_patched_regressor", "load_patched_classifier", "weights_digest"]
+           "weights_digest"]
 
 ARTIFACT_KEY = "oretrofit_patch"
 DIGEST_KEY = "oretrofit_patch_sha256"
@@ -93,30 +93,3 @@ def read_patch_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise RetrofitError(f"the patch spec inside {path} has schema_version "
                             f"{spec.get('schema_version')!r}; this oretrofit reads {SPEC_VERSION}")
     return spec
-
-
-def load_patched_regressor(path: str | os.PathLike[str], **vendor_kwargs: Any
-                           ) -> tuple[Any, Retrofit | None]:
-    """``(regressor, retrofit)`` ready to fit/predict from a patched artifact.
-
-    ``vendor_kwargs``: ``TabPFNRegressor``'s own arguments (as for
-    :func:`oretrofit.tabpfn.make_regressor`).
-    """
-    return _load_patched(path, "regressor", vendor_kwargs)
-
-
-def load_patched_classifier(path: str | os.PathLike[str], **vendor_kwargs: Any
-                            ) -> tuple[Any, Retrofit | None]:
-    """``(classifier, retrofit)`` ready to fit/predict from a patched classifier artifact."""
-    return _load_patched(path, "classifier", vendor_kwargs)
-
-
-def _load_patched(path: str | os.PathLike[str], task: str, vendor_kwargs: dict[str, Any]
-                  ) -> tuple[Any, Retrofit | None]:
-    from .estimators import estimator_from_checkpoint, spec_patch
-    spec = read_patch_spec(path)
-    try:
-        return estimator_from_checkpoint(path, spec_patch(spec), task=task,
-                                         reuse_artifact=True, **vendor_kwargs)
-    except RetrofitError as exc:
-        raise RetrofitError(f"{path}: {exc}") from None

@@ -119,8 +119,8 @@ def random_model(version: str = "v3", size: str = "small", seed: int = 0,
                  task: str = "regressor") -> tuple[torch.nn.Module, Any]:
     """A random-init model of TabPFN ``version`` (a supported row of
     :data:`~oretrofit.hosts.tabpfn.versions.VERSIONS`), built from that version's own
-    ``parse_config`` (v2.5/v2.6 at :data:`V2_SIZES`; v3 also at size ``"demo"``, the demo
-    host's architecture), and its config. A classifier (and every
+    ``parse_config`` (v2.5/v2.6 at :data:`V2_SIZES`; v3 also at size ``"demo"``, the shipped
+    demo regressor's architecture), and its config. A classifier (and every
     v3.5 model, which serves both tasks) reads out :data:`RANDOM_CLASSIFIER_CLASSES` classes.
 
     The zero-initialised weights (out-projections, MLP outputs, query modulation) are redrawn
@@ -131,16 +131,17 @@ def random_model(version: str = "v3", size: str = "small", seed: int = 0,
     row = next((v for v in VERSIONS if v.label == version and v.sites), None)
     if row is None:
         raise RetrofitError(f"no random TabPFN {version!r} host: supported are {supported()}")
-    sizes = V2_SIZES if row.sites == "v2_5" else {**SIZES, "demo": _demo_size()}
+    sizes = V2_SIZES if row.sites == "v2_5" else {**SIZES, "demo": {}}
     if size not in sizes:
         raise ValueError(f"size must be one of {', '.join(sizes)}, got {size!r}")
+    fields = _demo_architecture() if size == "demo" else sizes[size]
     if task not in DEFAULT_CHECKPOINT_NAMES:
         raise ValueError(f"task must be regressor or classifier, got {task!r}")
     arch = architecture(row)
     classes = ({"max_num_classes": RANDOM_CLASSIFIER_CLASSES}
                if task == "classifier" or version == "v3.5" else
                {"max_num_classes": 0} if version == "v2" else {})    # v2's default is -1
-    config, _ = arch.parse_config({**sizes[size], **classes})
+    config, _ = arch.parse_config({**fields, **classes})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = arch.get_architecture(config)
@@ -201,10 +202,12 @@ def check_checkpoint_name(path: Path, version: str | None = None) -> str:
     return row.label
 
 
-def _demo_size() -> dict[str, Any]:
-    """The demo host's architecture (the fields :mod:`oretrofit.demo_host` trains it with)."""
-    from ...demo_host.train import HostConfig
-    return asdict(HostConfig())
+def _demo_architecture() -> dict[str, Any]:
+    """The demo regressor's architecture config, read from the shipped checkpoint."""
+    if not DEMO_CHECKPOINT.exists():
+        raise RetrofitError(f"size 'demo' is the architecture of the demo checkpoint "
+                            f"{DEMO_CHECKPOINT}, which is not installed; reinstall oretrofit")
+    return dict(load_checkpoint(DEMO_CHECKPOINT)["config"])
 
 
 def _random_host(task: str, size: str = "small") -> Path:
@@ -220,18 +223,20 @@ def _random_host(task: str, size: str = "small") -> Path:
 
 def _demo_host(task: str) -> Path:
     """The ``demo`` host of ``task``. The regressor is the trained checkpoint shipped in
-    ``oretrofit/data`` (its card, ``tabpfn-v3-demo.md``, says how it was trained); when it is
-    not installed, the small random regressor. No classifier has been trained: the ``demo``
-    classifier has RANDOM weights (seed 0) in the demo regressor's architecture with a
-    10-class read-out, so that classifier code runs end to end offline; its weights label
-    says so (``random weights (size demo, seed 0)``) and a warning is printed on stderr."""
-    if task == "regressor" and DEMO_CHECKPOINT.exists():
+    ``oretrofit/data`` (its card, ``tabpfn-v3-demo.md``, says how it was trained). No
+    classifier has been trained: the ``demo`` classifier has RANDOM weights (seed 0) in the
+    demo regressor's architecture with a 10-class read-out, so that classifier code runs end to
+    end offline; its weights label says so (``random weights (size demo, seed 0)``) and a
+    warning is printed on stderr. Without the shipped checkpoint: the small random host."""
+    if not DEMO_CHECKPOINT.exists():
+        print(f"oretrofit: the trained demo checkpoint {DEMO_CHECKPOINT} is not installed; "
+              "using the small RANDOM-WEIGHTS v3 host instead", file=sys.stderr)
+        return _random_host(task)
+    if task == "regressor":
         return DEMO_CHECKPOINT
-    what = ("the demo classifier has RANDOM weights (the demo architecture, untrained)"
-            if task == "classifier" else f"the trained demo checkpoint {DEMO_CHECKPOINT} is "
-            "not installed; using the small RANDOM-WEIGHTS v3 host instead")
-    print(f"oretrofit: {what}", file=sys.stderr)
-    return _random_host(task, "demo" if task == "classifier" else "small")
+    print("oretrofit: the demo classifier has RANDOM weights (the demo regressor's "
+          "architecture, untrained)", file=sys.stderr)
+    return _random_host(task, "demo")
 
 
 def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "regressor"

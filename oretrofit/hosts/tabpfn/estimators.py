@@ -26,13 +26,13 @@ from ..._presence import TAU_RETROFIT
 from ..._provenance import cache_dir
 from ..._registry import ARMS, Retrofit, RetrofitError, apply_spec, read_spec, retrofit
 from . import releases, reload
-from .artifact import ARTIFACT_KEY, write_patched_artifact
+from .artifact import ARTIFACT_KEY, read_patch_spec, write_patched_artifact
 from .checkpoints import (build_model, checkpoint_sha256, checkpoint_task, inference_config,
                           load_checkpoint, resolve_model_path, weights_label)
 
 __all__ = ["make_regressor", "make_classifier", "estimator_from_checkpoint", "vendor_class",
            "vendor_defaults", "in_memory_specs", "spec_patch", "check_spec_checkpoint",
-           "retrofit_estimator"]
+           "retrofit_estimator", "load_patched_regressor", "load_patched_classifier"]
 
 EPS = 1e-6                      # OAttention ε of make_regressor / make_classifier by default
 _OURS = ("arm", "tau", "eps", "site_tau", "spec")
@@ -251,6 +251,30 @@ def make_classifier(model_path: str | os.PathLike[str] | None, arm: str | None =
     those of :func:`make_regressor`, ``vendor_kwargs`` ``TabPFNClassifier``'s.
     """
     return _make("classifier", model_path, arm, tau, eps, site_tau, spec, vendor_kwargs)
+
+
+def load_patched_regressor(path: str | os.PathLike[str], **vendor_kwargs: Any
+                           ) -> tuple[Any, Retrofit | None]:
+    """``(regressor, retrofit)`` ready to fit/predict from a patched artifact (its
+    ``model_path``); ``vendor_kwargs``: ``TabPFNRegressor``'s own, as for
+    :func:`make_regressor`."""
+    return _load_patched(path, "regressor", vendor_kwargs)
+
+
+def load_patched_classifier(path: str | os.PathLike[str], **vendor_kwargs: Any
+                            ) -> tuple[Any, Retrofit | None]:
+    """``(classifier, retrofit)`` ready to fit/predict from a patched classifier artifact."""
+    return _load_patched(path, "classifier", vendor_kwargs)
+
+
+def _load_patched(path: str | os.PathLike[str], task: releases.Task,
+                  vendor_kwargs: dict[str, Any]) -> tuple[Any, Retrofit | None]:
+    spec = read_patch_spec(path)
+    try:
+        return estimator_from_checkpoint(path, spec_patch(spec), task=task,
+                                         reuse_artifact=True, **vendor_kwargs)
+    except RetrofitError as exc:
+        raise RetrofitError(f"{path}: {exc}") from None
 
 
 def retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float | None
