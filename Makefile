@@ -34,7 +34,7 @@ OLDEST_TF_STAMP := $(OLDEST_TF)/.oretrofit-installed
 # the transformers host's tests, as scripts/transformers_compat.py runs them per release (its TESTS)
 TRANSFORMERS_TESTS := tests/hosts/transformers/test_architectures.py \
 	tests/hosts/transformers/test_bert.py tests/hosts/transformers/test_llama.py \
-	tests/hosts/test_compose.py tests/cli/test_check.py
+	tests/_surgery/test_compose.py tests/cli/test_check.py
 PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
 
 # $(call layered,ENV,PACKAGE,RELEASE): ENV over the main environment with PACKAGE==RELEASE on top

@@ -13,7 +13,7 @@ and at the target cells (N = 4096, d = 64, H = 1 and 4) also
 * ``fwd (grad)``: the forward with every input requiring grad, no backward (what a training
   step holds from its forward to its backward);
 * ``fwd+bwd (p_k fixed)``: as ``fwd+bwd`` with p_k not requiring grad (the fused backward then
-  augments nothing; see oretrofit/_attention_kernels.py).
+  augments nothing; see oretrofit/_kernels/lse.py).
 
 Time: each implementation runs interleaved with SDPA on the same inputs (fused: 7/5/3 rounds
 for N ≤ 1024 / 4096 / 8192; the materialised reference, fwd and fwd+bwd only: at most 3), so
@@ -54,8 +54,8 @@ import torch
 import torch.nn.functional as F
 
 from oretrofit import o_attention_fused, o_attention_reference
-from oretrofit._markdown import pipe_table
-from oretrofit._provenance import environment, write_json_atomic
+from oretrofit._files.markdown import pipe_table
+from oretrofit._files.provenance import environment, write_json_atomic
 
 IMPLS = ("sdpa", "fused", "reference")
 MODES = ("fwd", "fwd+bwd")

@@ -46,8 +46,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from oretrofit._markdown import pipe_table
-from oretrofit._provenance import environment, portable, write_json_atomic
+from oretrofit._files.markdown import pipe_table
+from oretrofit._files.provenance import environment, portable, write_json_atomic
 from oretrofit.hosts.tabpfn import releases
 from oretrofit.hosts.tabpfn.batched import default_jobs
 from oretrofit.hosts.tabpfn.checkpoints import cache_dir

@@ -53,8 +53,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BertConfig, BertModel, DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from oretrofit import retrofit, retrofitted
-from oretrofit._markdown import pipe_table
-from oretrofit._provenance import environment, write_json_atomic
+from oretrofit._files.markdown import pipe_table
+from oretrofit._files.provenance import environment, write_json_atomic
 from oretrofit.hosts.transformers.host import forget_structures
 from oretrofit.hosts.transformers.report import forward_time_ratio, load_minilm, load_smollm2
 from oretrofit.hosts.transformers.shrink import GROUPS, shrunk_config, tiny_model

@@ -23,8 +23,8 @@ import dataclasses
 import time
 from pathlib import Path
 
-from oretrofit._markdown import pipe_table
-from oretrofit._provenance import environment, write_json_atomic
+from oretrofit._files.markdown import pipe_table
+from oretrofit._files.provenance import environment, write_json_atomic
 from oretrofit.demo_host.parallel import SOLO, Workers
 from oretrofit.demo_host.prior import PriorConfig, sample_batch
 from oretrofit.demo_host.train import (HostConfig, TrainConfig, build_host, build_optimizer, spline_borders,

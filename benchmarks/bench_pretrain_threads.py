@@ -30,8 +30,8 @@ from typing import Any
 
 from bench_pretrain_sizes import throughput
 
-from oretrofit._markdown import pipe_table
-from oretrofit._provenance import environment, write_json_atomic
+from oretrofit._files.markdown import pipe_table
+from oretrofit._files.provenance import environment, write_json_atomic
 from oretrofit.demo_host.parallel import Workers, spawn
 from oretrofit.demo_host.prior import PriorConfig
 

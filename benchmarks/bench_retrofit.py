@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 import oretrofit
-from oretrofit._markdown import pipe_table
-from oretrofit._provenance import environment, portable, write_json_atomic
+from oretrofit._files.markdown import pipe_table
+from oretrofit._files.provenance import environment, portable, write_json_atomic
 from oretrofit.hosts.tabpfn import releases
 from oretrofit.tabpfn import (build_model, checkpoint_sha256, load_checkpoint, make_regressor,
                               write_random_checkpoint)

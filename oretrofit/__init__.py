@@ -13,31 +13,35 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._lazy import lazy_attributes
+from ._surgery import moved
 from ._version import __version__
+
+moved.install()                 # old module paths (a pickle written before a move) still load
 
 # public name -> the module that defines it
 _HOMES = {
-    "presence": "._presence", "observe_presence": "._presence",
-    "observe_carrier_norms": "._presence",
-    "TAU_MODULES": "._presence", "TAU_RETROFIT": "._presence",
-    "PresenceProfile": "._presence_profile", "presence_by_module": "._presence_profile",
-    "o_attention": "._attention", "o_attention_fused": "._attention",
-    "o_attention_reference": "._attention",
-    "HiddenCarrierOAttention": "._attention_modules", "QKVOAttention": "._attention_modules",
-    "OFFN": "._components", "ONorm": "._components", "OInject": "._components",
-    "OStandardize": "._components", "o_gate": "._components", "o_moments": "._components",
-    "o_standardize": "._components",
-    "OTransformerBlock": "._transformer",
-    "SiteConfig": "._patching",
-    "ARMS": "._registry", "KINDS": "._registry", "Host": "._registry", "PatchPlan": "._registry",
-    "Retrofit": "._registry", "RetrofitError": "._registry", "Site": "._registry",
-    "apply_spec": "._registry", "read_spec": "._registry", "plan_retrofit": "._registry",
-    "register_host": "._registry",
-    "registered_hosts": "._registry", "retrofit": "._registry", "retrofitted": "._registry",
+    "presence": "._operators.presence", "observe_presence": "._operators.presence",
+    "observe_carrier_norms": "._operators.presence",
+    "TAU_MODULES": "._operators.presence", "TAU_RETROFIT": "._operators.presence",
+    "EPS_MODULES": "._operators.presence", "EPS_RETROFIT": "._operators.presence",
+    "PresenceProfile": "._operators.presence_profile", "presence_by_module": "._operators.presence_profile",
+    "o_attention": "._operators.attention", "o_attention_fused": "._operators.attention",
+    "o_attention_reference": "._operators.attention",
+    "HiddenCarrierOAttention": "._operators.attention_modules", "QKVOAttention": "._operators.attention_modules",
+    "OFFN": "._operators.components", "ONorm": "._operators.components", "OInject": "._operators.components",
+    "OStandardize": "._operators.components", "o_gate": "._operators.components", "o_moments": "._operators.components",
+    "o_standardize": "._operators.components",
+    "OTransformerBlock": "._operators.transformer",
+    "SiteConfig": "._surgery.patching",
+    "ARMS": "._surgery.registry", "KINDS": "._surgery.registry", "Host": "._surgery.registry", "PatchPlan": "._surgery.registry",
+    "Retrofit": "._surgery.registry", "RetrofitError": "._surgery.registry", "Site": "._surgery.registry",
+    "apply_spec": "._surgery.registry", "read_spec": "._surgery.registry", "plan_retrofit": "._surgery.registry",
+    "register_host": "._surgery.registry",
+    "registered_hosts": "._surgery.registry", "retrofit": "._surgery.registry", "retrofitted": "._surgery.registry",
     "register_module_site": ".hosts.torch_nn",
     "from_pretrained": ".hosts.transformers.pretrained",
-    "calibrate": "._calibrate", "CarrierNormProfile": "._calibrate",
-    "save": "._serialize",
+    "calibrate": "._surgery.calibrate", "CarrierNormProfile": "._surgery.calibrate",
+    "save": "._surgery.serialize",
 }
 
 __all__ = list(_HOMES)
@@ -48,17 +52,18 @@ __getattr__, __dir__ = lazy_attributes(
 
 
 if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ imports these
-    from ._attention import o_attention, o_attention_fused, o_attention_reference
-    from ._attention_modules import HiddenCarrierOAttention, QKVOAttention
-    from ._components import OFFN, OInject, ONorm, OStandardize, o_gate, o_moments, o_standardize
-    from ._patching import SiteConfig
-    from ._calibrate import CarrierNormProfile, calibrate
-    from ._presence import TAU_MODULES, TAU_RETROFIT, observe_carrier_norms, observe_presence, presence
-    from ._presence_profile import PresenceProfile, presence_by_module
-    from ._registry import (ARMS, KINDS, Host, PatchPlan, Retrofit, RetrofitError, Site, apply_spec,
+    from ._operators.attention import o_attention, o_attention_fused, o_attention_reference
+    from ._operators.attention_modules import HiddenCarrierOAttention, QKVOAttention
+    from ._operators.components import OFFN, OInject, ONorm, OStandardize, o_gate, o_moments, o_standardize
+    from ._surgery.patching import SiteConfig
+    from ._surgery.calibrate import CarrierNormProfile, calibrate
+    from ._operators.presence import (EPS_MODULES, EPS_RETROFIT, TAU_MODULES, TAU_RETROFIT,
+                                      observe_carrier_norms, observe_presence, presence)
+    from ._operators.presence_profile import PresenceProfile, presence_by_module
+    from ._surgery.registry import (ARMS, KINDS, Host, PatchPlan, Retrofit, RetrofitError, Site, apply_spec,
                             plan_retrofit, read_spec, register_host, registered_hosts, retrofit,
                             retrofitted)
-    from ._serialize import save
-    from ._transformer import OTransformerBlock
+    from ._surgery.serialize import save
+    from ._operators.transformer import OTransformerBlock
     from .hosts.torch_nn import register_module_site
     from .hosts.transformers.pretrained import from_pretrained

@@ -16,7 +16,7 @@ from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
-from ._registry import Retrofit, RetrofitError
+from ._surgery.registry import Retrofit, RetrofitError
 
 __all__ = ["Retrofitted"]
 

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oretrofit._provenance import environment, git_revision, sha256_file, write_json_atomic  # noqa: E402
+from oretrofit._files.provenance import environment, git_revision, sha256_file, write_json_atomic  # noqa: E402
 from oretrofit.regress.calibrated_reading import calibrated_reading  # noqa: E402
 from oretrofit.regress.store import read_cells, read_variants  # noqa: E402
 from oretrofit.regress.summary import summarize  # noqa: E402

@@ -3,7 +3,7 @@
 ``scaled_dot_product_attention`` (called by ``scripts/gpu_check.sh``; needs a CUDA device, or
 ``--device cpu`` for a smoke run of this script's own logic).
 
-1. Route: the kernel :func:`oretrofit._attention_kernels.backend_for` picks for fp32 compute
+1. Route: the kernel :func:`oretrofit._kernels.lse.backend_for` picks for fp32 compute
    (``cuda-efficient``: SDPA's memory-efficient kernel with its LSE; or the augmented-copy
    fallback, with the reason its check gave).
 2. Exactness: forward and the gradients of q, k, v, p_q and p_k (p_k also detached) on small
@@ -17,7 +17,7 @@
    after warm-up) and the ratio fused / SDPA; peak memory of one call including its inputs
    (``torch.cuda.max_memory_allocated``) and its ratio; the CUDA kernels of one forward of each
    (``torch.profiler``: flash / efficient / cudnn / math). Half-precision inputs are computed in
-   fp32 by the fused path (see :func:`oretrofit._attention.o_attention`), SDPA runs in the
+   fp32 by the fused path (see :func:`oretrofit._operators.attention.o_attention`), SDPA runs in the
    inputs' dtype, so those ratios compare fp32 work with half-precision work.
 
 Writes ``OUT/attention.json`` (route, checks, rows + provenance) and ``OUT/attention.md``.
@@ -37,10 +37,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from oretrofit import _attention_kernels as kernels
-from oretrofit._attention import o_attention_fused, o_attention_reference
-from oretrofit._markdown import pipe_table
-from oretrofit._provenance import environment, write_json_atomic
+from oretrofit._kernels import lse as kernels
+from oretrofit._operators.attention import o_attention_fused, o_attention_reference
+from oretrofit._files.markdown import pipe_table
+from oretrofit._files.provenance import environment, write_json_atomic
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PASSES = ("fwd", "fwd+bwd", "fwd+bwd (p_k fixed)")

@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 
 from oretrofit import o_attention
-from oretrofit import _attention_route
-from oretrofit._attention import o_attention_reference
-from oretrofit._markdown import pipe_table
-from oretrofit._provenance import environment, write_json_atomic
+from oretrofit._kernels import routes
+from oretrofit._operators.attention import o_attention_reference
+from oretrofit._files.markdown import pipe_table
+from oretrofit._files.provenance import environment, write_json_atomic
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SHAPES = {"cuda": [(8, 9, 9, 2048, 64), (1, 16, 16, 8192, 128), (1, 32, 8, 8192, 128)],
@@ -150,7 +150,7 @@ def row(shape: tuple[int, ...], dtype_name: str, mode: str, rounds: int, device:
     ms = {impl: statistics.median(x) for impl, x in times.items()}
     b, h, hkv, n, d = shape
     return {"B": b, "H": h, "Hkv": hkv, "N": n, "d": d, "dtype": dtype_name, "mode": mode,
-            "route": _attention_route.describe(device, dtype, d),
+            "route": routes.describe(device, dtype, d),
             "sdpa_ms": ms["sdpa"], "oa_ms": ms["oa"], "time_ratio": ms["oa"] / ms["sdpa"],
             "sdpa_peak_bytes": peaks["sdpa"], "oa_peak_bytes": peaks["oa"],
             "memory_ratio": None if not peaks["sdpa"] else peaks["oa"] / peaks["sdpa"]}
@@ -163,7 +163,7 @@ def route_failures(device: torch.device, shapes: list[tuple[int, ...]]) -> list[
         warnings.simplefilter("always", RuntimeWarning)
         for dtype in DTYPES.values():
             for d in sorted({shape[4] for shape in shapes}):
-                _attention_route.describe(device, dtype, d)
+                routes.describe(device, dtype, d)
     return [str(w.message) for w in caught]
 
 

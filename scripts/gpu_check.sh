@@ -87,7 +87,7 @@ step retrofit 60 "$PYTHON" benchmarks/bench_retrofit.py --device "$DEVICE" $QUIC
 import json
 import sys
 from pathlib import Path
-from oretrofit._provenance import environment, write_json_atomic
+from oretrofit._files.provenance import environment, write_json_atomic
 steps = [dict(zip(("step", "exit", "seconds", "command"), line.split("\t")))
          for line in Path(sys.argv[1]).read_text().splitlines()]
 for s in steps:

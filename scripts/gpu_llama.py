@@ -30,8 +30,8 @@ import torch
 
 import oretrofit
 from gpu_attention_shapes import peak_bytes, timed          # this folder (run as a script)
-from oretrofit._markdown import pipe_table
-from oretrofit._provenance import environment, write_json_atomic
+from oretrofit._files.markdown import pipe_table
+from oretrofit._files.provenance import environment, write_json_atomic
 
 ARMS = ("base", "oa", "full-o")
 TAU = 1e-8

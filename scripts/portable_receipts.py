@@ -4,7 +4,7 @@
     python scripts/portable_receipts.py --check   # change nothing; exit 1 if one names such a path
 
 The receipts are every committed text file under results/, docs/ and oretrofit/data/, and
-README.md. Each absolute path in them becomes what :func:`oretrofit._provenance.portable` makes
+README.md. Each absolute path in them becomes what :func:`oretrofit._files.provenance.portable` makes
 of it; nothing else changes (for a JSON file this is checked: every value but a string is the
 same before and after), and a second run changes nothing. A path under another checkout of this
 repository becomes relative to that checkout: the checkouts are git's worktrees and, for one since
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oretrofit._provenance import _ABSOLUTE, portable
+from oretrofit._files.provenance import _ABSOLUTE, portable
 
 ROOT = Path(__file__).resolve().parents[1]
 RECEIPTS = ("results", "docs", "oretrofit/data", "README.md")

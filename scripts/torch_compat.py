@@ -4,7 +4,7 @@
 Each release runs in its own layered environment; the receipt (``.md`` + ``.json``) is the table
 the declared torch range rests on.
 
-The fused OAttention route calls private aten ops (``oretrofit/_attention_kernels.py``) whose
+The fused OAttention route calls private aten ops (``oretrofit/_kernels/lse.py``) whose
 signatures may change between torch releases. Per release ``X`` the environment ``VENVS/torch-X``
 is the main environment (the interpreter running this script: oretrofit's other dependencies)
 with ``torch==X`` installed on top, and what that release pins (:func:`release_envs.layered_venv`,
@@ -12,7 +12,7 @@ as the Makefile's ``layered`` macro); a release the main environment already has
 nothing. There, on an export of the committed HEAD:
 
 1. ``import torch`` must give ``X`` (a local build of it, ``X+cpu``, counts);
-2. the route :func:`oretrofit._attention_kernels.backend_for` chooses, per device and compute
+2. the route :func:`oretrofit._kernels.lse.backend_for` chooses, per device and compute
    dtype of :data:`ROUTES`, is recorded (``--routes``, one JSON line); the CPU ones must be the
    kernel (:data:`KERNEL_ROUTES`), not the augmented-copy fallback a failing kernel check selects;
    CUDA is ``not run`` on a machine without a GPU;
@@ -43,9 +43,9 @@ from release_envs import (export_head, head_commit, layer_packages, layered_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 # the kernel routes and the operators, and hosts that run them (a few minutes a release)
-TESTS = ["tests/test_attention.py", "tests/test_attention_kernels.py",
-         "tests/test_attention_modules.py", "tests/test_presence.py", "tests/test_components.py",
-         "tests/test_transformer.py", "tests/test_patching.py", "tests/hosts/test_torch_nn.py",
+TESTS = ["tests/_operators/test_attention.py", "tests/_kernels/test_lse.py",
+         "tests/_operators/test_attention_modules.py", "tests/_operators/test_presence.py", "tests/_operators/test_components.py",
+         "tests/_operators/test_transformer.py", "tests/_surgery/test_patching.py", "tests/hosts/test_torch_nn.py",
          "tests/hosts/transformers/test_llama.py", "tests/hosts/tabpfn/test_v3.py"]
 # the oldest release the range admits and the newest this machine's package index has
 RELEASES = ["2.13.0", "2.14.1"]
@@ -66,7 +66,7 @@ def routes() -> dict:
 
     import torch
 
-    from oretrofit._attention_kernels import backend_for
+    from oretrofit._kernels.lse import backend_for
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     found: dict[str, str] = {}
     for device, dtype in ROUTES:
@@ -160,7 +160,7 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "environment (oretrofit's other dependencies) underneath, `torch==X` and the packages "
         "that release pins installed on top (column *layer*; a `+cu…` torch is a CUDA build, "
         "run on the CPU where there is no GPU). A release passes when `import "
-        "torch` gives it, `backend_for` (`oretrofit/_attention_kernels.py`) chooses the kernel "
+        "torch` gives it, `backend_for` (`oretrofit/_kernels/lse.py`) chooses the kernel "
         f"route for every device and dtype of a *route* column (`{KERNEL_ROUTES['cpu']}`, "
         f"`{KERNEL_ROUTES['cuda']}`: its private aten ops exist and pass their check against "
         f"the contract; `{FALLBACK}`: the fallback, with the reason; a CUDA route is `not run` "

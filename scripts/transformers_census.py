@@ -66,8 +66,8 @@ ARMS = ("oa", "full-o")
 
 def check_one(model_type: str) -> dict[str, Any]:
     """Build ``model_type`` tiny and measure every contract under both arms."""
-    from oretrofit._host import RetrofitError
-    from oretrofit._registry import retrofitted
+    from oretrofit._surgery.host import RetrofitError
+    from oretrofit._surgery.registry import retrofitted
     from oretrofit.hosts.transformers.contracts import agreement, null_insertion, strict_load
     from transformers_census_build import attention_classes, build, category
     record: dict[str, Any] = {"model_type": model_type, "category": category(model_type)}

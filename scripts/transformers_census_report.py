@@ -114,7 +114,7 @@ def _rows(receipt: dict[str, Any]) -> Iterator[list[str]]:
 def census_markdown(receipt: dict[str, Any]) -> str:
     """The ``census`` block of docs/transformers.md: counts, shares, why the rest do not pass,
     and one row per type."""
-    from oretrofit._markdown import pipe_table
+    from oretrofit._files.markdown import pipe_table
     records = receipt["architectures"]
     built = [r for r in records.values() if r["status"] != "not buildable"]
     target = [r for r in built if r.get("category") in TARGET]

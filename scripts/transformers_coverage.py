@@ -34,8 +34,8 @@ def probe() -> dict:
         "transformers_zoo", ROOT / "tests" / "hosts" / "transformers" / "zoo.py")
     zoo = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(zoo)
-    from oretrofit._host import RetrofitError
-    from oretrofit._registry import plan_retrofit
+    from oretrofit._surgery.host import RetrofitError
+    from oretrofit._surgery.registry import plan_retrofit
     from oretrofit.hosts.transformers import host, releases
     expected = {arch.name: zoo.expectation(arch) for arch in zoo.ARCHITECTURES}
     expected.update({arch.name: "never" for arch in zoo.REFUSED})

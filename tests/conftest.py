@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-# Triton's interpreter runs the fused OAttention kernels on CPU tensors (tests/test_attention_triton.py).
+# Triton's interpreter runs the fused OAttention kernels on CPU tensors (tests/_kernels/test_triton.py).
 # Triton reads this when it is first imported, so it is set before any test module can import it;
 # nothing else changes: the CPU takes the Triton route only where a test enables it.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -19,7 +19,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch
 
-from oretrofit._serialize import calibrated_weights_digest
+from oretrofit._surgery.serialize import calibrated_weights_digest
 
 
 @pytest.fixture(autouse=True)

@@ -4,9 +4,10 @@ and the hosts come in their documented order.
 Every ``import`` statement of every module under ``oretrofit/`` counts, function-level (lazy)
 ones included; an import of a module's attribute (``from . import __version__``) is an edge to
 that module. The built-in hosts are found through a table of module names
-(``oretrofit._host.BUILTIN_HOSTS``), so the registry never imports a host.
+(``oretrofit._surgery.host.BUILTIN_HOSTS``), so the registry never imports a host.
 
-The layers, lowest first (:data:`LAYERS`): the core (``oretrofit._*``); the hosts
+The layers, lowest first (:data:`LAYERS`): the core (``oretrofit._*``, in rooms of its own:
+:data:`ROOMS`); the hosts
 (``oretrofit.hosts``, one folder per host, which import the core and ``hosts.torch_nn`` only);
 the public facades (``oretrofit`` itself, ``oretrofit.tabpfn``, ``oretrofit.transformers``); the
 runners (``regress``, ``sweep``, ``studies``); the demo host's training code (``demo_host``,
@@ -34,6 +35,21 @@ LAYERS = [("core", ("oretrofit._",)),
           ("runners", ("oretrofit.regress", "oretrofit.sweep", "oretrofit.studies")),
           ("demo host", ("oretrofit.demo_host",)),
           ("cli", ("oretrofit.cli",))]
+
+
+# the core's rooms, and the other rooms each may import (besides itself): the kernels and the
+# files import nothing else of oretrofit, the operators the kernels, the surgery the rest; the
+# two leaf modules at the root import nothing
+ROOMS = {"oretrofit._version": set(), "oretrofit._lazy": set(),
+         "oretrofit._kernels": set(), "oretrofit._files": set(),
+         "oretrofit._operators": {"oretrofit._kernels"},
+         "oretrofit._surgery": {"oretrofit._operators", "oretrofit._kernels", "oretrofit._files",
+                                "oretrofit._version"}}
+
+
+def room(module: str) -> str | None:
+    """The room of :data:`ROOMS` that holds ``module``, or None outside the core."""
+    return next((r for r in ROOMS if module == r or module.startswith(r + ".")), None)
 
 
 def layer(module: str) -> int:
@@ -117,23 +133,23 @@ def test_the_cycle_finder_sees_a_circle() -> None:
 
 def test_the_graph_resolves_relative_imports() -> None:
     graph = import_graph()
-    assert "oretrofit._host" in graph["oretrofit.hosts.torch_nn"]
-    assert "oretrofit._version" in graph["oretrofit._registry"]
-    assert {"oretrofit._host", "oretrofit._compose"} <= graph["oretrofit._registry"]
-    assert "oretrofit._registry" in graph["oretrofit.hosts.transformers.contracts"]   # from ...
+    assert "oretrofit._surgery.host" in graph["oretrofit.hosts.torch_nn"]
+    assert "oretrofit._version" in graph["oretrofit._surgery.registry"]
+    assert {"oretrofit._surgery.host", "oretrofit._surgery.compose"} <= graph["oretrofit._surgery.registry"]
+    assert "oretrofit._surgery.registry" in graph["oretrofit.hosts.transformers.contracts"]   # from ...
     assert "oretrofit.hosts.torch_nn" in graph["oretrofit.hosts.tabpfn.v3"]          # from ..
 
 
 def test_no_import_cycle_among_oretrofit_modules() -> None:
     assert find_cycle(import_graph()) is None
     host_modules = {m for m in _modules() if m.startswith("oretrofit.hosts.")}
-    assert host_modules and not import_graph()["oretrofit._host"] & (host_modules
-                                                                     | {"oretrofit._registry"})
+    assert host_modules and not import_graph()["oretrofit._surgery.host"] & (host_modules
+                                                                     | {"oretrofit._surgery.registry"})
 
 
 def _documented_order() -> list[tuple[str, int]]:
-    """The table in ``oretrofit._host``'s docstring: ``name  specificity  description``."""
-    from oretrofit import _host
+    """The table in ``oretrofit._surgery.host``'s docstring: ``name  specificity  description``."""
+    from oretrofit._surgery import host as _host
     return [(m.group(1), int(m.group(2)))
             for m in re.finditer(r"^ {4}(\S+) +(\d+) {3}", _host.__doc__, re.MULTILINE)]
 
@@ -156,16 +172,52 @@ def test_fresh_interpreter_lists_the_hosts_in_documented_order() -> None:
 
 
 def test_the_layer_finder_sees_an_upward_import() -> None:
-    assert [layer(m) for m in ("oretrofit._registry", "oretrofit.hosts.tabpfn.v3", "oretrofit",
+    assert [layer(m) for m in ("oretrofit._surgery.registry", "oretrofit.hosts.tabpfn.v3", "oretrofit",
                                "oretrofit.tabpfn", "oretrofit.transformers",
                                "oretrofit.regress.runner", "oretrofit.demo_host.train",
                                "oretrofit.cli.app")] == [0, 1, 2, 2, 2, 3, 4, 5]
-    assert layer("oretrofit.hosts.torch_nn") > layer("oretrofit._host")
+    assert layer("oretrofit.hosts.torch_nn") > layer("oretrofit._surgery.host")
+
+
+def wrong_way(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of ``graph`` that go up a layer, or from a room of the core to a room it may
+    not import (:data:`ROOMS`), as ``a -> b``."""
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if layer(b) > layer(a)
+                  or room(a) is not None and room(b) not in (room(a), *ROOMS[room(a)]))
+
+
+def test_the_layer_check_sees_a_planted_wrong_way_import() -> None:
+    graph = import_graph()
+    assert not wrong_way(graph)
+    planted = {"oretrofit._kernels.lse -> oretrofit._operators.presence",        # up a room
+               "oretrofit._files.atomic -> oretrofit._kernels.dtypes",          # across
+               "oretrofit._operators.presence -> oretrofit._files.reading",     # not allowed
+               "oretrofit._surgery.registry -> oretrofit.hosts.torch_nn",       # up a layer
+               "oretrofit._version -> oretrofit._surgery.moved",                # from a leaf
+               "oretrofit.hosts.torch_nn -> oretrofit.cli.app"}
+    for edge in planted:
+        a, b = edge.split(" -> ")
+        assert wrong_way({**graph, a: graph[a] | {b}}) == [edge]
+    # and allowed ones pass: a room importing itself and what lies below it
+    assert not wrong_way({"oretrofit._surgery.registry": {"oretrofit._kernels.dtypes",
+                                                          "oretrofit._files.reading",
+                                                          "oretrofit._surgery.host"},
+                          "oretrofit._operators.presence": {"oretrofit._kernels.dtypes"}})
+
+
+def test_every_core_module_is_in_a_room() -> None:
+    core = [m for m in import_graph() if m.startswith("oretrofit._")]
+    assert core and [m for m in core if room(m) is None] == []
+
+
+def test_the_package_root_lists_at_most_17_entries() -> None:
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 17, entries
 
 
 def test_imports_run_from_higher_layers_to_lower_ones_only() -> None:
-    upward = sorted(f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
-                    if layer(b) > layer(a))
+    upward = wrong_way(import_graph())
     assert not upward, upward
 
 

@@ -146,7 +146,7 @@ def test_the_readme_calibration_reading_is_lines_of_the_generated_reading() -> N
 
 def test_the_demo_host_page_names_the_shipped_checkpoint_and_its_size() -> None:
     # the shipped host's sentence is prose, so its hash and parameter count are checked here
-    from oretrofit._provenance import sha256_file
+    from oretrofit._files.provenance import sha256_file
 
     card = (ROOT / "oretrofit/data/tabpfn-v3-demo.md").read_text()
     parameters = next(line for line in card.splitlines() if line.startswith("- parameters: ")).split(": ")[1]

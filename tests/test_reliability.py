@@ -97,8 +97,8 @@ def test_torch_nn_hosts_round_trip_even_when_the_root_itself_is_patched():
 
 def test_a_pickle_written_before_the_hosts_moved_still_loads():
     # the host modules were oretrofit.patches.* before oretrofit/hosts/; a pickled patched module
-    # names its O-class's mixin by module path, so the old paths keep loading (_patching._MOVED)
-    from oretrofit import _patching
+    # names its O-class's mixin by module path, so the old paths keep loading (moved.MOVED)
+    from oretrofit._surgery.moved import MOVED
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     model, x = torch.nn.TransformerEncoder(layer, 2).eval(), torch.randn(2, 5, 16)
     retrofit(model, "full-o", 1.0)
@@ -108,16 +108,16 @@ def test_a_pickle_written_before_the_hosts_moved_still_loads():
     assert hexed("oretrofit.hosts.torch_nn:") in data
     old = data.replace(hexed("oretrofit.hosts.torch_nn:"), hexed("oretrofit.patches.torch_nn:"))
     assert torch.equal(pickle.loads(old)(x), patched)
-    for moved in _patching._MOVED.values():
+    for moved in MOVED.values():
         importlib.import_module(moved)
 
 
 def test_a_fitted_patched_regressor_round_trips_through_pickle_and_joblib():
     X, y = _data()
-    regressor, _ = make_regressor("demo", "full-o", 1.0, seed=0)
+    regressor, _ = make_regressor("demo", "full-o", 1.0, device="cpu", n_estimators=1)
     regressor.fit(X[:20], y[:20])
     expected = regressor.predict(X[20:])
-    base, _ = make_regressor("demo", "base", seed=0)
+    base, _ = make_regressor("demo", "base", device="cpu", n_estimators=1)
     assert not np.allclose(base.fit(X[:20], y[:20]).predict(X[20:]), expected, atol=1e-4)
     buffer = io.BytesIO()
     joblib.dump(regressor, buffer)

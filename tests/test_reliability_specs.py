@@ -89,7 +89,7 @@ def test_a_site_without_carriers_is_named_with_the_fix():
     ({"targets": "icl.*"}, "targets must be a list of site names or patterns"),
     ({"exclude": "icl.*"}, "exclude must be a list"), ({"sites": "te.col"}, "sites must be a list"),
     ({"arm": 1}, "arm must be a string"), ({"tau": "abc"}, "tau must be a positive finite number"),
-    ({"eps": True}, "eps must be a positive finite number"), ({"eps": None}, "eps must be"),
+    ({"eps": True}, "eps must be a finite number ≥ 0"), ({"eps": None}, "eps must be"),
     ({"calibration": "x"}, "calibration record must be an object"),
     ({"calibration": {"data": "x"}}, "calibration record must be an object")])
 def test_a_spec_entry_of_the_wrong_type_is_refused_before_patching(demo_spec, edit, message):

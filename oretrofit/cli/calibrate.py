@@ -40,8 +40,8 @@ def _form(given_tabpfn: list[str], given_text: list[str], model: str | None,
 def _check_out(out: Path) -> None:
     """Refuse, before calibrating, an ``--out`` the spec cannot be written to (a folder, a path
     under a file) or must not replace (an existing file that is not a patch spec)."""
-    from oretrofit._files import read_text
-    from oretrofit._serialize import parse_spec_json
+    from oretrofit._files.reading import read_text
+    from oretrofit._surgery.serialize import parse_spec_json
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; give the spec's file path, e.g. "
                          f"{out / 'spec.json'}")
@@ -73,7 +73,7 @@ def _calibrate_tabpfn(model_path: str | None, datasets: list[str], seeds: list[i
 def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int | None,
                             **settings: Any) -> dict[str, Any]:
     from oretrofit.hosts.transformers.calibrate import BUILTIN_TEXTS, builtin_texts, calibrate_text
-    from oretrofit._files import read_text
+    from oretrofit._files.reading import read_text
     from oretrofit.hosts.transformers.contracts import require_finite_weights
     from oretrofit.hosts.transformers.models import load_model_and_tokenizer
     if text_file is None:
@@ -125,8 +125,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Choose τ per site: τ_site = δ/(1−δ)·Q_q(‖h‖²) of its carriers on the calibration data
         (a TabPFN host's train rows, or a transformers model's text)."""
-        from oretrofit._provenance import write_json_atomic
-        from oretrofit._registry import RetrofitError
+        from oretrofit._files.provenance import write_json_atomic
+        from oretrofit._surgery.registry import RetrofitError
 
         given_tabpfn = [flag for flag, value in (
             ("--model-path", model_path), ("--dataset", datasets), ("--seed", seeds),

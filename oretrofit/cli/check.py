@@ -34,7 +34,7 @@ def run_check(name: str, arms: list[str], tau: float | None,
 
     With ``spec_file``, ``arms`` and ``tau`` are the spec's: pass ``[]`` and None.
     """
-    from oretrofit._provenance import environment, portable
+    from oretrofit._files.provenance import environment, portable
     from oretrofit.hosts.transformers.check import check
     from oretrofit.hosts.transformers.contracts import require_finite_weights
     from oretrofit.hosts.transformers.models import load_model
@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Retrofit a transformers model and print the paper's contracts on it (exit 1 when one
         does not hold, 2 when the model cannot be retrofitted)."""
-        from oretrofit._registry import RetrofitError
+        from oretrofit._surgery.registry import RetrofitError
         given = [flag for flag, value in (("--arm", arm), ("--tau", tau)) if value is not None]
         if spec is not None and given:
             raise fail(f"--spec sets the arm and every site's τ itself; drop "

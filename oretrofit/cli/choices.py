@@ -54,7 +54,7 @@ def _check_preset(value: str) -> None:
     check_preset(value)
 
 
-ARMS = one_of(names_in("oretrofit._registry", "ARMS"))           # base, oa, full-o
+ARMS = one_of(names_in("oretrofit._surgery.registry", "ARMS"))           # base, oa, full-o
 O_ARMS = one_of(lambda: ("oa", "full-o"))                           # the arms that patch sites
 INFERENCE_PRECISIONS = one_of(lambda: ("float32", "float16", "bfloat16", "auto", "autocast"))
 INFERENCE_PRESET = checked_by(_check_preset)                        # a preset, -xN members

@@ -99,7 +99,7 @@ def train(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
 ) -> None:
     """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior."""
-    from oretrofit._provenance import portable
+    from oretrofit._files.provenance import portable
     from oretrofit.demo_host.curriculum import CURRICULUM, train_curriculum
     from oretrofit.demo_host.train import TrainConfig, train
 

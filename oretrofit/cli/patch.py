@@ -78,7 +78,7 @@ def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
     (its ``calibration`` record among them) with the checkpoint's SHA-256.
     """
     import oretrofit
-    from oretrofit._provenance import environment, portable
+    from oretrofit._files.provenance import environment, portable
     from oretrofit.tabpfn import (build_model, checkpoint_sha256, load_checkpoint,
                                   resolve_model_path, weights_label, write_patched_artifact)
     from oretrofit.hosts.tabpfn.checkpoints import checkpoint_task
@@ -128,7 +128,8 @@ def register(app: typer.Typer) -> None:
         arm: str = typer.Option(None, "--arm", help="base, oa or full-o (default full-o)",
                                 callback=choices.ARMS),
         tau: float = typer.Option(None, "--tau", help="presence scale τ > 0 (default 1e-8)"),
-        eps: float = typer.Option(None, "--eps", help="OAttention ε > 0 (default 1e-6)"),
+        eps: float = typer.Option(None, "--eps", help="OAttention ε ≥ 0 (default 0: the limit ε → 0⁺, "
+                                "exact on the host)"),
         model_path: str = typer.Option(None, "--model-path", help="TabPFN v3 checkpoint "
                                        "(regressor or classifier), 'demo' "
                                        "(trained demo host, random weights when not installed) "
@@ -149,7 +150,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Retrofit a TabPFN v3 host (regressor or classifier) with an arm at τ, or with a patch
         spec, and list every patched site with its τ."""
-        from oretrofit._registry import RetrofitError
+        from oretrofit._operators.presence import EPS_RETROFIT
+        from oretrofit._surgery.registry import RetrofitError
         overrides = parse_site_tau(site_tau)
         if spec is not None:
             settings = (("--arm", arm), ("--tau", tau), ("--eps", eps), ("--site-tau", site_tau),
@@ -165,7 +167,7 @@ def register(app: typer.Typer) -> None:
                        "drop them, or choose --arm oa or full-o")
         try:
             summary = run_patch(model_path, arm or "full-o", 1e-8 if tau is None else tau,
-                                1e-6 if eps is None else eps, overrides, target or None,
+                                EPS_RETROFIT if eps is None else eps, overrides, target or None,
                                 exclude or None, dry_run, out, spec)
         except (RetrofitError, ValueError) as err:
             raise fail(err) from None

@@ -57,6 +57,7 @@ class RunOptions:
     n_estimators: int = 1
     inference_precision: Optional[str] = None
     test_fraction: float = 0.25
+    eps: Optional[float] = None                 # None: the retrofit's default (ε → 0⁺)
 
 
 def _floats(text: str, what: str) -> tuple[float, ...]:
@@ -100,9 +101,11 @@ def _execute(matrix: Any, options: RunOptions) -> None:
     """Run the matrix into ``options.out`` (resuming), render its tables, print the result."""
     from oretrofit.regress.data import OFFLINE_STANDINS
     from oretrofit.regress.protocol import SplitProtocol
+    from oretrofit._operators.presence import EPS_RETROFIT
     from oretrofit.regress.runner import ModelSettings, parse_shard
     from oretrofit.regress.tables import render
     model = ModelSettings(options.model_path, options.device, options.n_estimators,
+                          EPS_RETROFIT if options.eps is None else options.eps,
                           inference_precision=options.inference_precision)
     result = _progress_run(
         matrix, model, options.out,
@@ -181,12 +184,11 @@ def register(app: typer.Typer) -> None:
                                              help="Old name of --target-column"),
         seeds: str = typer.Option("11,23,37", "--seeds"),
         arms: str = typer.Option("base,oa,full-o", "--arms", help="Comma-separated arms"),
-        tau: str = typer.Option("1e-8", "--tau", help="Comma-separated τ values (O arms)"),
+        tau: str = typer.Option("1e-8", "--tau", help="Comma-separated τ of the O arms"),
         tau_spec: list[Path] = typer.Option([], "--tau-spec", help=(
             "Per-site τ spec (oretrofit calibrate): one more cell per dataset and seed")),
         ablate_sites: str = typer.Option("", "--ablate-sites", help=(
-            "Site families (attention,norm,ffn,inject,fde.*,icl.*,...): each alone at "
-            "--stress-tau, the rest at the first --tau")),
+            "Site families (attention,norm,ffn,...): each alone at --stress-tau")),
         stress_tau: Optional[float] = typer.Option(None, "--stress-tau", help=(
             "τ of an ablated family [default: 1]")),
         model_path: Optional[str] = MODEL_PATH, device: str = DEVICE,
@@ -201,6 +203,7 @@ def register(app: typer.Typer) -> None:
             callback=choices.INFERENCE_PRECISIONS),
         test_fraction: float = typer.Option(0.25, "--test-fraction", help="Share of rows "
                                             "held out before capping"),
+        eps: Optional[float] = typer.Option(None, "--eps", help="OAttention ε ≥ 0 [default: 0]"),
         plots: bool = PLOTS, json_out: bool = JSON_OUT,
     ) -> None:
         """Run a dataset × seed × arm × τ matrix of TabPFN v3 fits, then render its tables."""
@@ -209,7 +212,7 @@ def register(app: typer.Typer) -> None:
         from .errors import warn
         options = RunOptions(model_path, device, out, openml_cache, offline_standins, shard,
                              backend, scheduler, n_jobs, max_train, max_test, plots, json_out,
-                             n_estimators, inference_precision, test_fraction)
+                             n_estimators, inference_precision, test_fraction, eps)
         if old_target:
             warn("--target of `regress` is now --target-column (in `patch`, --target is a site "
                  "pattern); the old name goes in the next release")
@@ -242,9 +245,10 @@ def register(app: typer.Typer) -> None:
         plots: bool = PLOTS, json_out: bool = JSON_OUT,
     ) -> None:
         """Run the paper's Table 2 or 7 matrix: 6 OpenML datasets × seeds 11, 23, 37 × 3 arms."""
-        from oretrofit.regress.presets import preset_matrix
+        from oretrofit.regress.presets import PAPER_EPS, preset_matrix
         options = RunOptions(model_path, device, out, openml_cache, offline_standins, shard,
-                             backend, scheduler, n_jobs, max_train, max_test, plots, json_out)
+                             backend, scheduler, n_jobs, max_train, max_test, plots, json_out,
+                             eps=PAPER_EPS)
         try:
             _execute(preset_matrix(table, tuple(s for s in datasets.split(",") if s.strip())),
                      options)

@@ -26,8 +26,8 @@ def operators(
     """Max errors per property over seeds × shapes × dtypes; writes a JSON receipt and a table."""
     import torch
 
-    from .._atomic import make_folder, write_text_atomic
-    from .._provenance import environment, write_json_atomic
+    from .._files.atomic import make_folder, write_text_atomic
+    from .._files.provenance import environment, write_json_atomic
     from ..sweep import SweepConfig, operators_markdown, run_operator_sweep
 
     if device == "cuda" and not torch.cuda.is_available():

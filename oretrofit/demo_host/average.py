@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .._provenance import portable
+from .._files.provenance import portable
 from ..hosts.tabpfn.checkpoints import check_checkpoint_name, checkpoint_sha256, load_checkpoint, save_atomic
 
 __all__ = ["average_checkpoints"]

@@ -10,9 +10,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from .._atomic import atomic_file, write_text_atomic
-from .._markdown import pipe_table
-from .._provenance import portable
+from .._files.atomic import atomic_file, write_text_atomic
+from .._files.markdown import pipe_table
+from .._files.provenance import portable
 from . import prior as prior_module
 from .evaluate import SCORES, markdown_table, read_receipt, split_key
 from .inference import describe, recorded_preset

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .._provenance import portable
+from .._files.provenance import portable
 from .train import STATE_NAME, TrainConfig, train
 
 __all__ = ["CURRICULUM", "Stage", "stage_configs", "stage_folders", "train_curriculum"]

@@ -15,8 +15,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .._atomic import write_text_atomic
-from .._files import read_text
+from .._files.atomic import write_text_atomic
+from .._files.reading import read_text
 from .card import compare_runs
 from .evaluate import SCORES, read_receipt
 

@@ -27,10 +27,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._files import FileRefused, read_json
-from .._json_numbers import decode_number
-from .._markdown import pipe_table
-from .._provenance import environment, portable, sha256_file, write_json_atomic
+from .._files.reading import FileRefused, read_json
+from .._files.json_numbers import decode_number
+from .._files.markdown import pipe_table
+from .._files.provenance import environment, portable, sha256_file, write_json_atomic
 
 __all__ = ["DATASETS", "BASELINES", "SUITES", "VALIDATION_DATASETS", "evaluate", "host_inference",
            "markdown_table", "random_reference_host", "split_key"]
@@ -150,7 +150,7 @@ def read_receipt(path: Path | str, given: str, keys: tuple[str, ...]) -> dict[st
 
 def _read_back_scores(receipt: dict[str, Any]) -> None:
     """Turn the receipt's R² scores written by name (``"NaN"`` for a constant test target:
-    :mod:`oretrofit._json_numbers`) back into floats, in place: each result's ``r2`` and each
+    :mod:`oretrofit._files.json_numbers`) back into floats, in place: each result's ``r2`` and each
     summary's ``mean`` and ``sd``."""
     results, summary = receipt.get("results"), receipt.get("summary")
     scores = [row for row in results if isinstance(row, dict)] if isinstance(results, list) else []

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .._provenance import weights_digest as state_digest
+from .._files.provenance import weights_digest as state_digest
 
 __all__ = ["SOLO", "Workers", "spawn", "weights_digest"]
 

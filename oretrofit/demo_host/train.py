@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._atomic import atomic_file, make_folder
-from .._files import regular_file
-from .._provenance import portable
+from .._files.atomic import atomic_file, make_folder
+from .._files.reading import regular_file
+from .._files.provenance import portable
 from .inference import DEFAULT_PRESET, inference_config
 from .parallel import SOLO, Workers, spawn, weights_digest
 from .prior import PriorConfig, TaskBatch, sample_batch

@@ -6,7 +6,7 @@ I/O, the releases it admits, its contracts) lives in its folder.
     tabpfn/          TabPFN v3: sites, checkpoints, estimators, patched artifacts
 
 Importing this package registers nothing: :func:`oretrofit.registered_hosts` imports the host
-modules named in :data:`oretrofit._host.BUILTIN_HOSTS` on first use. A host imports the core
+modules named in :data:`oretrofit._surgery.host.BUILTIN_HOSTS` on first use. A host imports the core
 (``oretrofit._*``) and :mod:`oretrofit.hosts.torch_nn`, never the runners, the CLI or another
 host.
 """

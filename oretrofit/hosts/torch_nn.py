@@ -20,13 +20,13 @@ Sites are named by module path:
                                         exactly 0 for a null token), as in torchvision's ViT block
 
 Modules keep their class's parameters: patching swaps the class for an O-subclass
-(:func:`oretrofit._patching.set_site`), so ``state_dict`` keys are unchanged. A patched layer
+(:func:`oretrofit._surgery.patching.set_site`), so ``state_dict`` keys are unchanged. A patched layer
 always runs its composite path, never ``torch._transformer_encoder_layer_fwd``, and a
 ``TransformerEncoder`` holding patched layers never converts padded input to a nested tensor.
 
 Every site states its scope (the modules it gates). A parameter or buffer outside every scope
 (a custom residual block, a Linear head, a position table) is *uncovered*: ``retrofit`` refuses
-the model unless ``allow_partial=True`` (:mod:`oretrofit._compose`). Your own module type
+the model unless ``allow_partial=True`` (:mod:`oretrofit._surgery.compose`). Your own module type
 becomes a site with :func:`register_module_site`.
 """
 
@@ -41,12 +41,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._attention import o_attention
-from .._components import o_gate, o_gate_column
-from .._host import KINDS, RetrofitError, Site, inside, join_path, register_host
-from .._patching import SiteConfig, Undo, UndoAll, set_site, site_config
-from .._presence import presence
-from .._presence_memo import carrier_presence
+from .._operators.attention import o_attention
+from .._operators.components import o_gate, o_gate_column
+from .._surgery.host import KINDS, RetrofitError, Site, inside, join_path, register_host
+from .._surgery.patching import SiteConfig, Undo, UndoAll, set_site, site_config
+from .._operators.presence import presence
+from .._operators.presence_memo import carrier_presence
 
 __all__ = ["register_module_site", "unregister_module_site", "set_site", "site_config",
            "gated_linear", "patch_all",
@@ -439,7 +439,7 @@ class TorchNNHost:
     """The plain-PyTorch host (see module docstring); matches any model with an attention site.
 
     No ``uncovered`` method: every site states its scope, so the registry lists each weight
-    outside all scopes (:func:`oretrofit._compose.unreached`)."""
+    outside all scopes (:func:`oretrofit._surgery.compose.unreached`)."""
 
     name = "torch.nn"
     specificity = 0

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._calibrate import calibrate
+from .._surgery.calibrate import calibrate
 from .data import Dataset
 from .protocol import PAPER_PROTOCOL, SplitProtocol
 

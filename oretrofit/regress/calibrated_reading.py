@@ -17,7 +17,7 @@ import math
 import statistics
 from typing import Any, Mapping, Sequence
 
-from .._markdown import pipe_table
+from .._files.markdown import pipe_table
 from .summary import MEAN_ROW, Summary
 from .variant_tables import ablation_tables
 

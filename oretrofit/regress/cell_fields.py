@@ -5,7 +5,7 @@ something else is named with its field before a table averages a string or an in
 Required fields are those every cell has had since the first run folders; the others are
 checked when present (cells from before presence profiles have none). R² may be NaN: a constant
 test target has no R² (:func:`oretrofit.regress.protocol.rmse_r2`), written as ``"NaN"``
-(:mod:`oretrofit._json_numbers`) and read back as NaN by :func:`read_cell`; every other number is
+(:mod:`oretrofit._files.json_numbers`) and read back as NaN by :func:`read_cell`; every other number is
 finite.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
-from .._json_numbers import decode_number
+from .._files.json_numbers import decode_number
 
 __all__ = ["REQUIRED", "OPTIONAL", "read_cell", "cell_problem"]
 

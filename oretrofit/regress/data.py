@@ -33,7 +33,7 @@ for the call so openml does not try a parquet download first. The receipt names 
 parsed (``data_file``: the parquet file when openml read it, else the ARFF) and its SHA-256.
 Before openml reads the cache, its files are checked (:mod:`.openml_files`: a broken
 description, an ARFF whose MD5 differs from the description's, a table wider than
-:data:`MAX_FEATURES` by its header); the scratch root is a :func:`oretrofit._atomic.
+:data:`MAX_FEATURES` by its header); the scratch root is a :func:`oretrofit._files.atomic.
 scratch_folder` in the temporary folder, so a killed load's copy is swept by the next load.
 """
 
@@ -56,9 +56,9 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
-from .._atomic import scratch_folder
-from .._files import FileRefused, regular_file
-from .._provenance import portable, sha256_file
+from .._files.atomic import scratch_folder
+from .._files.reading import FileRefused, regular_file
+from .._files.provenance import portable, sha256_file
 from .openml_files import check_cache_entry, parquet_columns
 from .reference import PAPER_DATASETS
 

@@ -4,7 +4,7 @@ openml trusts its cache: a ``description.xml`` it cannot parse is reported as a 
 a ``dataset.arff`` whose MD5 differs from the one its description records is parsed all the
 same, and an ARFF header declaring a million attributes is parsed whole before oretrofit's
 column limit could apply. :func:`check_cache_entry` reads the description (bounded, through
-:func:`oretrofit._files.read_bytes`), refuses a broken one as the broken cache file it is,
+:func:`oretrofit._files.reading.read_bytes`), refuses a broken one as the broken cache file it is,
 refuses an ARFF whose MD5 differs (naming both files), and counts the columns of the ARFF header
 (or the parquet file's metadata) against the limit before any data row is read.
 """
@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .._files import FileRefused, read_bytes, regular_file
+from .._files.reading import FileRefused, read_bytes, regular_file
 
 __all__ = ["check_cache_entry", "parquet_columns"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_file
+from .._files.atomic import atomic_file
 from .summary import MEAN_ROW, Row, Summary
 
 __all__ = ["plot_delta_rmse"]
@@ -18,7 +18,7 @@ _PANELS_PER_ROW = 4
 
 
 def _save(fig, path: Path) -> None:
-    """Save ``fig`` as a PNG at ``path`` through :func:`oretrofit._atomic.atomic_file`."""
+    """Save ``fig`` as a PNG at ``path`` through :func:`oretrofit._files.atomic.atomic_file`."""
     with atomic_file(path) as fh:
         fig.savefig(fh, format="png", dpi=120, metadata={"Software": None})
 

@@ -38,10 +38,10 @@ import joblib
 import numpy as np
 import torch
 
-from .._presence import check_positive
-from .._presence_profile import PresenceProfile, presence_by_module
-from .._provenance import environment, portable
-from .._registry import ARMS, RetrofitError
+from .._operators.presence import EPS_RETROFIT, check_eps, check_positive
+from .._operators.presence_profile import PresenceProfile, presence_by_module
+from .._files.provenance import environment, portable
+from .._surgery.registry import ARMS, RetrofitError
 from .data import Dataset, canonical_spec, load_datasets
 from .protocol import PAPER_PROTOCOL, SplitProtocol, rmse_r2
 from .store import Cell, RunFolder
@@ -117,7 +117,7 @@ class ModelSettings:
     model_path: str = "demo"
     device: str = "cpu"
     n_estimators: int = 1
-    eps: float = 1e-6
+    eps: float = EPS_RETROFIT
     inference_precision: str | None = None      # float32 | float16 | bfloat16 | auto |
                                                 # autocast; None: float32
 
@@ -126,7 +126,7 @@ class ModelSettings:
         if isinstance(self.n_estimators, bool) or not isinstance(self.n_estimators, int) \
                 or self.n_estimators < 1:
             raise ValueError(f"--n-estimators must be an integer >= 1, got {self.n_estimators!r}")
-        check_positive("eps", self.eps)
+        check_eps(self.eps)
         self.regressor_kwargs()
 
     def regressor_kwargs(self) -> dict[str, Any]:

@@ -19,10 +19,10 @@ One process at a time writes a folder: :meth:`RunFolder.lock` holds an exclusive
 and records the holder (host, pid, command) for the refusal message. The folder's own files and
 subfolders (``.lock``, ``cells``, ``datasets``, ``invocations``; ``tables`` in :mod:`.tables`)
 are never written through a link: a symbolic link or a hard-linked file in their place is
-refused by name (:func:`oretrofit._atomic.refuse_link`), and the JSON records are replaced by a
+refused by name (:func:`oretrofit._files.atomic.refuse_link`), and the JSON records are replaced by a
 rename, never written into. Under the lock, temporary files that a killed write left behind are
-swept (:func:`oretrofit._atomic.sweep_temp_files`). Every record is read through
-:func:`oretrofit._files.read_json` (regular files of bounded size only).
+swept (:func:`oretrofit._files.atomic.sweep_temp_files`). Every record is read through
+:func:`oretrofit._files.reading.read_json` (regular files of bounded size only).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from .._atomic import make_folder, own_folder, refuse_link, sweep_temp_files
-from .._files import FileRefused
-from .._files import read_json as read_bounded_json
-from .._json_numbers import as_written, encode_non_finite
-from .._provenance import write_json_atomic
+from .._files.atomic import make_folder, own_folder, refuse_link, sweep_temp_files
+from .._files.reading import FileRefused
+from .._files.reading import read_json as read_bounded_json
+from .._files.json_numbers import as_written, encode_non_finite
+from .._files.provenance import write_json_atomic
 from .cell_fields import cell_problem, read_cell
 from .data import Dataset, spec_slug
 from .variants import check_record

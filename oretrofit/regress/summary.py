@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .._registry import ARMS
+from .._surgery.registry import ARMS
 from .data import openml_id
 from .reference import PAPER_DATASETS, paper_absolute, paper_delta, paper_mean_delta
 from .store import cell_id

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from .._atomic import make_folder, own_folder, write_text_atomic
-from .._markdown import pipe_table
+from .._files.atomic import make_folder, own_folder, write_text_atomic
+from .._files.markdown import pipe_table
 from .reading import reading
 from .store import read_cells, read_variants
 from .summary import MEAN_ROW, Row, Summary, summarize

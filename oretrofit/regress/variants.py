@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from .._presence import check_positive
-from .._provenance import sha256_file
-from .._registry import ARMS, KINDS, RetrofitError, plan_retrofit, read_spec
-from .._serialize import calibrated_weights_digest
+from .._operators.presence import check_eps, check_positive
+from .._files.provenance import sha256_file
+from .._surgery.registry import ARMS, KINDS, RetrofitError, plan_retrofit, read_spec
+from .._surgery.serialize import calibrated_weights_digest
 
 __all__ = ["Variant", "check_record", "spec_variant", "ablation_variants", "check_variants",
            "site_families", "parse_families", "arm_sites", "checkpoint_arm_sites"]
@@ -66,7 +66,7 @@ class Variant:
         for pattern, value in self.site_tau.items():
             check_positive(f"variant {self.name!r} site_tau[{pattern!r}]", value)
         if self.eps is not None:
-            check_positive(f"variant {self.name!r} eps", self.eps)
+            check_eps(self.eps, f"variant {self.name!r} eps")
 
     @property
     def key(self) -> str:
@@ -246,7 +246,7 @@ def check_variants(model: Any, variants: Sequence[Variant], eps: float,
                                  f"({weights[:12]}…); calibrate on this run's checkpoint "
                                  "(oretrofit calibrate --model-path ...)")
         try:
-            plan_retrofit(model, variant.arm, variant.tau, variant.eps or eps,
+            plan_retrofit(model, variant.arm, variant.tau, eps if variant.eps is None else variant.eps,
                           site_tau=variant.site_tau)
         except RetrofitError as exc:
             raise ValueError(f"variant {variant.key} does not fit this host: {exc}") from None

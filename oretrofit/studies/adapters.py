@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .._markdown import pipe_table
-from .._presence import presence
+from .._files.markdown import pipe_table
+from .._operators.presence import presence
 from .common import StudyOptions, fmt, matrix_plan, mean, quantiles, state_digest
 from .data import TASKS as REGISTRY, load_split
 from .models import ScalarAdapter

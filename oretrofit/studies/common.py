@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Protocol
 import torch
 from torch import nn
 
-from .._atomic import write_text_atomic
+from .._files.atomic import write_text_atomic
 from .data import SEEDS, TASKS as REGISTRY, Split
 from .models import FTHost, HostSpec, build_host
 from .receipts import PlannedRun, Receipt, run_plan

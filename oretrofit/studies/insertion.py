@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._markdown import pipe_table
+from .._files.markdown import pipe_table
 from .common import StudyOptions, matrix_plan, mean, train_host
 from .data import FIVE_TASKS, load_split
 from .models import BlockSpec, HostSpec

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._attention_modules import HiddenCarrierOAttention
-from .._components import OInject, ONorm
-from .._transformer import OTransformerBlock
+from .._operators.attention_modules import HiddenCarrierOAttention
+from .._operators.components import OInject, ONorm
+from .._operators.transformer import OTransformerBlock
 
 __all__ = ["SoftmaxAttention", "FeatureTokenizer", "Residual", "BlockSpec", "ScalarAdapter",
            "FTHost", "HostSpec", "ARM_SPECS", "build_host"]

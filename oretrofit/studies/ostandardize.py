@@ -12,7 +12,7 @@ branch emits zero). This module only plans the cases per seed and lays out the t
 from __future__ import annotations
 
 from ..sweep.standardize_checks import B5_CASES, standardize_case
-from .._markdown import pipe_table
+from .._files.markdown import pipe_table
 from .common import StudyOptions
 from .receipts import PlannedRun
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .._markdown import pipe_table
-from .._presence import presence
+from .._files.markdown import pipe_table
+from .._operators.presence import presence
 from .common import StudyOptions, fmt, matrix_plan, mean, quantiles, train_host
 from .data import FIVE_TASKS, PAPER_ORDER, TASKS as REGISTRY, load_split
 from .models import ARM_SPECS, FTHost

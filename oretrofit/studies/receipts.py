@@ -1,7 +1,7 @@
 """Resumable JSON receipts: one file per study, rewritten atomically after every finished run.
 
 A receipt holds the study-level options, every run's configuration and outcome, and the
-environment (:func:`oretrofit._provenance.environment`) of each session that added runs. A run
+environment (:func:`oretrofit._files.provenance.environment`) of each session that added runs. A run
 already in the receipt with the same configuration is skipped, so an interrupted study resumes
 where it stopped; a stored run whose configuration differs is an error rather than a silent mix.
 """
@@ -16,9 +16,9 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .._files import read_json
-from .._json_numbers import as_written
-from .._provenance import environment, portable, write_json_atomic
+from .._files.reading import read_json
+from .._files.json_numbers import as_written
+from .._files.provenance import environment, portable, write_json_atomic
 
 __all__ = ["SCHEMA_VERSION", "PlannedRun", "Receipt", "run_plan"]
 
@@ -36,7 +36,7 @@ class PlannedRun:
 
 def _read_receipt(path: Path, study: str, fix: str) -> dict[str, Any]:
     """The receipt of ``study`` at ``path``, read bounded and strictly
-    (:func:`oretrofit._files.read_json`); a file that is not a receipt of ``study`` (a JSON object
+    (:func:`oretrofit._files.reading.read_json`); a file that is not a receipt of ``study`` (a JSON object
     with its runs and sessions) is a ValueError naming it and ending in ``fix``."""
     data = read_json(path, "the study receipt", fix)
     if not (isinstance(data, dict) and isinstance(data.get("runs"), dict)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .._markdown import pipe_table
+from .._files.markdown import pipe_table
 from .common import StudyOptions, fmt, matrix_plan, mean, train_host
 from .data import FIVE_TASKS, PAPER_ORDER, TASKS as REGISTRY, load_split
 from .models import BlockSpec, HostSpec

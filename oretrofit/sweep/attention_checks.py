@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._attention_modules import HiddenCarrierOAttention, QKVOAttention
+from .._operators.attention_modules import HiddenCarrierOAttention, QKVOAttention
 from .direct import direct_projected
 from .measure import insert_zero_rows, linf
 

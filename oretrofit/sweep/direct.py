@@ -60,7 +60,7 @@ def direct_projected(module, x: Tensor, context: Tensor, tau: float,
     Projections from the module's bias-free weights; presence from the hidden carriers
     (``HiddenCarrierOAttention``) or per head from q and k (``QKVOAttention``).
     """
-    from .._attention_modules import QKVOAttention
+    from .._operators.attention_modules import QKVOAttention
 
     weight = {name: w.detach().cpu().double() for name, w in module.state_dict().items()}
     x, context = x.detach().cpu().double(), context.detach().cpu().double()

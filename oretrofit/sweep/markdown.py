@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._markdown import pipe_table
+from .._files.markdown import pipe_table
 
 __all__ = ["operators_markdown"]
 

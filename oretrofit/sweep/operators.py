@@ -3,7 +3,7 @@
 Each row is a maximum over seeds × shapes (× dtypes where the row says so) of the per-case
 measurements in :mod:`.attention_checks` and :mod:`.standardize_checks`. The receipt holds the
 configuration, every per-case value, the summary rows with the paper's published values beside
-them, and :func:`oretrofit._provenance.environment`.
+them, and :func:`oretrofit._files.provenance.environment`.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._components import OFFN, OStandardize, o_moments
-from .._presence import presence
+from .._operators.components import OFFN, OStandardize, o_moments
+from .._operators.presence import presence
 from .measure import insert_zero_rows, linf
 
 __all__ = ["standardize_case", "B5_CASES"]

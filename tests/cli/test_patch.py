@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from oretrofit import RetrofitError
-from oretrofit._provenance import portable
+from oretrofit._files.provenance import portable
 from oretrofit.cli import patch as patch_verb
 from oretrofit.tabpfn import load_patched_regressor, make_regressor
 

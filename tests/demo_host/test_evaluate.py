@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.model_selection import train_test_split
 
-from oretrofit._provenance import portable
+from oretrofit._files.provenance import portable
 from oretrofit.demo_host.evaluate import BASELINES, TEST_FRACTION, _baseline, evaluate, markdown_table
 from oretrofit.regress.data import load_dataset
 from oretrofit.regress.protocol import rmse_r2

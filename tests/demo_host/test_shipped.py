@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import oretrofit
-from oretrofit._provenance import sha256_file
+from oretrofit._files.provenance import sha256_file
 from oretrofit.demo_host.card import HOST_NAME
 from oretrofit.demo_host.evaluate import DATASETS
 from oretrofit.demo_host.inference import preset_of, recorded_preset

@@ -402,7 +402,7 @@ def test_weight_held_directly_by_a_module_is_uncovered() -> None:
 
 
 def test_carrier_presence_is_shared_only_for_the_same_unchanged_carrier() -> None:
-    from oretrofit._presence_memo import carrier_presence
+    from oretrofit._operators.presence_memo import carrier_presence
     h = torch.randn(2, 5, D)
     first = carrier_presence(h, 0.5)
     assert carrier_presence(h, 0.5) is first
@@ -421,7 +421,7 @@ def test_carrier_presence_is_shared_only_for_the_same_unchanged_carrier() -> Non
 def test_carrier_presence_keeps_its_two_forms_for_one_carrier(first_column: bool) -> None:
     """The (…) presences and the (…, 1) column of one carrier are made once each, the second a
     view of the first, and an in-place change to either invalidates both."""
-    from oretrofit._presence_memo import carrier_presence
+    from oretrofit._operators.presence_memo import carrier_presence
     h = torch.randn(2, 5, D)
     first = carrier_presence(h, 0.5, column=first_column)
     other = carrier_presence(h, 0.5, column=not first_column)
@@ -436,7 +436,7 @@ def test_carrier_presence_keeps_its_two_forms_for_one_carrier(first_column: bool
 
 
 def test_carrier_presence_is_computed_each_time_under_autograd_and_observers() -> None:
-    from oretrofit._presence_memo import carrier_presence
+    from oretrofit._operators.presence_memo import carrier_presence
     h = torch.randn(2, 5, D, requires_grad=True)
     assert carrier_presence(h, 0.5) is not carrier_presence(h, 0.5)
     seen: list[Tensor] = []

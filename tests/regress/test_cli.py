@@ -11,7 +11,7 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
-from oretrofit._provenance import portable
+from oretrofit._files.provenance import portable
 from oretrofit.cli.app import app
 from oretrofit.regress.reference import PAPER_DATASETS
 from oretrofit.tabpfn import write_random_checkpoint

@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 import torch
 
-from oretrofit._atomic import TEMP_SUFFIX
+from oretrofit._files.atomic import TEMP_SUFFIX
 from oretrofit.cli.app import main
 from oretrofit.regress import Matrix, ModelSettings, RunFolder, render, run_matrix
 from oretrofit.regress.data import DatasetUnavailable
@@ -375,7 +375,7 @@ def test_non_finite_predictions_are_refused_naming_the_cell(monkeypatch):
     import numpy as np
 
     import oretrofit.tabpfn
-    from oretrofit._registry import RetrofitError
+    from oretrofit._surgery.registry import RetrofitError
     from oretrofit.regress import ModelSettings
     from oretrofit.regress.runner import run_cell
     from oretrofit.regress.store import Cell

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from oretrofit._atomic import TEMP_SUFFIX, LinkedPath, atomic_file
+from oretrofit._files.atomic import TEMP_SUFFIX, LinkedPath, atomic_file
 from oretrofit.cli.app import app
 from oretrofit.regress import Matrix, ModelSettings, render, run_matrix
 from oretrofit.regress.data import MAX_FEATURES, DatasetUnavailable, load_dataset

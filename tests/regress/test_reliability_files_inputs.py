@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from oretrofit._atomic import TEMP_SUFFIX
+from oretrofit._files.atomic import TEMP_SUFFIX
 from oretrofit.regress.data import MAX_FEATURES, DatasetUnavailable, load_dataset
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from oretrofit._atomic import LinkedPath, TEMP_SUFFIX, scratch_folder, write_text_atomic
+from oretrofit._files.atomic import LinkedPath, TEMP_SUFFIX, scratch_folder, write_text_atomic
 from oretrofit.regress import Matrix, ModelSettings, render, run_matrix
 from oretrofit.regress.protocol import SplitProtocol
 from regress.test_reliability_files import _table

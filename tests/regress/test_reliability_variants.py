@@ -39,7 +39,7 @@ def _calibration(**change: Any) -> dict:
      "site_tau['te.col'] must be a positive finite number, got 'abc'"),
     ({"site_tau": [1]}, "site_tau must be an object"),
     ({"tau": "abc"}, "tau must be a positive finite number"),
-    ({"eps": None}, "eps must be a positive finite number"),
+    ({"eps": None}, "eps must be a finite number ≥ 0"),
     (_calibration(delta=None), "calibration record's delta must be a number in (0, 1)"),
     (_calibration(delta="abc"), "calibration record's delta must be a number in (0, 1)"),
     (_calibration(quantile=1.5), "calibration record's quantile must be a number in [0, 1)")])

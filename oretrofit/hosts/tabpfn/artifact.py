@@ -27,9 +27,9 @@ from typing import Any, Mapping
 
 import torch
 
-from ..._files import FileRefused, parse_json
-from ..._provenance import weights_digest
-from ..._registry import SPEC_VERSION, RetrofitError
+from ..._files.reading import FileRefused, parse_json
+from ..._files.provenance import weights_digest
+from ..._surgery.registry import SPEC_VERSION, RetrofitError
 from .checkpoints import check_checkpoint_name, checkpoint_sha256, load_checkpoint, save_atomic
 
 __all__ = ["ARTIFACT_KEY", "DIGEST_KEY", "write_patched_artifact", "read_patch_spec",

@@ -53,8 +53,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..._host import RetrofitError
-from ..._registry import Retrofit
+from ..._surgery.host import RetrofitError
+from ..._surgery.registry import Retrofit
 from . import forward_plan, reload
 from .checkpoints import build_model, load_checkpoint
 from .estimators import in_memory_specs, vendor_class

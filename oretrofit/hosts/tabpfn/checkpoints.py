@@ -9,7 +9,7 @@ borders are criterion state (``criterion.borders`` and ``criterion.losses_per_bu
 tabpfn loads them), from v3 the model's ``regression_borders``. Files written here also carry
 an ``oretrofit`` entry ``{"weights": "random" | ..., "size", "seed"}`` that tabpfn ignores.
 
-Loading reads regular files only (:func:`oretrofit._files.regular_file`: a FIFO or device is
+Loading reads regular files only (:func:`oretrofit._files.reading.regular_file`: a FIFO or device is
 refused unopened) and checks, before any model is built, that the architecture config holds
 only keys the version knows and describes the weights: the model is built on the meta device
 (no memory) and its tensor shapes compared with the checkpoint's.
@@ -31,10 +31,10 @@ from typing import Any, Iterator
 
 import torch
 
-from ..._atomic import atomic_file
-from ..._files import FileRefused, parse_json, regular_file
-from ..._provenance import cache_dir, sha256_file
-from ..._registry import RetrofitError
+from ..._files.atomic import atomic_file
+from ..._files.reading import FileRefused, parse_json, regular_file
+from ..._files.provenance import cache_dir, sha256_file
+from ..._surgery.registry import RetrofitError
 from . import releases
 
 # every path to a TabPFN model passes here: refuse an untested tabpfn before importing from it

@@ -22,9 +22,9 @@ from typing import Any, Callable, Mapping
 
 from torch import nn
 
-from ..._presence import TAU_RETROFIT
-from ..._provenance import cache_dir
-from ..._registry import ARMS, Retrofit, RetrofitError, apply_spec, read_spec, retrofit
+from ..._files.provenance import cache_dir
+from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
+from ..._surgery.registry import ARMS, Retrofit, RetrofitError, apply_spec, read_spec, retrofit
 from . import releases, reload
 from .artifact import ARTIFACT_KEY, read_patch_spec, write_patched_artifact
 from .checkpoints import (build_model, checkpoint_sha256, checkpoint_task, inference_config,
@@ -34,7 +34,7 @@ __all__ = ["make_regressor", "make_classifier", "estimator_from_checkpoint", "ve
            "vendor_defaults", "in_memory_specs", "spec_patch", "check_spec_checkpoint",
            "retrofit_estimator", "load_patched_regressor", "load_patched_classifier"]
 
-EPS = 1e-6                      # OAttention ε of make_regressor / make_classifier by default
+EPS = EPS_RETROFIT              # OAttention ε of make_regressor / make_classifier by default
 _OURS = ("arm", "tau", "eps", "site_tau", "spec")
 
 
@@ -219,7 +219,7 @@ def make_regressor(model_path: str | os.PathLike[str] | None, arm: str | None = 
         arm: ``full-o`` (the default without ``spec``), ``oa``, or ``base`` (unpatched; the
             Retrofit returned is None).
         tau, eps, site_tau: presence scale (default ``TAU_RETROFIT`` = 1e-8), OAttention ε
-            (default :data:`EPS`) and per-site τ (see :func:`oretrofit.retrofit`).
+            (default 0, the limit ε → 0⁺) and per-site τ (see :func:`oretrofit.retrofit`).
         spec: a patch spec (dict, or the path of its JSON: ``Retrofit.save_spec``,
             ``oretrofit calibrate --out``) applied with :func:`oretrofit.apply_spec` instead of
             arm/tau/eps/site_tau; leave those out (arm may repeat the spec's). A spec made for

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ..._host import RetrofitError
+from ..._surgery.host import RetrofitError
 from .padding import BlockInput, CellAndRowTokens, Extent, Layout, RecordedCall
 
 __all__ = ["ForwardCosts", "measured_costs", "groups", "cells"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..._host import Site, register_host
+from ..._surgery.host import Site, register_host
 from . import releases, versions
 
 __all__ = ["TabPFNHost"]

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..._host import RetrofitError
+from ..._surgery.host import RetrofitError
 from . import releases
 
 __all__ = ["RecordedCall", "Extent", "Layout", "CellAndRowTokens", "BlockInput", "BOUNDARIES",

@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
-from ..._host import RetrofitError
+from ..._surgery.host import RetrofitError
 
 __all__ = ["TESTED_RELEASES", "installed_version", "check_release", "require_tested_release",
            "model_specs", "load_model_kwargs", "save_safetensors", "ensure_config",

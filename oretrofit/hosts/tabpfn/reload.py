@@ -72,7 +72,7 @@ def embedded_spec(path: str | Path) -> dict[str, Any] | None:
 def _patched(path: Path, spec: dict[str, Any]) -> nn.Module:
     """The live model of ``path`` while it is retrofitted, else a fresh one of its weights
     with ``spec`` applied (registered as the live model)."""
-    from ..._registry import Retrofit, apply_spec
+    from ..._surgery.registry import Retrofit, apply_spec
     from .checkpoints import build_model, load_checkpoint
     with _LOCK:
         model = _LIVE.get(_key(path))

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..._host import Site
+from ..._surgery.host import Site
 from ..torch_nn import OMLPSite
 from .v3 import norms, patch, receiver_report
 

@@ -26,8 +26,8 @@ import inspect
 import torch
 from torch import Tensor
 
-from ..._patching import SiteConfig, site_config
-from ..._presence import presence
+from ..._surgery.patching import SiteConfig, site_config
+from ..._operators.presence import presence
 from . import releases
 from .v3_blocks import _o_attend, cached_presence_kv
 

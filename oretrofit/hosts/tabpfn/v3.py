@@ -38,9 +38,9 @@ from typing import Callable
 
 from torch import nn
 
-from ..._host import Site
-from ..._patching import SiteConfig, Undo, UndoAll, set_site
-from ..._presence import presence
+from ..._surgery.host import Site
+from ..._surgery.patching import SiteConfig, Undo, UndoAll, set_site
+from ..._operators.presence import presence
 from ..torch_nn import ONormSite, patch_all
 
 __all__ = ["sites", "stage_sites", "decoder_sites", "norms", "patch", "receiver_report"]

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..._host import Site
+from ..._surgery.host import Site
 from .v3 import decoder_sites, norms, patch, stage_sites
 
 __all__ = ["sites", "TASK_SITES"]

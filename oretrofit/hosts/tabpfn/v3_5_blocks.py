@@ -14,7 +14,7 @@ import functools
 from tabpfn.architectures import tabpfn_v3_5 as v3_5
 from torch import Tensor
 
-from ..._patching import site_config
+from ..._surgery.patching import site_config
 from .v3_blocks import OTabPFN, _ffn_branch
 
 __all__ = ["OPreHeadMLP", "OTabPFNV3p5"]

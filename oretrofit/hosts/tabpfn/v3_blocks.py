@@ -3,7 +3,7 @@
 see :mod:`oretrofit.hosts.tabpfn.releases`, and model version, see
 :mod:`oretrofit.hosts.tabpfn.versions`).
 
-Each mixin is swapped in by :func:`oretrofit._patching.set_site` as ``O<Block>(mixin, Block)``
+Each mixin is swapped in by :func:`oretrofit._surgery.patching.set_site` as ``O<Block>(mixin, Block)``
 and reads its per-site settings with :func:`site_config`; an unpatched site keeps the host's
 computation. Parameters, buffers and ``state_dict`` keys are never touched.
 
@@ -36,11 +36,11 @@ from tabpfn.architectures import tabpfn_v3 as v3
 from tabpfn.architectures.shared.chunked_evaluate import chunked_evaluate_maybe_inplace
 from torch import Tensor, nn
 
-from ..._attention import o_attention
-from ..._components import o_gate
-from ..._patching import SiteConfig, site_config
-from ..._presence import presence
-from ..._host import RetrofitError
+from ..._operators.attention import o_attention
+from ..._operators.components import o_gate
+from ..._surgery.patching import SiteConfig, site_config
+from ..._operators.presence import presence
+from ..._surgery.host import RetrofitError
 from . import releases
 
 __all__ = ["OCrossAttentionBlock", "OColumnBlock", "OICLBlock", "OManyClassDecoder", "OTabPFN",
@@ -197,7 +197,7 @@ class OICLBlock:
                 return_kv: bool = False, **backend: object) -> tuple[Tensor, object | None]:
         """``backend``: what the release passes besides (8.0.1: ``attention_backend``), handed
         unchanged to the unpatched attention, so a site left unpatched keeps the caller's
-        backend; the O path runs :func:`oretrofit._attention.o_attention`."""
+        backend; the O path runs :func:`oretrofit._operators.attention.o_attention`."""
         attn_cfg, ffn_cfg = site_config(self, "attn"), site_config(self, "ffn")
         kv_entry = None
         if attn_cfg is not None and cached_kv is not None:

@@ -36,7 +36,7 @@ from typing import Any
 
 from torch import nn
 
-from ..._host import RetrofitError, Site
+from ..._surgery.host import RetrofitError, Site
 from .releases import PER_FEATURE_REFUSAL, installed_version
 
 __all__ = ["ModelVersion", "VERSIONS", "version_of", "is_vendor_class", "supported",

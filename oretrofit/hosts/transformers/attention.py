@@ -51,9 +51,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..._attention import o_attention
-from ..._patching import PopAttribute, SiteConfig, Undo, o_subclass
-from ..._host import RetrofitError
+from ..._operators.attention import o_attention
+from ..._surgery.patching import PopAttribute, SiteConfig, Undo, o_subclass
+from ..._surgery.host import RetrofitError
 from ..torch_nn import patch_all
 from .indexer import selected_keys
 from .layouts import forward_source

@@ -19,8 +19,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..._host import Site
-from ..._patching import set_site
+from ..._surgery.host import Site
+from ..._surgery.patching import set_site
 from ..torch_nn import NORM, ONormSite
 from .gates import POSITION_TERMS, gate_patch_table, gate_position_term, gate_projection
 from .layouts import is_additive_table, is_norm, is_projection, token_mixers

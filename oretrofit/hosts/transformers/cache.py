@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..._host import RetrofitError
-from ..._patching import _import, _path
+from ..._surgery.host import RetrofitError
+from ..._surgery.patching import _import, _path
 
 __all__ = ["carrying_class", "carrying_classes", "carry_presences", "carry_presences_hook",
            "cache_of", "expect_keys", "UNSEEN", "UNCROPPABLE"]

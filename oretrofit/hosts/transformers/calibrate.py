@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..._calibrate import calibrate
+from ..._surgery.calibrate import calibrate
 
 __all__ = ["BUILTIN_TEXTS", "GIVEN_TEXTS", "DEFAULT_MAX_TOKENS", "builtin_texts", "token_cap",
            "text_batches", "calibrate_text"]

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..._host import RetrofitError
-from ..._patching import SiteConfig
-from ..._presence import presence
-from ..._presence_memo import carrier_presence
+from ..._surgery.host import RetrofitError
+from ..._surgery.patching import SiteConfig
+from ..._operators.presence import presence
+from ..._operators.presence_memo import carrier_presence
 from .cache import UNSEEN, cache_of, expect_keys
 
 __all__ = ["CarrierPresence", "by_name", "carrier_of"]

@@ -29,7 +29,7 @@ def _patched(model: nn.Module, arm: str, tau: float, spec: Mapping[str, Any] | N
              ) -> Iterator[Any]:
     """``model`` under ``spec`` (checked against it by :func:`oretrofit.apply_spec`), or under
     ``arm`` at ``tau``; reverted on exit."""
-    from ..._registry import apply_spec, retrofit
+    from ..._surgery.registry import apply_spec, retrofit
     applied = apply_spec(model, spec) if spec is not None else retrofit(model, arm, tau)
     try:
         yield applied

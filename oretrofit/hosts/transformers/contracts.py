@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..._host import RetrofitError
-from ..._registry import retrofitted
+from ..._surgery.host import RetrofitError
+from ..._surgery.registry import retrofitted
 from .backbones import layers
 from .inputs import GRIDS, PATCH_ROWS, accepts, example_inputs, zero_padded_inputs
 from .layouts import calls_attention_interface, computes_attention

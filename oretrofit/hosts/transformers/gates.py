@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..._components import o_gate, o_gate_column
-from ..._host import RetrofitError
-from ..._patching import SiteConfig, Undo, noop, set_site, site_config
-from ..._presence import presence
-from ..._presence_memo import carrier_presence
+from ..._operators.components import o_gate, o_gate_column
+from ..._surgery.host import RetrofitError
+from ..._surgery.patching import SiteConfig, Undo, noop, set_site, site_config
+from ..._operators.presence import presence
+from ..._operators.presence_memo import carrier_presence
 from ..torch_nn import ATTENTION, gated_linear, patch_all
 from .capture import CarrierPresence, carrier_of
 
@@ -87,7 +87,7 @@ def _gate(column: Tensor, y: Tensor, branch: nn.Module) -> Tensor:
 
 
 def gate_branch_output(column: Tensor, output: Any, branch: nn.Module) -> Any:
-    """ρτ (the column (B, N, 1) of :func:`~oretrofit._presence_memo.carrier_presence`) · branch
+    """ρτ (the column (B, N, 1) of :func:`~oretrofit._operators.presence_memo.carrier_presence`) · branch
     output; a tuple output (MoE blocks: hidden, router logits) gates its first."""
     if isinstance(output, tuple):
         return (_gate(column, output[0], branch), *output[1:])

@@ -38,9 +38,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..._attention import check_kernels
-from ..._patching import SiteConfig, Undo
-from ..._host import RetrofitError, Site, register_host
+from ..._operators.attention import check_kernels
+from ..._surgery.patching import SiteConfig, Undo
+from ..._surgery.host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, patch_all, uncovered_attention
 from .attention import attach_o_attention
 from .backbones import backbones, layer_lists, pretrained_models
@@ -77,7 +77,7 @@ def forget_structures() -> None:
 
 def prepare_kernels(model: nn.Module) -> None:
     """Check the attention kernels for ``model``'s device and dtype (its first floating
-    parameter's) now, outside any compiled call (:func:`oretrofit._attention.check_kernels`)."""
+    parameter's) now, outside any compiled call (:func:`oretrofit._operators.attention.check_kernels`)."""
     weight = next((p for p in model.parameters() if p.is_floating_point()), None)
     if weight is not None:
         check_kernels(weight.device, weight.dtype)

@@ -42,8 +42,8 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from ..._host import RetrofitError
-from ..._patching import Undo, noop, set_site, site_config
+from ..._surgery.host import RetrofitError
+from ..._surgery.patching import Undo, noop, set_site, site_config
 from ..torch_nn import ATTENTION
 from .capture import CarrierPresence
 

@@ -167,7 +167,7 @@ def _source_of(function: Callable) -> str:
 
 
 def _own_class(module: nn.Module) -> type:
-    """The module's class before a site swapped it (:func:`oretrofit._patching.set_site`)."""
+    """The module's class before a site swapped it (:func:`oretrofit._surgery.patching.set_site`)."""
     return module.__dict__.get("_oretrofit", {}).get("original_class", type(module))
 
 

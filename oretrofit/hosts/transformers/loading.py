@@ -11,7 +11,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from ..._files import check_folder_files, read_json
+from ..._files.reading import check_folder_files, read_json
 
 __all__ = ["from_pretrained"]
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..._host import RetrofitError, Site
-from ..._patching import SiteConfig, Undo, set_site, site_config
-from ..._presence import presence
+from ..._surgery.host import RetrofitError, Site
+from ..._surgery.patching import SiteConfig, Undo, set_site, site_config
+from ..._operators.presence import presence
 from ..torch_nn import ATTENTION, OMultiheadAttention
 from .layouts import is_attention_named, token_mixers
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..._host import RetrofitError
-from ..._patching import PopAttribute, Undo, noop
+from ..._surgery.host import RetrofitError
+from ..._surgery.patching import PopAttribute, Undo, noop
 from .loading import from_pretrained as load_offline
 
 __all__ = ["SPEC_FILE", "MARKER", "keep_spec_on_save", "from_pretrained"]
@@ -41,7 +41,7 @@ class SavePretrainedWithSpec:
         self.model = model
 
     def __call__(self, save_directory: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
-        from ..._registry import Retrofit
+        from ..._surgery.registry import Retrofit
         model = self.model
         state = kwargs.pop("state_dict", None) or model.state_dict()
         marker = torch.ones(1, device=next(iter(state.values())).device)
@@ -87,7 +87,7 @@ def from_pretrained(folder: str | os.PathLike[str], model_class: type | None = N
     retrofit: ``model_class.from_pretrained(folder, **kwargs)`` (default: the class its config
     names), then ``apply_spec`` with :data:`SPEC_FILE`. ``Retrofit.of(model)`` is the restored
     retrofit. Refuses a folder without a spec."""
-    from ..._registry import apply_spec
+    from ..._surgery.registry import apply_spec
     path = Path(folder)
     spec = path / SPEC_FILE
     if not spec.is_file():

@@ -11,11 +11,11 @@ architectures the host covers only from some admitted release on.
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any
 
-from ..._host import RetrofitError
+from ..._surgery.host import RetrofitError
+from ..._surgery.moved import moved_attribute
 
 __all__ = ["check_transformers", "transformers_version", "TESTED_RELEASES", "BLOCKED",
            "FIRST_MASK_INTERFACE", "SWEEP_RELEASE", "ROUTES_FROM", "supported_range",
@@ -279,14 +279,7 @@ def check_transformers() -> None:
         f'pip install "{requirement()}"')
 
 
-# Names this module held before the presence capture and the gates moved out (issue 54): a
-# retrofitted model pickled then names them here, and loads through their new modules.
-_MOVED_OUT = {"CarrierPresence": ".capture", "OGatedBias": ".gates", "_BranchGate": ".gates",
-              "_TableGate": ".gates"}
-
-
 def __getattr__(name: str) -> Any:
-    """A name that moved out of this module (:data:`_MOVED_OUT`), for pickles written before."""
-    if name not in _MOVED_OUT:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_MOVED_OUT[name], __package__), name)
+    """A name that moved out of this module, for pickles written before
+    (:data:`oretrofit._surgery.moved.MOVED`)."""
+    return moved_attribute(__name__, name)

@@ -21,20 +21,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..._atomic import write_text_atomic
-from ..._markdown import pipe_table
-from ..._provenance import environment, portable, sha256_file, write_json_atomic
-from ..._registry import retrofitted
+from ..._files.atomic import write_text_atomic
+from ..._files.markdown import pipe_table
+from ..._files.provenance import environment, portable, sha256_file, write_json_atomic
+from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
+from ..._surgery.registry import retrofitted
 from .inputs import zero_padded_inputs
 
-__all__ = ["TAU", "EPS", "SENTENCES", "PROMPTS", "load_minilm", "load_smollm2", "sentence_embeddings",
+__all__ = ["TAU", "EPS", "PAPER_EPS", "SENTENCES", "PROMPTS", "CHAT_PROMPTS", "chat_text",
+           "load_minilm", "load_smollm2", "sentence_embeddings",
            "embedding_cosines", "greedy_and_logits", "null_insertion", "padding_deltas",
            "forward_time_ratio", "run", "main"]
 
-TAU = 1e-8
-# ε → 0 with τ → 0: a row whose total mass Σ_j e^{s_ij} is tiny (a causal model's first token sees
-# only itself) keeps weight e^s / (ε + e^s) instead of softmax's 1, so ε must be ≪ e^{max_j s_ij}.
-EPS = 1e-12
+# the library's defaults, what a user gets with no τ or ε given (ε = 0: the limit ε → 0⁺)
+TAU, EPS = TAU_RETROFIT, EPS_RETROFIT
+# the paper's ε of its trained modules, measured beside the defaults: on SmolLM2 it silences heads
+PAPER_EPS = 1e-6
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SENTENCES = [
     "A man is playing a guitar on the street.",
@@ -71,6 +73,10 @@ SENTENCES = [
     "He solved the puzzle in less than a minute.",
 ]
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]
+# asked through the model's chat template, as a chat model's users ask
+CHAT_PROMPTS = ["What is the capital of France?", "Write a haiku about rain.",
+                "How do I reverse a list in Python?", "Name three primary colors.",
+                "Why is the sky blue?", "Give me a synonym for happy."]
 
 
 def minilm_path() -> Path:
@@ -126,6 +132,12 @@ def embedding_cosines(model: nn.Module, tokenizer: Any, sentences: Sequence[str]
     with retrofitted(model, arm, tau, eps=eps):
         patched = sentence_embeddings(model, tokenizer, sentences)
     return (patched * reference).sum(-1)
+
+
+def chat_text(tokenizer: Any, prompt: str) -> str:
+    """``prompt`` as one user turn in the tokenizer's chat template, ready for the answer."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
 
 
 @torch.no_grad()
@@ -245,20 +257,20 @@ def _smollm2_section(new_tokens: int) -> dict[str, Any]:
     gguf = smollm2_dir() / SMOLLM2_GGUF
     section: dict[str, Any] = {"checkpoint": portable(gguf), "sha256": sha256_file(gguf),
                                "greedy": {}}
-    reference = [greedy_and_logits(model, tokenizer, p, new_tokens) for p in PROMPTS]
-    for arm in ("oa", "full-o"):
-        with retrofitted(model, arm, TAU, eps=EPS):
-            patched = [greedy_and_logits(model, tokenizer, p, new_tokens) for p in PROMPTS]
-        section["greedy"][arm] = {
+    texts = PROMPTS + [chat_text(tokenizer, p) for p in CHAT_PROMPTS]
+    reference = [greedy_and_logits(model, tokenizer, t, new_tokens) for t in texts]
+    for label, arm, eps in (("oa", "oa", EPS), ("full-o", "full-o", EPS),
+                            (f"oa, ε = {PAPER_EPS:g}", "oa", PAPER_EPS)):
+        with retrofitted(model, arm, TAU, eps=eps):
+            patched = [greedy_and_logits(model, tokenizer, t, new_tokens) for t in texts]
+        section["greedy"][label] = {
             "same_continuation": all(a[0] == b[0] for a, b in zip(reference, patched)),
+            "changed_continuations": sum(a[0] != b[0] for a, b in zip(reference, patched)),
             "logits_max_delta": max((a[1] - b[1]).abs().max().item()
                                     for a, b in zip(reference, patched)),
             "logits_max_abs": max(a[1].abs().max().item() for a in reference)}
+    section["prompts"] = len(texts)
     section["continuations"] = [tokenizer.decode(r[0]) for r in reference]
-    with torch.no_grad(), retrofitted(model, "oa", TAU, eps=1e-6):
-        section["logits_max_delta_eps_1e-6"] = max(
-            (model(tokenizer(p, return_tensors="pt")["input_ids"]).logits[0] - r[1]).abs().max()
-            .item() for p, r in zip(PROMPTS, reference))
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
     section.update(_insertion_and_padding(model, torch.tensor([ids[2]]), ids, "left",
                                           logits_readout))
@@ -269,16 +281,19 @@ def markdown(report: dict[str, Any]) -> str:
     """The README table of a report."""
     m, s = report["minilm"], report["smollm2"]
     g = lambda x: f"{x:.3g}"                                                   # noqa: E731
+    greedy = s["greedy"]
+    paper = greedy[f"oa, ε = {PAPER_EPS:g}"]
     rows = [
-        ["τ→0, `oa`", f"min cosine {m['min_cosine']['oa']:.7f} over {m['sentences']} sentences",
-         f"same greedy continuation: {s['greedy']['oa']['same_continuation']}, "
-         f"max \\|Δlogit\\| {g(s['greedy']['oa']['logits_max_delta'])}"],
-        ["τ→0, `full-o`", f"min cosine {m['min_cosine']['full-o']:.7f}",
-         f"same greedy continuation: {s['greedy']['full-o']['same_continuation']}, "
-         f"max \\|Δlogit\\| {g(s['greedy']['full-o']['logits_max_delta'])} "
-         f"(logits up to {g(s['greedy']['full-o']['logits_max_abs'])})"],
-        ["`oa` with ε = 1e-6 instead", "–",
-         f"max \\|Δlogit\\| {g(s['logits_max_delta_eps_1e-6'])}"],
+        ["defaults, `oa`", f"min cosine {m['min_cosine']['oa']:.7f} over {m['sentences']} sentences",
+         f"greedy continuations changed: {greedy['oa']['changed_continuations']} of "
+         f"{s['prompts']}, max \\|Δlogit\\| {g(greedy['oa']['logits_max_delta'])}"],
+        ["defaults, `full-o`", f"min cosine {m['min_cosine']['full-o']:.7f}",
+         f"greedy continuations changed: {greedy['full-o']['changed_continuations']} of "
+         f"{s['prompts']}, max \\|Δlogit\\| {g(greedy['full-o']['logits_max_delta'])} "
+         f"(logits up to {g(greedy['full-o']['logits_max_abs'])})"],
+        [f"`oa` with the paper's ε = {PAPER_EPS:g} instead", "–",
+         f"greedy continuations changed: {paper['changed_continuations']} of {s['prompts']}, "
+         f"max \\|Δlogit\\| {g(paper['logits_max_delta'])}"],
     ]
     for where in ("end", "middle"):
         for label in ("full-o", "unpatched"):
@@ -307,7 +322,7 @@ def run(out: Path, new_tokens: int = 16) -> dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
     start = time.perf_counter()
-    report = {"schema_version": 1, "tau": TAU, "eps": EPS, "minilm": _minilm_section(SENTENCES),
+    report = {"schema_version": 2, "tau": TAU, "eps": EPS, "minilm": _minilm_section(SENTENCES),
               "smollm2": _smollm2_section(new_tokens)}
     report["seconds"] = time.perf_counter() - start
     report["environment"] = environment("cpu")

@@ -11,7 +11,7 @@ module runs, a :class:`~torch.overrides.TorchFunctionMode` answers that one call
 
     out_i = p_i Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij})
 
-(eq. 7, :func:`oretrofit._attention.o_attention`), m_ij the SDPA relation (``is_causal`` without
+(eq. 7, :func:`oretrofit._operators.attention.o_attention`), m_ij the SDPA relation (``is_causal`` without
 a mask: the top-left lower triangle, as SDPA reads it). Running the eager base class instead
 (the softmax route) would be wrong here: 4.x models build their masks per implementation
 (``_update_causal_mask``, ``_prepare_4d_attention_mask_for_sdpa``) and leave out the mask SDPA
@@ -32,9 +32,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..._attention import o_attention
-from ..._host import RetrofitError
-from ..._patching import SiteConfig, Undo, site_config
+from ..._operators.attention import o_attention
+from ..._surgery.host import RetrofitError
+from ..._surgery.patching import SiteConfig, Undo, site_config
 from ..torch_nn import ATTENTION
 from .layouts import eager_class
 from .softmax_route import SoftmaxCarrier, attach_carrier

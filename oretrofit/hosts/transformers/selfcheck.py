@@ -10,9 +10,9 @@ architecture in a process); one fails: :class:`RetrofitError` naming the contrac
 and the ``pip install`` of the tested range.
 
 The result is kept per (model class, attention implementation, transformers release, oretrofit
-version) in memory and on disk, ``<cache>/selfcheck/*.json`` (:func:`oretrofit._provenance.
+version) in memory and on disk, ``<cache>/selfcheck/*.json`` (:func:`oretrofit._files.provenance.
 cache_dir`: ``$ORETROFIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/oretrofit``), written whole
-(:mod:`oretrofit._atomic`), so it is measured once; a record that cannot be read is measured
+(:mod:`oretrofit._files.atomic`), so it is measured once; a record that cannot be read is measured
 again. A check that cannot run (no tiny model builds, or its forward raises) refuses and is not
 kept.
 """
@@ -27,9 +27,9 @@ from typing import Any
 
 from torch import nn
 
-from ..._files import FileRefused, read_json
-from ..._host import RetrofitError
-from ..._provenance import cache_dir, write_json_atomic
+from ..._files.reading import FileRefused, read_json
+from ..._surgery.host import RetrofitError
+from ..._files.provenance import cache_dir, write_json_atomic
 from ..._version import __version__
 from .backbones import pretrained_models
 from .check import check

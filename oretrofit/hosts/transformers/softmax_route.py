@@ -10,7 +10,7 @@ the mask are already inside), followed by code linear in the weights (dropout, h
 
     w_ij = p_i · p_j e^{s_ij} / (ε + Σ_t p_t e^{s_it})
 
-(eq. 6's weights :func:`oretrofit._attention.o_weights`, the reference path's, times p_i), so that
+(eq. 6's weights :func:`oretrofit._operators.attention.o_weights`, the reference path's, times p_i), so that
 ``w @ v`` is ``p_i Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})``: OAttention (eq. 7) whatever
 the surrounding code, the receiver gate p_i folded into the weights' rows. Dropout on the weights
 in ``train()`` mode is the host's own code after the softmax and stays as it is. The output
@@ -44,10 +44,10 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from ..._attention import o_weights
-from ..._host import RetrofitError
-from ..._patching import SiteConfig, Undo, noop, o_subclass, set_site, site_config
-from ..._presence import compute_dtype
+from ..._operators.attention import o_weights
+from ..._surgery.host import RetrofitError
+from ..._surgery.patching import SiteConfig, Undo, noop, o_subclass, set_site, site_config
+from ..._kernels.dtypes import compute_dtype
 from ..torch_nn import ATTENTION, patch_all
 from .layouts import eager_class, forward_source as _source
 from .capture import CarrierPresence, by_name

@@ -36,9 +36,9 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from ..._host import RetrofitError
-from ..._patching import SiteConfig, Undo
-from ..._presence_memo import carrier_presence
+from ..._surgery.host import RetrofitError
+from ..._surgery.patching import SiteConfig, Undo
+from ..._operators.presence_memo import carrier_presence
 from ..torch_nn import patch_all
 from .layouts import is_norm_named, is_qk_norm
 from .capture import carrier_of

@@ -68,4 +68,4 @@ def test_an_older_release_is_refused_before_tabpfn_is_imported():
                           capture_output=True, text=True)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(
-        "oretrofit._host.RetrofitError: tabpfn 2.2.1 is older than the TabPFN host supports")
+        "oretrofit._surgery.host.RetrofitError: tabpfn 2.2.1 is older than the TabPFN host supports")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from oretrofit._registry import RetrofitError
+from oretrofit._surgery.registry import RetrofitError
 from oretrofit.hosts.tabpfn.checkpoints import load_checkpoint, resolve_model_path
 
 

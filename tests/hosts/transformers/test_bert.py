@@ -96,8 +96,8 @@ def test_cross_attention_takes_source_presences_from_the_encoder_output() -> Non
 def test_minilm_tau_to_zero_cosines(minilm: tuple) -> None:
     model, tokenizer = minilm
     for arm in ("oa", "full-o"):
-        cosines = embedding_cosines(model, tokenizer, SENTENCES, arm)
-        assert len(cosines) == 32 and cosines.min() >= 0.99999
+        cosines = embedding_cosines(model, tokenizer, SENTENCES, arm)       # the defaults
+        assert len(cosines) == 32 and cosines.min() >= 0.999999
 
 
 def test_minilm_null_insertion_exact_under_full_o(minilm: tuple) -> None:

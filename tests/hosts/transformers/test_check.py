@@ -29,7 +29,7 @@ def test_every_contract_holds_on_a_covered_model_and_it_is_left_as_given():
     assert summary["padding_max_delta"] is not None
     assert summary["padding_max_delta"] <= checks.LIMITS["padding"]
     assert model.config._attn_implementation == implementation
-    assert not [m for m in model.modules() if type(m).__module__ == "oretrofit._patching"]
+    assert not [m for m in model.modules() if type(m).__module__ == "oretrofit._surgery.patching"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 

@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters  # noqa: E402
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from oretrofit import retrofitted  # noqa: E402
-from oretrofit import _attention_kernels as kernels  # noqa: E402
+from oretrofit._kernels import lse as kernels  # noqa: E402
 
 DEEP = 9            # above Dynamo's recompile limit (8): a per-layer recompile would hit it
 IDS = torch.tensor([[5, 6, 7, 8]])

@@ -13,8 +13,8 @@ import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from oretrofit import RetrofitError, retrofitted  # noqa: E402
-from oretrofit._patching import SiteConfig  # noqa: E402
-from oretrofit._presence import presence  # noqa: E402
+from oretrofit._surgery.patching import SiteConfig  # noqa: E402
+from oretrofit._operators.presence import presence  # noqa: E402
 from hosts.transformers import zoo  # noqa: E402
 from oretrofit.hosts.transformers.backbones import layers  # noqa: E402
 from oretrofit.hosts.transformers.gates import gate_branch_output  # noqa: E402

@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
-from oretrofit._presence import presence  # noqa: E402
+from oretrofit._operators.presence import presence  # noqa: E402
 from hosts.transformers import zoo  # noqa: E402
 from oretrofit.hosts.transformers.contracts import strict_load  # noqa: E402
 

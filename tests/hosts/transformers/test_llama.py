@@ -14,8 +14,9 @@ from transformers import (AttentionInterface, DynamicCache, LlamaConfig,  # noqa
                           LlamaForCausalLM, LlamaModel)
 
 from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
-from oretrofit.hosts.transformers.report import (EPS, PROMPTS, TAU, greedy_and_logits,  # noqa: E402
-                                    load_smollm2, logits_readout, null_insertion, padding_deltas)
+from oretrofit.hosts.transformers.report import (  # noqa: E402
+    CHAT_PROMPTS, EPS, PAPER_EPS, PROMPTS, TAU, chat_text, greedy_and_logits, load_smollm2,
+    logits_readout, null_insertion, padding_deltas)
 
 # the KV cache argument: ``cache`` from transformers 5.24, ``past_key_values`` before
 CACHE = ("cache" if "cache" in inspect.signature(LlamaModel.forward).parameters
@@ -139,15 +140,22 @@ def test_cache_filled_before_patching_is_refused() -> None:
             model(ids[:, 4:], **{CACHE: cache}, use_cache=True)
 
 
-def test_smollm2_greedy_and_logits_unchanged(smollm2: tuple) -> None:
+def test_smollm2_defaults_keep_chat_answers(smollm2: tuple) -> None:
+    """No τ or ε given: the answers of the real chat model, asked through its chat template, are
+    the unpatched model's (the paper's ε = 1e-6 changes the first one: its heads go silent)."""
     model, tokenizer = smollm2
     assert model.config.num_attention_heads == 9 and model.config.num_key_value_heads == 3
-    tokens, logits = greedy_and_logits(model, tokenizer, PROMPTS[0], 8)
+    texts = [PROMPTS[0]] + [chat_text(tokenizer, p) for p in CHAT_PROMPTS[:3]]
+    reference = [greedy_and_logits(model, tokenizer, t, 8) for t in texts]
     for arm in ("oa", "full-o"):
-        with retrofitted(model, arm, TAU, eps=EPS):
-            patched_tokens, patched_logits = greedy_and_logits(model, tokenizer, PROMPTS[0], 8)
-        assert patched_tokens == tokens
-        torch.testing.assert_close(patched_logits, logits, atol=1e-3, rtol=1e-4)
+        with retrofitted(model, arm):
+            patched = [greedy_and_logits(model, tokenizer, t, 8) for t in texts]
+        for (tokens, logits), (patched_tokens, patched_logits) in zip(reference, patched):
+            assert patched_tokens == tokens
+            torch.testing.assert_close(patched_logits, logits, atol=1e-3, rtol=0)
+    with retrofitted(model, "oa", eps=PAPER_EPS):
+        tokens, logits = greedy_and_logits(model, tokenizer, texts[1], 8)
+    assert tokens != reference[1][0] and (logits - reference[1][1]).abs().max() > 1
 
 
 def test_smollm2_null_insertion_and_padding(smollm2: tuple) -> None:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from oretrofit import RetrofitError
-from oretrofit._patching import SiteConfig
+from oretrofit._surgery.patching import SiteConfig
 from oretrofit.hosts.transformers.attention import _STATE, o_attention_function
 from oretrofit.hosts.transformers.capture import CarrierPresence
 

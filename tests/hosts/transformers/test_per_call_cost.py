@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from oretrofit import retrofitted  # noqa: E402
-from oretrofit import _presence_memo as presence_memo  # noqa: E402
+from oretrofit._operators import presence_memo  # noqa: E402
 
 LAYERS = 3
 TAU = 1e-2          # large enough that ρτ differs from 1, so a stale or misplaced one would show

@@ -108,7 +108,7 @@ def test_a_model_whose_tiny_copy_breaks_a_contract_is_refused_naming_it(monkeypa
     assert "BertModel fails the self-check there" in message
     assert "τ→0 agreement (oa: relative difference 0.25 > 0.0001)" in message
     assert message.endswith(f'pip install "{releases.requirement()}"')
-    assert not [m for m in model.modules() if type(m).__module__ == "oretrofit._patching"]
+    assert not [m for m in model.modules() if type(m).__module__ == "oretrofit._surgery.patching"]
     monkeypatch.setattr(checks, "agreement", measured)       # the record keeps the verdict
     with pytest.raises(RetrofitError, match="fails the self-check"):
         retrofit(model, "oa")

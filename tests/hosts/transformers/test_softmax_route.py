@@ -14,8 +14,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from oretrofit import RetrofitError, retrofitted  # noqa: E402
-from oretrofit._attention import o_attention_reference  # noqa: E402
-from oretrofit._patching import SiteConfig  # noqa: E402
+from oretrofit._operators.attention import o_attention_reference  # noqa: E402
+from oretrofit._surgery.patching import SiteConfig  # noqa: E402
 from oretrofit.hosts.transformers.contracts import agreement  # noqa: E402
 from oretrofit.hosts.transformers.softmax_route import (SoftmaxCarrier, _SoftmaxSwap,  # noqa: E402
                                                         presence_softmax)

@@ -395,7 +395,7 @@ def describe(arch: Architecture) -> dict[str, Any]:
     """What the host derives for ``arch``: model class, layouts, sites per kind (``full-o``) and
     where null insertion happens (the row's ``insertion``, which test_architectures checks
     :func:`oretrofit.hosts.transformers.contracts.null_insertion` measures)."""
-    from oretrofit._registry import plan_retrofit
+    from oretrofit._surgery.registry import plan_retrofit
     from oretrofit.hosts.transformers.backbones import layers
     from oretrofit.hosts.transformers.layouts import layout_of
     model = build(arch)
@@ -411,7 +411,7 @@ def describe(arch: Architecture) -> dict[str, Any]:
 
 def refusal(arch: Architecture) -> str:
     """The :class:`RetrofitError` message the host gives for a refused architecture."""
-    from oretrofit._registry import RetrofitError, plan_retrofit
+    from oretrofit._surgery.registry import RetrofitError, plan_retrofit
     try:
         plan_retrofit(build(arch), "full-o")
     except RetrofitError as error:
@@ -434,7 +434,7 @@ def refusal_on_call(arch: Architecture) -> str:
 
 def architectures_table() -> str:
     """The supported / refused architecture tables of ``docs/transformers.md``."""
-    from oretrofit._markdown import pipe_table
+    from oretrofit._files.markdown import pipe_table
     rows = []
     from oretrofit.hosts.transformers.releases import TESTED_RELEASES, covered_from
     for arch in ARCHITECTURES:
@@ -471,7 +471,7 @@ _TRACED = ("read from the layer's call: the input of the norm the MLP reads (pre
 
 def layouts_table() -> str:
     """The built-in rows of :data:`LAYOUTS`, in the order they are tried."""
-    from oretrofit._markdown import pipe_table
+    from oretrofit._files.markdown import pipe_table
     from oretrofit.hosts.transformers.layouts import LAYOUTS
     code = lambda paths: " / ".join(f"`{p}`" if p else "the layer" for p in paths) or "–"  # noqa: E731
     return pipe_table(["layout", "examples", "FFN branch", "its carrier enters", "cross-attention "

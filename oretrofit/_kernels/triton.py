@@ -1,0 +1,455 @@
+"""OAttention as one fused Triton kernel pair: the half-precision CUDA route.
+
+q, k and v stay in their dtype (bf16, fp16; fp32 and fp64 too, for the tests); the softmax
+statistics are fp32. With ``t_ij = s_ij + b_ij + log p_j`` (``s_ij = scale·q_i·k_j``, or
+``c·tanh(scale·q_i·k_j / c)`` with a softcap ``c``; ``b_ij`` the caller's finite bias; a masked or
+null source gets ``_NULL_LOGIT``), the forward keeps per query row a running maximum ``m_i`` and
+sum ``l_i`` that *start as the ε sink* (``m_i = log ε``, ``l_i = 1``: the sink is a key of score
+``log ε`` and value 0), so that after the last key block
+
+    l_i e^{m_i} = ε + Σ_j e^{t_ij},    acc_i e^{m_i} = Σ_j δ_ij e^{t_ij} v_j,
+    out_i = p_i · acc_i / l_i,         lse_i = m_i + log l_i = log(ε + Z_i),
+
+``δ_ij`` the attention-weight dropout (``ξ_ij / (1 − dropout_p)``, ``ξ`` from Philox on the
+kernel's seed; 1 without dropout; ``log ε`` is ``sink_logit(ε)``, finite for ε = 0). Empty support
+keeps ``m_i = log ε`` and every ``e^{t − m}`` is exactly 0: an exact zero row, with no special case. A null receiver (``p_i = 0``) emits an exact 0.
+
+Backward, from the kernel's own quantities, with ``W_ij = e^{t_ij − lse_i}`` (eq. 6's weight):
+``out_i = p_i Σ_j δ_ij W_ij v_j``, ``∂W_ij/∂t_il = W_ij (1[j=l] − W_il)`` (ε is a constant), so
+
+    dS_ij = ∂loss/∂t_ij = W_ij (p_i δ_ij dO_i·v_j − D_i),     D_i = dO_i·out_i,
+    dq_i = scale Σ_j dS′_ij k_j,   dk_j = scale Σ_i dS′_ij q_i,   dv_j = Σ_i p_i δ_ij W_ij dO_i,
+    ∂/∂p_i = dO_i·Σ_j δ_ij W_ij v_j,     ∂/∂p_j = Σ_i dS_ij / p_j,
+
+``dS′ = dS ⊙ (1 − (s/c)²)`` under a softcap (``dS`` without). No division by ``p_i`` appears, so
+null receivers need no special case; a null source has ``W = 0`` and gradient 0, as on the
+reference path. The dq kernel (one program per query block and head) also stores ``D`` and the
+presence row-dot ``dO_i·o″_i``; the dk/dv kernel (one per key block and KV head, looping over the
+heads of its group: GQA without repeated k/v) stores the column sums ``Σ_i dS_ij`` per query head.
+
+Masks: ``visible`` (bool) and ``bias`` (float) are read tile by tile through broadcast strides
+(stride 0 on a broadcast axis), so a ``(B, 1, 1, Nk)`` padding mask costs one row per tile and no
+``(Nq, Nk)`` tensor is built for it.
+
+``TRITON_INTERPRET=1`` runs these kernels on CPU tensors (the tests). Triton's interpreter
+computes bf16 matrix products wrongly (numpy has no bf16), so under it the tiles are upcast to
+fp32 before ``tl.dot`` (the only difference from the GPU code).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .lse import _NULL_LOGIT, _NULL_LSE, sink_logit
+
+__all__ = ["o_attention_triton", "dropout_keep"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Tile sizes: (query rows, key columns). Small under the interpreter (it runs tiles in numpy).
+_BLOCKS = (16, 16) if _INTERPRET else (64, 64)
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """``a @ b`` accumulated in fp32; ``IEEE``: full fp32 products (no TF32) for fp32 inputs."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh, smq, sbb, sbh, sbq):
+    """Pointers to head ``h``'s key logits and to the mask and bias rows of queries ``m_idx``."""
+    return (LOGP + b * slb + h * slh, VIS + b * smb + h * smh + m_idx * smq,
+            BIAS + b * sbb + h * sbh + m_idx * sbq)
+
+
+@triton.jit
+def _tile_scores(q, k_head, start, d_idx, d_ok, skn, skd, logp_row, vis_row, bias_row, m_idx,
+                 m_ok, NK,
+                 scale, softcap, smk, sbk, BN: tl.constexpr,
+                 HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                 UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """``(t, s, n_idx, n_ok)`` of the tile of queries ``m_idx`` × keys ``start…start+BN`` of
+    the KV head at ``k_head``: ``t = s + b + log p_j`` (masked and padded keys at
+    ``_NULL_LOGIT``), ``s`` the (capped) score, both fp32 ``(BM, BN)``; the row pointers as
+    :func:`_row_pointers` gives them."""
+    n_idx = start + tl.arange(0, BN)
+    n_ok = n_idx < NK
+    kt = tl.load(k_head + n_idx[None, :] * skn + d_idx[:, None] * skd,
+                 mask=n_ok[None, :] & d_ok[:, None], other=0.0)              # (BD, BN)
+    if UPCAST:
+        kt = kt.to(tl.float32)
+    raw = _dot(q, kt, IEEE) * scale
+    s = raw
+    if HAS_SOFTCAP:
+        s = softcap * (2.0 * tl.sigmoid(2.0 * raw / softcap) - 1.0)            # c·tanh(raw / c)
+    logp = tl.load(logp_row + n_idx, mask=n_ok, other=-1e30)
+    t = s + logp[None, :]
+    ok = m_ok[:, None] & n_ok[None, :]
+    if HAS_BIAS:
+        t += tl.load(bias_row[:, None] + n_idx[None, :] * sbk, mask=ok, other=0.0).to(tl.float32)
+    if HAS_VIS:
+        vis = tl.load(vis_row[:, None] + n_idx[None, :] * smk, mask=ok, other=0)
+        t = tl.where(vis != 0, t, -1e30)
+    t = tl.where(n_ok[None, :], t, -1e30)
+    return t, s, n_idx, n_ok
+
+
+@triton.jit
+def _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT: tl.constexpr):
+    """δ of a tile: ``ξ / (1 − dropout_p)`` with ``ξ ~ Bernoulli(1 − dropout_p)`` from Philox at
+    offset ``(bh·Nq + i)·Nk + j`` (the same numbers in the forward and the backward)."""
+    if HAS_DROPOUT:
+        offsets = (bh.to(tl.int64) * NQ + m_idx[:, None].to(tl.int64)) * NK + n_idx[None, :]
+        keep = tl.rand(seed, offsets) >= dropout_p
+        return tl.where(keep, 1.0 / (1.0 - dropout_p), 0.0)
+    return 1.0
+
+
+@triton.jit
+def _query_block(bh, H, GROUP, NQ, D, BM: tl.constexpr, BD: tl.constexpr):
+    """``(b, h, hk, m_idx, d_idx, m_ok, d_ok)`` of this program's query block: batch, query
+    head, its KV head, the query rows and head columns and which of them exist."""
+    b, h = bh // H, bh % H
+    m_idx = tl.program_id(0) * BM + tl.arange(0, BM)
+    d_idx = tl.arange(0, BD)
+    return b, h, h // GROUP, m_idx, d_idx, m_idx < NQ, d_idx < D
+
+
+@triton.jit
+def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
+                    sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                    slb, slh, sln, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
+                    sob, soh, son, sod,
+                    H, GROUP, NQ, NK, D, scale, log_eps, softcap, dropout_p, seed,
+                    HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    bh = tl.program_id(1)
+    b, h, hk, m_idx, d_idx, m_ok, d_ok = _query_block(bh, H, GROUP, NQ, D, BM, BD)
+    q = tl.load(Q + b * sqb + h * sqh + m_idx[:, None] * sqn + d_idx[None, :] * sqd,
+                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh,
+                                                smq, sbb, sbh, sbq)
+    m_i = tl.zeros([BM], dtype=tl.float32) + log_eps                     # the ε sink
+    l_i = tl.zeros([BM], dtype=tl.float32) + 1.0
+    acc = tl.zeros([BM, BD], dtype=tl.float32)
+    for start in range(0, NK, BN):
+        t, s, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
+                                         logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
+                                         softcap, smk, sbk, BN,
+                                         HAS_VIS, HAS_BIAS, HAS_SOFTCAP, UPCAST, IEEE)
+        m_new = tl.maximum(m_i, tl.max(t, 1))
+        alpha = tl.exp(m_i - m_new)
+        w = tl.exp(t - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(w, 1)
+        w = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
+        v = tl.load(V + b * svb + hk * svh + n_idx[:, None] * svn + d_idx[None, :] * svd,
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + _dot(w.to(v.dtype), v, IEEE)
+        m_i = m_new
+    p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
+    out = acc * (p_i / l_i)[:, None]
+    tl.store(OUT + b * sob + h * soh + m_idx[:, None] * son + d_idx[None, :] * sod,
+             out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + bh * NQ + m_idx, m_i + tl.log(l_i), mask=m_ok)
+
+
+@triton.jit
+def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, ROWDOT,
+                        sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                        slb, slh, sln, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
+                        H, GROUP, NQ, NK, D, scale, softcap, dropout_p, seed,
+                        HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                        HAS_DROPOUT: tl.constexpr, NEED_ROWDOT: tl.constexpr,
+                        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+                        BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    """dq, ``D_i = dO_i·out_i`` and (``NEED_ROWDOT``) ``dO_i·Σ_j δ W v`` of one query block.
+    OUT, DO and DQ are laid out like q (its strides ``sq*``)."""
+    bh = tl.program_id(1)
+    b, h, hk, m_idx, d_idx, m_ok, d_ok = _query_block(bh, H, GROUP, NQ, D, BM, BD)
+    rows = m_idx[:, None] * sqn + d_idx[None, :] * sqd
+    row_mask = m_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
+    d_o = tl.load(DO + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
+    out = tl.load(OUT + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
+    delta = tl.sum(d_o.to(tl.float32) * out.to(tl.float32), 1)
+    tl.store(DELTA + bh * NQ + m_idx, delta, mask=m_ok)
+    if UPCAST:
+        q, d_o = q.to(tl.float32), d_o.to(tl.float32)
+    lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
+    p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
+    logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh,
+                                                smq, sbb, sbh, sbq)
+    dq = tl.zeros([BM, BD], dtype=tl.float32)
+    o_free = tl.zeros([BM, BD], dtype=tl.float32)
+    for start in range(0, NK, BN):
+        t, s, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
+                                         logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
+                                         softcap, smk, sbk, BN,
+                                         HAS_VIS, HAS_BIAS, HAS_SOFTCAP, UPCAST, IEEE)
+        w = tl.exp(t - lse[:, None])
+        delta_keep = _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
+        vt = tl.load(V + b * svb + hk * svh + n_idx[None, :] * svn + d_idx[:, None] * svd,
+                     mask=n_ok[None, :] & d_ok[:, None], other=0.0)          # (BD, BN)
+        k = tl.load(K + b * skb + hk * skh + n_idx[:, None] * skn + d_idx[None, :] * skd,
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)           # (BN, BD)
+        if UPCAST:
+            vt, k = vt.to(tl.float32), k.to(tl.float32)
+        dov = _dot(d_o, vt, IEEE)
+        ds = w * (p_i[:, None] * delta_keep * dov - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - (s / softcap) * (s / softcap))
+        dq += _dot(ds.to(k.dtype), k, IEEE)
+        if NEED_ROWDOT:
+            o_free += _dot((w * delta_keep).to(vt.dtype), tl.trans(vt), IEEE)
+    tl.store(DQ + b * sqb + h * sqh + rows, (dq * scale).to(DQ.dtype.element_ty), mask=row_mask)
+    if NEED_ROWDOT:
+        tl.store(ROWDOT + bh * NQ + m_idx, tl.sum(d_o.to(tl.float32) * o_free, 1), mask=m_ok)
+
+
+@triton.jit
+def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, COLSUM,
+                          sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                          slb, slh, sln, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
+                          H, GROUP, NQ, NK, D, scale, softcap, dropout_p, seed,
+                          HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                          NEED_COLSUM: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+                          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    """dk, dv of one key block of one KV head (summed over its group of query heads) and the
+    column sums ``Σ_i dS_ij`` per query head. DO is laid out like q; DK, DV like k."""
+    pid_n, bhk = tl.program_id(0), tl.program_id(1)
+    HK = H // GROUP
+    b, hk = bhk // HK, bhk % HK
+    n_idx = pid_n * BN + tl.arange(0, BN)
+    d_idx = tl.arange(0, BD)
+    n_ok, d_ok = n_idx < NK, d_idx < D
+    key_mask = n_ok[:, None] & d_ok[None, :]
+    vt = tl.load(V + b * svb + hk * svh + n_idx[None, :] * svn + d_idx[:, None] * svd,
+                 mask=n_ok[None, :] & d_ok[:, None], other=0.0)              # (BD, BN)
+    if UPCAST:
+        vt = vt.to(tl.float32)
+    dk = tl.zeros([BN, BD], dtype=tl.float32)
+    dv = tl.zeros([BN, BD], dtype=tl.float32)
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        bh = b * H + h
+        colsum = tl.zeros([BN], dtype=tl.float32)
+        for start in range(0, NQ, BM):
+            m_idx = start + tl.arange(0, BM)
+            m_ok = m_idx < NQ
+            rows = m_idx[:, None] * sqn + d_idx[None, :] * sqd
+            row_mask = m_ok[:, None] & d_ok[None, :]
+            q = tl.load(Q + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
+            d_o = tl.load(DO + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
+            if UPCAST:
+                q, d_o = q.to(tl.float32), d_o.to(tl.float32)
+            logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh,
+                                                        smb, smh, smq, sbb, sbh, sbq)
+            t, s, _, _ = _tile_scores(q, K + b * skb + hk * skh, pid_n * BN, d_idx, d_ok, skn,
+                                      skd, logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
+                                      softcap, smk, sbk, BN, HAS_VIS, HAS_BIAS, HAS_SOFTCAP,
+                                      UPCAST, IEEE)
+            lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
+            delta = tl.load(DELTA + bh * NQ + m_idx, mask=m_ok, other=0.0)
+            p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
+            w = tl.exp(t - lse[:, None])
+            gated = w * (p_i[:, None] * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p,
+                                                    HAS_DROPOUT))
+            dov = _dot(d_o, vt, IEEE)
+            dv += _dot(tl.trans(gated.to(d_o.dtype)), d_o, IEEE)
+            ds = gated * dov - w * delta[:, None]
+            if NEED_COLSUM:
+                colsum += tl.sum(ds, 0)
+            if HAS_SOFTCAP:
+                ds = ds * (1.0 - (s / softcap) * (s / softcap))
+            dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE)
+        if NEED_COLSUM:
+            tl.store(COLSUM + bh * NK + n_idx, colsum, mask=n_ok)
+    k_rows = n_idx[:, None] * skn + d_idx[None, :] * skd
+    tl.store(DK + b * skb + hk * skh + k_rows, (dk * scale).to(DK.dtype.element_ty), mask=key_mask)
+    tl.store(DV + b * skb + hk * skh + k_rows, dv.to(DV.dtype.element_ty), mask=key_mask)
+
+
+def _dense(t: Tensor) -> Tensor:
+    """``t`` if its storage is dense in (B, H, N, d) or (B, N, H, d) order (``empty_like`` then
+    keeps its strides), else a contiguous copy."""
+    return t if t.is_contiguous() or t.transpose(1, 2).is_contiguous() else t.contiguous()
+
+
+def _strides4(t: Tensor | None, shape: tuple[int, int, int, int]) -> tuple[int, ...]:
+    """Element strides of ``t`` broadcast to ``shape`` (0 on broadcast axes); zeros for None."""
+    return (0, 0, 0, 0) if t is None else t.expand(shape).stride()
+
+
+def _per_head(p: Tensor, batch: int, heads: int, n: int) -> Tensor:
+    """A presence-shaped ``(B, N)``, ``(B, Hkv, N)`` or ``(B, H, N)`` tensor as a ``(B, H, N)``
+    view or copy (shared ones by stride 0; per-KV-head ones repeated, N-sized)."""
+    if p.dim() == 2:
+        return p[:, None].expand(batch, heads, n)
+    return p if p.shape[1] == heads else p.repeat_interleave(heads // p.shape[1], dim=1)
+
+
+def _key_logits(p_k: Tensor, batch: int, heads: int) -> Tensor:
+    """``log p_j`` in fp32, ``_NULL_LOGIT`` where ``p_j = 0`` (NaN stays NaN): ``(B, H, Nk)``."""
+    pk = p_k.float()
+    logit = torch.where(pk != 0, torch.log(pk), _NULL_LOGIT)
+    return _per_head(logit, batch, heads, p_k.shape[-1])
+
+
+class _Launch:
+    """One call's tensors, strides and flags, shared by the forward and the backward kernels."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                 visible: Tensor | None, bias: Tensor | None, eps: float, scale: float,
+                 softcap: float | None, dropout_p: float, seed: int) -> None:
+        self.q, self.k, self.v = _dense(q), _dense(k), _dense(v)
+        (b, h, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
+        self.shape = (b, h, n_q, n_k)
+        self.d, self.group = d, h // h_kv
+        self.logp = _key_logits(p_k, b, h)
+        self.pq = _per_head(p_q, b, h, n_q)
+        self.visible = None if visible is None else visible.to(torch.uint8)
+        self.bias = bias
+        self.eps, self.scale, self.softcap, self.dropout_p, self.seed = (
+            eps, scale, softcap, dropout_p, seed)
+
+    def common(self) -> tuple[list, dict]:
+        """Positional tensors/strides after the per-kernel pointers, and the constexpr flags."""
+        b, h, n_q, n_k = self.shape
+        dummy = self.logp
+        args = [*self.q.stride(), *self.k.stride(), *self.v.stride(), *self.logp.stride(),
+                *_strides4(self.visible, self.shape), *_strides4(self.bias, self.shape),
+                *self.pq.stride()]
+        flags = dict(HAS_VIS=self.visible is not None, HAS_BIAS=self.bias is not None,
+                     HAS_SOFTCAP=self.softcap is not None, HAS_DROPOUT=self.dropout_p > 0,
+                     UPCAST=_INTERPRET and self.q.dtype in (torch.bfloat16, torch.float16),
+                     IEEE=self.q.dtype == torch.float32,
+                     BM=_BLOCKS[0], BN=_BLOCKS[1], BD=max(16, triton.next_power_of_2(self.d)))
+        self.masks = (dummy if self.visible is None else self.visible,
+                      dummy if self.bias is None else self.bias)
+        return args, flags
+
+    def forward(self) -> tuple[Tensor, Tensor]:
+        """``(out, lse)``: out like q, lse ``(B, H, Nq)`` fp32 = log(ε + Z_i)."""
+        b, h, n_q, n_k = self.shape
+        out = torch.empty_like(self.q)
+        lse = torch.empty(b, h, n_q, device=self.q.device, dtype=torch.float32)
+        args, flags = self.common()
+        grid = (triton.cdiv(n_q, _BLOCKS[0]), b * h)
+        _forward_kernel[grid](self.q, self.k, self.v, self.logp, *self.masks, self.pq, out, lse,
+                              *args, *out.stride(), h, self.group, n_q, n_k, self.d, self.scale,
+                              sink_logit(self.eps), self.softcap or 1.0, self.dropout_p, self.seed,
+                              **flags)
+        return out, lse
+
+    def backward(self, out: Tensor, lse: Tensor, d_out: Tensor, need_colsum: bool,
+                 need_rowdot: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None,
+                                             Tensor | None]:
+        """``(dq, dk, dv, colsum (B, H, Nk) or None, rowdot (B, H, Nq) or None)``."""
+        b, h, n_q, n_k = self.shape
+        if d_out.stride() != out.stride():
+            d_out = torch.empty_like(out).copy_(d_out)                       # q's layout
+        args, flags = self.common()
+        rowdot = torch.empty_like(lse) if need_rowdot else lse
+        delta, dq = torch.empty_like(lse), torch.empty_like(self.q)
+        grid_q = (triton.cdiv(n_q, _BLOCKS[0]), b * h)
+        _backward_dq_kernel[grid_q](self.q, self.k, self.v, self.logp, *self.masks, self.pq, out,
+                                    d_out, lse, delta, dq, rowdot, *args, h, self.group, n_q, n_k,
+                                    self.d, self.scale, self.softcap or 1.0, self.dropout_p,
+                                    self.seed, NEED_ROWDOT=need_rowdot, **flags)
+        dk, dv = torch.empty_like(self.k), torch.empty_like(self.k)          # k's layout
+        colsum = lse.new_empty(b, h, n_k) if need_colsum else lse
+        grid_k = (triton.cdiv(n_k, _BLOCKS[1]), b * (h // self.group))
+        _backward_dkdv_kernel[grid_k](self.q, self.k, self.v, self.logp, *self.masks, self.pq,
+                                      d_out, lse, delta, dk, dv, colsum, *args, h, self.group,
+                                      n_q, n_k, self.d, self.scale, self.softcap or 1.0,
+                                      self.dropout_p, self.seed, NEED_COLSUM=need_colsum, **flags)
+        return (dq, dk, dv, colsum if need_colsum else None, rowdot if need_rowdot else None)
+
+
+def _presence_grad(per_head: Tensor, p: Tensor) -> Tensor:
+    """A ``(B, H, N)`` per-query-head gradient reduced to ``p``'s shape (heads summed)."""
+    if p.dim() == 2:
+        return per_head.sum(1)
+    if p.shape[1] != per_head.shape[1]:
+        return per_head.unflatten(1, (p.shape[1], -1)).sum(2)
+    return per_head
+
+
+class _TritonOAttention(torch.autograd.Function):
+    """Autograd of :func:`o_attention_triton` (formulas in the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                launch: _Launch) -> Tensor:
+        out, lse = launch.forward()
+        ctx.save_for_backward(out, lse, p_q, p_k)
+        ctx.launch = launch
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:
+        out, lse, p_q, p_k = ctx.saved_tensors
+        launch = ctx.launch
+        need_pq, need_pk = ctx.needs_input_grad[3:5]
+        dq, dk, dv, colsum, rowdot = launch.backward(out, lse, d_out, need_pk, need_pq)
+        d_pq = _presence_grad(rowdot, p_q).to(p_q.dtype) if need_pq else None
+        d_pk = None
+        if need_pk:
+            inv = torch.where(p_k != 0, 1 / p_k.float(), 0.0)
+            d_pk = (_presence_grad(colsum, p_k) * inv).to(p_k.dtype)
+        return dq, dk, dv, d_pq, d_pk, None
+
+
+def dropout_keep(seed: int, shape: tuple[int, int, int, int], dropout_p: float,
+                 device: torch.device | str = "cpu") -> Tensor:
+    """The kernels' δ ``(B, H, Nq, Nk)`` for ``seed`` (``ξ / (1 − dropout_p)``): what the
+    forward applied to the weights, for reproducing a dropout call outside the kernel."""
+    b, h, n_q, n_k = shape
+    keep = torch.empty(shape, device=device, dtype=torch.float32)
+    _dropout_kernel[(b * h, n_q)](keep, n_q, n_k, dropout_p, seed, BN=_BLOCKS[1])
+    return keep
+
+
+@triton.jit
+def _dropout_kernel(KEEP, NQ, NK, dropout_p, seed, BN: tl.constexpr):
+    bh, i = tl.program_id(0), tl.program_id(1)
+    for start in range(0, NK, BN):
+        n_idx = start + tl.arange(0, BN)
+        m_idx = tl.zeros([1], dtype=tl.int32) + i
+        keep = _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, True)
+        tl.store(KEEP + (bh * NQ + i) * NK + n_idx[None, :], keep, mask=n_idx[None, :] < NK)
+
+
+def o_attention_triton(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                       visible: Tensor | None, bias: Tensor | None, eps: float, scale: float,
+                       softcap: float | None = None, dropout_p: float = 0.0,
+                       seed: int | None = None) -> Tensor:
+    """OAttention ``(B, H, Nq, d)`` in q's dtype on the fused kernels (module docstring).
+
+    q ``(B, H, Nq, d)``, k/v ``(B, Hkv, Nk, d)`` in one dtype; presences as
+    :func:`oretrofit._operators.attention.o_attention` takes them (any float dtype); ``visible`` (bool) and
+    ``bias`` (float, finite) broadcastable to ``(B, H, Nq, Nk)``, neither requiring grad.
+    ``seed`` fixes the dropout draw (default: one from torch's generator, so ``torch.manual_seed``
+    reproduces a call).
+    """
+    if dropout_p > 0 and seed is None:
+        seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))
+    launch = _Launch(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, seed or 0)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, p_q, p_k)):
+        return _TritonOAttention.apply(q, k, v, p_q, p_k, launch)
+    return launch.forward()[0]

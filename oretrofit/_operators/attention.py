@@ -1,0 +1,421 @@
+"""OAttention, the support-coupled attention operator (paper eqs. 5–7, A.1 eq. 23).
+
+    out_i = p_i · Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij}),   s_ij = scale · q_i·k_j
+
+With soft-capping (Gemma2) the score is ``s_ij = c·tanh(scale · q_i·k_j / c)``; a finite additive
+bias ``b_ij`` from a float mask (relative position biases, ALiBi) is added after the cap.
+``p_i`` is the receiver presence, ``p_j`` the source presence, ``m_ij`` the visibility relation
+and ``ε`` the denominator stabiliser that totalises empty support.
+
+Two paths, one meaning:
+
+* :func:`o_attention_reference` materialises the ``(Nq, Nk)`` scores and can return weights.
+* :func:`o_attention_fused` never builds an ``(Nq, Nk)`` tensor (unless the caller's mask has
+  that shape). By default it is the *copy-free kernel route* of
+  :mod:`oretrofit._kernels.lse`: one SDPA kernel call with ``log p_j`` as an additive
+  ``(…, 1, Nk)`` score bias returns ``o_i`` and ``L_i = log Z_i``, and
+  ``out_i = p_i · σ(L_i − log ε) · o_i`` is written in place; its backward is the same kernel's
+  (exact gradients for q, k, v, p_q and p_k; see that module). Where that route cannot serve,
+  :func:`_o_attention_augmented` computes the same thing on augmented copies (below):
+
+  - an empty input (the CPU kernel aborts on an empty key axis), ``dv ≠ d`` (the kernels want
+    one head size for q, k and v), or on CUDA a head size that is not a multiple of 8;
+  - a float mask that requires grad (its gradient is the full ``dS``, which no kernel returns);
+  - devices and dtypes without a checked kernel (the compute dtype must be fp32 or fp64 on CPU,
+    fp32 on CUDA; see :func:`oretrofit._kernels.lse.backend_for`), or a torch whose private
+    ops are missing or fail the check.
+
+  The augmented path calls ``scaled_dot_product_attention`` on
+  ``q' = [q, 1]``, ``k'_j = [k_j, log p_j / scale]`` so that ``scale·q'·k'_j = s_ij + log p_j``
+  (no float mask is needed, so PyTorch keeps its flash/efficient kernels). A null source gets
+  the finite offset ``-1e30`` instead of ``log 0``, so its weight is exactly 0 without any mask;
+  the caller's mask (if any) stays boolean. ε is one extra *sink* key with score exactly
+  ``log ε`` and value 0. SDPA then returns ``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})`` and
+  the result is multiplied by ``p_i``. Empty support puts all mass on the sink: an exact 0.
+
+Attention-weight dropout (``dropout_p``, training) acts on the weights as a host's eager attention
+does, ``w = dropout(softmax(s))``, and on the same ``(B, H, Nq, Nk)`` tensor:
+
+    out_i = p_i · Σ_j δ_ij w_ij v_j,   δ_ij = ξ_ij / (1 − dropout_p),   ξ_ij ~ Bernoulli(1 − dropout_p)
+
+so a null source (w_ij = 0) stays exactly 0 under any mask, a null receiver (p_i = 0) emits
+exactly 0, and empty support gives exact zeros. It materialises the weights, so it takes the
+reference path.
+
+Softcap and dropout select the reference path (:func:`o_attention`), except on a kernel route
+that computes them (Triton: both; FlexAttention: softcap).
+
+Half precision: bf16/fp16 inputs on CUDA take the first kernel route of
+:mod:`oretrofit._kernels.routes` that serves the call and has passed its check for that device,
+dtype and torch version, in this order: the fused Triton kernels (the key bias, the ε sink, the
+gate, dropout and softcap in the kernel), cuDNN attention with the key bias and its LSE,
+FlexAttention, the memory-efficient kernel in the inputs' dtype. q, k, v stay in their dtype and
+the softmax statistics are fp32; every route gives dq, dk, dv, dp_q and dp_k. ``precision="fp32"``,
+or no route that passes, computes them in fp32 on the paths above (upcast copies).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._kernels import lse as kernels
+from .._kernels import routes as route
+from .._kernels.dtypes import as_dtype, compute_dtype
+from .presence import EPS_MODULES, check_eps, check_positive
+
+__all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights", "PRECISIONS",
+           "check_kernels"]
+
+# Score offset of a null source on both fused routes: finite, so 0·k stays 0 in the backward,
+# and far enough below any real score (and log ε) that e^{s + offset − max} is exactly 0 in fp32.
+_NULL_LOGIT = kernels._NULL_LOGIT
+
+
+class _Shapes(NamedTuple):
+    batch: int
+    heads: int
+    kv_heads: int
+    n_q: int
+    n_k: int
+    scale: float
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                  mask: Tensor | None, eps: float, scale: float | None) -> _Shapes:
+    """Validate shapes and dtypes; every error names the argument and the fix. (Every attention
+    call of every layer runs it, a decode step's included: checks that pass cost few
+    statements.)"""
+    check_eps(eps)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not torch.is_tensor(t) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, N, d); got "
+                             f"{tuple(t.shape) if torch.is_tensor(t) else type(t).__name__}")
+    b, h, n_q, d = q.shape
+    bk, hkv, n_k, dk = k.shape
+    if bk != b or v.shape[0] != b:
+        raise ValueError(f"q, k and v must share the batch size; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if dk != d:
+        raise ValueError(f"k must have the same head size as q (d={d}); got k {tuple(k.shape)}")
+    if v.shape[1] != hkv or v.shape[2] != n_k:
+        raise ValueError(f"v must be (B, Hkv, Nk, dv) like k {tuple(k.shape)}; got v {tuple(v.shape)}")
+    if hkv == 0 or h % hkv != 0:
+        raise ValueError(f"the query heads H={h} must be a multiple of the key/value heads Hkv={hkv} "
+                         "(grouped-query attention); repeat k/v heads or change the head counts")
+    _check_presences("p_q", p_q, b, n_q, (h,))
+    _check_presences("p_k", p_k, b, n_k, (h, hkv))
+    if mask is not None:
+        _check_mask(mask, (b, h, n_q, n_k))
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    return _Shapes(b, h, hkv, n_q, n_k, float(scale))
+
+
+def _check_presences(name: str, p: Tensor, b: int, n: int, heads: tuple[int, ...]) -> None:
+    """``p`` floating, ``(B, N)`` shared across heads or ``(B, H, N)`` per head, H in ``heads``."""
+    if not torch.is_tensor(p):
+        raise ValueError(f"{name} must be a tensor of presences, got {type(p).__name__}")
+    shape = p.shape
+    if not (shape == (b, n) or (len(shape) == 3 and shape[0] == b and shape[2] == n
+                                and shape[1] in heads)):
+        raise ValueError(f"{name} must be (B, N) = ({b}, {n}) shared across heads, or (B, H, N) "
+                         f"per head with H = {' or '.join(map(str, heads))}; got {tuple(shape)}")
+    if not p.is_floating_point():
+        raise ValueError(f"{name} must be a floating tensor of presences in [0, 1]")
+
+
+def _check_mask(mask: Tensor, full: tuple[int, int, int, int]) -> None:
+    """``mask`` bool or floating, broadcasting to ``full`` = (B, H, Nq, Nk) itself."""
+    if not torch.is_tensor(mask) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise ValueError("mask must be a bool tensor (True = visible) or a float additive mask "
+                         "(-inf = excluded)")
+    if mask.dim() > 4:
+        raise ValueError(f"mask must broadcast to (B, H, Nq, Nk) = {full}; "
+                         f"got {tuple(mask.shape)}")
+    if not _broadcasts_to(mask.shape, full):
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "
+                         f"(B, H, Nq, Nk) = {full}; use e.g. (B, 1, 1, Nk) for key "
+                         "padding or (Nq, Nk) for a relation shared by all batches and heads")
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` itself (each axis, right-aligned, 1 or equal).
+    Compared in Python: ``torch.broadcast_shapes`` costs tens of microseconds, and every
+    attention call of every layer checks its mask."""
+    return len(shape) <= len(target) and all(
+        size in (1, full) for size, full in zip(reversed(shape), reversed(target)))
+
+
+def _check_dropout(dropout_p: float) -> None:
+    """``dropout_p`` must be a probability in [0, 1]; the error names it and the fix."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not (
+            0.0 <= dropout_p <= 1.0):
+        raise ValueError(f"dropout_p must be a probability in [0, 1] (0 disables attention-weight "
+                         f"dropout, e.g. in eval mode); got {dropout_p!r}")
+
+
+def _per_query_head(p: Tensor, heads: int) -> Tensor:
+    """(B, N) -> (B, 1, N); (B, Hkv, N) -> (B, H, N) following the KV-head repeat; (B, H, N) kept."""
+    if p.dim() == 2:
+        return p[:, None, :]
+    if p.shape[1] != heads:
+        return p.repeat_interleave(heads // p.shape[1], dim=1)
+    return p
+
+
+def _split_mask(mask: Tensor | None, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+    """A mask as (visible bool, finite additive bias or None).
+
+    A float mask holding only 0 and -inf (and not requiring grad) is a pure relation and
+    becomes boolean, so the fused path keeps PyTorch's fast kernels; any other finite values are
+    kept as an additive bias. Both come back with at least 4 dims (leading size-1 axes).
+    """
+    if mask is None:
+        return None, None
+    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    if mask.dtype == torch.bool:
+        return mask, None
+    visible = mask != float("-inf")
+    finite = torch.where(visible, mask, torch.zeros((), dtype=mask.dtype, device=mask.device))
+    if not mask.requires_grad and not bool(finite.any()):
+        return visible, None
+    return visible, finite.to(dtype)
+
+
+def o_weights(scores: Tensor, p_k: Tensor, support: Tensor, eps: float) -> Tensor:
+    """Eq. 6 over the last axis of ``scores`` ``(…, Nq, Nk)``:
+
+        w_ij = m_ij p_j e^{s_ij} / (ε + Σ_t m_it p_t e^{s_it})
+
+    ``p_k`` the source presences and ``support`` (bool, ``m_ij ∧ p_j ≠ 0``), both broadcastable
+    to ``scores``; a score of -inf weighs 0 too. The row maximum M_i over the support is
+    subtracted for stability and ε is carried as ε·e^{-M_i}, which equals eq. 6 exactly in real
+    arithmetic; a row with no support (empty, or every score -inf) gives 0."""
+    neg_inf = torch.full((), float("-inf"), dtype=scores.dtype, device=scores.device)
+    masked = torch.where(support, scores, neg_inf)
+    row_max = masked.amax(dim=-1, keepdim=True) if scores.shape[-1] > 0 else masked.new_zeros(
+        masked.shape[:-1] + (1,))
+    # a row with no support takes the sink's own score as its maximum: its sink term is 1, its
+    # weights 0 (for ε = 0 too, whose sink weighs 0 against any live source)
+    sink = kernels.sink_logit(eps)
+    row_max = torch.where(torch.isfinite(row_max), row_max, sink).detach()
+    u = torch.where(support, p_k * torch.exp(masked - row_max), torch.zeros_like(neg_inf))
+    return u / (torch.exp(sink - row_max) + u.sum(dim=-1, keepdim=True))
+
+
+def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                          mask: Tensor | None = None, eps: float = EPS_MODULES,
+                          scale: float | None = None, need_weights: bool = False,
+                          softcap: float | None = None, dropout_p: float = 0.0
+                          ) -> tuple[Tensor, Tensor | None]:
+    """Materialised OAttention; see :func:`o_attention` for the arguments.
+
+    The weights are :func:`o_weights` (eq. 6). With ``dropout_p > 0`` the weights applied to v (and
+    returned) are ``F.dropout(w, dropout_p)``: δ_ij w_ij with δ_ij ∈ {0, 1/(1 − dropout_p)}.
+    """
+    shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
+    _check_dropout(dropout_p)
+    out_dtype, ct = q.dtype, compute_dtype(q.dtype)
+    group = shp.heads // shp.kv_heads
+    kk = k.to(ct).repeat_interleave(group, dim=1) if group > 1 else k.to(ct)
+    vv = v.to(ct).repeat_interleave(group, dim=1) if group > 1 else v.to(ct)
+    scores = torch.matmul(q.to(ct), kk.transpose(-1, -2)) * shp.scale          # (B, H, Nq, Nk)
+    if softcap is not None:
+        scores = check_positive("softcap", softcap) * torch.tanh(scores / softcap)
+    visible, bias = _split_mask(mask, ct)
+    if bias is not None:
+        scores = scores + bias
+    pk = _per_query_head(p_k.to(ct), shp.heads)[:, :, None, :]                # (B, H|1, 1, Nk)
+    support = pk != 0
+    if visible is not None:
+        support = support & visible
+    weights = o_weights(scores, pk, support, eps)                             # (B, H, Nq, Nk)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, dropout_p)                               # δ_ij w_ij
+    pq = _per_query_head(p_q.to(ct), shp.heads)[..., None]                    # (B, H|1, Nq, 1)
+    out = pq * torch.matmul(weights, vv)                                      # (B, H, Nq, dv)
+    return out.to(out_dtype), (weights.to(out_dtype) if need_weights else None)
+
+
+def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                      mask: Tensor | None = None, eps: float = EPS_MODULES,
+                      scale: float | None = None) -> Tensor:
+    """OAttention in O(N) memory on an SDPA kernel; see the module docstring for the routes.
+
+    No ``(Nq, Nk)`` tensor is built unless the caller's own mask or finite additive bias has that
+    shape (the kernel route then builds one float bias of the mask's shape, combined with the
+    source presences). Grouped-query heads need no k/v copies (CPU).
+    """
+    shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
+    ct = compute_dtype(q.dtype)
+    backend = _kernel_backend(q, k, v, mask, ct)
+    if backend is None:
+        return _o_attention_augmented(q, k, v, p_q, p_k, mask, eps, shp)
+    visible, bias = _split_mask(mask, ct)
+    out = kernels.o_attention_lse(as_dtype(q, ct), as_dtype(k, ct), as_dtype(v, ct),
+                                  as_dtype(p_q, ct), as_dtype(p_k, ct), visible, bias, eps,
+                                  shp.scale, backend)
+    return as_dtype(out, q.dtype)
+
+
+def check_kernels(device: torch.device, dtype: torch.dtype) -> None:
+    """Run now the checks of the kernels OAttention uses for inputs of ``dtype`` on ``device``
+    (each runs once per device type and dtype, else at the first call that needs it: inside a
+    compiled call that breaks the graph, and the next call recompiles on the checked result)."""
+    kernels.backend_for(device, compute_dtype(dtype))
+    if dtype in (torch.bfloat16, torch.float16):
+        route.check_routes(device, dtype)
+
+
+def _kernel_backend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, ct: torch.dtype
+                    ) -> kernels.Backend | None:
+    """The checked kernel for this call, or None where the kernel route cannot serve it."""
+    if q.numel() == 0 or k.numel() == 0 or v.shape[-1] != q.shape[-1]:
+        return None
+    if mask is not None and mask.requires_grad:
+        return None
+    backend = kernels.backend_for(q.device, ct)
+    return backend if backend is not None and q.shape[-1] % backend.head_multiple == 0 else None
+
+
+def _o_attention_augmented(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                           mask: Tensor | None, eps: float, shp: _Shapes) -> Tensor:
+    """The augmented-copy fused path (module docstring): one ``scaled_dot_product_attention``
+    call on ``[q, 1]``, ``[k, log p / scale]`` and an ε sink; GQA by ``enable_gqa``."""
+    out_dtype, ct = q.dtype, compute_dtype(q.dtype)
+    b, h, n_q, n_k, dv = shp.batch, shp.heads, shp.n_q, shp.n_k, v.shape[-1]
+    q, k, v, p_k = q.to(ct), k.to(ct), v.to(ct), p_k.to(ct)
+    if p_k.dim() == 3 and p_k.shape[1] != shp.kv_heads:
+        # Per-query-head source presence under GQA: the key column differs per query head.
+        group = h // shp.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    agg = _sdpa_with_sink(q, k, v, p_k, _sdpa_mask(mask, n_k, ct), eps, shp.scale)
+    pq = _per_query_head(p_q.to(ct), h)[..., None]                           # (B, H|1, Nq, 1)
+    return (pq * agg).to(out_dtype)                                          # (B, H, Nq, dv)
+
+
+def _sdpa_with_sink(q: Tensor, k: Tensor, v: Tensor, p_k: Tensor, attn_mask: Tensor | None,
+                    eps: float, scale: float) -> Tensor:
+    """``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})`` ``(B, H, Nq, dv)`` from one SDPA call.
+
+    Augmented keys ``[k, log p_j / scale, 0…]`` and the sink ``[0…, log ε / scale, 0…]`` with
+    value 0; queries ``[q, 1, 0…]``. The augmented copies live only inside this function.
+    """
+    (b, h, n_q, d), (hk, n_k), dv = q.shape, k.shape[1:3], v.shape[-1]
+    width = max(d, dv) + 1                  # one shared head size keeps SDPA off its math kernel
+    if q.device.type == "cuda":
+        width = -(-width // 8) * 8          # flash/efficient kernels want head sizes in multiples of 8
+    k_aug = k.new_zeros(b, hk, n_k + 1, width)                               # (B, Hk, Nk+1, w)
+    k_aug[:, :, :n_k, :d] = k
+    k_aug[:, :, :n_k, d] = kernels.source_logit(p_k, q.dtype) / scale       # (B, Hk|1, Nk)
+    k_aug[:, :, n_k, d] = kernels.sink_logit(eps) / scale
+    v_aug = v.new_zeros(b, hk, n_k + 1, width)                               # sink value is 0
+    v_aug[:, :, :n_k, :dv] = v
+    q_aug = q.new_zeros(b, h, n_q, width)                                    # (B, H, Nq, w)
+    q_aug[..., :d] = q
+    q_aug[..., d] = 1.0
+    return F.scaled_dot_product_attention(q_aug, k_aug, v_aug, attn_mask=attn_mask, scale=scale,
+                                          enable_gqa=hk != h)[..., :dv]
+
+
+def _sdpa_mask(mask: Tensor | None, n_k: int, ct: torch.dtype) -> Tensor | None:
+    """The caller's mask extended by an always-visible sink column, or None without a mask."""
+    visible, bias = _split_mask(mask, ct)
+    if visible is None:
+        return None
+    sink = torch.ones(visible.shape[:-1] + (1,), dtype=torch.bool, device=visible.device)
+    visible = torch.cat([visible.expand(*visible.shape[:-1], n_k), sink], dim=-1)   # (…, Nk + 1)
+    if bias is None:
+        return visible
+    bias = bias.expand(*bias.shape[:-1], n_k)
+    bias = torch.cat([bias, bias.new_zeros(bias.shape[:-1] + (1,))], dim=-1)
+    return torch.where(visible, bias, torch.full((), float("-inf"), dtype=ct, device=bias.device))
+
+
+PRECISIONS = ("auto", "fp32")
+
+
+def _kernel_route(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, softcap: float | None,
+                  dropout_p: float, precision: str) -> route.Route | None:
+    """The kernel route of :mod:`oretrofit._kernels.routes` this call takes, or None (module
+    docstring): q, k and v of one dtype and head size, not empty, no mask requiring grad; half
+    precision under ``precision="auto"``, or fp32 with a softcap or dropout (which the fp32
+    kernels lack); and a route that serves it and passed its check for this device and dtype."""
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    if not ((half and precision == "auto")
+            or (q.dtype == torch.float32 and (softcap is not None or dropout_p > 0.0))):
+        return None
+    if k.dtype != q.dtype or v.dtype != q.dtype or v.shape[-1] != q.shape[-1]:
+        return None
+    if q.numel() == 0 or k.numel() == 0 or (mask is not None and mask.requires_grad):
+        return None
+    return route.route_for(q.device, q.dtype, q.shape[-1], softcap is not None, dropout_p > 0.0)
+
+
+def _o_attention_route(chosen: route.Route, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor,
+                       p_k: Tensor, mask: Tensor | None, eps: float, scale: float | None,
+                       softcap: float | None, dropout_p: float) -> Tensor:
+    """A kernel route after the shared input checks (``softcap`` validated here)."""
+    shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
+    if softcap is not None:
+        softcap = check_positive("softcap", softcap)
+    visible, bias = _split_mask(mask, torch.float32)
+    return chosen.run(q, k, v, p_q, p_k, visible, bias, eps, shp.scale, softcap, dropout_p)
+
+
+def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                mask: Tensor | None = None, eps: float = EPS_MODULES, scale: float | None = None,
+                need_weights: bool = False, softcap: float | None = None, dropout_p: float = 0.0,
+                precision: str = "auto") -> tuple[Tensor, Tensor | None]:
+    """OAttention: ``out_i = p_i Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij})``.
+
+    Args:
+        q: queries ``(B, H, Nq, d)``.
+        k, v: keys ``(B, Hkv, Nk, d)`` and values ``(B, Hkv, Nk, dv)``; GQA when Hkv divides H.
+        p_q: receiver presences, ``(B, Nq)`` shared across heads (hidden-carrier boundary) or
+            ``(B, H, Nq)`` per head (Q/K/V boundary, A.1).
+        p_k: source presences, ``(B, Nk)`` or per head ``(B, H, Nk)`` / ``(B, Hkv, Nk)``.
+        mask: bool (True = visible) or additive float (-inf = excluded), broadcastable to
+            ``(B, H, Nq, Nk)``. Keep it compact (e.g. ``(B, 1, 1, Nk)``), not ``.expand()``ed.
+        eps: ε ≥ 0, totalises empty support. ``0`` is the limit ε → 0⁺ (paper eq. 8), the
+            default of a retrofit: a row with a live source is the plain presence-weighted
+            softmax, with no sink competing with it; a row with none gives exact zeros.
+        scale: score scale, default ``1/sqrt(d)``.
+        need_weights: also return ``w_ij`` ``(B, H, Nq, Nk)``; selects the reference path.
+        softcap: c > 0 caps the scores, ``s_ij = c·tanh(scale·q_i·k_j / c)`` (Gemma2's attention
+            logit soft-capping), before a float mask's finite bias is added. On the Triton and
+            FlexAttention routes (below) it is fused; elsewhere it selects the reference path
+            (the cap is not linear in k, so no augmented SDPA call computes it).
+        dropout_p: attention-weight dropout in [0, 1], applied whenever > 0 (as SDPA's
+            ``dropout_p``; pass 0 in eval mode): ``out_i = p_i Σ_j δ_ij w_ij v_j`` with
+            δ_ij ∈ {0, 1/(1 − dropout_p)}. On the Triton route δ comes from Philox on a seed
+            drawn from torch's generator (``torch.manual_seed`` reproduces it); elsewhere
+            ``F.dropout`` draws it on the ``(B, H, Nq, Nk)`` weights of the reference path, and
+            ``need_weights`` then returns the dropped weights δ_ij w_ij.
+        precision: ``"auto"`` (default): bf16/fp16 inputs on CUDA take the first kernel route
+            that passes its check (:mod:`oretrofit._kernels.routes`: Triton, cuDNN,
+            FlexAttention, memory-efficient; q, k, v in their dtype, softmax statistics in
+            fp32), else they are computed in fp32; ``"fp32"``: half-precision inputs are always
+            computed in fp32 (upcast copies).
+
+    Returns:
+        ``(out (B, H, Nq, dv), weights or None)`` in the dtype of ``q``. Empty or fully masked
+        support gives exact zeros (output and weights), on every route.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS} ('fp32' computes half-precision "
+                         f"inputs in fp32); got {precision!r}")
+    _check_dropout(dropout_p)
+    chosen = None if need_weights else _kernel_route(q, k, v, mask, softcap, dropout_p, precision)
+    if chosen is not None:
+        return _o_attention_route(chosen, q, k, v, p_q, p_k, mask, eps, scale, softcap,
+                                  dropout_p), None
+    if need_weights or softcap is not None or dropout_p != 0.0:
+        return o_attention_reference(q, k, v, p_q, p_k, mask, eps, scale, need_weights, softcap,
+                                     dropout_p)
+    return o_attention_fused(q, k, v, p_q, p_k, mask, eps, scale), None

@@ -1,0 +1,184 @@
+"""The fused Triton OAttention kernels, run on the CPU by Triton's interpreter (TRITON_INTERPRET=1).
+
+Every case is checked against ``o_attention_reference`` evaluated in fp64 on the same (rounded)
+inputs: output and every gradient (q, k, v, p_q, p_k). Shapes are tiny: the interpreter runs each
+tile in numpy and takes seconds per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+import torch
+
+from oretrofit._kernels import routes as route
+from oretrofit._operators.attention import (PRECISIONS, _split_mask, o_attention, o_attention_fused,
+                                  o_attention_reference, o_weights)
+
+# Relative error to the fp64 reference of the same rounded inputs: fp32/fp64 compute the softmax
+# statistics in fp32; bf16 rounds the probabilities and products to 8 bits of mantissa.
+REL_TOL = {torch.float64: 1e-6, torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture()
+def triton_module(monkeypatch: pytest.MonkeyPatch):
+    """``oretrofit._kernels.triton`` with the CPU enabled for its route, the only route of the
+    chain here (a fresh route cache). tests/conftest.py sets TRITON_INTERPRET=1 before Triton is
+    imported."""
+    triton_route = next(r for r in route.ROUTES if r.name == "triton")
+    monkeypatch.setattr(route, "ROUTES", (dataclasses.replace(triton_route,
+                                                              devices=("cuda", "cpu")),))
+    monkeypatch.setattr(route, "_CHECKED", {})
+    module = importlib.import_module("oretrofit._kernels.triton")
+    assert module._INTERPRET, "TRITON_INTERPRET=1 must be set before triton is imported"
+    return module
+
+
+def make(dtype: torch.dtype, h: int = 4, hkv: int = 2, nq: int = 19, nk: int = 23, d: int = 8,
+         per_head: bool = False, seed: int = 0) -> list[torch.Tensor]:
+    """q, k, v in ``dtype`` (GQA), presences in (0.1, 1.1) with a null receiver, a null source
+    and (batch 1 of p_k all null) empty rows."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(s, generator=g).to(dtype)
+               for s in ((2, h, nq, d), (2, hkv, nk, d), (2, hkv, nk, d)))
+    pdt = torch.float64 if dtype == torch.float64 else torch.float32
+    p_q = torch.rand((2, h, nq) if per_head else (2, nq), generator=g).to(pdt) + 0.1
+    p_k = torch.rand((2, hkv, nk) if per_head else (2, nk), generator=g).to(pdt) + 0.1
+    p_q[0, ..., 3] = 0.0
+    p_k[0, ..., 5] = 0.0
+    p_k[1] = 0.0
+    return [q, k, v, p_q, p_k]
+
+
+def run_both(module, inputs, mask=None, softcap=None, dropout_p=0.0, seed=None, reference=None,
+             eps=1e-6):
+    """(kernel out, kernel grads, fp64 reference out, reference grads) for one random d_out."""
+    ours = [t.detach().clone().requires_grad_() for t in inputs]
+    theirs = [t.detach().double().requires_grad_() for t in inputs]
+    visible, bias = _split_mask(mask, torch.float32)
+    d = inputs[0].shape[-1]
+    out = module.o_attention_triton(*ours, visible, bias, eps, d ** -0.5, softcap, dropout_p,
+                                    seed)
+    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+    out.backward(d_out)
+    want = (reference or (lambda *t: o_attention_reference(*t, mask=mask, softcap=softcap,
+                                                           eps=eps)[0]))(
+        *theirs)
+    want.backward(d_out.double())
+    return out, [t.grad for t in ours], want, [t.grad for t in theirs]
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
+    error = float((got.detach().double() - want.detach()).abs().max() / want.detach().abs().max())
+    assert error <= tol, f"{what}: relative error {error:.3g} > {tol}"
+
+
+@pytest.mark.parametrize("eps", [1e-6, 0.0], ids=["eps=1e-6", "eps=0"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_forward_and_every_gradient_match_the_reference(triton_module, dtype, eps) -> None:
+    inputs = make(dtype)
+    out, grads, want, want_grads = run_both(triton_module, inputs, eps=eps)
+    assert out.dtype == dtype
+    assert_close(out, want, REL_TOL[dtype], "out")
+    for name, given, got, expected in zip(("dq", "dk", "dv", "dp_q", "dp_k"), inputs, grads,
+                                          want_grads):
+        assert got.dtype == given.dtype, name
+        assert_close(got, expected, REL_TOL[dtype], name)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))          # empty rows: exact zeros
+    assert torch.equal(out[0, :, 3], torch.zeros_like(out[0, :, 3]))    # a null receiver
+    assert grads[4][0, 5] == 0 and torch.equal(grads[4][1], torch.zeros_like(grads[4][1]))
+
+
+def test_masks_biases_softcap_and_per_head_presences(triton_module) -> None:
+    inputs = make(torch.float64, per_head=True)
+    mask = torch.randn(1, 1, 19, 23, dtype=torch.float64)          # a finite bias …
+    mask[..., 2:5] = float("-inf")                                 # … masked keys …
+    mask[0, 0, 4] = float("-inf")                                  # … and a fully masked row
+    out, grads, want, want_grads = run_both(triton_module, inputs, mask=mask, softcap=2.0)
+    assert_close(out, want, 1e-6, "out")
+    for got, expected in zip(grads, want_grads):
+        assert_close(got, expected, 1e-6, "grad")
+    assert torch.equal(out[:, :, 4], torch.zeros_like(out[:, :, 4]))
+
+
+def test_dropout_is_the_reference_with_the_kernels_mask(triton_module) -> None:
+    inputs = make(torch.float64)
+    keep = triton_module.dropout_keep(7, (2, 4, 19, 23), 0.3).double()
+    assert 0.6 < float((keep > 0).double().mean()) < 0.8
+    assert set(keep.unique().tolist()) == {0.0, float(torch.tensor(1 / 0.7, dtype=torch.float32))}
+
+    def dropped_reference(q, k, v, p_q, p_k):
+        kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+        pk = p_k[:, None, None, :]
+        weights = o_weights(q @ kk.transpose(-1, -2) * 8 ** -0.5, pk, pk != 0, 1e-6)
+        return p_q[:, None, :, None] * ((weights * keep) @ vv)
+
+    out, grads, want, want_grads = run_both(triton_module, inputs, dropout_p=0.3, seed=7,
+                                            reference=dropped_reference)
+    assert_close(out, want, 1e-6, "out")
+    for got, expected in zip(grads, want_grads):
+        assert_close(got, expected, 1e-6, "grad")
+
+
+def test_dropout_draws_its_seed_from_torchs_generator(triton_module) -> None:
+    q, k, v, p_q, p_k = make(torch.float32, nq=5, nk=6)
+    draws = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        draws.append(o_attention(q, k, v, p_q, p_k, dropout_p=0.5)[0])
+    assert torch.equal(draws[0], draws[1])
+    assert not torch.equal(draws[0], o_attention(q, k, v, p_q, p_k, dropout_p=0.5)[0])
+
+
+def test_half_precision_takes_the_triton_route_unless_fp32_is_asked(triton_module) -> None:
+    q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
+    out, _ = o_attention(q, k, v, p_q, p_k)
+    direct = triton_module.o_attention_triton(q, k, v, p_q, p_k, None, None, 1e-6, 8 ** -0.5)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, direct)
+    fp32, _ = o_attention(q, k, v, p_q, p_k, precision="fp32")
+    assert torch.equal(fp32, o_attention_fused(q, k, v, p_q, p_k))
+    assert route.route_for(q.device, torch.bfloat16, 8).name == "triton"
+
+
+def test_fp32_without_softcap_or_dropout_keeps_the_fp32_kernel(triton_module) -> None:
+    q, k, v, p_q, p_k = make(torch.float32, nq=5, nk=6)
+    assert torch.equal(o_attention(q, k, v, p_q, p_k)[0], o_attention_fused(q, k, v, p_q, p_k))
+
+
+def test_a_triton_kernel_that_fails_its_check_is_not_used(triton_module, monkeypatch) -> None:
+    monkeypatch.setattr(route, "check_route", lambda run, device, dtype: "forward differs")
+    monkeypatch.setattr(route, "_CHECKED", {})
+    q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
+    with pytest.warns(RuntimeWarning, match="triton OAttention route fails its check"):
+        out, _ = o_attention(q, k, v, p_q, p_k)
+    assert torch.equal(out, o_attention_fused(q, k, v, p_q, p_k))
+
+
+def test_the_cpu_takes_the_triton_route_only_where_enabled(monkeypatch) -> None:
+    monkeypatch.setattr(route, "_CHECKED", {})
+    assert all(r.devices == ("cuda",) for r in route.ROUTES)
+    assert route.route_for(torch.device("cpu"), torch.bfloat16, 8) is None
+    q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
+    assert torch.equal(o_attention(q, k, v, p_q, p_k)[0], o_attention_fused(q, k, v, p_q, p_k))
+
+
+def test_an_unknown_precision_is_refused_with_the_choices() -> None:
+    q, k, v, p_q, p_k = make(torch.float32, nq=5, nk=6)
+    with pytest.raises(ValueError, match=r"precision must be one of \('auto', 'fp32'\)"):
+        o_attention(q, k, v, p_q, p_k, precision="bf16")
+    assert PRECISIONS == ("auto", "fp32")
+
+
+def test_the_route_check_passes_in_each_dtype(triton_module) -> None:
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert route.check_route(route._run_triton, torch.device("cpu"), dtype) == ""
+
+
+def test_the_route_check_catches_a_wrong_kernel(triton_module, monkeypatch) -> None:
+    real = triton_module.o_attention_triton
+    monkeypatch.setattr(triton_module, "o_attention_triton",
+                        lambda q, k, v, p_q, p_k, *rest: real(q, k, v, p_q * 0.5, p_k, *rest))
+    assert route.check_route(route._run_triton, torch.device("cpu"),
+                             torch.float32).startswith("out differs")
