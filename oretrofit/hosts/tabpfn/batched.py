@@ -162,7 +162,9 @@ def _dataset(index: int, what: str) -> Iterator[None]:
 def _estimator_model(estimator: Any) -> nn.Module:
     model_path = getattr(estimator, "model_path", None)
     if isinstance(model_path, (str, os.PathLike)):      # a plain checkpoint: its sites refused
-        return reload.patched_model(model_path) or build_model(load_checkpoint(model_path))[0]
+        fitted = getattr(estimator, "models_", None)
+        return fitted[0] if fitted else (reload.patched_model(model_path)
+                                         or build_model(load_checkpoint(model_path))[0])
     model = getattr(model_path, "model", None)
     if not isinstance(model, nn.Module):
         raise RetrofitError("predict_batched takes an estimator from oretrofit.tabpfn."

@@ -5,8 +5,8 @@ The estimator is the vendor's class with the vendor's arguments, names and defau
 inside (:mod:`oretrofit.hosts.tabpfn.artifact`), written once per (checkpoint, spec) to
 oretrofit's cache folder. tabpfn rebuilds its model from ``model_path`` at every ``fit`` and in
 ``load_from_fit_state``; :mod:`oretrofit.hosts.tabpfn.reload` makes that load return the
-retrofitted model (the live one whose :class:`~oretrofit.Retrofit` was returned, else the
-spec re-applied to fresh weights). So ``clone``, pickle and ``save_fit_state`` work as for any
+retrofitted model (at the next ``fit``, the one whose :class:`~oretrofit.Retrofit` was
+returned; at any later load, the spec re-applied to fresh weights). So ``clone``, pickle and ``save_fit_state`` work as for any
 tabpfn estimator, and no reload runs an unpatched model. The model is built fresh from the
 checkpoint: no model shared through tabpfn's caches is ever patched.
 """
@@ -131,8 +131,8 @@ def estimator_from_checkpoint(path: str | os.PathLike[str],
     except RetrofitError:
         result.revert()
         raise
-    live = reload.register(artifact, result.model)
-    return estimator(model_path=str(artifact), **vendor_kwargs), Retrofit.of(live)
+    reload.hand_over(artifact, result.model)
+    return estimator(model_path=str(artifact), **vendor_kwargs), result
 
 
 def check_spec_checkpoint(spec: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
@@ -232,7 +232,8 @@ def make_regressor(model_path: str | os.PathLike[str] | None, arm: str | None = 
             must not be quantized: ``kv_cache_precision="auto"`` is set where tabpfn has it
             (a quantized one, or a release that always quantizes, is refused).
     Returns:
-        ``(regressor, retrofit)``; ``retrofit.model`` is the instance fit/predict run.
+        ``(regressor, retrofit)``; ``retrofit.model`` is the instance the next ``fit`` (and the
+        predictions after it) run; a later ``fit`` re-applies the spec to fresh weights.
     """
     return _make("regressor", model_path, arm, tau, eps, site_tau, spec, vendor_kwargs)
 

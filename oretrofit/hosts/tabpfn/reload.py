@@ -8,13 +8,13 @@ patched artifact there (a checkpoint carrying its patch spec,
 module wraps ``tabpfn.model_loading.load_model`` once: a checkpoint without a patch spec loads
 exactly as before; one with a spec loads as
 
-    the live model registered for that file (:func:`register`), when there is one, else
+    the model handed over for that file (:func:`hand_over`), once, when there is one, else
     a fresh model of its weights with the spec re-applied (:func:`oretrofit.apply_spec`),
 
-so a reload never runs an unpatched model. The live model is the one
-``make_regressor`` / ``make_classifier`` returned the :class:`~oretrofit.Retrofit` of; it is
-held weakly, and shared by every estimator that loads the same file (as tabpfn shares a built
-model through ``TABPFN_MODEL_CACHE_SIZE``): the file is named by its weights and spec.
+so no load runs an unpatched model, and no two loads share a model (each may be moved to its
+own device and precision, as tabpfn builds a fresh model at every ``fit``). The model handed
+over is the one ``make_regressor`` / ``make_classifier`` returned the
+:class:`~oretrofit.Retrofit` of: the estimator's next ``fit`` runs it. It is held weakly.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-__all__ = ["register", "patched_model", "embedded_spec", "install"]
+__all__ = ["hand_over", "patched_model", "embedded_spec", "install"]
 
-_LIVE: weakref.WeakValueDictionary[str, nn.Module] = weakref.WeakValueDictionary()
+_HANDED: weakref.WeakValueDictionary[str, nn.Module] = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
 _WRAPPED = "__oretrofit_reloads_patch__"
 
@@ -39,19 +39,11 @@ def _key(path: str | Path) -> str:
     return str(Path(path).resolve())
 
 
-def register(path: str | Path, model: nn.Module) -> nn.Module:
-    """The model tabpfn loads from ``path`` while it is alive: the live one registered for it
-    when there is one, else ``model`` (retrofitted with the spec inside ``path``), registered."""
+def hand_over(path: str | Path, model: nn.Module) -> None:
+    """Make ``model`` (retrofitted with the spec inside ``path``) the model the next load of
+    ``path`` returns, while it is alive."""
     with _LOCK:
-        return _LIVE.setdefault(_key(path), model)
-
-
-def patched_model(path: str | Path) -> nn.Module | None:
-    """The model tabpfn loads from ``path`` (the live one, else a fresh one of its weights with
-    its spec re-applied), or None when ``path`` is a plain checkpoint (or patched by arm
-    ``base``: nothing)."""
-    spec = embedded_spec(path)
-    return None if spec is None or spec.get("arm") == "base" else _patched(Path(path), spec)
+        _HANDED[_key(path)] = model
 
 
 def embedded_spec(path: str | Path) -> dict[str, Any] | None:
@@ -69,25 +61,29 @@ def embedded_spec(path: str | Path) -> dict[str, Any] | None:
     return read_patch_spec(path) if present else None
 
 
-def _patched(path: Path, spec: dict[str, Any]) -> nn.Module:
-    """The live model of ``path`` while it is retrofitted, else a fresh one of its weights
-    with ``spec`` applied (registered as the live model)."""
+def patched_model(path: str | Path, claim: bool = False) -> nn.Module | None:
+    """The model a load of ``path`` runs: the one handed over (taken when ``claim``) while it is
+    retrofitted, else fresh weights with the spec inside ``path`` applied; None when ``path`` is a plain
+    checkpoint (or patched by arm ``base``: nothing)."""
     from ..._surgery.registry import Retrofit, apply_spec
     from .checkpoints import build_model, load_checkpoint
+    spec = embedded_spec(path)
+    if spec is None or spec.get("arm") == "base":
+        return None
     with _LOCK:
-        model = _LIVE.get(_key(path))
-        if model is None or Retrofit.of(model) is None:
-            model = build_model(load_checkpoint(path))[0]
-            apply_spec(model, spec)
-            _LIVE[_key(path)] = model
-        return model
+        handed = _HANDED.pop(_key(path), None) if claim else _HANDED.get(_key(path))
+    if handed is not None and Retrofit.of(handed) is not None:        # not reverted since
+        return handed
+    model = build_model(load_checkpoint(path))[0]
+    apply_spec(model, spec)
+    return model
 
 
 def _reloading(load_model: Callable[..., tuple]) -> Callable[..., tuple]:
     @functools.wraps(load_model)
     def load(*, path: Path, **kwargs: Any) -> tuple:
         loaded = load_model(path=path, **kwargs)
-        model = patched_model(path)
+        model = patched_model(path, claim=True)
         return loaded if model is None else (model, *loaded[1:])
 
     setattr(load, _WRAPPED, True)

@@ -295,7 +295,8 @@ def test_concurrent_predict_of_a_copy_sees_nothing_of_a_batched_call(small_ckpt,
 
 
 def test_estimator_unchanged_constant_target_and_predict_options(small_ckpt, table):
-    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=REG_PRECISION, **FAST)
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=REG_PRECISION,
+                                  **FAST)
     x, y, t = table
     before = regressor.fit(x, y).predict(t)
     constant = np.full_like(y, 3.5)
@@ -331,7 +332,8 @@ def test_the_readme_example_runs(capsys, monkeypatch, small_ckpt, tmp_path):
 
 
 def test_max_padding_cuts_size_sorted_forwards(small_ckpt, regression_sets, monkeypatch):
-    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=REG_PRECISION, **FAST)
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=REG_PRECISION,
+                                  **FAST)
     sets = regression_sets[:6]
     layouts = _forwards(monkeypatch)
     one = predict_batched(regressor, *zip(*sets), max_padding=math.inf)

@@ -28,7 +28,8 @@ def test_fit_with_cache_equals_fit_preprocessors(classifier_ckpt, classes):
         return
     fp64 = {"inference_precision": torch.float64}
     uncached = _proba(make_classifier(classifier_ckpt, "full-o", 0.5, **fp64, **FAST)[0], classes)
-    cached, _ = make_classifier(classifier_ckpt, "full-o", 0.5, fit_mode="fit_with_cache", **fp64, **FAST)
+    cached, _ = make_classifier(classifier_ckpt, "full-o", 0.5, fit_mode="fit_with_cache", **fp64,
+                                **FAST)
     np.testing.assert_allclose(_proba(cached, classes), uncached, rtol=1e-5, atol=0)
 
 

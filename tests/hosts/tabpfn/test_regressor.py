@@ -53,7 +53,8 @@ def test_fit_with_cache_equals_fit_preprocessors_under_o(small_ckpt, table, arm)
         return
     fp64 = {"inference_precision": torch.float64}
     uncached = _fit_predict(make_regressor(small_ckpt, arm, 0.5, **fp64, **FAST)[0], table)
-    regressor, result = make_regressor(small_ckpt, arm, 0.5, fit_mode="fit_with_cache", **fp64, **FAST)
+    regressor, result = make_regressor(small_ckpt, arm, 0.5, fit_mode="fit_with_cache", **fp64,
+                                       **FAST)
     cached = _fit_predict(regressor, table)
     assert _rel(cached, uncached) <= 1e-5
     base = _fit_predict(make_regressor(small_ckpt, "base", **FAST)[0], table)
@@ -76,7 +77,8 @@ def test_quantized_cache_is_refused_under_o(small_ckpt):
     from tabpfn.architectures import kv_cache
     if "kv_cache_precision" in inspect.signature(TabPFNRegressor.__init__).parameters:
         with pytest.raises(RetrofitError, match="quantized.*kv_cache_precision='auto'"):
-            make_regressor(small_ckpt, "oa", fit_mode="fit_with_cache", kv_cache_precision="int8", **FAST)
+            make_regressor(small_ckpt, "oa", fit_mode="fit_with_cache", kv_cache_precision="int8",
+                           **FAST)
         regressor, _ = make_regressor(small_ckpt, "oa", fit_mode="fit_with_cache", **FAST)
         assert regressor.kv_cache_precision == "auto"
     elif _always_quantizes():
