@@ -203,11 +203,13 @@ def check_checkpoint_name(path: Path, version: str | None = None) -> str:
 
 
 def _demo_architecture() -> dict[str, Any]:
-    """The demo regressor's architecture config, read from the shipped checkpoint."""
+    """The demo regressor's architecture config, read from the shipped checkpoint (its
+    architecture only: a tabpfn too old for its inference config builds the architecture)."""
     if not DEMO_CHECKPOINT.exists():
         raise RetrofitError(f"size 'demo' is the architecture of the demo checkpoint "
                             f"{DEMO_CHECKPOINT}, which is not installed; reinstall oretrofit")
-    return dict(load_checkpoint(DEMO_CHECKPOINT)["config"])
+    return dict(torch.load(DEMO_CHECKPOINT, map_location="cpu", weights_only=True,
+                           mmap=True)["config"])
 
 
 def _random_host(task: str, size: str = "small") -> Path:
