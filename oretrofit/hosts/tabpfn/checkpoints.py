@@ -140,7 +140,8 @@ def random_model(version: str = "v3", size: str = "small", seed: int = 0,
     arch = architecture(row)
     classes = ({"max_num_classes": RANDOM_CLASSIFIER_CLASSES}
                if task == "classifier" or version == "v3.5" else
-               {"max_num_classes": 0} if version == "v2" else {})    # v2's default is -1
+               {"max_num_classes": 0} if row.sites == "v2_5" else {})   # a v2.x regressor's
+    # (the configs' default -1 is no task: tabpfn 8.0.1 refuses to load it from a file)
     config, _ = arch.parse_config({**fields, **classes})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
