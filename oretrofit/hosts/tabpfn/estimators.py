@@ -79,10 +79,13 @@ def check_vendor_kwargs(task: releases.Task, kwargs: Mapping[str, Any]) -> None:
 def in_memory_specs(path: str | os.PathLike[str], model: nn.Module, task: releases.Task
                     ) -> Any:
     """tabpfn's in-memory model spec running ``model`` with the configs and bucket borders of
-    the checkpoint at ``path`` (an estimator whose model is observed while it runs)."""
+    the checkpoint at ``path`` (an estimator whose model is observed while it runs). The
+    borders are the file's, as tabpfn reads them when it loads the file itself (not the
+    model's buffer, which a forced precision may have cast)."""
     checkpoint = load_checkpoint(path)
+    state = checkpoint["state_dict"]
     return releases.model_specs(model, model.config, inference_config(checkpoint), task,
-                                checkpoint["state_dict"].get("criterion.borders"))
+                                state.get("criterion.borders", state.get("regression_borders")))
 
 
 def _patched_artifact(path: Path, checkpoint: Mapping[str, Any], result: Retrofit) -> Path:
