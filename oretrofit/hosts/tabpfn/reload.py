@@ -62,16 +62,17 @@ def embedded_spec(path: str | Path) -> dict[str, Any] | None:
 
 
 def patched_model(path: str | Path, claim: bool = False) -> nn.Module | None:
-    """The model a load of ``path`` runs: the one handed over (taken when ``claim``) while it is
-    retrofitted, else fresh weights with the spec inside ``path`` applied; None when ``path`` is a plain
-    checkpoint (or patched by arm ``base``: nothing)."""
+    """The model a load of ``path`` runs: with ``claim``, the one handed over while it is
+    retrofitted (taken: the next load builds its own); else, or without one, fresh weights with
+    the spec inside ``path`` applied. None when ``path`` is a plain checkpoint (or patched by
+    arm ``base``: nothing)."""
     from ..._surgery.registry import Retrofit, apply_spec
     from .checkpoints import build_model, load_checkpoint
     spec = embedded_spec(path)
     if spec is None or spec.get("arm") == "base":
         return None
     with _LOCK:
-        handed = _HANDED.pop(_key(path), None) if claim else _HANDED.get(_key(path))
+        handed = _HANDED.pop(_key(path), None) if claim else None
     if handed is not None and Retrofit.of(handed) is not None:        # not reverted since
         return handed
     model = build_model(load_checkpoint(path))[0]
