@@ -163,7 +163,7 @@ def _estimator_model(estimator: Any) -> nn.Module:
     model_path = getattr(estimator, "model_path", None)
     if isinstance(model_path, (str, os.PathLike)):      # a plain checkpoint: its sites refused
         fitted = getattr(estimator, "models_", None)
-        return fitted[0] if fitted else (reload.patched_model(model_path)
+        return fitted[0] if fitted else (reload.patched_model(model_path, claim=True)
                                          or build_model(load_checkpoint(model_path))[0])
     model = getattr(model_path, "model", None)
     if not isinstance(model, nn.Module):

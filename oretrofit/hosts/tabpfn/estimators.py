@@ -235,8 +235,9 @@ def make_regressor(model_path: str | os.PathLike[str] | None, arm: str | None = 
             must not be quantized: ``kv_cache_precision="auto"`` is set where tabpfn has it
             (a quantized one, or a release that always quantizes, is refused).
     Returns:
-        ``(regressor, retrofit)``; ``retrofit.model`` is the instance the next ``fit`` (and the
-        predictions after it) run; a later ``fit`` re-applies the spec to fresh weights.
+        ``(regressor, retrofit)``; ``retrofit.model`` is the instance the estimator's first use
+        runs (its next ``fit`` and the predictions after it, or ``predict_batched``); a later
+        load re-applies the spec to fresh weights.
     """
     return _make("regressor", model_path, arm, tau, eps, site_tau, spec, vendor_kwargs)
 

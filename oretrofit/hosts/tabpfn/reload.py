@@ -14,7 +14,8 @@ exactly as before; one with a spec loads as
 so no load runs an unpatched model, and no two loads share a model (each may be moved to its
 own device and precision, as tabpfn builds a fresh model at every ``fit``). The model handed
 over is the one ``make_regressor`` / ``make_classifier`` returned the
-:class:`~oretrofit.Retrofit` of: the estimator's next ``fit`` runs it. It is held weakly.
+:class:`~oretrofit.Retrofit` of: the estimator's first use (its next ``fit``, or
+``predict_batched``) runs it. It is held weakly.
 """
 
 from __future__ import annotations
