@@ -1,13 +1,17 @@
 """Both estimators, regressor and classifier: base is tabpfn's own, τ → 0 is base, τ = 1 is not;
-tabpfn's own arguments, names and defaults."""
+tabpfn's own arguments, names and defaults; pickled, they load under any admitted tabpfn
+release."""
 
 from __future__ import annotations
+
+import pickle
 
 import numpy as np
 import pytest
 import torch
 
-from oretrofit import RetrofitError
+from oretrofit import Retrofit, RetrofitError
+from oretrofit.hosts.tabpfn import releases
 from oretrofit.tabpfn import make_classifier, make_regressor
 
 from . import FAST
@@ -92,3 +96,24 @@ def test_vendor_names_pass_through_and_auto_where_the_release_has_it():
 def test_arguments_tabpfn_does_not_take_are_refused_by_name(kwargs, message):
     with pytest.raises(RetrofitError, match=message):
         make_regressor("random", "full-o", **kwargs)
+
+
+def test_a_pickled_estimator_loads_under_another_admitted_release(task, monkeypatch):
+    """Its retrofit re-applies the spec it pickled with under the release it is loaded under,
+    which the spec then records (the release it was saved under is provenance, not a lock); a
+    release outside the admitted range is refused by name."""
+    maker, _, checkpoint, run = task
+    estimator, handle = maker(checkpoint, "full-o", 1.0, **FAST)
+    expected = run(estimator)
+    saved = handle.spec()["host_versions"]["tabpfn"]
+    other = next(r for r in reversed(releases.TESTED_RELEASES) if r != saved)
+    data = pickle.dumps(estimator)
+    loaded, refused = pickle.loads(data), pickle.loads(data)
+    with monkeypatch.context() as installed:
+        installed.setattr(releases, "installed_version", lambda: other)
+        assert Retrofit.of(loaded.models_[0]).spec()["host_versions"]["tabpfn"] == other
+        installed.setattr(releases, "installed_version", lambda: "7.0.0")
+        with pytest.raises(RetrofitError, match="tabpfn 7.0.0 is older than the TabPFN host "
+                                                "supports .* the model is now unpatched"):
+            Retrofit.of(refused.models_[0]).spec()
+    np.testing.assert_array_equal(run(loaded), expected)
