@@ -1,10 +1,12 @@
 """The model families the runner regresses with: each family's ``make_regressor``, the vendor
 arguments the runner's settings map to, and its checkpoint (``--host``).
 
-TabPFN takes every setting (``seed``, ``n_estimators``, ``inference_precision``, variants, the
-``demo``/``random`` checkpoints); TabICL and TabDPT take a checkpoint file in the vendor's format
-(e.g. ``oretrofit.tabicl.write_random_checkpoint(path, "regressor")``) and the vendor's own names:
-TabICL ``random_state`` and ``n_estimators``, TabDPT ``seed`` and ``n_ensembles`` at ``predict``. A family whose package cannot be imported is refused by name, with the fix.
+TabPFN takes every setting (``random_state``, ``n_estimators``, ``inference_precision``,
+variants, the ``demo``/``random`` checkpoints); TabICL and TabDPT take a checkpoint file in the
+vendor's format (e.g. ``oretrofit.tabicl.write_random_checkpoint(path, "regressor")``) and the
+vendor's own names: TabICL ``random_state`` and ``n_estimators``, TabDPT ``seed`` and
+``n_ensembles`` at ``predict``. A family whose package cannot be imported is refused by name,
+with the fix.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 from typing import Any, Callable
+
+import torch
 
 HOSTS = ("tabpfn", "tabicl", "tabdpt")
 _PACKAGES = {"tabpfn": "tabpfn", "tabicl": "tabicl", "tabdpt": "tabdpt"}
@@ -44,9 +48,10 @@ def vendor_kwargs(host: str, settings: dict[str, Any], seed: int
     ``seed``). A setting the family has no argument for is refused rather than dropped."""
     settings = dict(settings)
     if host == "tabpfn":
-        return {**settings, "seed": seed}, {}
-    if settings.pop("inference_precision", None) is not None:
-        raise ValueError(f"--inference-precision is TabPFN's; --host {host} takes none")
+        return {**settings, "random_state": seed}, {}
+    if settings.pop("inference_precision", torch.float32) != torch.float32:
+        raise ValueError(f"--inference-precision is TabPFN's; --host {host} runs at its own "
+                         "(float32 on a CPU)")
     n_estimators = settings.pop("n_estimators", 1)
     if host == "tabicl":
         return {**settings, "n_estimators": n_estimators, "random_state": seed}, {}

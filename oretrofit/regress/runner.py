@@ -120,7 +120,7 @@ class ModelSettings:
     n_estimators: int = 1
     eps: float = EPS_RETROFIT
     inference_precision: str | None = None      # float32 | float16 | bfloat16 | auto |
-                                                # autocast; None: the retrofit's default
+                                                # autocast; None: float32
     host: str = "tabpfn"                        # the model family (:mod:`.families`)
 
     def __post_init__(self) -> None:
@@ -137,7 +137,9 @@ class ModelSettings:
                                   "n_estimators": self.n_estimators}
         if self.inference_precision in ("auto", "autocast"):
             kwargs["inference_precision"] = self.inference_precision
-        elif self.inference_precision is not None:
+        elif self.inference_precision is None:            # arms compared like for like
+            kwargs["inference_precision"] = torch.float32
+        else:
             dtype = getattr(torch, self.inference_precision, None)
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"unknown inference precision {self.inference_precision!r}; "

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from oretrofit.cli.app import app
@@ -80,7 +81,7 @@ def test_a_family_without_its_package_is_refused_by_name_with_the_fix(monkeypatc
 
 def test_settings_a_family_has_no_argument_for_are_refused():
     with pytest.raises(ValueError, match="--inference-precision is TabPFN's"):
-        families.vendor_kwargs("tabicl", {"inference_precision": "float16"}, seed=1)
+        families.vendor_kwargs("tabicl", {"inference_precision": torch.float16}, seed=1)
     assert families.vendor_kwargs("tabicl", {"n_estimators": 2, "device": "cpu"}, seed=7) == (
         {"n_estimators": 2, "device": "cpu", "random_state": 7}, {})
     assert families.vendor_kwargs("tabdpt", {"n_estimators": 2, "device": "cpu"}, seed=7) == (
