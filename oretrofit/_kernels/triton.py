@@ -38,8 +38,8 @@ fp32 before ``tl.dot`` (the only difference from the GPU code).
 
 from __future__ import annotations
 
-import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -51,8 +51,58 @@ from .lse import _NULL_LOGIT, _NULL_LSE, sink_logit
 __all__ = ["o_attention_triton", "dropout_keep"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# Tile sizes: (query rows, key columns). Small under the interpreter (it runs tiles in numpy).
-_BLOCKS = (16, 16) if _INTERPRET else (64, 64)
+# A launch's grid: axis 1 (batch × heads) is CUDA's y axis; offsets within one (batch, head)
+# slice are int32 in the kernels, the batch and head offsets int64.
+GRID_Y_LIMIT = 65_535
+INT32_LIMIT = 2**31
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One kernel's tile (``bm`` query rows × ``bn`` key columns) and launch settings."""
+
+    bm: int
+    bn: int
+    warps: int = 4
+    stages: int = 3
+
+
+@dataclass(frozen=True)
+class Configs:
+    """The configurations of the forward, the dq and the dk/dv kernels for one head-dim bucket."""
+
+    forward: KernelConfig
+    dq: KernelConfig
+    dkdv: KernelConfig
+
+
+# Per padded head dim (``BD``), chosen by their static metrics on sm_90a (shared memory within
+# 227 KB, no register spills; benchmarks/kernel_static.py, results/kernel_static.md).
+# Small tiles under the interpreter (it runs tiles in numpy).
+_INTERPRETER_CONFIGS = Configs(*(KernelConfig(16, 16, 1, 1),) * 3)
+_CONFIGS: dict[int, Configs] = {
+    16: Configs(KernelConfig(64, 64), KernelConfig(64, 64), KernelConfig(64, 64)),
+    32: Configs(KernelConfig(64, 64), KernelConfig(64, 64), KernelConfig(64, 64)),
+    64: Configs(KernelConfig(64, 64), KernelConfig(64, 64), KernelConfig(64, 64)),
+    128: Configs(KernelConfig(64, 64), KernelConfig(64, 64), KernelConfig(64, 64)),
+    256: Configs(KernelConfig(64, 64), KernelConfig(64, 64), KernelConfig(64, 64)),
+}
+
+
+def padded_head_dim(d: int) -> int:
+    """``BD``: the head dim padded to a power of two of at least 16 (the kernels' tile width)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def configs_for(d: int) -> Configs:
+    """The kernels' configurations at head dim ``d`` (ValueError above 256)."""
+    if _INTERPRET:
+        return _INTERPRETER_CONFIGS
+    bd = padded_head_dim(d)
+    if bd not in _CONFIGS:
+        raise ValueError(f"the Triton OAttention kernels take head dims up to 256, not {d}; "
+                         "use attn_precision='fp32' for this host")
+    return _CONFIGS[bd]
 
 
 @triton.jit
@@ -132,7 +182,7 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
                     HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)                                   # see _check_limits
     b, h, hk, m_idx, d_idx, m_ok, d_ok = _query_block(bh, H, GROUP, NQ, D, BM, BD)
     q = tl.load(Q + b * sqb + h * sqh + m_idx[:, None] * sqn + d_idx[None, :] * sqd,
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)
@@ -177,7 +227,7 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
                         BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     """dq, ``D_i = dO_i·out_i`` and (``NEED_ROWDOT``) ``dO_i·Σ_j δ W v`` of one query block.
     OUT, DO and DQ are laid out like q (its strides ``sq*``)."""
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)                                   # see _check_limits
     b, h, hk, m_idx, d_idx, m_ok, d_ok = _query_block(bh, H, GROUP, NQ, D, BM, BD)
     rows = m_idx[:, None] * sqn + d_idx[None, :] * sqd
     row_mask = m_ok[:, None] & d_ok[None, :]
@@ -230,7 +280,7 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
                           BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     """dk, dv of one key block of one KV head (summed over its group of query heads) and the
     column sums ``Σ_i dS_ij`` per query head. DO is laid out like q; DK, DV like k."""
-    pid_n, bhk = tl.program_id(0), tl.program_id(1)
+    pid_n, bhk = tl.program_id(0), tl.program_id(1).to(tl.int64)
     HK = H // GROUP
     b, hk = bhk // HK, bhk % HK
     n_idx = pid_n * BN + tl.arange(0, BN)
@@ -309,6 +359,20 @@ def _key_logits(p_k: Tensor, batch: int, heads: int) -> Tensor:
     return _per_head(logit, batch, heads, p_k.shape[-1])
 
 
+def _check_limits(q: Tensor, k: Tensor, batch_heads: int) -> None:
+    """ValueError, naming the limit, for a call the kernels' grid or int32 offsets cannot take."""
+    if batch_heads > GRID_Y_LIMIT:
+        raise ValueError(f"the Triton OAttention kernels take batch × heads up to {GRID_Y_LIMIT:,} "
+                         f"(CUDA's grid), not {batch_heads:,}; split the batch or use "
+                         "precision='fp32'")
+    for name, t in (("q", q), ("k", k)):
+        span = sum((n - 1) * abs(s) for n, s in zip(t.shape[2:], t.stride()[2:])) + 1
+        if span >= INT32_LIMIT:
+            raise ValueError(f"the Triton OAttention kernels address one (batch, head) slice with "
+                             f"int32 offsets; {name}'s spans {span:,} elements (limit 2**31); "
+                             "use shorter sequences or precision='fp32'")
+
+
 class _Launch:
     """One call's tensors, strides and flags, shared by the forward and the backward kernels."""
 
@@ -317,8 +381,10 @@ class _Launch:
                  softcap: float | None, dropout_p: float, seed: int) -> None:
         self.q, self.k, self.v = _dense(q), _dense(k), _dense(v)
         (b, h, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
+        _check_limits(self.q, self.k, b * h)
         self.shape = (b, h, n_q, n_k)
         self.d, self.group = d, h // h_kv
+        self.configs = configs_for(d)
         self.logp = _key_logits(p_k, b, h)
         self.pq = _per_head(p_q, b, h, n_q)
         self.visible = None if visible is None else visible.to(torch.uint8)
@@ -328,7 +394,6 @@ class _Launch:
 
     def common(self) -> tuple[list, dict]:
         """Positional tensors/strides after the per-kernel pointers, and the constexpr flags."""
-        b, h, n_q, n_k = self.shape
         dummy = self.logp
         args = [*self.q.stride(), *self.k.stride(), *self.v.stride(), *self.logp.stride(),
                 *_strides4(self.visible, self.shape), *_strides4(self.bias, self.shape),
@@ -336,11 +401,23 @@ class _Launch:
         flags = dict(HAS_VIS=self.visible is not None, HAS_BIAS=self.bias is not None,
                      HAS_SOFTCAP=self.softcap is not None, HAS_DROPOUT=self.dropout_p > 0,
                      UPCAST=_INTERPRET and self.q.dtype in (torch.bfloat16, torch.float16),
-                     IEEE=self.q.dtype == torch.float32,
-                     BM=_BLOCKS[0], BN=_BLOCKS[1], BD=max(16, triton.next_power_of_2(self.d)))
+                     IEEE=self.q.dtype == torch.float32, BD=padded_head_dim(self.d))
         self.masks = (dummy if self.visible is None else self.visible,
                       dummy if self.bias is None else self.bias)
         return args, flags
+
+    def launch(self, kernel, config: KernelConfig, blocks: int, heads: int, *args,
+               **flags) -> None:
+        """``kernel`` on the grid ``(blocks, heads)`` with ``config``'s tile, warps and stages,
+        on q's device (the current CUDA device may be another)."""
+        run = kernel[(blocks, heads)]
+        settings = dict(BM=config.bm, BN=config.bn, num_warps=config.warps,
+                        num_stages=config.stages)
+        if self.q.is_cuda:
+            with torch.cuda.device(self.q.device):
+                run(*args, **flags, **settings)
+        else:
+            run(*args, **flags, **settings)
 
     def forward(self) -> tuple[Tensor, Tensor]:
         """``(out, lse)``: out like q, lse ``(B, H, Nq)`` fp32 = log(ε + Z_i)."""
@@ -348,11 +425,12 @@ class _Launch:
         out = torch.empty_like(self.q)
         lse = torch.empty(b, h, n_q, device=self.q.device, dtype=torch.float32)
         args, flags = self.common()
-        grid = (triton.cdiv(n_q, _BLOCKS[0]), b * h)
-        _forward_kernel[grid](self.q, self.k, self.v, self.logp, *self.masks, self.pq, out, lse,
-                              *args, *out.stride(), h, self.group, n_q, n_k, self.d, self.scale,
-                              sink_logit(self.eps), self.softcap or 1.0, self.dropout_p, self.seed,
-                              **flags)
+        config = self.configs.forward
+        self.launch(_forward_kernel, config, triton.cdiv(n_q, config.bm), b * h,
+                    self.q, self.k, self.v, self.logp, *self.masks, self.pq, out, lse,
+                    *args, *out.stride(), h, self.group, n_q, n_k, self.d, self.scale,
+                    sink_logit(self.eps), self.softcap or 1.0, self.dropout_p, self.seed,
+                    **flags)
         return out, lse
 
     def backward(self, out: Tensor, lse: Tensor, d_out: Tensor, need_colsum: bool,
@@ -365,18 +443,20 @@ class _Launch:
         args, flags = self.common()
         rowdot = torch.empty_like(lse) if need_rowdot else lse
         delta, dq = torch.empty_like(lse), torch.empty_like(self.q)
-        grid_q = (triton.cdiv(n_q, _BLOCKS[0]), b * h)
-        _backward_dq_kernel[grid_q](self.q, self.k, self.v, self.logp, *self.masks, self.pq, out,
-                                    d_out, lse, delta, dq, rowdot, *args, h, self.group, n_q, n_k,
-                                    self.d, self.scale, self.softcap or 1.0, self.dropout_p,
-                                    self.seed, NEED_ROWDOT=need_rowdot, **flags)
+        config = self.configs.dq
+        self.launch(_backward_dq_kernel, config, triton.cdiv(n_q, config.bm), b * h,
+                    self.q, self.k, self.v, self.logp, *self.masks, self.pq, out, d_out, lse,
+                    delta, dq, rowdot, *args, h, self.group, n_q, n_k, self.d, self.scale,
+                    self.softcap or 1.0, self.dropout_p, self.seed, NEED_ROWDOT=need_rowdot,
+                    **flags)
         dk, dv = torch.empty_like(self.k), torch.empty_like(self.k)          # k's layout
         colsum = lse.new_empty(b, h, n_k) if need_colsum else lse
-        grid_k = (triton.cdiv(n_k, _BLOCKS[1]), b * (h // self.group))
-        _backward_dkdv_kernel[grid_k](self.q, self.k, self.v, self.logp, *self.masks, self.pq,
-                                      d_out, lse, delta, dk, dv, colsum, *args, h, self.group,
-                                      n_q, n_k, self.d, self.scale, self.softcap or 1.0,
-                                      self.dropout_p, self.seed, NEED_COLSUM=need_colsum, **flags)
+        config = self.configs.dkdv
+        self.launch(_backward_dkdv_kernel, config, triton.cdiv(n_k, config.bn),
+                    b * (h // self.group), self.q, self.k, self.v, self.logp, *self.masks,
+                    self.pq, d_out, lse, delta, dk, dv, colsum, *args, h, self.group, n_q, n_k,
+                    self.d, self.scale, self.softcap or 1.0, self.dropout_p, self.seed,
+                    NEED_COLSUM=need_colsum, **flags)
         return (dq, dk, dv, colsum if need_colsum else None, rowdot if need_rowdot else None)
 
 
@@ -421,7 +501,7 @@ def dropout_keep(seed: int, shape: tuple[int, int, int, int], dropout_p: float,
     forward applied to the weights, for reproducing a dropout call outside the kernel."""
     b, h, n_q, n_k = shape
     keep = torch.empty(shape, device=device, dtype=torch.float32)
-    _dropout_kernel[(b * h, n_q)](keep, n_q, n_k, dropout_p, seed, BN=_BLOCKS[1])
+    _dropout_kernel[(b * h, n_q)](keep, n_q, n_k, dropout_p, seed, BN=configs_for(16).forward.bn)
     return keep
 
 
