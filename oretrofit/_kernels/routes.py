@@ -14,10 +14,13 @@ composes ``out_i = p_i σ(L_i − log ε) o_i`` and its backward in one place; r
 same gate (:func:`oretrofit._kernels.lse.sink_gate`) under autograd.
 
 :func:`route_for` gives the first route that serves the call (its device, dtype, head size and
-features) and passes :func:`check_route` for that (device type, dtype, torch version): output and
-every gradient against the operator's algebra in fp64 on the same rounded inputs (a GQA case with
-a null source, a null receiver, empty rows and a broadcast mask). A route that fails is reported
-once (``RuntimeWarning``) and the next is tried; with none, OAttention computes in fp32.
+features) and passes :func:`check_route` for that (device type, dtype, head-dim bucket, torch
+version): output and every gradient against the operator's algebra in fp64 on the same rounded
+inputs (a GQA case with a null source, a null receiver, empty rows and a broadcast mask) at the
+call's head dim rounded up to a power of two (at least 16: the kernels' tile width, on which their
+configuration and shared memory depend). A route that fails, or whose kernels do not compile for
+the device (Triton's ``OutOfResources``, ``CompilationError``, ``PTXASError``), is reported once
+(``RuntimeWarning``) and the next is tried; with none, OAttention computes in fp32.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ _CHECK_TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 3e-2, torch.float32: 1e
 @dataclass(frozen=True)
 class Route:
     """One candidate: where it can run and what it serves. ``ready()``: its package or ops are
-    present; ``head_multiple``: the head sizes it takes; ``softcap``/``dropout``: whether it
+    present; ``head_multiple``, ``max_head_size``: the head sizes it takes; ``softcap``/``dropout``: whether it
     computes those (a call with them skips routes without)."""
 
     name: str
@@ -51,6 +54,7 @@ class Route:
     ready: Callable[[], bool]
     run: Run
     head_multiple: int = 1
+    max_head_size: int | None = None
     softcap: bool = False
     dropout: bool = False
 
@@ -91,14 +95,29 @@ def _flex_ready() -> bool:
 
 ROUTES: tuple[Route, ...] = (
     Route("triton", ("cuda",), lambda: importlib.util.find_spec("triton") is not None,
-          _run_triton, softcap=True, dropout=True),
+          _run_triton, max_head_size=256, softcap=True, dropout=True),
     Route("cudnn", ("cuda",), lambda: _cudnn() is not None, backend_run(_cudnn), head_multiple=8),
     Route("flex", ("cuda",), _flex_ready, _run_flex, softcap=True),
     Route("efficient", ("cuda",), lambda: _efficient() is not None, backend_run(_efficient),
           head_multiple=8),
 )
 
-_CHECKED: dict[tuple[str, str, torch.dtype, str], bool] = {}
+_CHECKED: dict[tuple[str, str, torch.dtype, int, str], bool] = {}
+
+
+@cache
+def _compile_errors() -> tuple[type[Exception], ...]:
+    """Triton's errors for a kernel that does not compile or fit the device (its common base
+    class), where Triton is installed."""
+    if importlib.util.find_spec("triton") is None:
+        return ()
+    from triton.errors import TritonError
+    return (TritonError,)
+
+
+def head_bucket(head_size: int) -> int:
+    """The head dim a route's check runs at for ``head_size``: the next power of two, ≥ 16."""
+    return max(16, 1 << (head_size - 1).bit_length())
 
 
 def route_for(device: torch.device, dtype: torch.dtype, head_size: int, softcap: bool = False,
@@ -106,25 +125,30 @@ def route_for(device: torch.device, dtype: torch.dtype, head_size: int, softcap:
     """The first of :data:`ROUTES` that serves the call and passes its check (module docstring);
     None: OAttention computes in fp32."""
     for route in ROUTES:
-        if (device.type in route.devices and head_size % route.head_multiple == 0
+        if (device.type in route.devices and _takes(route, head_size)
                 and (route.softcap or not softcap) and (route.dropout or not dropout)
-                and _passes(route, device, dtype)):
+                and _passes(route, device, dtype, head_bucket(head_size))):
             return route
     return None
 
 
-def _passes(route: Route, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``route`` is ready and meets its check on (device type, dtype, torch version),
-    decided once; a failure is reported once."""
-    key = (route.name, device.type, dtype, torch.__version__)
+def _takes(route: Route, head_size: int) -> bool:
+    return head_size % route.head_multiple == 0 and (route.max_head_size is None
+                                                     or head_size <= route.max_head_size)
+
+
+def _passes(route: Route, device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether ``route`` is ready and meets its check on (device type, dtype, head dim, torch
+    version), decided once; a failure is reported once."""
+    key = (route.name, device.type, dtype, head_dim, torch.__version__)
     if key not in _CHECKED:
-        _check(route, key, device, dtype)
+        _check(route, key, device, dtype, head_dim)
     return _CHECKED[key]
 
 
 @torch.compiler.disable
-def _check(route: Route, key: tuple[str, str, torch.dtype, str], device: torch.device,
-           dtype: torch.dtype) -> None:
+def _check(route: Route, key: tuple[str, str, torch.dtype, int, str], device: torch.device,
+           dtype: torch.dtype, head_dim: int) -> None:
     """Check ``route`` for ``key`` into ``_CHECKED``; run eagerly even inside a compiled call
     (Dynamo cannot trace the check's seeded generator)."""
     passed = dtype in _CHECK_TOLERANCE and route.ready()
@@ -132,20 +156,23 @@ def _check(route: Route, key: tuple[str, str, torch.dtype, str], device: torch.d
         # The first call may come from a frozen host's no_grad or inference_mode forward;
         # the check's gradients need autograd.
         with torch.inference_mode(False), torch.enable_grad():
-            failure = check_route(route.run, device, dtype)
+            failure = check_route(route.run, device, dtype, head_dim)
         if failure:
             kernels._report_failed_check(f"the {route.name} OAttention route", device, dtype,
-                                         failure, "OAttention tries the next route, or "
-                                         "computes in fp32 there")
+                                         f"head dim {head_dim}: {failure}",
+                                         "OAttention tries the next route, or computes in "
+                                         "fp32 there")
             passed = False
     _CHECKED[key] = passed
 
 
-def check_routes(device: torch.device, dtype: torch.dtype) -> None:
-    """Run now the checks :func:`route_for` runs for a plain call of ``dtype`` on ``device``
-    (the routes in order, up to the first that passes), outside any compiled call."""
+def check_routes(device: torch.device, dtype: torch.dtype, head_size: int = 16) -> None:
+    """Run now the checks :func:`route_for` runs for a plain call of ``dtype`` and
+    ``head_size`` on ``device`` (the routes in order, up to the first that passes), outside any
+    compiled call."""
     for route in ROUTES:
-        if device.type in route.devices and _passes(route, device, dtype):
+        if (device.type in route.devices and _takes(route, head_size)
+                and _passes(route, device, dtype, head_bucket(head_size))):
             return
 
 
@@ -159,13 +186,14 @@ def _exact(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor, visible: T
     return p_q[:, None, :, None] * kernels.sink_gate(lse, eps)[..., None] * o
 
 
-def check_route(run: Run, device: torch.device, dtype: torch.dtype) -> str:
+def check_route(run: Run, device: torch.device, dtype: torch.dtype, head_dim: int = 16) -> str:
     """'' when ``run`` meets the operator's algebra (:func:`_exact` in fp64 on the same rounded
-    inputs) on a tiny GQA case with a null source, a null receiver, empty rows and a broadcast
-    mask, forward and every gradient; else what failed."""
+    inputs) on a tiny GQA case of head dim ``head_dim`` with a null source, a null receiver,
+    empty rows and a broadcast mask, forward and every gradient; else what failed (a kernel
+    that does not compile for the device included)."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=g).to(device, dtype)
-               for shape in ((2, 2, 5, 16), (2, 1, 7, 16), (2, 1, 7, 16)))
+               for shape in ((2, 2, 5, head_dim), (2, 1, 7, head_dim), (2, 1, 7, head_dim)))
     p_q, p_k = torch.rand(2, 5, generator=g) + 0.1, torch.rand(2, 7, generator=g) + 0.1
     p_q[0, 1] = p_k[0, 2] = 0.0
     p_k[1] = 0.0                                                            # batch 1: empty rows
@@ -175,12 +203,13 @@ def check_route(run: Run, device: torch.device, dtype: torch.dtype) -> str:
     inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, p_q, p_k)]
     reference = [t.detach().double().requires_grad_() for t in (q, k, v, p_q, p_k)]
     try:
-        out = run(*inputs, visible, None, 1e-6, 0.25, None, 0.0)
-        want = _exact(*reference, visible, 1e-6, 0.25)
+        out = run(*inputs, visible, None, 1e-6, head_dim ** -0.5, None, 0.0)
+        want = _exact(*reference, visible, 1e-6, head_dim ** -0.5)
         d_out = torch.randn(out.shape, generator=g).to(device, dtype)
         out.backward(d_out)
         want.backward(d_out.double())
-    except (RuntimeError, TypeError, ValueError, NotImplementedError, AttributeError) as error:
+    except (RuntimeError, TypeError, ValueError, NotImplementedError, AttributeError,
+            *_compile_errors()) as error:
         return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     if out.dtype != dtype or out.shape != want.shape:
         return f"out is {out.dtype} {tuple(out.shape)}, not {dtype} {tuple(want.shape)}"

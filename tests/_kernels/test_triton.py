@@ -148,7 +148,7 @@ def test_fp32_without_softcap_or_dropout_keeps_the_fp32_kernel(triton_module) ->
 
 
 def test_a_triton_kernel_that_fails_its_check_is_not_used(triton_module, monkeypatch) -> None:
-    monkeypatch.setattr(route, "check_route", lambda run, device, dtype: "forward differs")
+    monkeypatch.setattr(route, "check_route", lambda run, device, dtype, head_dim: "forward differs")
     monkeypatch.setattr(route, "_CHECKED", {})
     q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
     with pytest.warns(RuntimeWarning, match="triton OAttention route fails its check"):
@@ -182,3 +182,65 @@ def test_the_route_check_catches_a_wrong_kernel(triton_module, monkeypatch) -> N
                         lambda q, k, v, p_q, p_k, *rest: real(q, k, v, p_q * 0.5, p_k, *rest))
     assert route.check_route(route._run_triton, torch.device("cpu"),
                              torch.float32).startswith("out differs")
+
+
+def _compile_error(name: str) -> Exception:
+    """One of Triton's errors for a kernel that does not compile or fit the device."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources, PTXASError
+    return {"OutOfResources": OutOfResources(361_000, 232_448, "shared memory"),
+            "CompilationError": CompilationError("kernel.py", None, "unsupported layout"),
+            "PTXASError": PTXASError("ptxas error: too many resources requested")}[name]
+
+
+@pytest.mark.parametrize("error", ["OutOfResources", "CompilationError", "PTXASError"])
+def test_a_kernel_that_does_not_compile_falls_back_with_one_warning(triton_module, monkeypatch,
+                                                                    error) -> None:
+    def fail(*args, **kwargs):
+        raise _compile_error(error)
+
+    monkeypatch.setattr(triton_module._Launch, "launch", fail)
+    q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
+    with pytest.warns(RuntimeWarning, match=f"triton OAttention route fails its check .*head "
+                                            f"dim 16: {error}") as caught:
+        out, _ = o_attention(q, k, v, p_q, p_k)
+        again, _ = o_attention(q, k, v, p_q, p_k)
+    assert len([w for w in caught if "OAttention route" in str(w.message)]) == 1
+    assert torch.equal(out, o_attention_fused(q, k, v, p_q, p_k)) and torch.equal(out, again)
+
+
+def test_the_route_is_checked_at_the_calls_head_dim_bucket(triton_module, monkeypatch) -> None:
+    def fail_at_256(self, *args, **kwargs):
+        if self.d > 128:
+            raise _compile_error("OutOfResources")
+        return real(self, *args, **kwargs)
+
+    real = triton_module._Launch.launch
+    monkeypatch.setattr(triton_module._Launch, "launch", fail_at_256)
+    with pytest.warns(RuntimeWarning, match="head dim 256: OutOfResources"):
+        assert route.route_for(torch.device("cpu"), torch.bfloat16, 200) is None
+    assert route.route_for(torch.device("cpu"), torch.bfloat16, 100).name == "triton"
+    assert set(key[3] for key in route._CHECKED) == {128, 256}
+    assert route.route_for(torch.device("cpu"), torch.bfloat16, 512) is None  # past max_head_size
+
+
+def test_head_dim_256_matches_the_reference(triton_module) -> None:
+    inputs = make(torch.float32, h=2, hkv=1, nq=9, nk=11, d=256)
+    out, grads, want, want_grads = run_both(triton_module, inputs)
+    assert_close(out, want, REL_TOL[torch.float32], "out")
+    for name, got, expected in zip(("dq", "dk", "dv", "dp_q", "dp_k"), grads, want_grads):
+        assert_close(got, expected, REL_TOL[torch.float32], name)
+
+
+def test_grid_and_int32_limits_are_refused_by_name(triton_module) -> None:
+    def call(q_shape, k_shape):
+        q = torch.empty(q_shape, device="meta", dtype=torch.bfloat16)
+        k = torch.empty(k_shape, device="meta", dtype=torch.bfloat16)
+        p_q = torch.empty(q_shape[0], q_shape[2], device="meta")
+        p_k = torch.empty(k_shape[0], k_shape[2], device="meta")
+        triton_module.o_attention_triton(q, k, k, p_q, p_k, None, None, 0.0, 0.125)
+
+    with pytest.raises(ValueError, match="batch × heads up to 65,535 .*not 65,536"):
+        call((4096, 16, 1, 64), (4096, 16, 1, 64))
+    with pytest.raises(ValueError, match="int32 offsets; k's spans 2,147,483,648 elements"):
+        call((1, 1, 1, 64), (1, 1, 2**25, 64))
