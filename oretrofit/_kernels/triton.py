@@ -33,7 +33,9 @@ Masks: ``visible`` (bool) and ``bias`` (float) are read tile by tile through bro
 
 ``TRITON_INTERPRET=1`` runs these kernels on CPU tensors (the tests). Triton's interpreter
 computes bf16 matrix products wrongly (numpy has no bf16), so under it the tiles are upcast to
-fp32 before ``tl.dot`` (the only difference from the GPU code).
+fp32 before ``tl.dot`` (the only difference from the GPU code); P and dS are still rounded to
+q's dtype before their products (:func:`_operand`), so the tests see the half-precision error
+the compiled kernel makes.
 """
 
 from __future__ import annotations
@@ -118,6 +120,28 @@ def _dot(a, b, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a, b, input_precision="ieee")
     return tl.dot(a, b)
+
+
+@triton.jit
+def _rounded(x, PTR, UPCAST: tl.constexpr):
+    """``x`` (fp32) as the compiled kernel rounds it to ``PTR``'s element type (P and dS before
+    ``tl.dot``, the outputs at their store), kept in fp32: under the interpreter (``UPCAST``)
+    rounded here, bf16 to nearest even on the bits (the interpreter's bf16 cast truncates);
+    compiled, ``x`` itself (the cast after it rounds)."""
+    y = x
+    if UPCAST:
+        if PTR.dtype.element_ty == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            y = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        else:
+            y = x.to(PTR.dtype.element_ty).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _stored(x, PTR, UPCAST: tl.constexpr):
+    """``x`` in ``PTR``'s element type, rounded to nearest as on the GPU (:func:`_rounded`)."""
+    return _rounded(x, PTR, UPCAST).to(PTR.dtype.element_ty)
 
 
 @triton.jit
@@ -214,12 +238,12 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + _dot(w.to(v.dtype), v, IEEE)
+        acc = acc * alpha[:, None] + _dot(_rounded(w, Q, UPCAST).to(v.dtype), v, IEEE)
         m_i = m_new
     p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
     out = acc * (p_i / l_i)[:, None]
     tl.store(OUT + b * sob + h * soh + m_idx[:, None] * son + d_idx[None, :] * sod,
-             out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+             _stored(out, OUT, UPCAST), mask=m_ok[:, None] & d_ok[None, :])
     tl.store(LSE + bh * NQ + m_idx, m_i + tl.log(l_i), mask=m_ok)
 
 
@@ -268,10 +292,11 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
         ds = w * (p_i[:, None] * delta_keep * dov - delta[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - (s / softcap) * (s / softcap))
-        dq += _dot(ds.to(k.dtype), k, IEEE)
+        dq += _dot(_rounded(ds, Q, UPCAST).to(k.dtype), k, IEEE)
         if NEED_ROWDOT:
-            o_free += _dot((w * delta_keep).to(vt.dtype), tl.trans(vt), IEEE)
-    tl.store(DQ + b * sqb + h * sqh + rows, (dq * scale).to(DQ.dtype.element_ty), mask=row_mask)
+            o_free += _dot(_rounded(w * delta_keep, Q, UPCAST).to(vt.dtype),
+                           tl.trans(vt), IEEE)
+    tl.store(DQ + b * sqb + h * sqh + rows, _stored(dq * scale, DQ, UPCAST), mask=row_mask)
     if NEED_ROWDOT:
         tl.store(ROWDOT + bh * NQ + m_idx, tl.sum(d_o.to(tl.float32) * o_free, 1), mask=m_ok)
 
@@ -326,18 +351,18 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
             gated = w * (p_i[:, None] * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p,
                                                     HAS_DROPOUT))
             dov = _dot(d_o, vt, IEEE)
-            dv += _dot(tl.trans(gated.to(d_o.dtype)), d_o, IEEE)
+            dv += _dot(tl.trans(_rounded(gated, Q, UPCAST).to(d_o.dtype)), d_o, IEEE)
             ds = gated * dov - w * delta[:, None]
             if NEED_COLSUM:
                 colsum += tl.sum(ds, 0)
             if HAS_SOFTCAP:
                 ds = ds * (1.0 - (s / softcap) * (s / softcap))
-            dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE)
+            dk += _dot(tl.trans(_rounded(ds, Q, UPCAST).to(q.dtype)), q, IEEE)
         if NEED_COLSUM:
             tl.store(COLSUM + bh * NK + n_idx, colsum, mask=n_ok)
     k_rows = n_idx[:, None] * skn + d_idx[None, :] * skd
-    tl.store(DK + b * skb + hk * skh + k_rows, (dk * scale).to(DK.dtype.element_ty), mask=key_mask)
-    tl.store(DV + b * skb + hk * skh + k_rows, dv.to(DV.dtype.element_ty), mask=key_mask)
+    tl.store(DK + b * skb + hk * skh + k_rows, _stored(dk * scale, DK, UPCAST), mask=key_mask)
+    tl.store(DV + b * skb + hk * skh + k_rows, _stored(dv, DV, UPCAST), mask=key_mask)
 
 
 def _dense(t: Tensor) -> Tensor:

@@ -244,3 +244,31 @@ def test_grid_and_int32_limits_are_refused_by_name(triton_module) -> None:
         call((4096, 16, 1, 64), (4096, 16, 1, 64))
     with pytest.raises(ValueError, match="int32 offsets; k's spans 2,147,483,648 elements"):
         call((1, 1, 1, 64), (1, 1, 2**25, 64))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_error_is_within_twice_sdpas(triton_module, dtype) -> None:
+    """P and dS are rounded to q's dtype before their products, as on the GPU: the kernel's
+    error vs fp64 (output and dq, dk, dv) stays within 2× that of SDPA in the same dtype."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 48, 32, generator=g).to(dtype) for _ in range(3))
+    ones = torch.ones(1, 48)
+    d_out = torch.randn(1, 2, 48, 32, generator=g).to(dtype)
+
+    def errors(run) -> list[float]:
+        ours = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        got, want = run(*ours), torch.softmax(
+            exact[0] @ exact[1].transpose(-1, -2) / 32 ** 0.5, -1) @ exact[2]
+        got.backward(d_out)
+        want.backward(d_out.double())
+        pairs = [(got, want)] + [(a.grad, b.grad) for a, b in zip(ours, exact)]
+        return [float((a.detach().double() - b.detach()).abs().max() / b.detach().abs().max())
+                for a, b in pairs]
+
+    # ε = 0 and presences 1: OAttention is plain attention.
+    kernel = errors(lambda q, k, v: triton_module.o_attention_triton(
+        q, k, v, ones, ones, None, None, 0.0, 32 ** -0.5))
+    sdpa = errors(torch.nn.functional.scaled_dot_product_attention)
+    for name, ours, theirs in zip(("out", "dq", "dk", "dv"), kernel, sdpa):
+        assert ours <= 2 * theirs, f"{name}: {ours:.3g} > 2 × SDPA's {theirs:.3g}"
