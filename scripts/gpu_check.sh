@@ -11,7 +11,8 @@
 # the provenance (versions, device, git revision), and the OAttention routes of step 3.
 #   1. operator sweep (fp32, bf16, fp16)     -> OUT/operators.{json,md} (--device cpu: operators-quick)
 #   2. fp32 OAttention route and exactness, vs SDPA           -> OUT/attention.{json,md}
-#   3. OAttention vs SDPA (after a warm-up step, attention_warm, that compiles its kernels) at (8,9,2048,64), (1,16,8192,128), GQA (1,32->8,8192,128); bf16/fp16/fp32;
+#   3. OAttention vs SDPA at (8,9,2048,64), (1,16,8192,128), GQA (1,32->8,8192,128); bf16/fp16/fp32;
+#      after attention_warm, a step that compiles the kernels into Triton's cache untimed;
 #      fwd, fwd+bwd, memory, error vs fp64 beside SDPA's; the route each row took (Triton, cuDNN,
 #      FlexAttention, memory-efficient, or fp32 compute) and why a route's check failed
 #                                                             -> OUT/attention_shapes.{json,md}

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -38,11 +38,11 @@ import joblib
 import numpy as np
 import torch
 
-from .._operators.presence import EPS_RETROFIT, check_eps, check_positive
+from .._operators.presence import EPS_RETROFIT, check_eps
 from .._operators.presence_profile import PresenceProfile, presence_by_module
 from .._files.provenance import environment, portable
 from .._surgery.registry import ARMS, RetrofitError
-from .data import Dataset, canonical_spec, load_datasets
+from .data import Dataset, canonical_spec, load_datasets, refuse_twins
 from .protocol import PAPER_PROTOCOL, SplitProtocol, rmse_r2
 from .store import Cell, RunFolder
 from .variants import Variant, check_variants
@@ -309,6 +309,7 @@ def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
     from ..tabpfn import checkpoint_sha256, resolve_model_path
     _check_backend(backend, n_jobs, scheduler)
     datasets = load_datasets(matrix.datasets, openml_cache=openml_cache, standins=standins)
+    refuse_twins(datasets)
     for dataset in datasets.values():
         for seed in matrix.seeds:
             protocol.check_fits(dataset.spec, len(dataset.y), seed)
@@ -352,9 +353,10 @@ def _run_locked(matrix: Matrix, model: ModelSettings, folder: RunFolder,
                  "inference_precision": model.inference_precision,
                  "protocol": protocol.describe()})
     folder.bind_variants({v.key: v.record() for v in matrix.variants})
-    for dataset in datasets.values():
-        folder.record_dataset(dataset)
-    cells = shard_cells(matrix.cells(), *shard)
+    # a local table by its content: the spec the folder first recorded it under
+    known = {spec: folder.record_dataset(dataset) for spec, dataset in datasets.items()}
+    datasets = {known[spec]: dataset for spec, dataset in datasets.items()}
+    cells = shard_cells([replace(c, dataset=known[c.dataset]) for c in matrix.cells()], *shard)
     todo = [c for c in cells if not folder.done(c)]
     result = RunResult(folder.path, len(cells), len(cells) - len(todo))
     folder.record_invocation({

@@ -13,7 +13,9 @@ A second entry, ``oretrofit_patch_sha256``, is the checksum
 
 so an artifact whose spec (source SHA-256, site list, τ, …) or weights were changed after it was
 written is refused on load. Loading also re-applies the spec and checks the result against it
-(host, host package versions, site list: :func:`oretrofit.apply_spec`).
+(host, site list, each site's modules: :func:`oretrofit.apply_spec`; the package versions it
+records are provenance, so an artifact written under one admitted tabpfn release loads under
+another).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 
 from ..._files.reading import FileRefused, parse_json
 from ..._files.provenance import weights_digest
-from ..._surgery.registry import SPEC_VERSION, Retrofit, RetrofitError
+from ..._surgery.registry import SPEC_VERSION, Retrofit, RetrofitError, check_schema_version
 from .checkpoints import check_checkpoint_name, checkpoint_sha256, load_checkpoint, save_atomic
 from .estimators import regressor_from_checkpoint, spec_patch
 
@@ -89,9 +91,7 @@ def read_patch_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise RetrofitError(str(exc)) from None
     if not isinstance(spec, dict):
         raise RetrofitError(f"the patch spec inside {path} is not a JSON object; {_RECREATE}")
-    if spec.get("schema_version") != SPEC_VERSION:
-        raise RetrofitError(f"the patch spec inside {path} has schema_version "
-                            f"{spec.get('schema_version')!r}; this oretrofit reads {SPEC_VERSION}")
+    check_schema_version(spec, f"the patch spec inside {path}")
     return spec
 
 

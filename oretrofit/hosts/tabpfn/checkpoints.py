@@ -20,9 +20,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import logging
 import os
 import pickle
-import sys
 import tempfile
 from dataclasses import asdict, fields
 from importlib.metadata import version
@@ -44,6 +44,9 @@ __all__ = ["SIZES", "write_random_checkpoint", "resolve_model_path", "checkpoint
            "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic", "check_checkpoint_name",
            "default_inference_config", "checkpoint_task", "DEMO_CHECKPOINT", "DEFAULT_CHECKPOINT_NAME",
            "DEFAULT_CHECKPOINT_NAMES", "RANDOM_CLASSIFIER_CLASSES", "V2_SIZES"]
+
+# progress and notices, not results: shown by the CLI (oretrofit.cli.output.show_progress)
+_log = logging.getLogger(__name__)
 
 # "default" is the vendor's v3 architecture (58.3M parameters with 5000 buckets); "small" a
 # ~1.6M-parameter version of it for tests, the random host and the demo.
@@ -239,8 +242,8 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "r
         if DEMO_CHECKPOINT.exists():
             path = DEMO_CHECKPOINT
         else:
-            print(f"oretrofit: the trained demo checkpoint {DEMO_CHECKPOINT} is not installed; "
-                  "using the small RANDOM-WEIGHTS v3 host instead", file=sys.stderr)
+            _log.warning(f"oretrofit: the trained demo checkpoint {DEMO_CHECKPOINT} is not "
+                         "installed; using the small RANDOM-WEIGHTS v3 host instead")
             return _random_host(task)
     else:
         path = Path(model_path).expanduser()
@@ -298,14 +301,16 @@ def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
 def _parse_config(checkpoint: dict[str, Any], where: str) -> tuple[Any, Any]:
     """``(architecture module, parsed config)`` of a checkpoint; a key of its architecture
     config that the version does not know is refused by name (tabpfn would drop it with a
-    log line, and a model other than the one meant would run)."""
-    from .versions import architecture, version_of_checkpoint
+    log line, and a model other than the one meant would run), except a chunking key at its
+    default (:func:`.versions.droppable_keys`: another release's memory setting)."""
+    from .versions import architecture, droppable_keys, version_of_checkpoint
     row = version_of_checkpoint(checkpoint["architecture_name"])
     arch = architecture(row)
     if not isinstance(checkpoint["config"], dict):
         raise RetrofitError(f"{where}: the architecture config is not a dict; re-download or "
                             "re-create the checkpoint")
     config, unused = arch.parse_config(dict(checkpoint["config"]))
+    unused = sorted(set(unused) - droppable_keys(unused))
     if unused:
         raise RetrofitError(f"{where}: the architecture config has keys TabPFN {row.label} "
                             f"(tabpfn {version('tabpfn')}) does not know: "

@@ -32,7 +32,6 @@ rows of older releases (2.x to 7.x) show each refused by name.
 from __future__ import annotations
 
 import functools
-import importlib.metadata as _md
 import importlib.util
 import inspect
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
+from ..._files.provenance import package_version
 from ..._surgery.host import RetrofitError
 
 __all__ = ["TESTED_RELEASES", "installed_version", "check_release", "require_tested_release",
@@ -64,10 +64,7 @@ QUANTIZED_CACHE_REFUSAL = (
 @functools.cache
 def installed_version() -> str | None:
     """The installed tabpfn version (read once), or None when tabpfn is not installed."""
-    try:
-        return _md.version("tabpfn")
-    except _md.PackageNotFoundError:
-        return None
+    return package_version("tabpfn")
 
 
 def check_release(version: str | None) -> None:

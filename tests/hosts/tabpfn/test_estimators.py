@@ -1,11 +1,16 @@
-"""Both estimators, regressor and classifier: base is tabpfn's own, τ → 0 is base, τ = 1 is not."""
+"""Both estimators, regressor and classifier: base is tabpfn's own, τ → 0 is base, τ = 1 is not;
+pickled, they load under any admitted tabpfn release."""
 
 from __future__ import annotations
+
+import pickle
 
 import numpy as np
 import pytest
 import torch
 
+from oretrofit import Retrofit, RetrofitError
+from oretrofit.hosts.tabpfn import releases
 from oretrofit.tabpfn import make_classifier, make_regressor
 
 TASKS = {  # task: (maker, tabpfn estimator, checkpoint fixture, data fixture, output)
@@ -47,3 +52,24 @@ def test_tau_limits(task, arm):
     far, _ = maker(checkpoint, arm, 1.0, **fp64)
     assert np.abs(run(far) - base).max() > 1e-3 * scale
     assert ("dec" in {row["site"] for row in result.report()}) == (maker is make_classifier)
+
+
+def test_a_pickled_estimator_loads_under_another_admitted_release(task, monkeypatch):
+    """Its retrofit re-applies the spec it pickled with under the release it is loaded under,
+    which the spec then records (the release it was saved under is provenance, not a lock); a
+    release outside the admitted range is refused by name."""
+    maker, _, checkpoint, run = task
+    estimator, handle = maker(checkpoint, "full-o", 1.0)
+    expected = run(estimator)
+    saved = handle.spec()["host_versions"]["tabpfn"]
+    other = next(r for r in reversed(releases.TESTED_RELEASES) if r != saved)
+    data = pickle.dumps(estimator)
+    loaded, refused = pickle.loads(data), pickle.loads(data)
+    with monkeypatch.context() as installed:
+        installed.setattr(releases, "installed_version", lambda: other)
+        assert Retrofit.of(loaded.models_[0]).spec()["host_versions"]["tabpfn"] == other
+        installed.setattr(releases, "installed_version", lambda: "7.0.0")
+        with pytest.raises(RetrofitError, match="tabpfn 7.0.0 is older than the TabPFN host "
+                                                "supports .* the model is now unpatched"):
+            Retrofit.of(refused.models_[0]).spec()
+    np.testing.assert_array_equal(run(loaded), expected)

@@ -44,7 +44,7 @@ def test_a_spec_patches_like_the_arguments_it_records(small_ckpt, table, tmp_pat
     # the spec's own arm may be named; a base spec patches nothing
     assert make_regressor(small_ckpt, "full-o", spec=spec)[1].plan.site_tau == SITE_TAU
     assert make_regressor(small_ckpt, spec={**spec, "arm": "base", "site_tau": {},
-                                            "sites": []})[1] is None
+                                            "sites": [], "site_modules": {}})[1] is None
 
 
 @pytest.mark.parametrize("kwargs,message", [
