@@ -171,6 +171,7 @@ def _tile_scores(q, k_head, start, d_idx, d_ok, skn, skd, logp_row, vis_row, bia
     s = raw
     if HAS_SOFTCAP:
         s = softcap * (2.0 * tl.sigmoid(2.0 * raw / softcap) - 1.0)            # c·tanh(raw / c)
+    # A padded key has k = 0, so s = 0, bias 0 and log p = -1e30: t = -1e30 with no select.
     logp = tl.load(logp_row + n_idx, mask=n_ok, other=-1e30)
     t = s + logp[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
@@ -179,7 +180,6 @@ def _tile_scores(q, k_head, start, d_idx, d_ok, skn, skd, logp_row, vis_row, bia
     if HAS_VIS:
         vis = tl.load(vis_row[:, None] + n_idx[None, :] * smk, mask=ok, other=0)
         t = tl.where(vis != 0, t, -1e30)
-    t = tl.where(n_ok[None, :], t, -1e30)
     return t, s, n_idx, n_ok
 
 
