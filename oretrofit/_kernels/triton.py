@@ -56,6 +56,9 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # A launch's grid: axis 1 (batch × heads) is CUDA's y axis; offsets within one (batch, head)
 # slice are int32 in the kernels, the batch and head offsets int64.
 GRID_Y_LIMIT = 65_535
+# The kernels' scores are in base 2 (``exp2``, log2 e folded into the scale); LSE stays natural.
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 INT32_LIMIT = 2**31
 
 
@@ -157,9 +160,10 @@ def _tile_scores(q, k_head, start, d_idx, d_ok, skn, skd, logp_row, vis_row, bia
                  scale, softcap, smk, sbk, BN: tl.constexpr,
                  HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                  UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """``(t, s, n_idx, n_ok)`` of the tile of queries ``m_idx`` × keys ``start…start+BN`` of
-    the KV head at ``k_head``: ``t = s + b + log p_j`` (masked and padded keys at
-    ``_NULL_LOGIT``), ``s`` the (capped) score, both fp32 ``(BM, BN)``; the row pointers as
+    """``(t, tanh, n_idx, n_ok)`` of the tile of queries ``m_idx`` × keys ``start…start+BN``
+    of the KV head at ``k_head``: ``t = (s + b + log p_j)·log2 e`` in base 2 for ``exp2``
+    (masked and padded keys at about ``_NULL_LOGIT``; the host gives ``log2 p_j``),
+    ``tanh = s / c`` under a softcap, both fp32 ``(BM, BN)``; the row pointers as
     :func:`_row_pointers` gives them."""
     n_idx = start + tl.arange(0, BN)
     n_ok = n_idx < NK
@@ -167,20 +171,24 @@ def _tile_scores(q, k_head, start, d_idx, d_ok, skn, skd, logp_row, vis_row, bia
                  mask=n_ok[None, :] & d_ok[:, None], other=0.0)              # (BD, BN)
     if UPCAST:
         kt = kt.to(tl.float32)
-    raw = _dot(q, kt, IEEE) * scale
+    raw = _dot(q, kt, IEEE) * (scale * LOG2E)
     s = raw
+    tanh = raw
     if HAS_SOFTCAP:
-        s = softcap * (2.0 * tl.sigmoid(2.0 * raw / softcap) - 1.0)            # c·tanh(raw / c)
+        cap = softcap * LOG2E
+        tanh = 2.0 * tl.sigmoid(2.0 * raw / cap) - 1.0                    # tanh(raw / c)
+        s = cap * tanh
     # A padded key has k = 0, so s = 0, bias 0 and log p = -1e30: t = -1e30 with no select.
     logp = tl.load(logp_row + n_idx, mask=n_ok, other=-1e30)
     t = s + logp[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
     if HAS_BIAS:
-        t += tl.load(bias_row[:, None] + n_idx[None, :] * sbk, mask=ok, other=0.0).to(tl.float32)
+        t += tl.load(bias_row[:, None] + n_idx[None, :] * sbk, mask=ok,
+                     other=0.0).to(tl.float32) * LOG2E
     if HAS_VIS:
         vis = tl.load(vis_row[:, None] + n_idx[None, :] * smk, mask=ok, other=0)
         t = tl.where(vis != 0, t, -1e30)
-    return t, s, n_idx, n_ok
+    return t, tanh, n_idx, n_ok
 
 
 @triton.jit
@@ -225,13 +233,13 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
     l_i = tl.zeros([BM], dtype=tl.float32) + 1.0
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     for start in range(0, NK, BN):
-        t, s, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
+        t, tanh, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
                                          logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
                                          softcap, smk, sbk, BN,
                                          HAS_VIS, HAS_BIAS, HAS_SOFTCAP, UPCAST, IEEE)
         m_new = tl.maximum(m_i, tl.max(t, 1))
-        alpha = tl.exp(m_i - m_new)
-        w = tl.exp(t - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        w = tl.exp2(t - m_new[:, None])
         l_i = l_i * alpha + tl.sum(w, 1)
         w = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
         v = tl.load(V + b * svb + hk * svh + n_idx[:, None] * svn + d_idx[None, :] * svd,
@@ -244,7 +252,7 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
     out = acc * (p_i / l_i)[:, None]
     tl.store(OUT + b * sob + h * soh + m_idx[:, None] * son + d_idx[None, :] * sod,
              _stored(out, OUT, UPCAST), mask=m_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + bh * NQ + m_idx, m_i + tl.log(l_i), mask=m_ok)
+    tl.store(LSE + bh * NQ + m_idx, m_i * LN2 + tl.log(l_i), mask=m_ok)
 
 
 @triton.jit
@@ -276,11 +284,11 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     o_free = tl.zeros([BM, BD], dtype=tl.float32)
     for start in range(0, NK, BN):
-        t, s, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
+        t, tanh, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
                                          logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
                                          softcap, smk, sbk, BN,
                                          HAS_VIS, HAS_BIAS, HAS_SOFTCAP, UPCAST, IEEE)
-        w = tl.exp(t - lse[:, None])
+        w = tl.exp2(t - lse[:, None] * LOG2E)
         delta_keep = _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
         vt = tl.load(V + b * svb + hk * svh + n_idx[None, :] * svn + d_idx[:, None] * svd,
                      mask=n_ok[None, :] & d_ok[:, None], other=0.0)          # (BD, BN)
@@ -291,7 +299,7 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
         dov = _dot(d_o, vt, IEEE)
         ds = w * (p_i[:, None] * delta_keep * dov - delta[:, None])
         if HAS_SOFTCAP:
-            ds = ds * (1.0 - (s / softcap) * (s / softcap))
+            ds = ds * (1.0 - tanh * tanh)
         dq += _dot(_rounded(ds, Q, UPCAST).to(k.dtype), k, IEEE)
         if NEED_ROWDOT:
             o_free += _dot(_rounded(w * delta_keep, Q, UPCAST).to(vt.dtype),
@@ -340,14 +348,14 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
                 q, d_o = q.to(tl.float32), d_o.to(tl.float32)
             logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh,
                                                         smb, smh, smq, sbb, sbh, sbq)
-            t, s, _, _ = _tile_scores(q, K + b * skb + hk * skh, pid_n * BN, d_idx, d_ok, skn,
+            t, tanh, _, _ = _tile_scores(q, K + b * skb + hk * skh, pid_n * BN, d_idx, d_ok, skn,
                                       skd, logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
                                       softcap, smk, sbk, BN, HAS_VIS, HAS_BIAS, HAS_SOFTCAP,
                                       UPCAST, IEEE)
             lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
             delta = tl.load(DELTA + bh * NQ + m_idx, mask=m_ok, other=0.0)
             p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
-            w = tl.exp(t - lse[:, None])
+            w = tl.exp2(t - lse[:, None] * LOG2E)
             gated = w * (p_i[:, None] * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p,
                                                     HAS_DROPOUT))
             dov = _dot(d_o, vt, IEEE)
@@ -356,7 +364,7 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
             if NEED_COLSUM:
                 colsum += tl.sum(ds, 0)
             if HAS_SOFTCAP:
-                ds = ds * (1.0 - (s / softcap) * (s / softcap))
+                ds = ds * (1.0 - tanh * tanh)
             dk += _dot(tl.trans(_rounded(ds, Q, UPCAST).to(q.dtype)), q, IEEE)
         if NEED_COLSUM:
             tl.store(COLSUM + bh * NK + n_idx, colsum, mask=n_ok)
@@ -385,9 +393,10 @@ def _per_head(p: Tensor, batch: int, heads: int, n: int) -> Tensor:
 
 
 def _key_logits(p_k: Tensor, batch: int, heads: int) -> Tensor:
-    """``log p_j`` in fp32, ``_NULL_LOGIT`` where ``p_j = 0`` (NaN stays NaN): ``(B, H, Nk)``."""
+    """``log2 p_j`` in fp32 (the kernels' scores are in base 2), ``_NULL_LOGIT`` where
+    ``p_j = 0`` (NaN stays NaN): ``(B, H, Nk)``."""
     pk = p_k.float()
-    logit = torch.where(pk != 0, torch.log(pk), _NULL_LOGIT)
+    logit = torch.where(pk != 0, torch.log2(pk), _NULL_LOGIT)
     return _per_head(logit, batch, heads, p_k.shape[-1])
 
 
@@ -461,7 +470,7 @@ class _Launch:
         self.launch(_forward_kernel, config, triton.cdiv(n_q, config.bm), b * h,
                     self.q, self.k, self.v, self.logp, *self.masks, self.pq, out, lse,
                     *args, *out.stride(), h, self.group, n_q, n_k, self.d, self.scale,
-                    sink_logit(self.eps), self.softcap or 1.0, self.dropout_p, self.seed,
+                    sink_logit(self.eps) * LOG2E.value, self.softcap or 1.0, self.dropout_p, self.seed,
                     **flags)
         return out, lse
 
