@@ -86,15 +86,15 @@ class Configs:
 # CTAs (or one 8-warp CTA: two warpgroups) per SM within the 227 KB of shared memory a CTA may
 # use. The forward at d ≤ 64 takes 128 query rows (half the K/V traffic of 64); at d = 128 a
 # 128-row tile needs 202 registers a thread (one CTA per SM), so it keeps 64. The backward's
-# dq/dk/dv accumulators are what spill at d = 128 in 64 × 64 tiles: dq takes 64 × 32, dk/dv
-# 32 × 64 on 8 warps (4 warps spill under GQA, where the loop over the group's heads holds more
-# live values). At d = 256 the tiles shrink again to stay within shared memory.
+# dq/dk/dv accumulators are what spill at d = 128 on 4 warps: dq takes 64 × 64 and dk/dv 32 × 64
+# on 8 warps (dk/dv on 4 warps spill under GQA, where the loop over the group's heads holds more
+# live values; dq in 64 × 32 on 4 warps spills 40 B). At d = 256 the tiles shrink again to stay within shared memory.
 _INTERPRETER_CONFIGS = Configs(*(KernelConfig(16, 16, 1, 1),) * 3)
 _SMALL_HEADS = Configs(KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3),
                        KernelConfig(32, 64, 4, 3))
 _CONFIGS: dict[int, Configs] = {
     16: _SMALL_HEADS, 32: _SMALL_HEADS, 64: _SMALL_HEADS,
-    128: Configs(KernelConfig(64, 64, 4, 3), KernelConfig(64, 32, 4, 3),
+    128: Configs(KernelConfig(64, 64, 4, 3), KernelConfig(64, 64, 8, 2),
                  KernelConfig(32, 64, 8, 2)),
     256: Configs(KernelConfig(64, 32, 4, 2), KernelConfig(32, 64, 8, 2),
                  KernelConfig(32, 64, 8, 2)),
