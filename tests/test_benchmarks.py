@@ -42,6 +42,7 @@ SMOKE = {
     "benchmarks/bench_pretrain_threads.py": ["--quick", "--steps", "1", "--warmup", "0",
                                              "--out", "{tmp}/threads.json"],
     "scripts/gpu_check.sh": ["--device", "cpu", "--out", "{tmp}"],
+    "benchmarks/kernel_static.py": ["--quick", "--out", "{tmp}/kernel_static.json"],
 }
 RUN_BY_GPU_CHECK = {"benchmarks/bench_batched.py", "benchmarks/bench_retrofit.py",
                     "scripts/gpu_attention.py", "scripts/gpu_attention_shapes.py",
@@ -98,7 +99,8 @@ def test_the_gpu_check_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [s["step"] for s in summary["steps"]] == [
-        "operators", "attention", "attention_shapes", "llama", "table2_cell", "batched", "retrofit"]
+        "operators", "attention", "attention_warm", "attention_shapes", "llama", "table2_cell",
+        "batched", "retrofit"]
     assert all(s["exit"] == 0 for s in summary["steps"]) and summary["environment"]
     for name in GPU_CHECK_RECEIPTS:
         assert (tmp_path / name).exists(), name

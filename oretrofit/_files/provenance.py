@@ -28,7 +28,8 @@ from .json_numbers import encode_non_finite
 __all__ = ["cache_dir", "environment", "package_version", "oretrofit_version", "portable", "sha256_file", "weights_digest", "write_json_atomic",
            "git_revision"]
 
-_PACKAGES = ("oretrofit", "torch", "numpy", "tabpfn", "transformers", "scikit-learn", "openml")
+_PACKAGES = ("oretrofit", "torch", "numpy", "tabpfn", "transformers", "scikit-learn", "openml",
+             "triton")
 _REPOSITORY = Path(__file__).resolve().parents[2]
 # An absolute path inside a text: it starts the text or a line, or follows a space, a quote, a
 # backtick, `=`, `(`, `[` or `,` (so a URL's `//` and `a/b` or `|x|/y` are not paths).

@@ -27,7 +27,10 @@ once into one cache; None where only the operator's reference path serves it (we
 for, or a softcap or dropout no route computes). A kernel backend is checked against the
 kernel contract (:func:`.lse.check_backend`), the other routes against the operator's algebra
 in fp64 on the same rounded inputs (:func:`check_route`: a GQA case with a null source, a null
-receiver, empty rows and a broadcast mask). A route that fails is reported once
+receiver, empty rows and a broadcast mask) at the call's head dim rounded up to a power of two
+(:func:`head_bucket`: the fused kernels' tile width, on which their configuration and shared
+memory depend), one check per bucket. A route that fails, or whose kernels do not compile for the
+device (Triton's ``OutOfResources``, ``CompilationError``, ``PTXASError``), is reported once
 (``RuntimeWarning``) and the next is tried.
 """
 
@@ -61,7 +64,7 @@ PRECISIONS = ("auto", "fp32")
 @dataclass(frozen=True)
 class Route:
     """One candidate: where it can run and what it serves. ``ready()``: its package or ops are
-    present; ``head_multiple``: the head sizes it takes; ``softcap``/``dropout``: whether it
+    present; ``head_multiple``, ``max_head_size``: the head sizes it takes; ``softcap``/``dropout``: whether it
     computes those (a call with them skips routes without). ``devices``: device types (None:
     any); ``dtypes``: the dtypes it computes in; ``in_q_dtype``: in q's dtype, else on copies
     in the compute dtype; ``any_shape``: it also serves empty inputs, a value head size unlike
@@ -73,6 +76,7 @@ class Route:
     ready: Callable[[], bool]
     run: Run
     head_multiple: int = 1
+    max_head_size: int | None = None
     softcap: bool = False
     dropout: bool = False
     dtypes: tuple[torch.dtype, ...] = (*HALF, torch.float32)
@@ -150,7 +154,7 @@ def _public_sdpa(device: torch.device, dtype: torch.dtype) -> str:
 
 ROUTES: tuple[Route, ...] = (
     Route("triton", ("cuda",), lambda: importlib.util.find_spec("triton") is not None,
-          _run_triton, softcap=True, dropout=True),
+          _run_triton, max_head_size=256, softcap=True, dropout=True),
     Route("cudnn", ("cuda",), lambda: _cudnn() is not None, backend_run(_cudnn), head_multiple=8),
     Route("flex", ("cuda",), _flex_ready, _run_flex, softcap=True),
     Route("efficient", ("cuda",), lambda: _efficient() is not None, backend_run(_efficient),
@@ -166,8 +170,24 @@ ROUTES: tuple[Route, ...] = (
           check=_public_sdpa),
 )
 
-# (route, device type, dtype it computes in, torch version) -> whether it passed its check
-_CHECKED: dict[tuple[str, str, torch.dtype, str], bool] = {}
+# (route, device type, dtype it computes in, head-dim bucket, torch version) -> whether it
+# passed its check
+_CHECKED: dict[tuple[str, str, torch.dtype, int, str], bool] = {}
+
+
+@cache
+def _compile_errors() -> tuple[type[Exception], ...]:
+    """Triton's errors for a kernel that does not compile or fit the device (their common base
+    class), where Triton is installed."""
+    if importlib.util.find_spec("triton") is None:
+        return ()
+    from triton.errors import TritonError
+    return (TritonError,)
+
+
+def head_bucket(head_size: int) -> int:
+    """The head dim a route's check runs at for ``head_size``: the next power of two, ≥ 16."""
+    return max(16, 1 << (head_size - 1).bit_length())
 
 
 def route_for(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -191,23 +211,26 @@ def route_for(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         computes_in = dtype if route.in_q_dtype else compute_dtype(dtype)
         if ((route.devices is None or q.device.type in route.devices)
                 and computes_in in route.dtypes and head % route.head_multiple == 0
-                and _passes(route, q.device, computes_in)):
+                and (route.max_head_size is None or head <= route.max_head_size)
+                and _passes(route, q.device, computes_in, head_bucket(head))):
             return route
     return None
 
 
-def _passes(route: Route, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``route`` is ready and meets its check on (device type, dtype, torch version),
-    decided once; a failure is reported once."""
-    key = (route.name, device.type, dtype, torch.__version__)
+def _passes(route: Route, device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether ``route`` is ready and meets its check on (device type, dtype, head-dim bucket,
+    torch version), decided once; a failure is reported once. A route with its own check (a
+    kernel backend's) is checked once for every head dim."""
+    head_dim = head_dim if route.check is None else 16
+    key = (route.name, device.type, dtype, head_dim, torch.__version__)
     if key not in _CHECKED:
-        _check(route, key, device, dtype)
+        _check(route, key, device, dtype, head_dim)
     return _CHECKED[key]
 
 
 @torch.compiler.disable
-def _check(route: Route, key: tuple[str, str, torch.dtype, str], device: torch.device,
-           dtype: torch.dtype) -> None:
+def _check(route: Route, key: tuple[str, str, torch.dtype, int, str], device: torch.device,
+           dtype: torch.dtype, head_dim: int) -> None:
     """Check ``route`` for ``key`` into ``_CHECKED``; run eagerly even inside a compiled call
     (Dynamo cannot trace the check's seeded generator)."""
     passed = route.ready()
@@ -216,11 +239,12 @@ def _check(route: Route, key: tuple[str, str, torch.dtype, str], device: torch.d
         # the check's gradients need autograd.
         with torch.inference_mode(False), torch.enable_grad():
             failure = (route.check(device, dtype) if route.check is not None
-                       else check_route(route.run, device, dtype))
+                       else check_route(route.run, device, dtype, head_dim))
         if failure:
+            at = "" if route.check is not None else f"head dim {head_dim}: "
             warnings.warn(f"oretrofit: the {route.name} OAttention route fails its check on "
-                          f"{device.type} {dtype} ({failure}); OAttention takes the next route "
-                          "there", RuntimeWarning, stacklevel=6)
+                          f"{device.type} {dtype} ({at}{failure}); OAttention takes the next "
+                          "route there", RuntimeWarning, stacklevel=6)
             passed = False
     _CHECKED[key] = passed
 
@@ -244,13 +268,14 @@ def _exact(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor, visible: T
     return p_q[:, None, :, None] * kernels.sink_gate(lse, eps)[..., None] * o
 
 
-def check_route(run: Run, device: torch.device, dtype: torch.dtype) -> str:
+def check_route(run: Run, device: torch.device, dtype: torch.dtype, head_dim: int = 16) -> str:
     """'' when ``run`` meets the operator's algebra (:func:`_exact` in fp64 on the same rounded
-    inputs) on a tiny GQA case with a null source, a null receiver, empty rows and a broadcast
-    mask, forward and every gradient; else what failed."""
+    inputs) on a tiny GQA case of head dim ``head_dim`` with a null source, a null receiver,
+    empty rows and a broadcast mask, forward and every gradient; else what failed (a kernel that
+    does not compile for the device included)."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=g).to(device, dtype)
-               for shape in ((2, 2, 5, 16), (2, 1, 7, 16), (2, 1, 7, 16)))
+               for shape in ((2, 2, 5, head_dim), (2, 1, 7, head_dim), (2, 1, 7, head_dim)))
     p_q, p_k = torch.rand(2, 5, generator=g) + 0.1, torch.rand(2, 7, generator=g) + 0.1
     p_q[0, 1] = p_k[0, 2] = 0.0
     p_k[1] = 0.0                                                            # batch 1: empty rows
@@ -260,12 +285,13 @@ def check_route(run: Run, device: torch.device, dtype: torch.dtype) -> str:
     inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, p_q, p_k)]
     reference = [t.detach().double().requires_grad_() for t in (q, k, v, p_q, p_k)]
     try:
-        out = run(*inputs, visible, None, 1e-6, 0.25, None, 0.0)
-        want = _exact(*reference, visible, 1e-6, 0.25)
+        out = run(*inputs, visible, None, 1e-6, head_dim ** -0.5, None, 0.0)
+        want = _exact(*reference, visible, 1e-6, head_dim ** -0.5)
         d_out = torch.randn(out.shape, generator=g).to(device, dtype)
         out.backward(d_out)
         want.backward(d_out.double())
-    except (RuntimeError, TypeError, ValueError, NotImplementedError, AttributeError) as error:
+    except (RuntimeError, TypeError, ValueError, NotImplementedError, AttributeError,
+            *_compile_errors()) as error:
         return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     if out.dtype != dtype or out.shape != want.shape:
         return f"out is {out.dtype} {tuple(out.shape)}, not {dtype} {tuple(want.shape)}"

@@ -33,13 +33,15 @@ Masks: ``visible`` (bool) and ``bias`` (float) are read tile by tile through bro
 
 ``TRITON_INTERPRET=1`` runs these kernels on CPU tensors (the tests). Triton's interpreter
 computes bf16 matrix products wrongly (numpy has no bf16), so under it the tiles are upcast to
-fp32 before ``tl.dot`` (the only difference from the GPU code).
+fp32 before ``tl.dot`` (the only difference from the GPU code); P and dS are still rounded to
+q's dtype before their products (:func:`_operand`), so the tests see the half-precision error
+the compiled kernel makes.
 """
 
 from __future__ import annotations
 
-import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -51,8 +53,68 @@ from .lse import _NULL_LOGIT, _NULL_LSE, sink_logit
 __all__ = ["o_attention_triton", "dropout_keep"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# Tile sizes: (query rows, key columns). Small under the interpreter (it runs tiles in numpy).
-_BLOCKS = (16, 16) if _INTERPRET else (64, 64)
+# A launch's grid: axis 1 (batch × heads) is CUDA's y axis; offsets within one (batch, head)
+# slice are int32 in the kernels, the batch and head offsets int64.
+GRID_Y_LIMIT = 65_535
+# The kernels' scores are in base 2 (``exp2``, log2 e folded into the scale); LSE stays natural.
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+INT32_LIMIT = 2**31
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One kernel's tile (``bm`` query rows × ``bn`` key columns) and launch settings."""
+
+    bm: int
+    bn: int
+    warps: int = 4
+    stages: int = 3
+
+
+@dataclass(frozen=True)
+class Configs:
+    """The configurations of the forward, the dq and the dk/dv kernels for one head-dim bucket."""
+
+    forward: KernelConfig
+    dq: KernelConfig
+    dkdv: KernelConfig
+
+
+# Per padded head dim (``BD``), chosen by their static metrics on sm_90a (benchmarks/
+# kernel_static.py, results/kernel_static.md): no register spills and at least two 4-warp
+# CTAs (or one 8-warp CTA: two warpgroups) per SM within the 227 KB of shared memory a CTA may
+# use. The forward at d ≤ 64 takes 128 query rows (half the K/V traffic of 64); at d = 128 a
+# 128-row tile needs 202 registers a thread (one CTA per SM), so it keeps 64. The backward's
+# dq/dk/dv accumulators are what spill at d = 128 on 4 warps: dq takes 64 × 64 and dk/dv 32 × 64
+# on 8 warps (dk/dv on 4 warps spill under GQA, where the loop over the group's heads holds more
+# live values; dq in 64 × 32 on 4 warps spills 40 B). At d = 256 the tiles shrink again to stay within shared memory.
+_INTERPRETER_CONFIGS = Configs(*(KernelConfig(16, 16, 1, 1),) * 3)
+_SMALL_HEADS = Configs(KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3),
+                       KernelConfig(32, 64, 4, 3))
+_CONFIGS: dict[int, Configs] = {
+    16: _SMALL_HEADS, 32: _SMALL_HEADS, 64: _SMALL_HEADS,
+    128: Configs(KernelConfig(64, 64, 4, 3), KernelConfig(64, 64, 8, 2),
+                 KernelConfig(32, 64, 8, 2)),
+    256: Configs(KernelConfig(64, 32, 4, 2), KernelConfig(32, 64, 8, 2),
+                 KernelConfig(32, 64, 8, 2)),
+}
+
+
+def padded_head_dim(d: int) -> int:
+    """``BD``: the head dim padded to a power of two of at least 16 (the kernels' tile width)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def configs_for(d: int) -> Configs:
+    """The kernels' configurations at head dim ``d`` (ValueError above 256)."""
+    if _INTERPRET:
+        return _INTERPRETER_CONFIGS
+    bd = padded_head_dim(d)
+    if bd not in _CONFIGS:
+        raise ValueError(f"the Triton OAttention kernels take head dims up to 256, not {d}; "
+                         "use attn_precision='fp32' for this host")
+    return _CONFIGS[bd]
 
 
 @triton.jit
@@ -61,6 +123,28 @@ def _dot(a, b, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a, b, input_precision="ieee")
     return tl.dot(a, b)
+
+
+@triton.jit
+def _rounded(x, PTR, UPCAST: tl.constexpr):
+    """``x`` (fp32) as the compiled kernel rounds it to ``PTR``'s element type (P and dS before
+    ``tl.dot``, the outputs at their store), kept in fp32: under the interpreter (``UPCAST``)
+    rounded here, bf16 to nearest even on the bits (the interpreter's bf16 cast truncates);
+    compiled, ``x`` itself (the cast after it rounds)."""
+    y = x
+    if UPCAST:
+        if PTR.dtype.element_ty == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            y = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        else:
+            y = x.to(PTR.dtype.element_ty).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _stored(x, PTR, UPCAST: tl.constexpr):
+    """``x`` in ``PTR``'s element type, rounded to nearest as on the GPU (:func:`_rounded`)."""
+    return _rounded(x, PTR, UPCAST).to(PTR.dtype.element_ty)
 
 
 @triton.jit
@@ -76,9 +160,10 @@ def _tile_scores(q, k_head, start, d_idx, d_ok, skn, skd, logp_row, vis_row, bia
                  scale, softcap, smk, sbk, BN: tl.constexpr,
                  HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                  UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """``(t, s, n_idx, n_ok)`` of the tile of queries ``m_idx`` × keys ``start…start+BN`` of
-    the KV head at ``k_head``: ``t = s + b + log p_j`` (masked and padded keys at
-    ``_NULL_LOGIT``), ``s`` the (capped) score, both fp32 ``(BM, BN)``; the row pointers as
+    """``(t, tanh, n_idx, n_ok)`` of the tile of queries ``m_idx`` × keys ``start…start+BN``
+    of the KV head at ``k_head``: ``t = (s + b + log p_j)·log2 e`` in base 2 for ``exp2``
+    (masked and padded keys at about ``_NULL_LOGIT``; the host gives ``log2 p_j``),
+    ``tanh = s / c`` under a softcap, both fp32 ``(BM, BN)``; the row pointers as
     :func:`_row_pointers` gives them."""
     n_idx = start + tl.arange(0, BN)
     n_ok = n_idx < NK
@@ -86,20 +171,24 @@ def _tile_scores(q, k_head, start, d_idx, d_ok, skn, skd, logp_row, vis_row, bia
                  mask=n_ok[None, :] & d_ok[:, None], other=0.0)              # (BD, BN)
     if UPCAST:
         kt = kt.to(tl.float32)
-    raw = _dot(q, kt, IEEE) * scale
+    raw = _dot(q, kt, IEEE) * (scale * LOG2E)
     s = raw
+    tanh = raw
     if HAS_SOFTCAP:
-        s = softcap * (2.0 * tl.sigmoid(2.0 * raw / softcap) - 1.0)            # c·tanh(raw / c)
+        cap = softcap * LOG2E
+        tanh = 2.0 * tl.sigmoid(2.0 * raw / cap) - 1.0                    # tanh(raw / c)
+        s = cap * tanh
+    # A padded key has k = 0, so s = 0, bias 0 and log p = -1e30: t = -1e30 with no select.
     logp = tl.load(logp_row + n_idx, mask=n_ok, other=-1e30)
     t = s + logp[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
     if HAS_BIAS:
-        t += tl.load(bias_row[:, None] + n_idx[None, :] * sbk, mask=ok, other=0.0).to(tl.float32)
+        t += tl.load(bias_row[:, None] + n_idx[None, :] * sbk, mask=ok,
+                     other=0.0).to(tl.float32) * LOG2E
     if HAS_VIS:
         vis = tl.load(vis_row[:, None] + n_idx[None, :] * smk, mask=ok, other=0)
         t = tl.where(vis != 0, t, -1e30)
-    t = tl.where(n_ok[None, :], t, -1e30)
-    return t, s, n_idx, n_ok
+    return t, tanh, n_idx, n_ok
 
 
 @triton.jit
@@ -132,7 +221,7 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
                     HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)                                   # see _check_limits
     b, h, hk, m_idx, d_idx, m_ok, d_ok = _query_block(bh, H, GROUP, NQ, D, BM, BD)
     q = tl.load(Q + b * sqb + h * sqh + m_idx[:, None] * sqn + d_idx[None, :] * sqd,
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)
@@ -144,26 +233,26 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
     l_i = tl.zeros([BM], dtype=tl.float32) + 1.0
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     for start in range(0, NK, BN):
-        t, s, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
+        t, tanh, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
                                          logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
                                          softcap, smk, sbk, BN,
                                          HAS_VIS, HAS_BIAS, HAS_SOFTCAP, UPCAST, IEEE)
         m_new = tl.maximum(m_i, tl.max(t, 1))
-        alpha = tl.exp(m_i - m_new)
-        w = tl.exp(t - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        w = tl.exp2(t - m_new[:, None])
         l_i = l_i * alpha + tl.sum(w, 1)
         w = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
         v = tl.load(V + b * svb + hk * svh + n_idx[:, None] * svn + d_idx[None, :] * svd,
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + _dot(w.to(v.dtype), v, IEEE)
+        acc = acc * alpha[:, None] + _dot(_rounded(w, Q, UPCAST).to(v.dtype), v, IEEE)
         m_i = m_new
     p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
     out = acc * (p_i / l_i)[:, None]
     tl.store(OUT + b * sob + h * soh + m_idx[:, None] * son + d_idx[None, :] * sod,
-             out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + bh * NQ + m_idx, m_i + tl.log(l_i), mask=m_ok)
+             _stored(out, OUT, UPCAST), mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + bh * NQ + m_idx, m_i * LN2 + tl.log(l_i), mask=m_ok)
 
 
 @triton.jit
@@ -177,7 +266,7 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
                         BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     """dq, ``D_i = dO_i·out_i`` and (``NEED_ROWDOT``) ``dO_i·Σ_j δ W v`` of one query block.
     OUT, DO and DQ are laid out like q (its strides ``sq*``)."""
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)                                   # see _check_limits
     b, h, hk, m_idx, d_idx, m_ok, d_ok = _query_block(bh, H, GROUP, NQ, D, BM, BD)
     rows = m_idx[:, None] * sqn + d_idx[None, :] * sqd
     row_mask = m_ok[:, None] & d_ok[None, :]
@@ -195,11 +284,11 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     o_free = tl.zeros([BM, BD], dtype=tl.float32)
     for start in range(0, NK, BN):
-        t, s, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
+        t, tanh, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
                                          logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
                                          softcap, smk, sbk, BN,
                                          HAS_VIS, HAS_BIAS, HAS_SOFTCAP, UPCAST, IEEE)
-        w = tl.exp(t - lse[:, None])
+        w = tl.exp2(t - lse[:, None] * LOG2E)
         delta_keep = _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
         vt = tl.load(V + b * svb + hk * svh + n_idx[None, :] * svn + d_idx[:, None] * svd,
                      mask=n_ok[None, :] & d_ok[:, None], other=0.0)          # (BD, BN)
@@ -210,11 +299,12 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
         dov = _dot(d_o, vt, IEEE)
         ds = w * (p_i[:, None] * delta_keep * dov - delta[:, None])
         if HAS_SOFTCAP:
-            ds = ds * (1.0 - (s / softcap) * (s / softcap))
-        dq += _dot(ds.to(k.dtype), k, IEEE)
+            ds = ds * (1.0 - tanh * tanh)
+        dq += _dot(_rounded(ds, Q, UPCAST).to(k.dtype), k, IEEE)
         if NEED_ROWDOT:
-            o_free += _dot((w * delta_keep).to(vt.dtype), tl.trans(vt), IEEE)
-    tl.store(DQ + b * sqb + h * sqh + rows, (dq * scale).to(DQ.dtype.element_ty), mask=row_mask)
+            o_free += _dot(_rounded(w * delta_keep, Q, UPCAST).to(vt.dtype),
+                           tl.trans(vt), IEEE)
+    tl.store(DQ + b * sqb + h * sqh + rows, _stored(dq * scale, DQ, UPCAST), mask=row_mask)
     if NEED_ROWDOT:
         tl.store(ROWDOT + bh * NQ + m_idx, tl.sum(d_o.to(tl.float32) * o_free, 1), mask=m_ok)
 
@@ -230,7 +320,7 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
                           BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     """dk, dv of one key block of one KV head (summed over its group of query heads) and the
     column sums ``Σ_i dS_ij`` per query head. DO is laid out like q; DK, DV like k."""
-    pid_n, bhk = tl.program_id(0), tl.program_id(1)
+    pid_n, bhk = tl.program_id(0), tl.program_id(1).to(tl.int64)
     HK = H // GROUP
     b, hk = bhk // HK, bhk % HK
     n_idx = pid_n * BN + tl.arange(0, BN)
@@ -258,29 +348,29 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
                 q, d_o = q.to(tl.float32), d_o.to(tl.float32)
             logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh,
                                                         smb, smh, smq, sbb, sbh, sbq)
-            t, s, _, _ = _tile_scores(q, K + b * skb + hk * skh, pid_n * BN, d_idx, d_ok, skn,
+            t, tanh, _, _ = _tile_scores(q, K + b * skb + hk * skh, pid_n * BN, d_idx, d_ok, skn,
                                       skd, logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
                                       softcap, smk, sbk, BN, HAS_VIS, HAS_BIAS, HAS_SOFTCAP,
                                       UPCAST, IEEE)
             lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
             delta = tl.load(DELTA + bh * NQ + m_idx, mask=m_ok, other=0.0)
             p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
-            w = tl.exp(t - lse[:, None])
+            w = tl.exp2(t - lse[:, None] * LOG2E)
             gated = w * (p_i[:, None] * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p,
                                                     HAS_DROPOUT))
             dov = _dot(d_o, vt, IEEE)
-            dv += _dot(tl.trans(gated.to(d_o.dtype)), d_o, IEEE)
+            dv += _dot(tl.trans(_rounded(gated, Q, UPCAST).to(d_o.dtype)), d_o, IEEE)
             ds = gated * dov - w * delta[:, None]
             if NEED_COLSUM:
                 colsum += tl.sum(ds, 0)
             if HAS_SOFTCAP:
-                ds = ds * (1.0 - (s / softcap) * (s / softcap))
-            dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE)
+                ds = ds * (1.0 - tanh * tanh)
+            dk += _dot(tl.trans(_rounded(ds, Q, UPCAST).to(q.dtype)), q, IEEE)
         if NEED_COLSUM:
             tl.store(COLSUM + bh * NK + n_idx, colsum, mask=n_ok)
     k_rows = n_idx[:, None] * skn + d_idx[None, :] * skd
-    tl.store(DK + b * skb + hk * skh + k_rows, (dk * scale).to(DK.dtype.element_ty), mask=key_mask)
-    tl.store(DV + b * skb + hk * skh + k_rows, dv.to(DV.dtype.element_ty), mask=key_mask)
+    tl.store(DK + b * skb + hk * skh + k_rows, _stored(dk * scale, DK, UPCAST), mask=key_mask)
+    tl.store(DV + b * skb + hk * skh + k_rows, _stored(dv, DV, UPCAST), mask=key_mask)
 
 
 def _dense(t: Tensor) -> Tensor:
@@ -303,10 +393,25 @@ def _per_head(p: Tensor, batch: int, heads: int, n: int) -> Tensor:
 
 
 def _key_logits(p_k: Tensor, batch: int, heads: int) -> Tensor:
-    """``log p_j`` in fp32, ``_NULL_LOGIT`` where ``p_j = 0`` (NaN stays NaN): ``(B, H, Nk)``."""
+    """``log2 p_j`` in fp32 (the kernels' scores are in base 2), ``_NULL_LOGIT`` where
+    ``p_j = 0`` (NaN stays NaN): ``(B, H, Nk)``."""
     pk = p_k.float()
-    logit = torch.where(pk != 0, torch.log(pk), _NULL_LOGIT)
+    logit = torch.where(pk != 0, torch.log2(pk), _NULL_LOGIT)
     return _per_head(logit, batch, heads, p_k.shape[-1])
+
+
+def _check_limits(q: Tensor, k: Tensor, batch_heads: int) -> None:
+    """ValueError, naming the limit, for a call the kernels' grid or int32 offsets cannot take."""
+    if batch_heads > GRID_Y_LIMIT:
+        raise ValueError(f"the Triton OAttention kernels take batch × heads up to {GRID_Y_LIMIT:,} "
+                         f"(CUDA's grid), not {batch_heads:,}; split the batch or use "
+                         "precision='fp32'")
+    for name, t in (("q", q), ("k", k)):
+        span = sum((n - 1) * abs(s) for n, s in zip(t.shape[2:], t.stride()[2:])) + 1
+        if span >= INT32_LIMIT:
+            raise ValueError(f"the Triton OAttention kernels address one (batch, head) slice with "
+                             f"int32 offsets; {name}'s spans {span:,} elements (limit 2**31); "
+                             "use shorter sequences or precision='fp32'")
 
 
 class _Launch:
@@ -317,8 +422,10 @@ class _Launch:
                  softcap: float | None, dropout_p: float, seed: int) -> None:
         self.q, self.k, self.v = _dense(q), _dense(k), _dense(v)
         (b, h, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
+        _check_limits(self.q, self.k, b * h)
         self.shape = (b, h, n_q, n_k)
         self.d, self.group = d, h // h_kv
+        self.configs = configs_for(d)
         self.logp = _key_logits(p_k, b, h)
         self.pq = _per_head(p_q, b, h, n_q)
         self.visible = None if visible is None else visible.to(torch.uint8)
@@ -328,7 +435,6 @@ class _Launch:
 
     def common(self) -> tuple[list, dict]:
         """Positional tensors/strides after the per-kernel pointers, and the constexpr flags."""
-        b, h, n_q, n_k = self.shape
         dummy = self.logp
         args = [*self.q.stride(), *self.k.stride(), *self.v.stride(), *self.logp.stride(),
                 *_strides4(self.visible, self.shape), *_strides4(self.bias, self.shape),
@@ -336,11 +442,23 @@ class _Launch:
         flags = dict(HAS_VIS=self.visible is not None, HAS_BIAS=self.bias is not None,
                      HAS_SOFTCAP=self.softcap is not None, HAS_DROPOUT=self.dropout_p > 0,
                      UPCAST=_INTERPRET and self.q.dtype in (torch.bfloat16, torch.float16),
-                     IEEE=self.q.dtype == torch.float32,
-                     BM=_BLOCKS[0], BN=_BLOCKS[1], BD=max(16, triton.next_power_of_2(self.d)))
+                     IEEE=self.q.dtype == torch.float32, BD=padded_head_dim(self.d))
         self.masks = (dummy if self.visible is None else self.visible,
                       dummy if self.bias is None else self.bias)
         return args, flags
+
+    def launch(self, kernel, config: KernelConfig, blocks: int, heads: int, *args,
+               **flags) -> None:
+        """``kernel`` on the grid ``(blocks, heads)`` with ``config``'s tile, warps and stages,
+        on q's device (the current CUDA device may be another)."""
+        run = kernel[(blocks, heads)]
+        settings = dict(BM=config.bm, BN=config.bn, num_warps=config.warps,
+                        num_stages=config.stages)
+        if self.q.is_cuda:
+            with torch.cuda.device(self.q.device):
+                run(*args, **flags, **settings)
+        else:
+            run(*args, **flags, **settings)
 
     def forward(self) -> tuple[Tensor, Tensor]:
         """``(out, lse)``: out like q, lse ``(B, H, Nq)`` fp32 = log(ε + Z_i)."""
@@ -348,11 +466,12 @@ class _Launch:
         out = torch.empty_like(self.q)
         lse = torch.empty(b, h, n_q, device=self.q.device, dtype=torch.float32)
         args, flags = self.common()
-        grid = (triton.cdiv(n_q, _BLOCKS[0]), b * h)
-        _forward_kernel[grid](self.q, self.k, self.v, self.logp, *self.masks, self.pq, out, lse,
-                              *args, *out.stride(), h, self.group, n_q, n_k, self.d, self.scale,
-                              sink_logit(self.eps), self.softcap or 1.0, self.dropout_p, self.seed,
-                              **flags)
+        config = self.configs.forward
+        self.launch(_forward_kernel, config, triton.cdiv(n_q, config.bm), b * h,
+                    self.q, self.k, self.v, self.logp, *self.masks, self.pq, out, lse,
+                    *args, *out.stride(), h, self.group, n_q, n_k, self.d, self.scale,
+                    sink_logit(self.eps) * LOG2E.value, self.softcap or 1.0, self.dropout_p, self.seed,
+                    **flags)
         return out, lse
 
     def backward(self, out: Tensor, lse: Tensor, d_out: Tensor, need_colsum: bool,
@@ -365,18 +484,20 @@ class _Launch:
         args, flags = self.common()
         rowdot = torch.empty_like(lse) if need_rowdot else lse
         delta, dq = torch.empty_like(lse), torch.empty_like(self.q)
-        grid_q = (triton.cdiv(n_q, _BLOCKS[0]), b * h)
-        _backward_dq_kernel[grid_q](self.q, self.k, self.v, self.logp, *self.masks, self.pq, out,
-                                    d_out, lse, delta, dq, rowdot, *args, h, self.group, n_q, n_k,
-                                    self.d, self.scale, self.softcap or 1.0, self.dropout_p,
-                                    self.seed, NEED_ROWDOT=need_rowdot, **flags)
+        config = self.configs.dq
+        self.launch(_backward_dq_kernel, config, triton.cdiv(n_q, config.bm), b * h,
+                    self.q, self.k, self.v, self.logp, *self.masks, self.pq, out, d_out, lse,
+                    delta, dq, rowdot, *args, h, self.group, n_q, n_k, self.d, self.scale,
+                    self.softcap or 1.0, self.dropout_p, self.seed, NEED_ROWDOT=need_rowdot,
+                    **flags)
         dk, dv = torch.empty_like(self.k), torch.empty_like(self.k)          # k's layout
         colsum = lse.new_empty(b, h, n_k) if need_colsum else lse
-        grid_k = (triton.cdiv(n_k, _BLOCKS[1]), b * (h // self.group))
-        _backward_dkdv_kernel[grid_k](self.q, self.k, self.v, self.logp, *self.masks, self.pq,
-                                      d_out, lse, delta, dk, dv, colsum, *args, h, self.group,
-                                      n_q, n_k, self.d, self.scale, self.softcap or 1.0,
-                                      self.dropout_p, self.seed, NEED_COLSUM=need_colsum, **flags)
+        config = self.configs.dkdv
+        self.launch(_backward_dkdv_kernel, config, triton.cdiv(n_k, config.bn),
+                    b * (h // self.group), self.q, self.k, self.v, self.logp, *self.masks,
+                    self.pq, d_out, lse, delta, dk, dv, colsum, *args, h, self.group, n_q, n_k,
+                    self.d, self.scale, self.softcap or 1.0, self.dropout_p, self.seed,
+                    NEED_COLSUM=need_colsum, **flags)
         return (dq, dk, dv, colsum if need_colsum else None, rowdot if need_rowdot else None)
 
 
@@ -421,7 +542,7 @@ def dropout_keep(seed: int, shape: tuple[int, int, int, int], dropout_p: float,
     forward applied to the weights, for reproducing a dropout call outside the kernel."""
     b, h, n_q, n_k = shape
     keep = torch.empty(shape, device=device, dtype=torch.float32)
-    _dropout_kernel[(b * h, n_q)](keep, n_q, n_k, dropout_p, seed, BN=_BLOCKS[1])
+    _dropout_kernel[(b * h, n_q)](keep, n_q, n_k, dropout_p, seed, BN=configs_for(16).forward.bn)
     return keep
 
 

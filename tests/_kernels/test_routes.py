@@ -245,7 +245,7 @@ def test_the_table_is_the_chain_in_q_dtype_on_cuda_then_the_compute_dtype_routes
 def test_a_failing_check_falls_to_the_next_route_and_warns_once(chain) -> None:
     chain(failing("first"), ROUTES["cudnn"], ROUTES["flex"])
     with pytest.warns(RuntimeWarning, match=r"the first OAttention route fails its check on cpu "
-                      r"torch.bfloat16 \(RuntimeError: first: no kernel"):
+                      r"torch.bfloat16 \(head dim 16: RuntimeError: first: no kernel"):
         assert chosen(torch.bfloat16, 16).name == "cudnn"
     with warnings.catch_warnings():
         warnings.simplefilter("error")                       # reported once, then silent
@@ -263,7 +263,7 @@ def test_a_first_call_without_autograd_still_checks_the_route(chain, context) ->
         warnings.simplefilter("error")
         with context():
             out, _ = o_attention(q, k, v, p_q, p_k)
-    assert route._CHECKED == {("cudnn", "cpu", torch.bfloat16, torch.__version__): True}
+    assert route._CHECKED == {("cudnn", "cpu", torch.bfloat16, 16, torch.__version__): True}
     assert torch.equal(out, on_route("cudnn")(q, k, v, p_q, p_k))
 
 
@@ -277,7 +277,7 @@ def test_routes_that_do_not_serve_a_call_are_skipped_without_a_check(chain) -> N
         assert chosen(torch.bfloat16, 16, softcap=True).name == "flex"
         assert chosen(torch.bfloat16, 16, dropout=True) is None
         assert chosen(torch.float64, 16).name == "cpu-flash"
-    assert ("absent", "cpu", torch.bfloat16, torch.__version__) in route._CHECKED
+    assert ("absent", "cpu", torch.bfloat16, 16, torch.__version__) in route._CHECKED
 
 
 def test_with_no_route_half_precision_is_computed_in_fp32(chain) -> None:

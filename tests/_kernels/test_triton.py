@@ -148,7 +148,7 @@ def test_fp32_without_softcap_or_dropout_keeps_the_fp32_kernel(triton_module) ->
 
 
 def test_a_triton_kernel_that_fails_its_check_is_not_used(triton_module, monkeypatch) -> None:
-    monkeypatch.setattr(route, "check_route", lambda run, device, dtype: "forward differs")
+    monkeypatch.setattr(route, "check_route", lambda run, device, dtype, head_dim: "forward differs")
     monkeypatch.setattr(route, "_CHECKED", {})
     q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
     with pytest.warns(RuntimeWarning, match="triton OAttention route fails its check"):
@@ -182,3 +182,97 @@ def test_the_route_check_catches_a_wrong_kernel(triton_module, monkeypatch) -> N
                         lambda q, k, v, p_q, p_k, *rest: real(q, k, v, p_q * 0.5, p_k, *rest))
     assert route.check_route(route._run_triton, torch.device("cpu"),
                              torch.float32).startswith("out differs")
+
+
+def _compile_error(name: str) -> Exception:
+    """One of Triton's errors for a kernel that does not compile or fit the device."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources, PTXASError
+    return {"OutOfResources": OutOfResources(361_000, 232_448, "shared memory"),
+            "CompilationError": CompilationError("kernel.py", None, "unsupported layout"),
+            "PTXASError": PTXASError("ptxas error: too many resources requested")}[name]
+
+
+@pytest.mark.parametrize("error", ["OutOfResources", "CompilationError", "PTXASError"])
+def test_a_kernel_that_does_not_compile_falls_back_with_one_warning(triton_module, monkeypatch,
+                                                                    error) -> None:
+    def fail(*args, **kwargs):
+        raise _compile_error(error)
+
+    monkeypatch.setattr(triton_module._Launch, "launch", fail)
+    q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
+    with pytest.warns(RuntimeWarning, match=f"triton OAttention route fails its check .*head "
+                                            f"dim 16: {error}") as caught:
+        out, _ = o_attention(q, k, v, p_q, p_k)
+        again, _ = o_attention(q, k, v, p_q, p_k)
+    assert len([w for w in caught if "OAttention route" in str(w.message)]) == 1
+    assert torch.equal(out, o_attention_fused(q, k, v, p_q, p_k)) and torch.equal(out, again)
+
+
+def test_the_route_is_checked_at_the_calls_head_dim_bucket(triton_module, monkeypatch) -> None:
+    def fail_at_256(self, *args, **kwargs):
+        if self.d > 128:
+            raise _compile_error("OutOfResources")
+        return real(self, *args, **kwargs)
+
+    real = triton_module._Launch.launch
+    monkeypatch.setattr(triton_module._Launch, "launch", fail_at_256)
+    def chosen(head_size: int) -> str:
+        q = torch.zeros(1, 1, 1, head_size, dtype=torch.bfloat16)
+        return route.route_for(q, q, q).name
+
+    with pytest.warns(RuntimeWarning, match="head dim 256: OutOfResources"):
+        assert chosen(200) == "cpu-flash"                                 # computed in fp32
+    assert chosen(100) == "triton"
+    assert {key[3] for key in route._CHECKED if key[0] == "triton"} == {128, 256}
+    assert chosen(512) == "cpu-flash"                                     # past max_head_size
+
+
+def test_head_dim_256_matches_the_reference(triton_module) -> None:
+    inputs = make(torch.float32, h=2, hkv=1, nq=9, nk=11, d=256)
+    out, grads, want, want_grads = run_both(triton_module, inputs)
+    assert_close(out, want, REL_TOL[torch.float32], "out")
+    for name, got, expected in zip(("dq", "dk", "dv", "dp_q", "dp_k"), grads, want_grads):
+        assert_close(got, expected, REL_TOL[torch.float32], name)
+
+
+def test_grid_and_int32_limits_are_refused_by_name(triton_module) -> None:
+    def call(q_shape, k_shape):
+        q = torch.empty(q_shape, device="meta", dtype=torch.bfloat16)
+        k = torch.empty(k_shape, device="meta", dtype=torch.bfloat16)
+        p_q = torch.empty(q_shape[0], q_shape[2], device="meta")
+        p_k = torch.empty(k_shape[0], k_shape[2], device="meta")
+        triton_module.o_attention_triton(q, k, k, p_q, p_k, None, None, 0.0, 0.125)
+
+    with pytest.raises(ValueError, match="batch × heads up to 65,535 .*not 65,536"):
+        call((4096, 16, 1, 64), (4096, 16, 1, 64))
+    with pytest.raises(ValueError, match="int32 offsets; k's spans 2,147,483,648 elements"):
+        call((1, 1, 1, 64), (1, 1, 2**25, 64))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_error_is_within_twice_sdpas(triton_module, dtype) -> None:
+    """P and dS are rounded to q's dtype before their products, as on the GPU: the kernel's
+    error vs fp64 (output and dq, dk, dv) stays within 2× that of SDPA in the same dtype."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 48, 32, generator=g).to(dtype) for _ in range(3))
+    ones = torch.ones(1, 48)
+    d_out = torch.randn(1, 2, 48, 32, generator=g).to(dtype)
+
+    def errors(run) -> list[float]:
+        ours = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        got, want = run(*ours), torch.softmax(
+            exact[0] @ exact[1].transpose(-1, -2) / 32 ** 0.5, -1) @ exact[2]
+        got.backward(d_out)
+        want.backward(d_out.double())
+        pairs = [(got, want)] + [(a.grad, b.grad) for a, b in zip(ours, exact)]
+        return [float((a.detach().double() - b.detach()).abs().max() / b.detach().abs().max())
+                for a, b in pairs]
+
+    # ε = 0 and presences 1: OAttention is plain attention.
+    kernel = errors(lambda q, k, v: triton_module.o_attention_triton(
+        q, k, v, ones, ones, None, None, 0.0, 32 ** -0.5))
+    sdpa = errors(torch.nn.functional.scaled_dot_product_attention)
+    for name, ours, theirs in zip(("out", "dq", "dk", "dv"), kernel, sdpa):
+        assert ours <= 2 * theirs, f"{name}: {ours:.3g} > 2 × SDPA's {theirs:.3g}"
