@@ -94,8 +94,8 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_attention.py
 
 # rewrite every `oretrofit demo-host compare` table in README.md, docs/ and the demo host's history
-# from the receipts it names, the history's index from its receipts, and docs/transformers.md's
-# generated blocks (tests fail on a stale one)
+# from the receipts it names, the history's index from its receipts, and the transformers host's
+# generated layouts block and tables (scripts/transformers_docs.py) (tests fail on a stale one)
 docs: $(STAMP)
 	$(PY) scripts/refresh_docs.py
 	$(PY) scripts/history_index.py
