@@ -1,6 +1,6 @@
 """`oretrofit reproduce table2|table7|matrix|tables|study|operators|hosts`: the paper's runners in
 one group. Each verb delegates to the runner's own command (`regress`, `tables`, `experiment`,
-`sweep operators`) or, for `hosts`, to `python -m oretrofit.hosts.transformers.report`."""
+`sweep operators`) or, for `hosts`, to `python -m oretrofit.sweep.hosts`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def hosts(
     out: Path = typer.Option(Path("results"), "--out", help="Folder for hosts.json and hosts.md"),
 ) -> None:
     """τ→0 equivalence, null insertion and mask-free padding on MiniLM and SmolLM2 (offline)."""
-    from oretrofit.hosts.transformers.report import main
+    from oretrofit.sweep.hosts import main
 
     main(["--out", str(out)])
 
