@@ -58,6 +58,9 @@ ARMS = ("base", "oa", "full-o")
 # written outside the release environments; tests/test_release_envs.py keeps them equal)
 LABELS = ("v2", "v2.5", "v2.6", "v3", "v3.5", "v2 PFT")
 TAU, MAX_REL = 1e-8, 1e-4
+# the settings check (2) runs every release at, with float32 (tabpfn's "auto" precision is
+# bfloat16 autocast on a CPU with native bfloat16, and 8.0.1 has no n_estimators="auto")
+PINNED = {"n_estimators": 1, "device": "cpu"}
 VERSION_TAU, VERSION_REL = 1e-12, 1e-5
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 SOURCE = ROOT          # where the checks run: an export of the committed HEAD (see main)
@@ -85,7 +88,8 @@ def check() -> dict:
     x, y = load_diabetes(return_X_y=True)
     predictions = {}
     for arm in ARMS:
-        regressor, _ = make_regressor("random", arm, None if arm == "base" else TAU)
+        regressor, _ = make_regressor("random", arm, None if arm == "base" else TAU,
+                                      inference_precision=torch.float32, **PINNED)
         predictions[arm] = regressor.fit(x[:300], y[:300]).predict(x[300:])
     base = predictions["base"]
     rel = {arm: float(np.abs(p - base).max() / np.abs(base).max()) for arm, p in predictions.items()}

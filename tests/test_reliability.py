@@ -114,10 +114,10 @@ def test_a_pickle_written_before_the_hosts_moved_still_loads():
 
 def test_a_fitted_patched_regressor_round_trips_through_pickle_and_joblib():
     X, y = _data()
-    regressor, _ = make_regressor("demo", "full-o", 1.0, seed=0)
+    regressor, _ = make_regressor("demo", "full-o", 1.0, device="cpu", n_estimators=1)
     regressor.fit(X[:20], y[:20])
     expected = regressor.predict(X[20:])
-    base, _ = make_regressor("demo", "base", seed=0)
+    base, _ = make_regressor("demo", "base", device="cpu", n_estimators=1)
     assert not np.allclose(base.fit(X[:20], y[:20]).predict(X[20:]), expected, atol=1e-4)
     buffer = io.BytesIO()
     joblib.dump(regressor, buffer)

@@ -119,7 +119,7 @@ class ModelSettings:
     n_estimators: int = 1
     eps: float = EPS_RETROFIT
     inference_precision: str | None = None      # float32 | float16 | bfloat16 | auto |
-                                                # autocast; None: the retrofit's default
+                                                # autocast; None: float32
 
     def __post_init__(self) -> None:
         check_device(self.device)
@@ -134,7 +134,9 @@ class ModelSettings:
                                   "n_estimators": self.n_estimators}
         if self.inference_precision in ("auto", "autocast"):
             kwargs["inference_precision"] = self.inference_precision
-        elif self.inference_precision is not None:
+        elif self.inference_precision is None:            # arms compared like for like
+            kwargs["inference_precision"] = torch.float32
+        else:
             dtype = getattr(torch, self.inference_precision, None)
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"unknown inference precision {self.inference_precision!r}; "
@@ -243,7 +245,8 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
     if variant is not None:
         kwargs["site_tau"] = variant.site_tau
         kwargs["eps"] = variant.eps if variant.eps is not None else model.eps
-    regressor, applied = make_regressor(checkpoint, arm=cell.arm, seed=cell.seed, **kwargs)
+    regressor, applied = make_regressor(checkpoint, arm=cell.arm, random_state=cell.seed,
+                                        **kwargs)
     # Every presence the O sites compute in fit + predict, per module (base computes none).
     where = presence_by_module(applied.model) if applied is not None else nullcontext({})
     with where as by_module:

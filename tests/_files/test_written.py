@@ -19,7 +19,7 @@ def test_names_are_recorded_and_a_foreign_file_is_refused_by_name(tmp_path):
     claim(tmp_path, ["a.md"])                                      # its own: claimed again
     with pytest.raises(ForeignFiles, match=rf"{tmp_path} holds c.tex, d.csv, which oretrofit "
                                            rf"did not write \(its record {tmp_path / RECORD} "
-                                           "does not list them\), and would replace; move "
+                                           r"does not list them\), and would replace; move "
                                            "them elsewhere"):
         claim(tmp_path, ["a.md", "c.tex", "d.csv", "e.md"])
     assert json.loads((tmp_path / RECORD).read_text())["files"] == ["a.md", "b.csv"]

@@ -76,9 +76,9 @@ def test_a_pickled_estimator_is_retrofitted_again_and_a_clone_is_refused(checkpo
         clone(ours).fit(x, y)
 
 
-def test_the_readmes_example_runs_and_matches_the_vendor(capsys):
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    code = readme.split("\n## Retrofit a TabICL classifier\n", 1)[1]
+def test_the_docs_example_runs_and_matches_the_vendor(capsys):
+    page = (Path(__file__).resolve().parents[3] / "docs" / "tabicl.md").read_text()
+    code = page.split("\n## Estimators\n", 1)[1]
     code = code.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/tabicl.md", "exec"), {})
     assert capsys.readouterr().out.strip().endswith("sites=22, active) True")

@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import shutil
 
+import numpy as np
 import pytest
 import numpy as np
 import torch
@@ -14,6 +15,8 @@ from oretrofit import RetrofitError
 from oretrofit.tabpfn import (build_model, checkpoint_sha256, load_checkpoint, resolve_model_path,
                               weights_label, write_random_checkpoint)
 from oretrofit.hosts.tabpfn import checkpoints, releases
+
+from . import FAST
 
 
 def test_random_checkpoint_is_a_tabpfn_checkpoint(small_ckpt):
@@ -151,10 +154,31 @@ def test_the_shipped_demo_host_fits_on_this_release_or_is_refused_with_the_fix(t
     if set(stored) - {f.name for f in fields(InferenceConfig)}:
         with pytest.raises(RetrofitError, match=r"inference-config fields that tabpfn .* does "
                                                 r"not know .*pip install -U 'tabpfn>=9"):
-            make_regressor("demo", arm="full-o", seed=0)
+            make_regressor("demo", arm="full-o", random_state=0, **FAST)
         return
     x_train, y_train, x_test = table
-    regressor, applied = make_regressor("demo", arm="full-o", seed=0)
+    regressor, applied = make_regressor("demo", arm="full-o", random_state=0, **FAST)
     prediction = regressor.fit(x_train, y_train).predict(x_test)
     assert prediction.shape == (len(x_test),) and np.isfinite(prediction).all()
     assert len(applied.report()) > 0
+
+
+def test_the_demo_classifier_is_the_demo_architecture_with_random_weights(caplog, classes):
+    """No demo classifier has been trained: "demo" gives the demo regressor's architecture with
+    a 10-class read-out and random weights, labelled and announced as such."""
+    from dataclasses import asdict
+
+    from oretrofit.demo_host.train import HostConfig
+    from oretrofit.tabpfn import make_classifier
+    path = resolve_model_path("demo", "classifier")
+    assert "RANDOM weights" in caplog.text
+    checkpoint = load_checkpoint(path)
+    assert weights_label(checkpoint) == "random weights (size demo, seed 0)"
+    assert checkpoints.checkpoint_task(checkpoint) == "classifier"
+    config = checkpoint["config"]
+    assert {k: config[k] for k in asdict(HostConfig())} == asdict(HostConfig())
+    assert config["max_num_classes"] == checkpoints.RANDOM_CLASSIFIER_CLASSES
+    x_train, y_train, x_test = classes
+    classifier, _ = make_classifier("demo", device="cpu", n_estimators=1)
+    probabilities = classifier.fit(x_train, y_train).predict_proba(x_test)
+    np.testing.assert_allclose(probabilities.sum(1), 1.0, rtol=1e-5)
