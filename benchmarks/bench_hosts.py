@@ -56,7 +56,7 @@ from oretrofit import retrofit, retrofitted
 from oretrofit._files.markdown import pipe_table
 from oretrofit._files.provenance import environment, write_json_atomic
 from oretrofit.hosts.transformers.host import forget_structures
-from oretrofit.hosts.transformers.report import forward_time_ratio, load_minilm, load_smollm2
+from oretrofit.hosts.transformers.measures import forward_time_ratio, load_minilm, load_smollm2
 from oretrofit.hosts.transformers.shrink import GROUPS, shrunk_config, tiny_model
 
 TARGETS = {"oa": 1.15, "full-o": 1.25}

@@ -40,7 +40,7 @@ Usage (from the repository root)::
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \\
         python scripts/transformers_census.py [--fresh] [--jobs 2] [--timeout 240] [--only a,b]
 
-writes ``results/transformers-census.json`` and the ``census`` block of ``docs/transformers.md``
+writes ``results/transformers-census.json`` and ``results/transformers-census.md``
 (``transformers_census_report.census_markdown``, which ``scripts/transformers_docs.py`` renders
 from the receipt).
 """

@@ -1,6 +1,6 @@
-"""The census block of docs/transformers.md, rendered from ``results/transformers-census.json``
-(written by ``scripts/transformers_census.py``): counts, shares, why the rest do not pass, and
-one row per type.
+"""The census table (``results/transformers-census.md``), rendered from
+``results/transformers-census.json`` (written by ``scripts/transformers_census.py``): counts,
+shares, why the rest do not pass, and one row per type.
 
 Why a text or vision type does not pass is read from its record: a type without softmax
 attention, else the first :data:`FAMILIES` pattern its verbatim reason matches. A family is
@@ -112,7 +112,7 @@ def _rows(receipt: dict[str, Any]) -> Iterator[list[str]]:
 
 
 def census_markdown(receipt: dict[str, Any]) -> str:
-    """The ``census`` block of docs/transformers.md: counts, shares, why the rest do not pass,
+    """The census table: counts, shares, why the rest do not pass,
     and one row per type."""
     from oretrofit._files.markdown import pipe_table
     records = receipt["architectures"]

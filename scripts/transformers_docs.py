@@ -1,9 +1,10 @@
-"""Regenerates the generated blocks of ``docs/transformers.md``: the layouts table, the
-architecture tables (both from ``tests/hosts/transformers/zoo.py``, the test data), the census
-(from ``results/transformers-census.json``, ``scripts/transformers_census.py``'s receipt) and
-verbatim quotes of ``results/hosts.md`` and ``results/bench_hosts.md``. Run
-``python scripts/transformers_docs.py [BLOCK ...]`` (``make docs`` does, for every block); tests
-fail on a stale block.
+"""Regenerates the transformers host's generated docs: the layouts table, a block of
+``docs/transformers-layouts.md``, and two tables of their own in ``results/``, linked from
+``docs/transformers-architectures.md``: ``results/transformers-architectures.md`` (the
+supported / refused architectures, from ``tests/hosts/transformers/zoo.py``, the test data) and
+``results/transformers-census.md`` (from ``results/transformers-census.json``,
+``scripts/transformers_census.py``'s receipt). Run ``python scripts/transformers_docs.py``
+(``make docs`` does); tests fail on a stale block or table.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-__all__ = ["DOC", "blocks", "render_into", "main"]
+__all__ = ["DOC", "TABLES", "blocks", "render_into", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "transformers.md"
+DOC = ROOT / "docs" / "transformers-layouts.md"
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -36,18 +37,25 @@ census_report = _load("transformers_census_report",
                       ROOT / "scripts" / "transformers_census_report.py")
 
 
-def _quote(path: str) -> Callable[[], str]:
-    return lambda: (ROOT / path).read_text().strip() + "\n"
-
-
 def _census() -> str:
-    return census_report.census_markdown(json.loads(census.RECEIPT.read_text()))
+    return ("# The transformers census\n\n"
+            + census_report.census_markdown(json.loads(census.RECEIPT.read_text())))
+
+
+def _architectures() -> str:
+    return "# The transformers host's tested architectures\n\n" + architectures_table()
+
+
+# generated tables with a file of their own: path -> its renderer
+TABLES: dict[Path, Callable[[], str]] = {
+    ROOT / "results" / "transformers-architectures.md": _architectures,
+    ROOT / "results" / "transformers-census.md": _census,
+}
 
 
 def blocks() -> dict[str, Callable[[], str]]:
     """Block name (``<!-- NAME:begin -->`` … ``<!-- NAME:end -->``) -> its renderer."""
-    return {"layouts": layouts_table, "architectures": architectures_table, "census": _census,
-            "hosts": _quote("results/hosts.md"), "bench_hosts": _quote("results/bench_hosts.md")}
+    return {"layouts": layouts_table}
 
 
 def render_into(text: str, names: list[str] | None = None) -> str:
@@ -58,7 +66,7 @@ def render_into(text: str, names: list[str] | None = None) -> str:
         begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
         head, found, rest = text.partition(begin)
         if not found or end not in rest:
-            raise ValueError(f"docs/transformers.md lacks the {begin} … {end} markers")
+            raise ValueError(f"{DOC.name} lacks the {begin} … {end} markers")
         _, _, tail = rest.partition(end)
         text = f"{head}{begin}\n{render()}{end}{tail}"
     return text
@@ -67,6 +75,9 @@ def render_into(text: str, names: list[str] | None = None) -> str:
 def main(names: list[str] | None = None) -> None:
     DOC.write_text(render_into(DOC.read_text(), names or sys.argv[1:]))
     print(f"updated {DOC.relative_to(ROOT)}")
+    for path, render in TABLES.items():
+        path.write_text(render())
+        print(f"updated {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

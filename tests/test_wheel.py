@@ -126,18 +126,41 @@ def test_the_readme_examples_run_outside_the_checkout(installed) -> None:
     assert json.loads(demo.stdout)
 
 
-def test_the_installed_pages_link_only_to_installed_files(installed) -> None:
-    """The README and every docs page the wheel installs resolve their relative links inside
-    the installed documentation (no link to a repository file the wheel lacks)."""
-    python, work = installed
-    root = _doc_root(python, work)
-    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
-    assert len(pages) == 1 + len(list((ROOT / "docs").glob("*.md")))
-    missing = []
-    for page in pages:
-        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+def dead_links(root: Path) -> list[str]:
+    """``page -> link`` for every relative link of every markdown page under ``root`` whose
+    target (anchor dropped) does not exist; links inside code blocks and URLs are not followed."""
+    dead = []
+    for page in sorted(root.rglob("*.md")):
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
         for link in re.findall(r"\]\(([^)\s]+)\)", text):
             target = link.split("#", 1)[0]
-            if target and not re.match(r"[a-z]+:", target) and not (page.parent / target).exists():
-                missing.append(f"{page.relative_to(root)} -> {link}")
-    assert not missing, missing
+            if target and not re.match(r"[a-z][a-z0-9+.-]*:", target) \
+                    and not (page.parent / target).exists():
+                dead.append(f"{page.relative_to(root).as_posix()} -> {link}")
+    return dead
+
+
+def test_dead_links_finds_every_missing_target_and_only_those(tmp_path) -> None:
+    (tmp_path / "docs" / "deep").mkdir(parents=True)
+    (tmp_path / "README.md").write_text(
+        "[a](docs/a.md) [b](docs/gone.md#x) ![img](pic.png) [web](https://x.org/y) [#](#top)\n"
+        "```\n[in code](nowhere.md)\n```\n")
+    (tmp_path / "docs" / "a.md").write_text("[up](../README.md) [deep](deep/b.md#s)\n")
+    (tmp_path / "docs" / "deep" / "b.md").write_text("[back](../a.md) [lost](../../lost.json)\n")
+    assert dead_links(tmp_path) == ["README.md -> docs/gone.md#x", "README.md -> pic.png",
+                                    "docs/deep/b.md -> ../../lost.json"]
+    (tmp_path / "pic.png").write_bytes(b"")
+    assert dead_links(tmp_path) == ["README.md -> docs/gone.md#x",
+                                    "docs/deep/b.md -> ../../lost.json"]
+
+
+def test_every_installed_page_links_only_to_installed_files(installed) -> None:
+    """Every markdown page the wheel installs (the README, every docs page and every page they
+    reach: results, the demo host's card and history) resolves every relative link inside the
+    installed documentation."""
+    python, work = installed
+    root = _doc_root(python, work)
+    pages = {p.relative_to(root).as_posix() for p in root.rglob("*.md")}
+    assert {"README.md", *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
+            "oretrofit/data/tabpfn-v3-demo.md", "results/demo-host/history/index.md"} <= pages
+    assert dead_links(root) == []

@@ -1,30 +1,14 @@
 """Writing a file whole or not at all, and never through a symbolic link.
 
-Every file oretrofit writes (receipts, specs, tables, checkpoints, saved models) goes through
-:func:`atomic_file`: the bytes go to a new temporary file beside the target, opened with
-``O_EXCL | O_NOFOLLOW``, which is renamed over the target once complete. A rename replaces a
-symbolic link at the target by the new file and never writes to what the link points at, and a
-failure (or a kill) before the rename leaves the old file untouched.
-
-A full disk (``ENOSPC``, or a quota: ``EDQUOT``) met by any write into the temporary file is
-reported as :class:`NoSpace`, naming the target and the free space in its folder
-(:func:`no_space`), also where the writer reports it as an error of its own (torch's zip
-writer can raise a ``RuntimeError`` from ``inline_container.cc``): the temporary file's raw
-writes (:class:`_TempFile`) remember the error they met. Text is written as UTF-8. A target name up to the file
-system's limit (255 bytes) is legal: the temporary file's name shortens the target's part of it
-to fit.
-
-A killed writer leaves its temporary file behind. Its name says whose it was:
-``.<target name>.<host>.<pid>.<random>.oretrofit-tmp``; the next write into the same folder
-(:func:`sweep_temp_files`) deletes those of processes on this host that are no longer alive.
-Scratch folders (:func:`scratch_folder`) are named the same way and swept the same way when the
-next one is made.
-
-The files and folders that oretrofit creates inside an output folder of its own (a run folder's
-``.lock``, ``cells``, ``datasets``, ``invocations``, ``tables``) are checked by
-:func:`refuse_link`: a symbolic link in their place, or a file with more than one hard link (a
-name another file shares), is refused by name, so nothing is written through it
-(:func:`own_folder` for a folder; the lock file checks the file it opened).
+Every file oretrofit writes goes through :func:`atomic_file`: the bytes go to a new temporary
+file beside the target (``O_EXCL | O_NOFOLLOW``), renamed over the target once complete, so a
+failure or a kill leaves the old file untouched and a link at the target is replaced, never
+written through. A full disk met by any write is :class:`NoSpace`, naming the target and the
+space free (also where the writer wraps it, as torch's zip writer does). A killed writer's
+temporary file (``.<target>.<host>.<pid>.<random>.oretrofit-tmp``) and scratch folders
+(:func:`scratch_folder`) are swept by the next write into the folder (:func:`sweep_temp_files`).
+:func:`refuse_link` and :func:`own_folder` refuse a link or a hard-linked file where oretrofit
+creates its own files. What this promises a user: docs/security.md.
 """
 
 from __future__ import annotations

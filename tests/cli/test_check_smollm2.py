@@ -18,7 +18,7 @@ from oretrofit.cli.app import app  # noqa: E402
 
 @pytest.fixture(scope="module")
 def smollm2() -> tuple:
-    from oretrofit.hosts.transformers.report import load_smollm2
+    from oretrofit.hosts.transformers.measures import load_smollm2
     return load_smollm2()
 
 
@@ -26,8 +26,8 @@ def smollm2() -> tuple:
 def shipped(smollm2: tuple, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """`check smollm2` served the model loaded once for this file; returns a prompt file of
     one chat question whose answer the ε sink changes."""
-    from oretrofit.hosts.transformers import report
-    monkeypatch.setattr(report, "load_smollm2", lambda: smollm2)
+    from oretrofit.hosts.transformers import measures
+    monkeypatch.setattr(measures, "load_smollm2", lambda: smollm2)
     lines = tmp_path / "prompts.txt"
     lines.write_text("What is the capital of France?\n")
     return lines

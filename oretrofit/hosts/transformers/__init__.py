@@ -14,7 +14,8 @@ model, and the inputs they run: example inputs, mask-free zero-padded batches), 
 (the contracts against their limits), ``calibrate.py`` (τ from lines of text), ``models.py``
 (the models the CLI takes by name), ``loading.py`` (every ``from_pretrained``: offline, never a
 folder's own code), ``pretrained.py`` (a retrofitted model saved and loaded as a folder) and
-``report.py`` (the checks on real pretrained weights).
+``measures.py`` (real pretrained weights and the measurements on them; the runner that writes
+their results is :mod:`oretrofit.sweep.hosts`).
 Importing this package imports none of them. Needs ``oretrofit[hf]``; its public entry point is
 :mod:`oretrofit.transformers`.
 """

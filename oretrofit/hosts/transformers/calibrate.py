@@ -27,8 +27,8 @@ DEFAULT_MAX_TOKENS = 128            # tokens kept per line unless the model has 
 
 def builtin_texts() -> list[str]:
     """The small calibration set used when no text is given: the host report's sentences and
-    prompts (:mod:`oretrofit.hosts.transformers.report`: everyday English, one line of code)."""
-    from .report import PROMPTS, SENTENCES
+    prompts (:mod:`oretrofit.hosts.transformers.measures`: everyday English, one line of code)."""
+    from .measures import PROMPTS, SENTENCES
     return [*SENTENCES, *PROMPTS]
 
 

@@ -31,7 +31,7 @@ def _folder(name: str) -> Path:
 
 
 def _shipped(name: str) -> tuple[nn.Module, Any]:
-    from .report import load_minilm, load_smollm2
+    from .measures import load_minilm, load_smollm2
     try:
         return (load_minilm if name == "minilm" else load_smollm2)()
     except ModuleNotFoundError as missing:

@@ -12,7 +12,7 @@ from transformers import BertConfig, BertModel  # noqa: E402
 
 from oretrofit import retrofitted  # noqa: E402
 from oretrofit.hosts.transformers.layouts import calls_attention_interface  # noqa: E402
-from oretrofit.hosts.transformers.report import (EPS, SENTENCES, TAU, embedding_cosines,  # noqa: E402
+from oretrofit.hosts.transformers.measures import (EPS, SENTENCES, TAU, embedding_cosines,  # noqa: E402
                                     hidden_readout, load_minilm, null_insertion, padding_deltas)
 
 

@@ -20,7 +20,7 @@ from transformers import (DynamicCache, LlamaConfig, LlamaForCausalLM,  # noqa: 
 
 from hosts.transformers import zoo  # noqa: E402
 from oretrofit import RetrofitError, retrofitted  # noqa: E402
-from oretrofit.hosts.transformers.report import EPS, PROMPTS, TAU, load_smollm2  # noqa: E402
+from oretrofit.hosts.transformers.measures import EPS, PROMPTS, TAU, load_smollm2  # noqa: E402
 
 # the KV cache argument: ``cache`` from transformers 5.24, ``past_key_values`` before
 CACHE = ("cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters

@@ -22,7 +22,7 @@ from transformers.cache_utils import CacheLayerMixin, DynamicLayer  # noqa: E402
 
 from oretrofit import RetrofitError, retrofitted  # noqa: E402
 from oretrofit.hosts.transformers import cache as cache_module  # noqa: E402
-from oretrofit.hosts.transformers.report import EPS, PROMPTS, TAU  # noqa: E402
+from oretrofit.hosts.transformers.measures import EPS, PROMPTS, TAU  # noqa: E402
 
 from .test_cache import (CACHE, KINDS, _generate, _last_logits,  # noqa: E402,F401
                          smollm2)  # smollm2: a fixture

@@ -9,7 +9,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from oretrofit.hosts.transformers.answers import CHAT_PROMPTS  # noqa: E402
-from oretrofit.hosts.transformers.report import SENTENCES, load_minilm  # noqa: E402
+from oretrofit.hosts.transformers.measures import SENTENCES, load_minilm  # noqa: E402
 from oretrofit.transformers import check  # noqa: E402
 
 

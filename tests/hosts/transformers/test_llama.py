@@ -14,7 +14,7 @@ from transformers import (AttentionInterface, DynamicCache, LlamaConfig,  # noqa
                           LlamaForCausalLM, LlamaModel)
 
 from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
-from oretrofit.hosts.transformers.report import (  # noqa: E402
+from oretrofit.hosts.transformers.measures import (  # noqa: E402
     CHAT_PROMPTS, EPS, PAPER_EPS, PROMPTS, TAU, chat_text, greedy_and_logits, load_smollm2,
     logits_readout, null_insertion, padding_deltas)
 

@@ -20,7 +20,7 @@ from oretrofit import Retrofit, RetrofitError, retrofit, retrofitted  # noqa: E4
 from oretrofit.hosts.transformers.layouts import calls_attention_interface  # noqa: E402
 from oretrofit.hosts.transformers.models import load_model  # noqa: E402
 from oretrofit.hosts.transformers.pretrained import MARKER, SPEC_FILE  # noqa: E402
-from oretrofit.hosts.transformers.report import EPS, TAU, null_insertion  # noqa: E402
+from oretrofit.hosts.transformers.measures import EPS, TAU, null_insertion  # noqa: E402
 from oretrofit.hosts.transformers.inputs import zero_padded_inputs  # noqa: E402
 
 _SHAPE = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -28,8 +28,8 @@ from transformers.models.bert.modeling_bert import eager_attention_forward  # no
 
 from oretrofit import retrofit, retrofitted  # noqa: E402
 from oretrofit.hosts.transformers.interface_route import o_attention_function  # noqa: E402
-from oretrofit.hosts.transformers.report import (EPS, PROMPTS, SENTENCES, load_minilm,  # noqa: E402
-                                                 load_smollm2, null_insertion)
+from oretrofit.hosts.transformers.measures import (EPS, PROMPTS, SENTENCES, load_minilm,  # noqa: E402
+                                                   load_smollm2, null_insertion)
 
 TAU_ZERO = 1e-12
 RELATIVE = 1e-4

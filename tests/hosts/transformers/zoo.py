@@ -1,5 +1,5 @@
 """The transformers architectures the generic host is tested on (tiny, built from configs), and
-those it refuses. The test suite, ``docs/transformers.md``'s generated table and nothing else
+those it refuses. The test suite, ``results/transformers-architectures.md`` and nothing else
 read this list: an architecture is listed as supported only because a test covers it.
 """
 
@@ -434,7 +434,7 @@ def refusal_on_call(arch: Architecture) -> str:
 
 
 def architectures_table() -> str:
-    """The supported / refused architecture tables of ``docs/transformers.md``."""
+    """The supported / refused architecture tables (``results/transformers-architectures.md``)."""
     from oretrofit._files.markdown import pipe_table
     rows = []
     from oretrofit.hosts.transformers.releases import TESTED_RELEASES, covered_from
