@@ -4,6 +4,8 @@
 #   make test-tabpfn-oldest   the TabPFN tests again with the oldest supported tabpfn (CI too)
 #   make test-transformers-oldest   the transformers host's tests with the oldest admitted
 #                                   transformers (CI too)
+#   make test-tabdpt   the TabDPT host's tests (tests/hosts/tabdpt, which `make test` leaves out)
+#                      in an environment with tabdpt (CI too)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q
@@ -31,10 +33,19 @@ TABPFN_TESTS := tests/hosts/tabpfn tests/regress/test_cli.py
 OLDEST_TRANSFORMERS := 4.53.3
 OLDEST_TF := $(VENV)/transformers-$(OLDEST_TRANSFORMERS)
 OLDEST_TF_STAMP := $(OLDEST_TF)/.oretrofit-installed
-# the transformers host's tests, as scripts/transformers_compat.py runs them per release (its TESTS)
+# the transformers host's tests, as scripts/transformers_compat.py runs them per release (its TESTS),
+# and on the oldest release (the newest runs them with the rest) the call matrix and the overrides
 TRANSFORMERS_TESTS := tests/hosts/transformers/test_architectures.py \
 	tests/hosts/transformers/test_bert.py tests/hosts/transformers/test_llama.py \
-	tests/_surgery/test_compose.py tests/cli/test_check.py
+	tests/hosts/transformers/test_pretrained.py tests/hosts/transformers/test_overrides.py \
+	tests/hosts/transformers/test_calls.py tests/_surgery/test_compose.py tests/cli/test_check.py
+# tabdpt pins huggingface-hub<2.0, which the main environment's transformers does not admit: the
+# TabDPT host's tests run in an environment of their own (transformers is not importable there;
+# oretrofit and its registry import without it)
+TABDPT := 1.3.1
+TABDPT_ENV := $(VENV)/tabdpt-$(TABDPT)
+TABDPT_STAMP := $(TABDPT_ENV)/.oretrofit-installed
+TABDPT_TESTS := tests/hosts/tabdpt
 PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
 
 # $(call layered,ENV,PACKAGE,RELEASE): ENV over the main environment with PACKAGE==RELEASE on top
@@ -50,6 +61,9 @@ endef
 $(OLDEST_STAMP): $(STAMP)
 	$(call layered,$(OLDEST),tabpfn,$(OLDEST_TABPFN))
 
+$(TABDPT_STAMP): $(STAMP)
+	$(call layered,$(TABDPT_ENV),tabdpt,$(TABDPT))
+
 # an optional package transformers imports (kernels) hidden where the main environment's release
 # of it is outside the bound that release declares, as scripts/transformers_compat.py does
 $(OLDEST_TF_STAMP): $(STAMP)
@@ -58,7 +72,7 @@ $(OLDEST_TF_STAMP): $(STAMP)
 		from transformers_compat import hide_imported_optional as hide; \
 		print("hidden:", hide(Path("$(OLDEST_TF)/bin/python")))'
 
-.PHONY: install test test-tabpfn-oldest test-transformers-oldest demo bench docs
+.PHONY: install test test-tabpfn-oldest test-transformers-oldest test-tabdpt demo bench docs
 install: $(STAMP)
 
 test: $(STAMP)
@@ -69,6 +83,9 @@ test-tabpfn-oldest: $(OLDEST_STAMP)
 
 test-transformers-oldest: $(OLDEST_TF_STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(OLDEST_TF)/bin/python -m pytest -q $(TRANSFORMERS_TESTS)
+
+test-tabdpt: $(TABDPT_STAMP)
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(TABDPT_ENV)/bin/python -m pytest -q $(TABDPT_TESTS)
 
 demo: $(STAMP)
 	$(VENV)/bin/oretrofit patch --arm full-o --tau 1e-8 --model-path demo

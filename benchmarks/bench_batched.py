@@ -51,6 +51,7 @@ from oretrofit._files.provenance import environment, portable, write_json_atomic
 from oretrofit.hosts.tabpfn import releases
 from oretrofit.hosts.tabpfn.batched import default_jobs
 from oretrofit.hosts.tabpfn.checkpoints import cache_dir
+from oretrofit.hosts.tabpfn.reload import patched_model
 from oretrofit.tabpfn import (checkpoint_sha256, make_regressor, predict_batched,
                               write_random_checkpoint)
 
@@ -117,7 +118,7 @@ def timed(regressor: Any, runs: dict[str, tuple[int, Run]], data: Data, rounds: 
     once) that counts each contender's model forwards (calls of the first ICL block) and finds
     the largest relative difference of each one's predictions from the loop's."""
     predict_batched(regressor, *zip(*data[:2]))
-    block, first, forwards = regressor.model_path.model.icl_blocks[0], {}, {}
+    block, first, forwards = patched_model(regressor.model_path).icl_blocks[0], {}, {}
     for name, (threads, run) in runs.items():
         count = [0]
         hook = block.register_forward_pre_hook(lambda *_: count.__setitem__(0, count[0] + 1))
@@ -146,7 +147,7 @@ def timed(regressor: Any, runs: dict[str, tuple[int, Run]], data: Data, rounds: 
 def fixed_forward_seconds(regressor: Any, device: str, repeats: int = 5) -> float:
     """Median seconds of the smallest forward (2 train + 10 test rows, 2 features, the
     members as lanes): a per-forward cost no batching can go below."""
-    model = regressor.model_path.model
+    model = patched_model(regressor.model_path)
     x = torch.randn(12, N_ESTIMATORS, 2, device=device)
     y = torch.randn(2, N_ESTIMATORS, device=device)
     times = []
@@ -224,7 +225,7 @@ def main() -> None:
         torch.set_num_threads(1)
     path = host(args.size)
     regressor, _ = make_regressor(path, "full-o", TAU, n_estimators=N_ESTIMATORS,
-                                  device=args.device)
+                                  device=args.device, inference_precision=torch.float32)
     data = ragged(args.datasets)
     runs = contenders(regressor, args.two_thread_loop)
     threads = torch.get_num_threads()

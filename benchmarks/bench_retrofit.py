@@ -74,8 +74,9 @@ def fitted(path: Path, arm: str, device: str, fit_mode: str = "fit_preprocessors
     x_train, y_train, _ = table_data()
     options = (releases.cache_options(TabPFNRegressor, {}) if fit_mode == "fit_with_cache"
                else {})
-    regressor, _ = make_regressor(path, arm, None if arm == "base" else TAU, seed=SEED,
-                                  n_estimators=1, fit_mode=fit_mode, device=device, **options)
+    regressor, _ = make_regressor(path, arm, None if arm == "base" else TAU, random_state=SEED,
+                                  n_estimators=1, fit_mode=fit_mode, device=device,
+                                  inference_precision=torch.float32, **options)
     return regressor.fit(x_train, y_train)
 
 

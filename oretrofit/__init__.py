@@ -5,16 +5,23 @@ a token's presence p = ‖h‖²/(τ+‖h‖²) gates what it emits and weights 
 contributes to anything shared between tokens.
 
 Every public name is listed once in ``__all__`` and imported from its home module on first
-use (PEP 562), so ``import oretrofit`` (and ``oretrofit --help``) does not import torch.
+use (PEP 562), so ``import oretrofit`` (and ``oretrofit --help``) does not import torch; the
+public subpackages ``oretrofit.transformers``, ``oretrofit.tabpfn`` and ``oretrofit.tabdpt``
+likewise, on first use (:func:`_lazy_attributes`, which ``oretrofit.transformers`` shares).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+import importlib.metadata
+from typing import TYPE_CHECKING, Any, Callable
 
-from ._lazy import lazy_attributes
-from ._surgery import moved
-from ._version import __version__
+try:                    # pyproject.toml's version, the one place it is set
+    __version__ = importlib.metadata.version("oretrofit")
+except importlib.metadata.PackageNotFoundError:                  # a source tree never installed
+    __version__ = "0+unknown"
+
+from ._surgery import moved  # noqa: E402
 
 moved.install()                 # old module paths (a pickle written before a move) still load
 
@@ -47,8 +54,36 @@ _HOMES = {
 __all__ = list(_HOMES)
 
 
-__getattr__, __dir__ = lazy_attributes(
-    globals(), {name: (home, name) for name, home in _HOMES.items()})
+def _lazy_attributes(namespace: dict[str, Any], homes: dict[str, tuple[str, str]],
+                     submodules: tuple[str, ...] = ()
+                     ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of the facade whose globals are ``namespace`` (PEP 562:
+    neither torch nor transformers is imported until a name is asked for):
+    ``homes`` maps a public name to (its home module, relative to that module, and its name
+    there); a name is imported the first time it is asked for, then kept in ``namespace``.
+    ``submodules``: the module's subpackages imported the first time they are asked for (so
+    ``import oretrofit; oretrofit.transformers.check`` needs no second import)."""
+    module = namespace["__name__"]
+
+    def __getattr__(name: str) -> Any:
+        if name in submodules:
+            return importlib.import_module(f"{module}.{name}")
+        if name not in homes:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        home, attribute = homes[name]
+        value = getattr(importlib.import_module(home, module), attribute)
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *homes, *submodules})
+
+    return __getattr__, __dir__
+
+
+__getattr__, __dir__ = _lazy_attributes(
+    globals(), {name: (home, name) for name, home in _HOMES.items()},
+    ("tabdpt", "tabpfn", "transformers"))
 
 
 if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ imports these

@@ -3,7 +3,7 @@
 ``scaled_dot_product_attention`` (called by ``scripts/gpu_check.sh``; needs a CUDA device, or
 ``--device cpu`` for a smoke run of this script's own logic).
 
-1. Route: the kernel :func:`oretrofit._kernels.lse.backend_for` picks for fp32 compute
+1. Route: the kernel :func:`oretrofit._kernels.routes.route_for` picks for fp32 compute
    (``cuda-efficient``: SDPA's memory-efficient kernel with its LSE; or the augmented-copy
    fallback, with the reason its check gave).
 2. Exactness: forward and the gradients of q, k, v, p_q and p_k (p_k also detached) on small
@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from oretrofit._kernels import lse as kernels
+from oretrofit._kernels import lse as kernels, routes
 from oretrofit._operators.attention import o_attention_fused, o_attention_reference
 from oretrofit._files.markdown import pipe_table
 from oretrofit._files.provenance import environment, write_json_atomic
@@ -55,10 +55,10 @@ def route(device: torch.device) -> dict[str, str]:
     """The backend fp32 OAttention takes on ``device``, or the fallback and why."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        backend = kernels.backend_for(device, torch.float32)
-    reasons = [str(w.message) for w in caught]
-    return {"kernel": backend.name if backend else "augmented-copy fallback",
-            "reason": "; ".join(reasons) or ("checked" if backend else "no kernel for this device")}
+        name = routes.describe(device, torch.float32, 16)
+    reasons, kernel = [str(w.message) for w in caught], name != "augmented-copy"
+    return {"kernel": name if kernel else "augmented-copy fallback",
+            "reason": "; ".join(reasons) or ("checked" if kernel else "no kernel for this device")}
 
 
 def check_case(device: torch.device, layout: str, mask_kind: str, pk_grad: bool) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import platform
 import re
 import shlex
@@ -25,7 +26,7 @@ from packaging.specifiers import SpecifierSet
 
 __all__ = ["sweep_parser", "export_head", "head_commit", "layered_venv", "layer_packages", "pytest_summary",
            "pytest_failures", "receipt_command", "provenance_lines", "markdown_table",
-           "same_release"]
+           "same_release", "check_result"]
 
 _PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 
@@ -99,6 +100,15 @@ def layered_venv(venv: Path, package: str, release: str) -> None:
         raise RuntimeError(f"pip install {package}=={release} failed:\n{done.stderr[-2000:]}")
     if not _has_release(python, package, release):
         raise RuntimeError(f"{package} {release} installed but another release shadows it")
+
+
+def check_result(done: subprocess.CompletedProcess) -> dict:
+    """The JSON line a sweep's in-environment ``--check`` printed last, or ``{"error": …}``
+    with the last line of its stderr."""
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
 
 
 def layer_packages(venv: Path) -> list[str]:

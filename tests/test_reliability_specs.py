@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from packaging.version import Version
 import torch
 from torch import nn
 
@@ -33,6 +34,14 @@ class TwoBranches(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.a(x, x, x)[0]
+
+
+class OneBranch(nn.Module):
+    """:class:`TwoBranches` without ``b``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.MultiheadAttention(8, 2, batch_first=True)
 
 
 def _batches() -> list[torch.Tensor]:
@@ -169,12 +178,6 @@ def test_a_spec_of_another_host_names_both_hosts(demo_spec):
 
 def test_a_spec_of_another_model_of_the_same_host_says_so():
     spec = retrofit(TwoBranches(), "full-o", site_tau={"b": 1e-3}).spec()
-
-    class OneBranch(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a = nn.MultiheadAttention(8, 2, batch_first=True)
-
     with pytest.raises(RetrofitError, match="does not apply to this OneBranch.*re-create it"):
         apply_spec(OneBranch(), spec)
 
@@ -185,3 +188,63 @@ def test_make_regressor_applies_the_calibrated_demo_spec_and_refuses_it_for_anot
     assert applied.plan.site_tau == demo_spec["site_tau"]
     with pytest.raises(RetrofitError, match="calibrated on the checkpoint with SHA-256"):
         make_regressor("random", spec=demo_spec)
+
+
+# --- apply_spec: versions are provenance, sites are what must match ------------------------
+
+class Branches(TwoBranches):
+    """:class:`TwoBranches` with ``b`` of another width or attention class."""
+
+    def __init__(self, width: int = 8, attention: type = nn.MultiheadAttention) -> None:
+        super().__init__()
+        self.b = attention(width, 2, batch_first=True)
+
+
+class CountingAttention(nn.MultiheadAttention):
+    """A user's attention class (the host's own forward, so the host covers it)."""
+
+
+def _releases_after(version: str) -> list[str]:
+    """The next patch and the next minor release after ``version``."""
+    major, minor, patch = Version(version).release[:3]
+    return [f"{major}.{minor}.{patch + 1}", f"{major}.{minor + 1}.0"]
+
+
+@pytest.mark.parametrize("release", _releases_after(torch.__version__))
+def test_a_spec_recorded_under_another_release_applies_when_its_sites_match(release):
+    model = TwoBranches()
+    spec = retrofit(model, "full-o").spec()
+    Retrofit.of(model).revert()
+    recorded = {**spec, "oretrofit": "0.0.1", "host_versions": {"torch": release}}
+    applied = apply_spec(model, recorded)
+    assert applied.spec()["sites"] == ["a", "b"]
+    assert applied.spec()["host_versions"] == spec["host_versions"]     # this install's, recorded
+
+
+@pytest.mark.parametrize("model, edit, message", [
+    (OneBranch, {}, r"its site list is '2 sites, 1 unknown: b'"),
+    (TwoBranches, {"kind": "ffn"}, r"its site 'b' is of kind 'ffn' in the spec, 'attention' here"),
+    (lambda: Branches(attention=CountingAttention), {},
+     r"its site 'b' has the module b of class MultiheadAttention in the spec, of class "
+     r"CountingAttention here"),
+    (lambda: Branches(width=16), {},
+     r"its site 'b' has the weight b\.in_proj_weight of shape 24x8 in the spec, of shape 48x16 "
+     r"here")], ids=["site missing", "another kind", "another class", "another shape"])
+def test_a_spec_whose_site_differs_from_the_models_is_refused_naming_it(model, edit, message):
+    spec = retrofit(TwoBranches(), "full-o").spec()
+    records = {**spec["site_modules"], "b": {**spec["site_modules"]["b"], **edit}}
+    target = model()
+    with pytest.raises(RetrofitError, match=message + r".*Re-create the spec from this model"):
+        apply_spec(target, {**spec, "site_modules": records})
+    assert Retrofit.of(target) is None
+
+
+def test_a_spec_of_schema_1_is_checked_by_its_site_names(demo_spec):
+    """A spec saved before site records existed still applies (the calibrated demo spec)."""
+    assert demo_spec["schema_version"] == 1 and "site_modules" not in demo_spec
+    model = build_model(load_checkpoint(resolve_model_path("demo")))[0]
+    applied = apply_spec(model, demo_spec)
+    assert list(applied.spec()["site_modules"]) == demo_spec["sites"]
+    applied.revert()
+    with pytest.raises(RetrofitError, match="the patch spec lacks site_modules"):
+        apply_spec(model, {**demo_spec, "schema_version": 2})

@@ -80,6 +80,10 @@ def test_the_installed_package_is_the_wheels(installed) -> None:
              "print(oretrofit.__file__)")
     where = Path(_run([str(python), "-c", probe], work).stdout.strip())
     assert where.is_relative_to(python.parent.parent) and not where.is_relative_to(ROOT)
+    assert (where.parent / "py.typed").is_file()              # typed, for type checkers
+    version = _run([str(python), "-c", "import oretrofit; print(oretrofit.__version__)"], work)
+    assert _run([str(python.parent / "oretrofit"), "--version"], work).stdout == \
+        f"oretrofit {version.stdout}"
 
 
 def test_the_declared_requirements_are_met_by_the_tested_environment(installed) -> None:

@@ -6,6 +6,14 @@ Every file oretrofit writes (receipts, specs, tables, checkpoints, saved models)
 symbolic link at the target by the new file and never writes to what the link points at, and a
 failure (or a kill) before the rename leaves the old file untouched.
 
+A full disk (``ENOSPC``, or a quota: ``EDQUOT``) met by any write into the temporary file is
+reported as :class:`NoSpace`, naming the target and the free space in its folder
+(:func:`no_space`), also where the writer reports it as an error of its own (torch's zip
+writer can raise a ``RuntimeError`` from ``inline_container.cc``): the temporary file's raw
+writes (:class:`_TempFile`) remember the error they met. Text is written as UTF-8. A target name up to the file
+system's limit (255 bytes) is legal: the temporary file's name shortens the target's part of it
+to fit.
+
 A killed writer leaves its temporary file behind. Its name says whose it was:
 ``.<target name>.<host>.<pid>.<random>.oretrofit-tmp``; the next write into the same folder
 (:func:`sweep_temp_files`) deletes those of processes on this host that are no longer alive.
@@ -22,6 +30,8 @@ name another file shares), is refused by name, so nothing is written through it
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import secrets
 import shutil
@@ -33,9 +43,12 @@ from typing import IO, Iterator
 from .reading import _kind_of
 
 __all__ = ["atomic_file", "write_text_atomic", "sweep_temp_files", "scratch_folder", "make_folder",
-           "own_folder", "refuse_link", "LinkedPath", "TEMP_SUFFIX"]
+           "own_folder", "refuse_link", "LinkedPath", "NoSpace", "no_space", "is_full",
+           "TEMP_SUFFIX"]
 
 TEMP_SUFFIX = ".oretrofit-tmp"
+_NAME_MAX = 255                         # bytes in one file name (ext4, xfs, btrfs, tmpfs, APFS)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _host() -> str:
@@ -57,8 +70,64 @@ class LinkedPath(ValueError):
     its own."""
 
 
+class NoSpace(OSError):
+    """A write that found its disk full; the message names the file and the free space."""
+
+
+def _free(folder: Path) -> str:
+    """The space free to this user in ``folder``'s file system, in binary units."""
+    try:
+        free = float(shutil.disk_usage(folder).free)
+    except OSError:
+        return "unknown space"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if free < 1024:
+            return f"{free:.0f} {unit}" if unit == "B" else f"{free:.1f} {unit}"
+        free /= 1024
+    return f"{free:.1f} TiB"
+
+
+def no_space(path: str | os.PathLike[str], cause: OSError) -> NoSpace:
+    """The error for a write of ``path`` that met a full disk (``cause``), naming the file and
+    the space free in its folder."""
+    path = Path(path)
+    found = NoSpace(f"no space left on the device to write {path} ({_free(path.parent)} free "
+                    f"in {path.parent}, {os.strerror(cause.errno)}); free some space there, or "
+                    "write to another folder")
+    found.errno = cause.errno
+    return found
+
+
+def is_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a full disk (``ENOSPC``) or a full quota (``EDQUOT``)."""
+    return isinstance(exc, OSError) and exc.errno in _FULL
+
+
+class _TempFile(io.FileIO):
+    """The temporary file's raw writes; remembers a full disk one met (``full``), which the
+    writer above may report as an error of its own."""
+
+    full: OSError | None = None
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        try:
+            return self.write_through(data)
+        except OSError as exc:
+            if is_full(exc):
+                self.full = exc
+            raise
+
+    def write_through(self, data: bytes) -> int:
+        """The write to disk itself."""
+        return super().write(data)
+
+
 def _temp_name(stem: str) -> str:
-    return f"{stem}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    """``<stem>.<host>.<pid>.<random>.oretrofit-tmp``, ``stem`` shortened (by whole UTF-8
+    characters) so that the name fits the file system's limit."""
+    tail = f".{_host()}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    room = _NAME_MAX - len(tail.encode())
+    return stem.encode()[:room].decode(errors="ignore") + tail
 
 
 def _stale(path: Path) -> bool:
@@ -153,14 +222,24 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb",
         raise IsADirectoryError(f"{path} is a folder; name a file to write")
     sweep_temp_files(path.parent)
     tmp = path.parent / _temp_name(f".{path.name}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        with os.fdopen(fd, mode) as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if is_full(exc):                      # no inode left
+            raise no_space(path, exc) from exc
+        raise
+    raw = _TempFile(fd, "wb")
+    try:
+        with (io.BufferedWriter(raw) if mode == "wb"
+              else io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8")) as fh:
             yield fh
         os.chmod(tmp, permissions)          # created 0600 until complete
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        full = raw.full or (exc if is_full(exc) else None)
+        if full is not None:
+            raise no_space(path, full) from exc
         raise
 
 

@@ -25,7 +25,7 @@ import torch
 from .atomic import atomic_file
 from .json_numbers import encode_non_finite
 
-__all__ = ["cache_dir", "environment", "portable", "sha256_file", "weights_digest", "write_json_atomic",
+__all__ = ["cache_dir", "environment", "package_version", "oretrofit_version", "portable", "sha256_file", "weights_digest", "write_json_atomic",
            "git_revision"]
 
 _PACKAGES = ("oretrofit", "torch", "numpy", "tabpfn", "transformers", "scikit-learn", "openml")
@@ -111,11 +111,18 @@ def git_revision() -> str | None:
     return rev + ("+dirty" if dirty else "")
 
 
-def _version(name: str) -> str | None:
+def package_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, or None when it is not installed."""
     try:
         return _md.version(name)
     except _md.PackageNotFoundError:
         return None
+
+
+def oretrofit_version() -> str:
+    """This installed oretrofit's version (pyproject.toml's), ``0+unknown`` in a source tree that
+    was never installed."""
+    return package_version("oretrofit") or "0+unknown"
 
 
 def _numpy_simd() -> list[str] | None:
@@ -141,7 +148,7 @@ def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     return {
-        "packages": {p: v for p in _PACKAGES if (v := _version(p)) is not None},
+        "packages": {p: v for p in _PACKAGES if (v := package_version(p)) is not None},
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "device": str(device),

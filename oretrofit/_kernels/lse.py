@@ -38,9 +38,9 @@ Kernels (:class:`Backend`; each must satisfy :func:`_math_forward` / :func:`_mat
   on CPU against an emulation of the ops' contract, and ``scripts/gpu_attention.py`` checks it
   on a GPU.
 
-A kernel is used only after :func:`backend_for` has checked, once per device type and dtype, that
-its ops exist and satisfy the contract on a tiny case (the private ops may change between torch
-versions); otherwise OAttention keeps the augmented-copy path.
+A kernel is used only after :mod:`.routes` has checked, once per device type and dtype, that its
+ops exist and satisfy the contract on a tiny case (:func:`check_backend`: the private ops may
+change between torch versions); otherwise OAttention takes the augmented-copy route.
 
 Half precision on CUDA (:mod:`oretrofit._kernels.routes`, a chain of checked routes): the
 fused Triton kernels compute the whole operator in q's dtype; cuDNN attention
@@ -53,7 +53,6 @@ OAttention computes in fp32 as above.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -208,44 +207,6 @@ def _cuda_backend(tiled: bool = True) -> Backend | None:
         return None
     return efficient_backend(aten._scaled_dot_product_efficient_attention,
                              aten._scaled_dot_product_efficient_attention_backward, tiled)
-
-
-_CHECKED: dict[tuple[str, torch.dtype], Backend | None] = {}
-
-
-def backend_for(device: torch.device, dtype: torch.dtype) -> Backend | None:
-    """The kernel pair for inputs of ``dtype`` (the compute dtype) on ``device``, or None.
-
-    Checked once per (device type, dtype) by :func:`check_backend`; a kernel whose ops exist but
-    break the contract is reported once (``RuntimeWarning``) and not used.
-    """
-    key = (device.type, dtype)
-    if key not in _CHECKED:
-        _check(key, device, dtype)
-    return _CHECKED[key]
-
-
-@torch.compiler.disable
-def _check(key: tuple[str, torch.dtype], device: torch.device, dtype: torch.dtype) -> None:
-    """Check the kernel for ``key`` into ``_CHECKED``; run eagerly even inside a compiled call
-    (Dynamo cannot trace the check's seeded generator)."""
-    make = {("cpu", torch.float32): _cpu_backend, ("cpu", torch.float64): _cpu_backend,
-            ("cuda", torch.float32): _cuda_backend}.get(key)
-    backend = make() if make is not None else None
-    if backend is not None:
-        failure = check_backend(backend, device, dtype)
-        if failure:
-            _report_failed_check(f"the {backend.name} attention kernel", device, dtype,
-                                 failure, "OAttention uses the augmented-copy path there")
-            backend = None
-    _CHECKED[key] = backend
-
-
-def _report_failed_check(kernel: str, device: torch.device, dtype: torch.dtype, failure: str,
-                         fallback: str) -> None:
-    """One ``RuntimeWarning`` naming the kernel, where it failed, why, and what is used instead."""
-    warnings.warn(f"oretrofit: {kernel} fails its check on {device.type} {dtype} ({failure}); "
-                  f"{fallback}", RuntimeWarning, stacklevel=6)
 
 
 def check_backend(backend: Backend, device: torch.device, dtype: torch.dtype) -> str:

@@ -1,7 +1,8 @@
-"""Which kernel route serves a half-precision OAttention call: a chain of checked candidates.
+"""Which kernel route serves an OAttention call: one table, one decision, one check cache.
 
-:data:`ROUTES`, in the order issue 55 asks for them, each computing OAttention in q's dtype with
-the softmax statistics in fp32:
+:data:`ROUTES`, in order of preference. The first four compute OAttention in q's dtype with
+the softmax statistics in fp32 (bf16/fp16 under ``precision="auto"``; fp32 only for a softcap
+or dropout, which the later routes lack):
 
 1. ``triton``: the fused kernel pair of :mod:`oretrofit._kernels.triton` (also softcap, dropout);
 2. ``cudnn``: cuDNN attention with the key bias and its LSE (:mod:`oretrofit._kernels.cudnn`);
@@ -9,20 +10,31 @@ the softmax statistics in fp32:
    softcap);
 4. ``efficient``: the memory-efficient kernel in the inputs' dtype.
 
-Routes 2 and 4 are kernel backends of :func:`oretrofit._kernels.lse.o_attention_lse`, which
+In the compute dtype (fp32, fp64 for fp64 inputs; half-precision inputs on upcast copies):
+
+5. ``cpu-flash``: the CPU flash kernel pair (fp32, fp64);
+6. ``cuda-efficient``: the memory-efficient kernel (fp32);
+7. ``augmented-copy``: one ``scaled_dot_product_attention`` call on augmented copies
+   (:mod:`oretrofit._kernels.sdpa`): any device, dtype and shape.
+
+Routes 2, 4, 5 and 6 are kernel backends of :func:`oretrofit._kernels.lse.o_attention_lse`, which
 composes ``out_i = p_i σ(L_i − log ε) o_i`` and its backward in one place; route 3 composes the
 same gate (:func:`oretrofit._kernels.lse.sink_gate`) under autograd.
 
-:func:`route_for` gives the first route that serves the call (its device, dtype, head size and
-features) and passes :func:`check_route` for that (device type, dtype, torch version): output and
-every gradient against the operator's algebra in fp64 on the same rounded inputs (a GQA case with
-a null source, a null receiver, empty rows and a broadcast mask). A route that fails is reported
-once (``RuntimeWarning``) and the next is tried; with none, OAttention computes in fp32.
+:func:`route_for` decides every call: the first route that serves it (device, dtype, head size,
+shapes, softcap, dropout) and passes its check for (device type, dtype, torch version), decided
+once into one cache; None where only the operator's reference path serves it (weights asked
+for, or a softcap or dropout no route computes). A kernel backend is checked against the
+kernel contract (:func:`.lse.check_backend`), the other routes against the operator's algebra
+in fp64 on the same rounded inputs (:func:`check_route`: a GQA case with a null source, a null
+receiver, empty rows and a broadcast mask). A route that fails is reported once
+(``RuntimeWarning``) and the next is tried.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from dataclasses import dataclass
 from functools import cache
 from typing import Callable
@@ -31,28 +43,54 @@ import torch
 from torch import Tensor
 
 from . import lse as kernels
+from .dtypes import as_dtype, compute_dtype
+from .sdpa import o_attention_sdpa
 
-__all__ = ["Route", "ROUTES", "route_for", "check_route", "check_routes"]
+__all__ = ["Route", "ROUTES", "PRECISIONS", "route_for", "check_route", "check_routes",
+           "describe"]
 
 # (q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p) -> out in q's dtype.
 Run = Callable[..., Tensor]
 # Half the bf16 spacing times a few roundings; fp32/fp64 compute the softmax statistics in fp32.
 _CHECK_TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 3e-2, torch.float32: 1e-4}
+HALF = (torch.bfloat16, torch.float16)
+# "auto": half precision takes the routes in q's dtype; "fp32": it is computed in fp32
+PRECISIONS = ("auto", "fp32")
 
 
 @dataclass(frozen=True)
 class Route:
     """One candidate: where it can run and what it serves. ``ready()``: its package or ops are
     present; ``head_multiple``: the head sizes it takes; ``softcap``/``dropout``: whether it
-    computes those (a call with them skips routes without)."""
+    computes those (a call with them skips routes without). ``devices``: device types (None:
+    any); ``dtypes``: the dtypes it computes in; ``in_q_dtype``: in q's dtype, else on copies
+    in the compute dtype; ``any_shape``: it also serves empty inputs, a value head size unlike
+    q's and a mask that requires grad; ``check(device, dtype)``: '' or what failed (default:
+    :func:`check_route` on ``run``)."""
 
     name: str
-    devices: tuple[str, ...]
+    devices: tuple[str, ...] | None
     ready: Callable[[], bool]
     run: Run
     head_multiple: int = 1
     softcap: bool = False
     dropout: bool = False
+    dtypes: tuple[torch.dtype, ...] = (*HALF, torch.float32)
+    in_q_dtype: bool = True
+    any_shape: bool = False
+    check: Callable[[torch.device, torch.dtype], str] | None = None
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+                 visible: Tensor | None, bias: Tensor | None, eps: float, scale: float,
+                 softcap: float | None, dropout_p: float) -> Tensor:
+        """OAttention on this route, out in q's dtype (``visible``/``bias`` in the compute
+        dtype)."""
+        if self.in_q_dtype:
+            return self.run(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p)
+        ct = compute_dtype(q.dtype)
+        out = self.run(as_dtype(q, ct), as_dtype(k, ct), as_dtype(v, ct), as_dtype(p_q, ct),
+                       as_dtype(p_k, ct), visible, bias, eps, scale, softcap, dropout_p)
+        return as_dtype(out, q.dtype)
 
 
 def _run_triton(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p) -> Tensor:
@@ -73,6 +111,12 @@ def backend_run(make: Callable[[], kernels.Backend | None]) -> Run:
     return run
 
 
+def backend_check(make: Callable[[], kernels.Backend | None]
+                  ) -> Callable[[torch.device, torch.dtype], str]:
+    """A kernel backend route's check: the kernel contract (:func:`.lse.check_backend`)."""
+    return lambda device, dtype: kernels.check_backend(make(), device, dtype)
+
+
 @cache
 def _cudnn() -> kernels.Backend | None:
     from .cudnn import cuda_cudnn_backend
@@ -84,9 +128,24 @@ def _efficient() -> kernels.Backend | None:
     return kernels._cuda_backend(tiled=False)
 
 
+@cache
+def _cpu_flash() -> kernels.Backend | None:
+    return kernels._cpu_backend()
+
+
+@cache
+def _cuda_efficient() -> kernels.Backend | None:
+    return kernels._cuda_backend(tiled=True)
+
+
 def _flex_ready() -> bool:
     from .flex import compiled_flex
     return compiled_flex() is not None
+
+
+def _public_sdpa(device: torch.device, dtype: torch.dtype) -> str:
+    """The augmented-copy route's check: none, it calls public torch only."""
+    return ""
 
 
 ROUTES: tuple[Route, ...] = (
@@ -96,19 +155,43 @@ ROUTES: tuple[Route, ...] = (
     Route("flex", ("cuda",), _flex_ready, _run_flex, softcap=True),
     Route("efficient", ("cuda",), lambda: _efficient() is not None, backend_run(_efficient),
           head_multiple=8),
+    Route("cpu-flash", ("cpu",), lambda: _cpu_flash() is not None, backend_run(_cpu_flash),
+          dtypes=(torch.float32, torch.float64), in_q_dtype=False,
+          check=backend_check(_cpu_flash)),
+    Route("cuda-efficient", ("cuda",), lambda: _cuda_efficient() is not None,
+          backend_run(_cuda_efficient), head_multiple=8, dtypes=(torch.float32,),
+          in_q_dtype=False, check=backend_check(_cuda_efficient)),
+    Route("augmented-copy", None, lambda: True, o_attention_sdpa,
+          dtypes=(torch.float32, torch.float64), in_q_dtype=False, any_shape=True,
+          check=_public_sdpa),
 )
 
+# (route, device type, dtype it computes in, torch version) -> whether it passed its check
 _CHECKED: dict[tuple[str, str, torch.dtype, str], bool] = {}
 
 
-def route_for(device: torch.device, dtype: torch.dtype, head_size: int, softcap: bool = False,
-              dropout: bool = False) -> Route | None:
-    """The first of :data:`ROUTES` that serves the call and passes its check (module docstring);
-    None: OAttention computes in fp32."""
+def route_for(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+              softcap: bool = False, dropout: bool = False, need_weights: bool = False,
+              precision: str = "auto") -> Route | None:
+    """The route of an OAttention call on these (validated) inputs: the first of
+    :data:`ROUTES` that serves it and passes its check (module docstring); None where only the
+    reference path serves it (``need_weights``, or a softcap or dropout no route computes)."""
+    if need_weights:
+        return None
+    dtype, head = q.dtype, q.shape[-1]
+    kernel_shapes = (q.numel() > 0 and k.numel() > 0 and v.shape[-1] == head
+                     and not (mask is not None and mask.requires_grad))
+    in_q_dtype = k.dtype == v.dtype == dtype and (
+        (dtype in HALF and precision == "auto")
+        or (dtype == torch.float32 and (softcap or dropout)))
     for route in ROUTES:
-        if (device.type in route.devices and head_size % route.head_multiple == 0
-                and (route.softcap or not softcap) and (route.dropout or not dropout)
-                and _passes(route, device, dtype)):
+        if ((route.in_q_dtype and not in_q_dtype) or not (route.any_shape or kernel_shapes)
+                or (softcap and not route.softcap) or (dropout and not route.dropout)):
+            continue
+        computes_in = dtype if route.in_q_dtype else compute_dtype(dtype)
+        if ((route.devices is None or q.device.type in route.devices)
+                and computes_in in route.dtypes and head % route.head_multiple == 0
+                and _passes(route, q.device, computes_in)):
             return route
     return None
 
@@ -127,26 +210,28 @@ def _check(route: Route, key: tuple[str, str, torch.dtype, str], device: torch.d
            dtype: torch.dtype) -> None:
     """Check ``route`` for ``key`` into ``_CHECKED``; run eagerly even inside a compiled call
     (Dynamo cannot trace the check's seeded generator)."""
-    passed = dtype in _CHECK_TOLERANCE and route.ready()
+    passed = route.ready()
     if passed:
         # The first call may come from a frozen host's no_grad or inference_mode forward;
         # the check's gradients need autograd.
         with torch.inference_mode(False), torch.enable_grad():
-            failure = check_route(route.run, device, dtype)
+            failure = (route.check(device, dtype) if route.check is not None
+                       else check_route(route.run, device, dtype))
         if failure:
-            kernels._report_failed_check(f"the {route.name} OAttention route", device, dtype,
-                                         failure, "OAttention tries the next route, or "
-                                         "computes in fp32 there")
+            warnings.warn(f"oretrofit: the {route.name} OAttention route fails its check on "
+                          f"{device.type} {dtype} ({failure}); OAttention takes the next route "
+                          "there", RuntimeWarning, stacklevel=6)
             passed = False
     _CHECKED[key] = passed
 
 
 def check_routes(device: torch.device, dtype: torch.dtype) -> None:
-    """Run now the checks :func:`route_for` runs for a plain call of ``dtype`` on ``device``
-    (the routes in order, up to the first that passes), outside any compiled call."""
-    for route in ROUTES:
-        if device.type in route.devices and _passes(route, device, dtype):
-            return
+    """Run now the checks :func:`route_for` runs for plain calls of ``dtype`` on ``device``
+    under either precision (the routes in order, up to the first that passes), outside any
+    compiled call: there a first check breaks the graph, and the next call recompiles."""
+    q = torch.zeros(1, 1, 1, 16, dtype=dtype, device=device)
+    for precision in PRECISIONS:
+        route_for(q, q, q, precision=precision)
 
 
 def _exact(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor, visible: Tensor,
@@ -201,13 +286,8 @@ def check_route(run: Run, device: torch.device, dtype: torch.dtype) -> str:
 
 def describe(device: torch.device, dtype: torch.dtype, head_size: int) -> str:
     """The route a plain call (no softcap, dropout or weights) of ``dtype`` and ``head_size``
-    takes on ``device``: a route's name, or the fp32 path's kernel (what the GPU receipts
-    record)."""
-    if dtype in (torch.bfloat16, torch.float16):
-        route = route_for(device, dtype, head_size)
-        if route is not None:
-            return route.name
-    backend = kernels.backend_for(device, torch.float32 if dtype != torch.float64 else dtype)
-    name = backend.name if backend is not None and head_size % backend.head_multiple == 0 \
-        else "augmented-copy"
-    return name + (" (fp32 compute)" if dtype in (torch.bfloat16, torch.float16) else "")
+    takes on ``device``, marked ``(fp32 compute)`` where half precision is computed in fp32
+    (what the GPU receipts record)."""
+    q = torch.zeros(1, 1, 1, head_size, dtype=dtype, device=device)
+    route = route_for(q, q, q)
+    return route.name + (" (fp32 compute)" if dtype in HALF and not route.in_q_dtype else "")

@@ -15,23 +15,11 @@ Two paths, one meaning:
   :mod:`oretrofit._kernels.lse`: one SDPA kernel call with ``log p_j`` as an additive
   ``(…, 1, Nk)`` score bias returns ``o_i`` and ``L_i = log Z_i``, and
   ``out_i = p_i · σ(L_i − log ε) · o_i`` is written in place; its backward is the same kernel's
-  (exact gradients for q, k, v, p_q and p_k; see that module). Where that route cannot serve,
-  :func:`_o_attention_augmented` computes the same thing on augmented copies (below):
-
-  - an empty input (the CPU kernel aborts on an empty key axis), ``dv ≠ d`` (the kernels want
-    one head size for q, k and v), or on CUDA a head size that is not a multiple of 8;
-  - a float mask that requires grad (its gradient is the full ``dS``, which no kernel returns);
-  - devices and dtypes without a checked kernel (the compute dtype must be fp32 or fp64 on CPU,
-    fp32 on CUDA; see :func:`oretrofit._kernels.lse.backend_for`), or a torch whose private
-    ops are missing or fail the check.
-
-  The augmented path calls ``scaled_dot_product_attention`` on
-  ``q' = [q, 1]``, ``k'_j = [k_j, log p_j / scale]`` so that ``scale·q'·k'_j = s_ij + log p_j``
-  (no float mask is needed, so PyTorch keeps its flash/efficient kernels). A null source gets
-  the finite offset ``-1e30`` instead of ``log 0``, so its weight is exactly 0 without any mask;
-  the caller's mask (if any) stays boolean. ε is one extra *sink* key with score exactly
-  ``log ε`` and value 0. SDPA then returns ``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})`` and
-  the result is multiplied by ``p_i``. Empty support puts all mass on the sink: an exact 0.
+  (exact gradients for q, k, v, p_q and p_k; see that module). Where no kernel serves the call,
+  one ``scaled_dot_product_attention`` call on augmented copies computes the same thing
+  (:mod:`oretrofit._kernels.sdpa`): an empty input, ``dv ≠ d``, on CUDA a head size that is not
+  a multiple of 8, a float mask that requires grad (its gradient is the full ``dS``, which no
+  kernel returns), or a device, dtype or torch without a kernel that passes its check.
 
 Attention-weight dropout (``dropout_p``, training) acts on the weights as a host's eager attention
 does, ``w = dropout(softmax(s))``, and on the same ``(B, H, Nq, Nk)`` tensor:
@@ -63,18 +51,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._kernels import lse as kernels
 from .._kernels import routes as route
-from .._kernels.dtypes import as_dtype, compute_dtype
+from .._kernels.dtypes import compute_dtype
+from .._kernels.lse import sink_logit
+from .._kernels.routes import PRECISIONS
 from .presence import EPS_MODULES, check_eps, check_positive
 
-__all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights", "PRECISIONS",
-           "check_kernels"]
-
-# Score offset of a null source on both fused routes: finite, so 0·k stays 0 in the backward,
-# and far enough below any real score (and log ε) that e^{s + offset − max} is exactly 0 in fp32.
-_NULL_LOGIT = kernels._NULL_LOGIT
-
+__all__ = ["o_attention", "o_attention_reference", "o_attention_fused", "o_weights", "PRECISIONS"]
 
 class _Shapes(NamedTuple):
     batch: int
@@ -202,7 +185,7 @@ def o_weights(scores: Tensor, p_k: Tensor, support: Tensor, eps: float) -> Tenso
         masked.shape[:-1] + (1,))
     # a row with no support takes the sink's own score as its maximum: its sink term is 1, its
     # weights 0 (for ε = 0 too, whose sink weighs 0 against any live source)
-    sink = kernels.sink_logit(eps)
+    sink = sink_logit(eps)
     row_max = torch.where(torch.isfinite(row_max), row_max, sink).detach()
     u = torch.where(support, p_k * torch.exp(masked - row_max), torch.zeros_like(neg_inf))
     return u / (torch.exp(sink - row_max) + u.sum(dim=-1, keepdim=True))
@@ -245,127 +228,25 @@ def o_attention_reference(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Ten
 def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                       mask: Tensor | None = None, eps: float = EPS_MODULES,
                       scale: float | None = None) -> Tensor:
-    """OAttention in O(N) memory on an SDPA kernel; see the module docstring for the routes.
+    """OAttention in O(N) memory, in the compute dtype (fp32; fp64 for fp64 inputs), on the
+    route :func:`oretrofit._kernels.routes.route_for` gives it; see the module docstring.
 
     No ``(Nq, Nk)`` tensor is built unless the caller's own mask or finite additive bias has that
     shape (the kernel route then builds one float bias of the mask's shape, combined with the
     source presences). Grouped-query heads need no k/v copies (CPU).
     """
     shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
-    ct = compute_dtype(q.dtype)
-    backend = _kernel_backend(q, k, v, mask, ct)
-    if backend is None:
-        return _o_attention_augmented(q, k, v, p_q, p_k, mask, eps, shp)
-    visible, bias = _split_mask(mask, ct)
-    out = kernels.o_attention_lse(as_dtype(q, ct), as_dtype(k, ct), as_dtype(v, ct),
-                                  as_dtype(p_q, ct), as_dtype(p_k, ct), visible, bias, eps,
-                                  shp.scale, backend)
-    return as_dtype(out, q.dtype)
+    return _on_route(route.route_for(q, k, v, mask, precision="fp32"), q, k, v, p_q, p_k, mask,
+                     eps, shp.scale, None, 0.0)
 
 
-def check_kernels(device: torch.device, dtype: torch.dtype) -> None:
-    """Run now the checks of the kernels OAttention uses for inputs of ``dtype`` on ``device``
-    (each runs once per device type and dtype, else at the first call that needs it: inside a
-    compiled call that breaks the graph, and the next call recompiles on the checked result)."""
-    kernels.backend_for(device, compute_dtype(dtype))
-    if dtype in (torch.bfloat16, torch.float16):
-        route.check_routes(device, dtype)
-
-
-def _kernel_backend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, ct: torch.dtype
-                    ) -> kernels.Backend | None:
-    """The checked kernel for this call, or None where the kernel route cannot serve it."""
-    if q.numel() == 0 or k.numel() == 0 or v.shape[-1] != q.shape[-1]:
-        return None
-    if mask is not None and mask.requires_grad:
-        return None
-    backend = kernels.backend_for(q.device, ct)
-    return backend if backend is not None and q.shape[-1] % backend.head_multiple == 0 else None
-
-
-def _o_attention_augmented(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
-                           mask: Tensor | None, eps: float, shp: _Shapes) -> Tensor:
-    """The augmented-copy fused path (module docstring): one ``scaled_dot_product_attention``
-    call on ``[q, 1]``, ``[k, log p / scale]`` and an ε sink; GQA by ``enable_gqa``."""
-    out_dtype, ct = q.dtype, compute_dtype(q.dtype)
-    b, h, n_q, n_k, dv = shp.batch, shp.heads, shp.n_q, shp.n_k, v.shape[-1]
-    q, k, v, p_k = q.to(ct), k.to(ct), v.to(ct), p_k.to(ct)
-    if p_k.dim() == 3 and p_k.shape[1] != shp.kv_heads:
-        # Per-query-head source presence under GQA: the key column differs per query head.
-        group = h // shp.kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    agg = _sdpa_with_sink(q, k, v, p_k, _sdpa_mask(mask, n_k, ct), eps, shp.scale)
-    pq = _per_query_head(p_q.to(ct), h)[..., None]                           # (B, H|1, Nq, 1)
-    return (pq * agg).to(out_dtype)                                          # (B, H, Nq, dv)
-
-
-def _sdpa_with_sink(q: Tensor, k: Tensor, v: Tensor, p_k: Tensor, attn_mask: Tensor | None,
-                    eps: float, scale: float) -> Tensor:
-    """``Σ_j p_j e^{s_ij} v_j / (ε + Σ_j p_j e^{s_ij})`` ``(B, H, Nq, dv)`` from one SDPA call.
-
-    Augmented keys ``[k, log p_j / scale, 0…]`` and the sink ``[0…, log ε / scale, 0…]`` with
-    value 0; queries ``[q, 1, 0…]``. The augmented copies live only inside this function.
-    """
-    (b, h, n_q, d), (hk, n_k), dv = q.shape, k.shape[1:3], v.shape[-1]
-    width = max(d, dv) + 1                  # one shared head size keeps SDPA off its math kernel
-    if q.device.type == "cuda":
-        width = -(-width // 8) * 8          # flash/efficient kernels want head sizes in multiples of 8
-    k_aug = k.new_zeros(b, hk, n_k + 1, width)                               # (B, Hk, Nk+1, w)
-    k_aug[:, :, :n_k, :d] = k
-    k_aug[:, :, :n_k, d] = kernels.source_logit(p_k, q.dtype) / scale       # (B, Hk|1, Nk)
-    k_aug[:, :, n_k, d] = kernels.sink_logit(eps) / scale
-    v_aug = v.new_zeros(b, hk, n_k + 1, width)                               # sink value is 0
-    v_aug[:, :, :n_k, :dv] = v
-    q_aug = q.new_zeros(b, h, n_q, width)                                    # (B, H, Nq, w)
-    q_aug[..., :d] = q
-    q_aug[..., d] = 1.0
-    return F.scaled_dot_product_attention(q_aug, k_aug, v_aug, attn_mask=attn_mask, scale=scale,
-                                          enable_gqa=hk != h)[..., :dv]
-
-
-def _sdpa_mask(mask: Tensor | None, n_k: int, ct: torch.dtype) -> Tensor | None:
-    """The caller's mask extended by an always-visible sink column, or None without a mask."""
-    visible, bias = _split_mask(mask, ct)
-    if visible is None:
-        return None
-    sink = torch.ones(visible.shape[:-1] + (1,), dtype=torch.bool, device=visible.device)
-    visible = torch.cat([visible.expand(*visible.shape[:-1], n_k), sink], dim=-1)   # (…, Nk + 1)
-    if bias is None:
-        return visible
-    bias = bias.expand(*bias.shape[:-1], n_k)
-    bias = torch.cat([bias, bias.new_zeros(bias.shape[:-1] + (1,))], dim=-1)
-    return torch.where(visible, bias, torch.full((), float("-inf"), dtype=ct, device=bias.device))
-
-
-PRECISIONS = ("auto", "fp32")
-
-
-def _kernel_route(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, softcap: float | None,
-                  dropout_p: float, precision: str) -> route.Route | None:
-    """The kernel route of :mod:`oretrofit._kernels.routes` this call takes, or None (module
-    docstring): q, k and v of one dtype and head size, not empty, no mask requiring grad; half
-    precision under ``precision="auto"``, or fp32 with a softcap or dropout (which the fp32
-    kernels lack); and a route that serves it and passed its check for this device and dtype."""
-    half = q.dtype in (torch.bfloat16, torch.float16)
-    if not ((half and precision == "auto")
-            or (q.dtype == torch.float32 and (softcap is not None or dropout_p > 0.0))):
-        return None
-    if k.dtype != q.dtype or v.dtype != q.dtype or v.shape[-1] != q.shape[-1]:
-        return None
-    if q.numel() == 0 or k.numel() == 0 or (mask is not None and mask.requires_grad):
-        return None
-    return route.route_for(q.device, q.dtype, q.shape[-1], softcap is not None, dropout_p > 0.0)
-
-
-def _o_attention_route(chosen: route.Route, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor,
-                       p_k: Tensor, mask: Tensor | None, eps: float, scale: float | None,
-                       softcap: float | None, dropout_p: float) -> Tensor:
-    """A kernel route after the shared input checks (``softcap`` validated here)."""
-    shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
-    if softcap is not None:
-        softcap = check_positive("softcap", softcap)
-    visible, bias = _split_mask(mask, torch.float32)
-    return chosen.run(q, k, v, p_q, p_k, visible, bias, eps, shp.scale, softcap, dropout_p)
+def _on_route(chosen: route.Route, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
+              mask: Tensor | None, eps: float, scale: float, softcap: float | None,
+              dropout_p: float) -> Tensor:
+    """OAttention on ``chosen`` after the shared input checks, the mask split in the compute
+    dtype."""
+    visible, bias = _split_mask(mask, compute_dtype(q.dtype))
+    return chosen(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p)
 
 
 def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
@@ -411,11 +292,12 @@ def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
         raise ValueError(f"precision must be one of {PRECISIONS} ('fp32' computes half-precision "
                          f"inputs in fp32); got {precision!r}")
     _check_dropout(dropout_p)
-    chosen = None if need_weights else _kernel_route(q, k, v, mask, softcap, dropout_p, precision)
-    if chosen is not None:
-        return _o_attention_route(chosen, q, k, v, p_q, p_k, mask, eps, scale, softcap,
-                                  dropout_p), None
-    if need_weights or softcap is not None or dropout_p != 0.0:
+    shp = _check_inputs(q, k, v, p_q, p_k, mask, eps, scale)
+    chosen = route.route_for(q, k, v, mask, softcap is not None, dropout_p > 0.0, need_weights,
+                             precision)
+    if chosen is None:
         return o_attention_reference(q, k, v, p_q, p_k, mask, eps, scale, need_weights, softcap,
                                      dropout_p)
-    return o_attention_fused(q, k, v, p_q, p_k, mask, eps, scale), None
+    if softcap is not None:
+        softcap = check_positive("softcap", softcap)
+    return _on_route(chosen, q, k, v, p_q, p_k, mask, eps, shp.scale, softcap, dropout_p), None

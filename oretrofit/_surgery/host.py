@@ -10,6 +10,8 @@ Hosts are matched most specific first (:func:`specificity`, ties in registration
 documented order of the built-ins:
 
     tabpfn-v3            20   TabPFN models (v3, v3.5; oretrofit.hosts.tabpfn.versions)
+    tabdpt               20   TabDPT models (tabdpt.model.TabDPTModel; oretrofit.hosts.tabdpt)
+    tabicl               20   TabICL models (tabicl._model.tabicl.TabICL; oretrofit.hosts.tabicl)
     transformers         10   transformers models routed through the attention interface
     torch.nn              0   the fallback: plain torch.nn modules, and whatever part of a model
                               the matched hosts do not own
@@ -30,7 +32,8 @@ __all__ = ["KINDS", "BUILTIN_HOSTS", "DEFAULT_SPECIFICITY", "RetrofitError", "Si
 
 KINDS = ("attention", "norm", "ffn", "inject")
 DEFAULT_SPECIFICITY = 10
-BUILTIN_HOSTS = ("oretrofit.hosts.tabpfn.host", "oretrofit.hosts.transformers.host",
+BUILTIN_HOSTS = ("oretrofit.hosts.tabpfn.host", "oretrofit.hosts.tabdpt.host",
+                 "oretrofit.hosts.tabicl.host", "oretrofit.hosts.transformers.host",
                  "oretrofit.hosts.torch_nn")
 
 
@@ -47,6 +50,10 @@ class Site:
     optionally names the module paths (in the model given to ``Host.sites``) whose parameters
     and buffers the site gates; when every site of a host states its scope, the registry lists
     any weight outside all scopes as uncovered (see :mod:`oretrofit._surgery.compose`).
+    ``modules`` optionally names the modules the site patches (default: those at its ``scope``
+    paths); a patch spec records their classes and weight shapes, so that a spec applied to
+    another model or under another release is refused where a site differs
+    (:mod:`oretrofit._surgery.serialize`).
     """
 
     name: str
@@ -55,6 +62,7 @@ class Site:
     apply: Callable[[SiteConfig], Undo]
     receivers: Callable[[float], dict[str, float]] | None = None
     scope: tuple[str, ...] | None = None
+    modules: tuple[nn.Module, ...] = ()
 
 
 class Host(Protocol):

@@ -33,6 +33,8 @@ MOVED: dict[str, str] = {
     f"{_TRANSFORMERS}.releases:OGatedBias": f"{_TRANSFORMERS}.gates",
     f"{_TRANSFORMERS}.releases:_BranchGate": f"{_TRANSFORMERS}.gates",
     f"{_TRANSFORMERS}.releases:_TableGate": f"{_TRANSFORMERS}.gates",
+    # the transformers host's attention-interface route, named as its other routes are
+    f"{_TRANSFORMERS}.attention": f"{_TRANSFORMERS}.interface_route",
     # the core, before its four packages (oretrofit._files, the reader, is now the package of
     # that name and its reader oretrofit._files.reading: no stored pickle names its one class,
     # the FileRefused error)

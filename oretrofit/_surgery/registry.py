@@ -24,24 +24,25 @@ from typing import Any, Iterator, Mapping, Sequence
 from torch import nn
 
 from .compose import compose, uncovered_error
+from .._files.provenance import oretrofit_version
 from .._files.reading import FileRefused, read_text
 from .host import KINDS, Host, RetrofitError, Site, register_host, registered_hosts
 from .patching import SiteConfig, Undo, portable
 from .._operators.presence import EPS_RETROFIT, TAU_RETROFIT, check_eps, check_positive
 from .serialize import (attach, check_calibrated_weights, check_spec, check_spec_entries,
-                         footprint, parse_spec_json, strip, unstrip)
-from .._version import __version__
+                        footprint, parse_spec_json, site_records, strip, unstrip)
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
            "register_host", "registered_hosts", "plan_retrofit", "retrofit", "retrofitted",
-           "apply_spec", "read_spec", "SPEC_VERSION"]
+           "apply_spec", "read_spec", "check_schema_version", "SPEC_VERSION", "SPEC_VERSIONS_READ"]
 
 ARMS: dict[str, frozenset[str]] = {
     "base": frozenset(),
     "oa": frozenset({"attention"}),
     "full-o": frozenset(KINDS),
 }
-SPEC_VERSION = 1
+SPEC_VERSION = 2             # 2 added site_modules (oretrofit._surgery.serialize.ADDED_IN)
+SPEC_VERSIONS_READ = (1, 2)
 _ACTIVE = "_oretrofit_retrofit"          # attribute on a retrofitted model (not in state_dict)
 
 
@@ -227,12 +228,13 @@ class Retrofit:
     def spec(self) -> dict[str, Any]:
         """Versioned JSON-able patch spec; :func:`apply_spec` re-applies it to a loaded host."""
         plan = self._bound().plan
-        return {"schema_version": SPEC_VERSION, "oretrofit": __version__, "host": plan.host,
+        return {"schema_version": SPEC_VERSION, "oretrofit": oretrofit_version(), "host": plan.host,
                 "hosts": plan.hosts, "host_versions": _host_versions(plan.hosts, self.model),
                 "arm": plan.arm,
                 "tau": plan.tau, "eps": plan.eps, "site_tau": plan.site_tau,
                 "targets": plan.targets, "exclude": plan.exclude,
                 "sites": [s.name for s, _ in plan.entries],
+                "site_modules": site_records(self.model, [s for s, _ in plan.entries]),
                 "uncovered": plan.uncovered, "calibration": plan.calibration}
 
     def save_spec(self, path: str | Path) -> Path:
@@ -347,9 +349,11 @@ def retrofitted(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROFIT
 def apply_spec(model: nn.Module, spec: Mapping[str, Any] | str | Path) -> Retrofit:
     """Re-apply a patch spec (a dict, or a path to its JSON) saved by :meth:`Retrofit.spec`.
 
-    The result is checked against the spec (host, host package versions, site list, and for a
-    calibrated spec the weights its τ were read from); a spec that does not fit this model is
-    refused and the model is left unpatched.
+    The result is checked against the spec (host, site list, each site's kind and the classes
+    and weight shapes of its modules, and for a calibrated spec the weights its τ were read
+    from); a spec that does not fit this model is refused naming the site that differs, and the
+    model is left unpatched. The package versions a spec records are provenance: it applies
+    under any release the host admits (a release it does not admit is refused by name).
     """
     spec = read_spec(spec)
     try:
@@ -366,6 +370,16 @@ def apply_spec(model: nn.Module, spec: Mapping[str, Any] | str | Path) -> Retrof
         raise
     result.plan.calibration = spec["calibration"]
     return result
+
+
+def check_schema_version(spec: Mapping[str, Any], what: str) -> None:
+    """Refuse a spec of a schema version this oretrofit does not read (:data:`SPEC_VERSIONS_READ`:
+    a spec saved by an earlier release keeps loading)."""
+    version = spec.get("schema_version")
+    if isinstance(version, bool) or version not in SPEC_VERSIONS_READ:
+        raise RetrofitError(f"{what} has schema_version {version!r}, not one this oretrofit "
+                            f"reads ({', '.join(map(str, SPEC_VERSIONS_READ))}); re-create the "
+                            "spec")
 
 
 def _misfit(model: nn.Module, spec: Mapping[str, Any], exc: RetrofitError) -> RetrofitError:
@@ -403,8 +417,6 @@ def read_spec(spec: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
         spec = parse_spec_json(text)
         if not isinstance(spec, Mapping):
             raise RetrofitError("a patch spec is a JSON object saved by Retrofit.save_spec")
-    if spec.get("schema_version") != SPEC_VERSION:
-        raise RetrofitError(f"patch spec schema_version {spec.get('schema_version')!r} is not "
-                            f"supported (this oretrofit reads {SPEC_VERSION}); re-create the spec")
+    check_schema_version(spec, "the patch spec")
     check_spec_entries(spec)
     return spec

@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from .._files.atomic import atomic_file
 from .._files.reading import FileRefused, parse_json
-from .host import RetrofitError
+from .host import RetrofitError, Site, join_path
 from .._operators.presence import check_eps, check_positive
 from .._files.provenance import weights_digest
 
-__all__ = ["footprint", "attach", "strip", "unstrip", "check_spec", "check_spec_entries",
-           "parse_spec_json",
+__all__ = ["footprint", "attach", "strip", "unstrip", "check_spec", "site_records",
+           "check_spec_entries", "parse_spec_json",
            "calibrated_weights_digest", "check_calibrated_weights", "save"]
 
 _STATE = "_oretrofit"                     # the per-module patch state set_site keeps
@@ -76,28 +76,97 @@ def unstrip(taken: list[tuple[nn.Module, type, dict[str, Any]]]) -> None:
 
 
 def check_spec(made: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
-    """Refuse a spec whose host, host versions, site list or uncovered modules differ from
-    ``made``, the spec that applying it to this model gave (a cut or edited spec, another host,
-    other versions)."""
-    for key, what in (("host", "host"), ("host_versions", "host package versions"),
-                      ("sites", "site list"), ("uncovered", "list of uncovered modules")):
+    """Refuse a spec whose host, site list, sites or uncovered modules differ from ``made``, the
+    spec that applying it to this model gave (a cut or edited spec, another host, another model).
+    Sites are compared by their records (:func:`site_records`: kind, the classes and weight
+    shapes of the modules they patch) where the spec has them (schema 2 on). Package versions
+    (``host_versions``, ``oretrofit``) are provenance, not a lock: a spec made under another
+    release applies wherever its sites match, and the host itself refuses a release it does not
+    admit."""
+    for key, what in (("host", "host"), ("sites", "site list"),
+                      ("uncovered", "list of uncovered modules")):
         if spec[key] != made[key]:
             mine, theirs = made[key], spec[key]
             if key == "sites":
                 mine, theirs = _site_difference(made[key], spec[key])
-            raise RetrofitError(
-                f"the patch spec does not fit this model: its {what} is {theirs!r}, applying "
-                f"it here gives {mine!r}. Re-create the spec from this model and these "
-                "versions (Retrofit.spec(), or `oretrofit patch --out`)")
+            raise _does_not_fit(f"its {what} is {theirs!r}, applying it here gives {mine!r}")
+    recorded, records = spec.get("site_modules"), made["site_modules"]
+    for name in () if recorded is None else (*records, *(n for n in recorded if n not in records)):
+        difference = _record_difference(recorded.get(name), records.get(name))
+        if difference:
+            raise _does_not_fit(f"its site {name!r} {difference}")
+
+
+def _does_not_fit(what: str) -> RetrofitError:
+    return RetrofitError(f"the patch spec does not fit this model: {what}. Re-create the spec "
+                         "from this model (Retrofit.spec(), or `oretrofit patch --out`)")
+
+
+def site_records(model: nn.Module, sites: Sequence[Site]) -> dict[str, dict[str, Any]]:
+    """What a spec records of each site (its ``site_modules``): the site's kind and, for each
+    module it patches (:attr:`Site.modules`, else the modules at its ``scope``), the module's
+    class name and the shape of each of its weights, both by path in ``model``. These, not
+    package versions, say whether a spec fits a model: equal records mean the same sites, under
+    whichever release built the model."""
+    paths = {id(module): path for path, module in model.named_modules()}
+    records = {}
+    for site in sites:
+        modules = site.modules or tuple(model.get_submodule(p) for p in site.scope or ())
+        records[site.name] = {
+            "kind": site.kind,
+            "classes": {paths[id(m)] or "root": _site_class(m).__name__ for m in modules},
+            "shapes": {join_path(paths[id(m)], name): "x".join(map(str, weight.shape)) or "scalar"
+                       for m in modules for name, weight in m.named_parameters()}}
+    return records
+
+
+def _site_class(module: nn.Module) -> type:
+    """The class a site record names for ``module``: its class before any O-class swap, or the
+    class that one specialises in the same source file. transformers 4.x builds BERT's attention
+    as ``BertSdpaSelfAttention(BertSelfAttention)`` under SDPA and as ``BertSelfAttention`` under
+    eager (and 5.x always as the latter), so a choice of attention implementation is not a
+    change of class; a user's subclass, defined elsewhere, is."""
+    cls = module.__dict__.get(_STATE, {}).get("original_class", type(module))
+    while len(cls.__bases__) == 1 and cls.__bases__[0].__module__ == cls.__module__:
+        cls = cls.__bases__[0]
+    return cls
+
+
+def _record_difference(spec: Mapping[str, Any] | None, made: Mapping[str, Any] | None
+                       ) -> str | None:
+    """How one site's record in the spec differs from the record of the site here (None when
+    it does not): either lacks it, or its kind, a module's path or class, a weight's path or
+    shape differ."""
+    if spec is None or made is None:
+        return ("has no record in the spec's site_modules" if spec is None else
+                "is recorded in the spec's site_modules, but is no site here")
+    if spec["kind"] != made["kind"]:
+        return f"is of kind {spec['kind']!r} in the spec, {made['kind']!r} here"
+    for what, entry in (("module", "classes"), ("weight", "shapes")):
+        theirs, mine = spec[entry], made[entry]
+        for path in (*theirs, *(p for p in mine if p not in theirs)):
+            if path not in mine:
+                return f"has the {what} {path} ({theirs[path]}) in the spec, absent here"
+            if path not in theirs:
+                return f"has the {what} {path} ({mine[path]}) here, absent from the spec"
+            if theirs[path] != mine[path]:
+                noun = "class" if entry == "classes" else "shape"
+                return (f"has the {what} {path} of {noun} {theirs[path]} in the spec, of {noun} "
+                        f"{mine[path]} here")
+    return None
 
 
 # Every entry of a spec (Retrofit.spec()); each is checked on read or on apply, so none may be
 # absent: a deleted entry would skip its check. ``calibration`` is null for an uncalibrated spec.
+# ``oretrofit`` and ``host_versions`` are provenance (what made the spec), checked for type only.
 SPEC_KEYS = ("schema_version", "oretrofit", "host", "hosts", "host_versions", "arm", "tau", "eps",
-             "site_tau", "targets", "exclude", "sites", "uncovered", "calibration")
-# What a calibrated spec's record holds (oretrofit._surgery.calibrate.calibrate). It must also name the
-# weights its τ were read from: ``weights_sha256`` (checked against the model on every apply) or,
-# for a spec calibrated on a TabPFN checkpoint before that digest was recorded,
+             "site_tau", "targets", "exclude", "sites", "site_modules", "uncovered", "calibration")
+# Entries later schema versions added, with the version that added each: a spec of an earlier
+# version lacks them (a schema 1 spec is checked by its site names only).
+ADDED_IN = {"site_modules": 2}
+# What a calibrated spec's record holds (oretrofit._surgery.calibrate.calibrate). It must also
+# name the weights its τ were read from: ``weights_sha256`` (checked against the model on every
+# apply) or, for a spec calibrated on a TabPFN checkpoint before that digest was recorded,
 # ``data.checkpoint_sha256`` (checked against the checkpoint wherever one is loaded:
 # make_regressor, ``oretrofit patch``, ``regress``, ``check``).
 CALIBRATION_KEYS = ("delta", "quantile", "probe_tau", "data", "sites", "rule")
@@ -121,10 +190,12 @@ def parse_spec_json(text: str) -> Any:
 
 
 def check_spec_entries(spec: Mapping[str, Any]) -> None:
-    """Refuse a spec that lacks an entry of :data:`SPEC_KEYS` or whose entries have the wrong
-    type or value: ``arm`` a string, ``tau`` a positive finite number, ``eps`` one ≥ 0, ``site_tau`` an
-    object of pattern -> positive τ, ``targets`` / ``exclude`` lists of strings (or null),
-    ``sites`` / ``uncovered`` lists of strings, ``calibration`` null or an object holding
+    """Refuse a spec that lacks an entry of :data:`SPEC_KEYS` (those its schema version has:
+    :data:`ADDED_IN`) or whose entries have the wrong type or value: ``arm`` a string, ``tau`` a
+    positive finite number, ``eps`` one ≥ 0, ``site_tau`` an object of pattern -> positive τ,
+    ``targets`` / ``exclude`` lists of strings (or null), ``sites`` / ``uncovered`` lists of
+    strings, ``site_modules`` one record per site, ``host_versions`` an object of package ->
+    release, ``calibration`` null or an object holding
     :data:`CALIBRATION_KEYS` (its ``data`` an object); an arm ``base`` spec names no site, no
     site τ and no calibration. An entry outside :data:`SPEC_KEYS` and :data:`ARTIFACT_KEYS` (or
     a calibration entry outside its keys) and ``targets: []`` (which retrofit reads as no
@@ -132,7 +203,8 @@ def check_spec_entries(spec: Mapping[str, Any]) -> None:
     def refuse(what: str) -> RetrofitError:
         return RetrofitError(f"the patch spec's {what}; {_SPEC_FIX}")
 
-    missing = [key for key in SPEC_KEYS if key not in spec]
+    missing = [key for key in SPEC_KEYS
+               if key not in spec and ADDED_IN.get(key, 1) <= spec["schema_version"]]
     if missing:
         raise RetrofitError(f"the patch spec lacks {', '.join(missing)} (every entry is checked "
                             f"when the spec is applied, so none may be left out); {_SPEC_FIX}")
@@ -154,6 +226,12 @@ def check_spec_entries(spec: Mapping[str, Any]) -> None:
         if (value is not None or key in ("sites", "uncovered")) and not (
                 isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise refuse(f"{key} must be a list of site names or patterns, got {value!r}")
+    if not (isinstance(spec["host_versions"], Mapping)
+            and all(isinstance(v, str) for v in spec["host_versions"].values())):
+        raise refuse(f"host_versions must be an object of package -> release, got "
+                     f"{spec['host_versions']!r:.80}")
+    if "site_modules" in spec:
+        _check_site_modules(spec["site_modules"], refuse)
     if spec["targets"] == []:
         raise refuse("targets is an empty list, which would keep no site, yet retrofit reads it "
                      "as no filter and patches every site: write null to patch every site, or "
@@ -171,10 +249,29 @@ def check_spec_entries(spec: Mapping[str, Any]) -> None:
         if "weights_sha256" not in calibration and "checkpoint_sha256" not in calibration["data"]:
             raise refuse("calibration record names no weights its τ were read from "
                          "(weights_sha256, or data.checkpoint_sha256)")
-    if spec["arm"] == "base" and (spec["sites"] or site_tau or calibration is not None):
+    if spec["arm"] == "base" and (spec["sites"] or spec.get("site_modules") or site_tau
+                                  or calibration is not None):
         raise refuse(f"arm is 'base', which patches nothing, but it names "
-                     f"{len(spec['sites'])} site(s){', site τ' if site_tau else ''}"
+                     f"{len(spec['sites'])} site(s)"
+                     f"{', site records' if spec.get('site_modules') else ''}"
+                     f"{', site τ' if site_tau else ''}"
                      f"{', a calibration' if calibration is not None else ''} (an edited arm?)")
+
+
+def _check_site_modules(records: Any, refuse: Callable[[str], RetrofitError]) -> None:
+    """Refuse ``site_modules`` unless it is an object of site -> record (:func:`site_records`:
+    a kind, and objects of module path -> class and weight path -> shape); which sites it
+    records is checked against the model (:func:`check_spec`)."""
+    if not isinstance(records, Mapping):
+        raise refuse(f"site_modules must be an object of site -> record, got {records!r:.80}")
+    for name, record in records.items():
+        if not (isinstance(record, Mapping) and set(record) == {"kind", "classes", "shapes"}
+                and isinstance(record["kind"], str)
+                and all(isinstance(entry, Mapping) and all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in entry.items())
+                        for entry in (record["classes"], record["shapes"]))):
+            raise refuse(f"site_modules[{name!r}] must be an object of kind (text), classes "
+                         f"and shapes (objects of path -> text), got {str(record):.80}")
 
 
 def _refuse_unknown(record: Mapping[str, Any], known: tuple[str, ...], path: str) -> None:

@@ -34,6 +34,20 @@ class _Verbs(typer.core.TyperGroup):
 app = typer.Typer(name="oretrofit", cls=_Verbs, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="Retrofit O-components into pretrained transformer hosts.")
 
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from .. import __version__
+        typer.echo(f"oretrofit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version,
+                                          is_eager=True, help="Print the version and exit.")
+             ) -> None:
+    pass
+
 patch.register(app)
 check.register(app)
 calibrate.register(app)
@@ -64,6 +78,8 @@ for _info in app.registered_commands:
 
 def main() -> None:
     from .errors import run
+    from .output import show_progress
+    show_progress()
     run(app)                    # errors print as plain text (no traceback, no rich markup)
 
 

@@ -58,7 +58,7 @@ def experiment(
     try:
         result = run_study(study, options, out, execute=not report_only,
                            merge_from=merge_from or ())
-    except ValueError as err:
+    except (ValueError, RuntimeError, OSError) as err:    # bad input, a busy or full --out
         raise fail(err) from None
     if json_out:
         print_json({"schema_version": 1, "study": name, "receipt": str(result.receipt_path),

@@ -103,7 +103,8 @@ def _execute(matrix: Any, options: RunOptions) -> None:
     from oretrofit.regress.protocol import SplitProtocol
     from oretrofit._operators.presence import EPS_RETROFIT
     from oretrofit.regress.runner import ModelSettings, parse_shard
-    from oretrofit.regress.tables import render
+    from oretrofit.regress.tables import check_outputs, render
+    check_outputs(options.out / "tables", options.plots)    # the user's own tables: before work
     model = ModelSettings(options.model_path, options.device, options.n_estimators,
                           EPS_RETROFIT if options.eps is None else options.eps,
                           inference_precision=options.inference_precision)

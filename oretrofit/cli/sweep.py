@@ -7,6 +7,7 @@ import typer
 from rich.console import Console
 
 from .choices import one_of
+from .errors import fail
 from .output import json_text
 
 __all__ = ["register"]
@@ -27,6 +28,8 @@ def operators(
     import torch
 
     from .._files.atomic import make_folder, write_text_atomic
+    from .._files.lock import receipt_lock
+    from .._files.written import claim
     from .._files.provenance import environment, write_json_atomic
     from ..sweep import SweepConfig, operators_markdown, run_operator_sweep
 
@@ -34,15 +37,19 @@ def operators(
         raise typer.BadParameter("--device cuda was requested but torch sees no CUDA device; "
                                  "use --device cpu")
     make_folder(out, f"--out {out}")               # a file in the way, before the sweep runs
-    with _err.status("operator sweep") as status:
-        receipt = run_operator_sweep(SweepConfig(device=device, quick=quick),
-                                     progress=lambda msg: status.update(f"operator sweep: {msg}"))
-    receipt["environment"] = environment(device)
-    table = operators_markdown(receipt)
     stem = "operators-quick" if quick else "operators"
-    json_path = write_json_atomic(out / f"{stem}.json", receipt)
-    md_path = out / f"{stem}.md"
-    write_text_atomic(md_path, table)
+    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
+    try:
+        with receipt_lock(json_path), _err.status("operator sweep") as status:
+            claim(out, [json_path.name, md_path.name])     # never a file oretrofit did not write
+            receipt = run_operator_sweep(SweepConfig(device=device, quick=quick), progress=lambda
+                                         msg: status.update(f"operator sweep: {msg}"))
+            receipt["environment"] = environment(device)
+            table = operators_markdown(receipt)
+            write_json_atomic(json_path, receipt)
+            write_text_atomic(md_path, table)
+    except (RuntimeError, OSError) as err:          # a busy or full --out
+        raise fail(err) from None
     _err.print(f"wrote {json_path} and {md_path} in {receipt['seconds']:.1f} s")
     typer.echo(json_text(receipt) if as_json else table)
 

@@ -11,7 +11,7 @@ any other (export, card and evaluation read it; its state records every stage).
 from __future__ import annotations
 
 import dataclasses
-import sys
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,9 @@ from .._files.provenance import portable
 from .train import STATE_NAME, TrainConfig, train
 
 __all__ = ["CURRICULUM", "Stage", "stage_configs", "stage_folders", "train_curriculum"]
+
+# progress and notices, not results: shown by the CLI (oretrofit.cli.output.show_progress)
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +65,8 @@ def train_curriculum(out: Path, cfg: TrainConfig, *, stages: tuple[Stage, ...] =
     done: list[dict[str, Any]] = []
     for k, (folder, stage_cfg) in enumerate(zip(folders, stage_configs(cfg, stages))):
         if progress:
-            print(f"stage {k + 1}/{len(stages)}: {folder}  max_rows {stage_cfg.prior.max_rows}  "
-                  f"peak lr {stage_cfg.lr:.3g}  seed {stage_cfg.seed}", file=sys.stderr, flush=True)
+            _log.info(f"stage {k + 1}/{len(stages)}: {folder}  max_rows {stage_cfg.prior.max_rows}  "
+                      f"peak lr {stage_cfg.lr:.3g}  seed {stage_cfg.seed}")
         if resume and (folder / STATE_NAME).exists():
             summary = train(folder, stage_cfg, resume=True, progress=progress)
         else:

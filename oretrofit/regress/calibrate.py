@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 from torch import nn
 
 from .._surgery.calibrate import calibrate
@@ -36,15 +37,17 @@ def calibrate_tabpfn(model_path: str | Path | None, datasets: Sequence[Dataset],
     spec's calibration data (``other_task_sites``) next to ``task``.
     """
     from ..hosts.tabpfn.checkpoints import checkpoint_sha256, resolve_model_path
-    from ..hosts.tabpfn.estimators import regressor_from_checkpoint
+    from ..hosts.tabpfn.checkpoints import build_model, load_checkpoint
+    from ..hosts.tabpfn.estimators import in_memory_specs, vendor_class
     from ..hosts.tabpfn.versions import other_task_sites
 
     if not datasets or not seeds:
         raise ValueError("give at least one dataset and one seed to calibrate on")
     path = resolve_model_path(model_path)
-    built: list[nn.Module] = []                 # the instance fit/predict will run
-    regressor, _ = regressor_from_checkpoint(path, lambda model: built.append(model) or None,
-                                             device=device, n_estimators=n_estimators)
+    model = build_model(load_checkpoint(path))[0]            # the instance fit/predict run
+    regressor = vendor_class("regressor")(
+        model_path=in_memory_specs(path, model, "regressor"), device=device,
+        n_estimators=n_estimators, inference_precision=torch.float32, random_state=0)
     splits, record = [], []
     for dataset in datasets:
         for seed in seeds:
@@ -70,7 +73,7 @@ def calibrate_tabpfn(model_path: str | Path | None, datasets: Sequence[Dataset],
 
     # a model serving both tasks (v3.5) runs only the regressor's head: the classifier's
     # head sites see no carrier, so they are left out (and recorded)
-    other = other_task_sites(built[0], "regressor")
+    other = other_task_sites(model, "regressor")
     if other:
         exclude = [*(exclude or ()), *(name for name in other if name not in (exclude or ()))]
     # the checkpoint's file name and hash (no machine-local path: specs are committed)
@@ -78,4 +81,4 @@ def calibrate_tabpfn(model_path: str | Path | None, datasets: Sequence[Dataset],
             "task": "regressor", "other_task_sites": other,
             "protocol": protocol.describe(), "splits": record,
             "rows": int(np.sum([r["rows"] for r in record])), "n_estimators": n_estimators}
-    return calibrate(built[0], run, delta, quantile, arm=arm, exclude=exclude, data=data)
+    return calibrate(model, run, delta, quantile, arm=arm, exclude=exclude, data=data)

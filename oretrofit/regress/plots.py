@@ -11,7 +11,9 @@ import numpy as np
 from .._files.atomic import atomic_file
 from .summary import MEAN_ROW, Row, Summary
 
-__all__ = ["plot_delta_rmse"]
+__all__ = ["plot_delta_rmse", "PLOT_NAMES"]
+
+PLOT_NAMES = ("delta_rmse.png", "delta_rmse_vs_tau.png")        # the files it may write
 
 _ARM_LABELS = {"oa": "OA", "full-o": "Full-O"}
 _PANELS_PER_ROW = 4
@@ -77,11 +79,11 @@ def plot_delta_rmse(summary: Summary, out: Path) -> dict[str, Path]:
         ax.set_ylabel("ΔRMSE % vs base (mean over seeds)")
         ax.legend(fontsize="small")
     fig.tight_layout()
-    files["delta_rmse.png"] = out / "delta_rmse.png"
-    _save(fig, files["delta_rmse.png"])
+    files[PLOT_NAMES[0]] = out / PLOT_NAMES[0]
+    _save(fig, files[PLOT_NAMES[0]])
     plt.close(fig)
     if len(summary.taus) > 1 or _calibrated(summary):
-        files["delta_rmse_vs_tau.png"] = _plot_against_tau(plt, summary, arms, out)
+        files[PLOT_NAMES[1]] = _plot_against_tau(plt, summary, arms, out)
     return files
 
 
@@ -128,7 +130,7 @@ def _plot_against_tau(plt, summary: Summary, arms: list[str], out: Path) -> Path
             ax.set_title(f"{_ARM_LABELS.get(arm, arm)}: {label}")
             ax.legend(fontsize="x-small")
     fig.tight_layout()
-    path = out / "delta_rmse_vs_tau.png"
+    path = out / PLOT_NAMES[1]
     _save(fig, path)
     plt.close(fig)
     return path

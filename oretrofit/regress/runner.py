@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -38,11 +38,11 @@ import joblib
 import numpy as np
 import torch
 
-from .._operators.presence import EPS_RETROFIT, check_eps, check_positive
+from .._operators.presence import EPS_RETROFIT, check_eps
 from .._operators.presence_profile import PresenceProfile, presence_by_module
 from .._files.provenance import environment, portable
 from .._surgery.registry import ARMS, RetrofitError
-from .data import Dataset, canonical_spec, load_datasets
+from .data import Dataset, canonical_spec, load_datasets, refuse_twins
 from .protocol import PAPER_PROTOCOL, SplitProtocol, rmse_r2
 from .store import Cell, RunFolder
 from .variants import Variant, check_variants
@@ -119,7 +119,7 @@ class ModelSettings:
     n_estimators: int = 1
     eps: float = EPS_RETROFIT
     inference_precision: str | None = None      # float32 | float16 | bfloat16 | auto |
-                                                # autocast; None: the retrofit's default
+                                                # autocast; None: float32
 
     def __post_init__(self) -> None:
         check_device(self.device)
@@ -134,7 +134,9 @@ class ModelSettings:
                                   "n_estimators": self.n_estimators}
         if self.inference_precision in ("auto", "autocast"):
             kwargs["inference_precision"] = self.inference_precision
-        elif self.inference_precision is not None:
+        elif self.inference_precision is None:            # arms compared like for like
+            kwargs["inference_precision"] = torch.float32
+        else:
             dtype = getattr(torch, self.inference_precision, None)
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"unknown inference precision {self.inference_precision!r}; "
@@ -243,7 +245,8 @@ def run_cell(cell: Cell, arrays: tuple[np.ndarray, ...], checkpoint: str,
     if variant is not None:
         kwargs["site_tau"] = variant.site_tau
         kwargs["eps"] = variant.eps if variant.eps is not None else model.eps
-    regressor, applied = make_regressor(checkpoint, arm=cell.arm, seed=cell.seed, **kwargs)
+    regressor, applied = make_regressor(checkpoint, arm=cell.arm, random_state=cell.seed,
+                                        **kwargs)
     # Every presence the O sites compute in fit + predict, per module (base computes none).
     where = presence_by_module(applied.model) if applied is not None else nullcontext({})
     with where as by_module:
@@ -309,6 +312,7 @@ def run_matrix(matrix: Matrix, model: ModelSettings, out: str | Path, *,
     from ..tabpfn import checkpoint_sha256, resolve_model_path
     _check_backend(backend, n_jobs, scheduler)
     datasets = load_datasets(matrix.datasets, openml_cache=openml_cache, standins=standins)
+    refuse_twins(datasets)
     for dataset in datasets.values():
         for seed in matrix.seeds:
             protocol.check_fits(dataset.spec, len(dataset.y), seed)
@@ -352,9 +356,10 @@ def _run_locked(matrix: Matrix, model: ModelSettings, folder: RunFolder,
                  "inference_precision": model.inference_precision,
                  "protocol": protocol.describe()})
     folder.bind_variants({v.key: v.record() for v in matrix.variants})
-    for dataset in datasets.values():
-        folder.record_dataset(dataset)
-    cells = shard_cells(matrix.cells(), *shard)
+    # a local table by its content: the spec the folder first recorded it under
+    known = {spec: folder.record_dataset(dataset) for spec, dataset in datasets.items()}
+    datasets = {known[spec]: dataset for spec, dataset in datasets.items()}
+    cells = shard_cells([replace(c, dataset=known[c.dataset]) for c in matrix.cells()], *shard)
     todo = [c for c in cells if not folder.done(c)]
     result = RunResult(folder.path, len(cells), len(cells) - len(todo))
     folder.record_invocation({

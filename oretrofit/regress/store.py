@@ -14,9 +14,9 @@ without a record is refused by :func:`read_variants`.
 A cell file exists only once its cell has finished, so a killed run loses at most the cells in
 flight, and re-running skips every cell that has a file (no cell is ever written twice).
 
-One process at a time writes a folder: :meth:`RunFolder.lock` holds an exclusive ``flock`` on
-``DIR/.lock`` (the kernel drops it when the holder dies, so a killed run's lock is taken over)
-and records the holder (host, pid, command) for the refusal message. The folder's own files and
+One process at a time writes a folder: :meth:`RunFolder.lock` holds ``DIR/.lock``
+(:func:`oretrofit._files.lock.hold_lock`: a killed run's lock is taken over, a live holder is
+named in the refusal). The folder's own files and
 subfolders (``.lock``, ``cells``, ``datasets``, ``invocations``; ``tables`` in :mod:`.tables`)
 are never written through a link: a symbolic link or a hard-linked file in their place is
 refused by name (:func:`oretrofit._files.atomic.refuse_link`), and the JSON records are replaced by a
@@ -28,17 +28,15 @@ swept (:func:`oretrofit._files.atomic.sweep_temp_files`). Every record is read t
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import socket
-import sys
-import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from .._files.atomic import make_folder, own_folder, refuse_link, sweep_temp_files
+from .._files.atomic import own_folder, sweep_temp_files
+from .._files.lock import FolderBusy, hold_lock
 from .._files.reading import FileRefused
 from .._files.reading import read_json as read_bounded_json
 from .._files.json_numbers import as_written, encode_non_finite
@@ -56,10 +54,6 @@ _WRITE_DIRS = ("", "cells", "datasets", "invocations")      # where the run writ
 
 class RunMismatch(ValueError):
     """A run folder that holds results made with different settings than those requested."""
-
-
-class FolderBusy(RuntimeError):
-    """Another live process holds the run folder's lock."""
 
 
 def read_json(path: Path, fix: str) -> Any:
@@ -116,25 +110,8 @@ class RunFolder:
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Hold the folder's lock for the block (module docstring); refuse a live holder."""
-        make_folder(self.path)
-        path = self.path / ".lock"
-        refuse_link(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-        try:
-            refuse_link(path, os.fstat(fd))         # linked since the look above?
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-                raise FolderBusy(f"{self.path} is in use by another run ({holder}); wait for "
-                                 "it to finish, or use another --out folder") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (f"host {socket.gethostname()}, pid {os.getpid()}, since "
-                           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, command "
-                           f"{' '.join(sys.argv)[:300]}").encode(), 0)
+        with hold_lock(self.path / ".lock", self.path):
             yield
-        finally:
-            os.close(fd)                        # releases the flock
 
     def sweep(self) -> list[Path]:
         """Delete temporary files of killed writes (call under :meth:`lock`); returns them."""
@@ -170,8 +147,12 @@ class RunFolder:
                               "new --out folder")
         return found["settings"]
 
-    def record_dataset(self, dataset: Dataset) -> None:
-        """Store a dataset's receipt; a different checksum under the same spec is refused."""
+    def record_dataset(self, dataset: Dataset) -> str:
+        """Store a dataset's receipt and return the spec the folder knows it by (its cells'
+        ``dataset``): a local table (a ``file:`` spec) is known by its content, so a table
+        recorded before under another path with the same SHA-256 (the file moved or copied)
+        is that one's spec, and nothing is recorded twice. A different checksum under the
+        same spec is refused."""
         path = self.path / "datasets" / f"{spec_slug(dataset.spec)}.json"
         receipt = dataset.receipt()
         if os.path.lexists(path):
@@ -184,8 +165,14 @@ class RunFolder:
                 raise RunMismatch(f"dataset {dataset.spec} changed since this run folder was "
                                   f"made (SHA-256 {known['sha256'][:12]}… now "
                                   f"{receipt['sha256'][:12]}…); use a new --out folder")
-            return
+            return dataset.spec
+        if dataset.spec.startswith("file:"):
+            known = [spec for spec, found in self.datasets().items()
+                     if spec.startswith("file:") and found.get("sha256") == receipt["sha256"]]
+            if known:
+                return known[0]
         write_json_atomic(own_folder(path.parent) / path.name, receipt)
+        return dataset.spec
 
     def datasets(self) -> dict[str, dict[str, Any]]:
         fix = "delete it; the next run records the dataset again"

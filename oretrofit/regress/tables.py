@@ -20,16 +20,19 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .._files.atomic import make_folder, own_folder, write_text_atomic
 from .._files.markdown import pipe_table
+from .._files.written import claim, refuse_foreign
+from .plots import PLOT_NAMES
 from .reading import reading
 from .store import read_cells, read_variants
 from .summary import MEAN_ROW, Row, Summary, summarize
 from .variant_tables import ablation_tables, curve_tables, variant_table
-
 __all__ = ["Table", "Rendered", "build_tables", "to_markdown", "to_latex", "render"]
 
 ARM_LABELS = {"base": "Base", "oa": "OA", "full-o": "Full-O"}
 _CELL_COLUMNS = ("dataset", "seed", "arm", "tau", "rmse", "r2", "n_train", "n_test",
                  "n_features", "split_sha256", "dataset_sha256")
+_TEXT_NAMES = ("tables.md", "tables.tex", "summary.csv", "cells.csv", "timings.csv",
+               "timings.md")
 _TIMING_COLUMNS = ("dataset", "seed", "arm", "tau", "fit_s", "predict_s", "wall_s", "cpu_s",
                    "worker", "torch_threads")
 
@@ -197,6 +200,18 @@ def _with_variant(columns: Iterable[str], shown: bool) -> list[str]:
             *columns[columns.index("tau") + 1:]] if shown else columns
 
 
+def output_names(plots: bool) -> tuple[str, ...]:
+    """The files :func:`render` writes (the plots' when ``plots``)."""
+    return (*_TEXT_NAMES, *(PLOT_NAMES if plots else ()))
+
+
+def check_outputs(out: str | Path, plots: bool) -> None:
+    """Refuse, before a run, files in ``out`` of the names :func:`render` writes that oretrofit
+    did not write (:func:`oretrofit._files.written.refuse_foreign`); a folder not there passes."""
+    if Path(out).is_dir():
+        refuse_foreign(out, output_names(plots))
+
+
 def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
            plots: bool = True) -> Rendered:
     """Render one or more run folders (shards are merged) into ``out`` (default
@@ -213,12 +228,14 @@ def render(folders: Sequence[str | Path], out: str | Path | None = None, *,
     lines = reading(summary)
     if lines:
         markdown += "\n".join(["", "### Reading (generated from the rows above)", "", *lines, ""])
-    texts = {"tables.md": markdown, "tables.tex": to_latex(tables),
-             "summary.csv": _csv(map(asdict, summary.rows), _with_variant(
-                 Row.__dataclass_fields__, any(r.variant for r in summary.rows))),
-             "cells.csv": _csv(cells, _with_variant(_CELL_COLUMNS, variants)),
-             "timings.csv": _csv(cells, _with_variant(_TIMING_COLUMNS, variants)),
-             "timings.md": to_markdown([timing_table(cells, summary, settings)])}
+    texts = dict(zip(_TEXT_NAMES, (
+        markdown, to_latex(tables),
+        _csv(map(asdict, summary.rows), _with_variant(Row.__dataclass_fields__,
+                                                      any(r.variant for r in summary.rows))),
+        _csv(cells, _with_variant(_CELL_COLUMNS, variants)),
+        _csv(cells, _with_variant(_TIMING_COLUMNS, variants)),
+        to_markdown([timing_table(cells, summary, settings)]))))
+    claim(out, output_names(plots))     # the user's own files of these names: never replaced
     files = {}
     for name, text in texts.items():
         files[name] = write_text_atomic(out / name, text)

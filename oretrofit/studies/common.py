@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from .._files.atomic import write_text_atomic
+from .._files.lock import receipt_lock
+from .._files.written import claim
 from .data import SEEDS, TASKS as REGISTRY, Split
 from .models import FTHost, HostSpec, build_host
 from .receipts import PlannedRun, Receipt, run_plan
@@ -82,7 +84,9 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, quiet: bool 
     for the CI matrix); returns the paths and the Markdown table.
 
     ``merge_from`` receipts (parallel workers' folders) are absorbed first; ``execute=False``
-    then only regenerates the table.
+    then only regenerates the table. One process at a time writes a receipt: the run holds
+    ``out/.NAME.json.lock`` (:func:`oretrofit._files.lock.receipt_lock`), so a second run of the study
+    into ``out`` is refused naming the receipt and the first run.
     """
     options = options.resolved(study.TASKS)
     stem = study.NAME + ("-quick" if options.quick else "")
@@ -90,7 +94,14 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, quiet: bool 
     path = out / f"{stem}.json"
     if not execute and not path.exists():
         raise ValueError(f"no receipt at {path} to report from; run the study first")
-    receipt = Receipt(path, study.NAME, options.as_dict(), new_session=execute)
+    with receipt_lock(path):
+        claim(out, [path.name, f"{stem}.md"])      # never a file of these names oretrofit did not write
+        return _run_locked(study, options, out, stem, quiet, execute, merge_from)
+
+
+def _run_locked(study: Study, options: StudyOptions, out: Path, stem: str, quiet: bool,
+                execute: bool, merge_from: Iterable[str | Path]) -> StudyResult:
+    receipt = Receipt(out / f"{stem}.json", study.NAME, options.as_dict(), new_session=execute)
     for other in merge_from:
         receipt.absorb(other)
     plan = study.plan(options)

@@ -4,19 +4,20 @@ checked on CPU against an emulation of that kernel's contract."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
 import pytest
 import torch
 
-from oretrofit._kernels import lse as kernels
+from oretrofit._kernels import lse as kernels, routes as route
 from oretrofit._operators import attention as _attention
 from oretrofit import o_attention_fused, o_attention_reference
 
 from _operators.test_attention import LAYOUTS, make, mask_of
 
-CPU = kernels.backend_for(torch.device("cpu"), torch.float32)
+CPU = kernels._cpu_backend()
 # Against the fp64 reference, relative to max(1, |reference|): fp64 inputs show the algebra is
 # exact; fp32 inputs sit at fp32 round-off (the fp32 *reference* path itself reaches ~1e-6 on these
 # gradients), the same bound as the forward's fp32 tolerance in test_attention.py.
@@ -181,17 +182,33 @@ def test_cases_the_kernel_cannot_serve_take_the_augmented_path(case: str) -> Non
         q, k, v, p_q, p_k = (t[:0] for t in (q, k, v, p_q, p_k))
     if case == "learned_bias":
         mask = torch.zeros(1, 1, 5, 7, requires_grad=True)
-    ct = torch.float16 if case == "half_compute" else torch.float32   # no kernel computes fp16
-    assert _attention._kernel_backend(q, k, v, mask, ct) is None
-    assert _attention._kernel_backend(*make(nq=5, nk=7)[:3], None, torch.float32) is CPU
+    if case == "half_compute":                  # no route computes in fp16 on upcast copies
+        assert all(torch.float16 not in r.dtypes for r in route.ROUTES if not r.in_q_dtype)
+    else:
+        assert route.route_for(q, k, v, mask, precision="fp32").name == "augmented-copy"
+    assert route.route_for(*make(nq=5, nk=7)[:3], precision="fp32").name == "cpu-flash"
     out = o_attention_fused(q, k, v, p_q, p_k, mask=mask)
     assert torch.allclose(out, o_attention_reference(q, k, v, p_q, p_k, mask=mask)[0], atol=2e-6)
 
 
+def kernel_route(backend: kernels.Backend, **fields) -> route.Route:
+    """The cpu-flash route of :data:`route.ROUTES` on ``backend`` (and ``fields``)."""
+    cpu_flash = next(r for r in route.ROUTES if r.name == "cpu-flash")
+    return dataclasses.replace(cpu_flash, ready=lambda: True,
+                               run=route.backend_run(lambda: backend),
+                               check=route.backend_check(lambda: backend), **fields)
+
+
+def only_route(monkeypatch: pytest.MonkeyPatch, chosen: route.Route) -> None:
+    """The route table is ``chosen`` and the augmented-copy fallback (a fresh check cache)."""
+    monkeypatch.setattr(route, "ROUTES", (chosen, route.ROUTES[-1]))
+    monkeypatch.setattr(route, "_CHECKED", {})
+
+
 def test_head_sizes_a_kernel_does_not_take_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernels, "backend_for", lambda device, dtype: EFFICIENT)
-    assert _attention._kernel_backend(*make(d=12)[:3], None, torch.float32) is None
-    assert _attention._kernel_backend(*make(d=16)[:3], None, torch.float32) is EFFICIENT
+    only_route(monkeypatch, kernel_route(EFFICIENT, head_multiple=8))
+    assert route.route_for(*make(d=12)[:3]).name == "augmented-copy"
+    assert route.route_for(*make(d=16)[:3]).name == "cpu-flash"
 
 
 def test_a_kernel_that_breaks_its_contract_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,10 +218,10 @@ def test_a_kernel_that_breaks_its_contract_is_not_used(monkeypatch: pytest.Monke
             return o, lse + 1.0                              # e.g. a changed LSE convention
         return kernels.Backend("broken", forward, CPU.backward)
 
-    monkeypatch.setattr(kernels, "_cpu_backend", broken)
-    monkeypatch.setattr(kernels, "_CHECKED", {})
-    with pytest.warns(RuntimeWarning, match="broken attention kernel fails its check"):
-        assert kernels.backend_for(torch.device("cpu"), torch.float32) is None
+    only_route(monkeypatch, kernel_route(broken()))
+    with pytest.warns(RuntimeWarning, match="the cpu-flash OAttention route fails its check on "
+                                            r"cpu torch.float32 \(forward differs"):
+        assert route.route_for(*make(nq=5, nk=7)[:3]).name == "augmented-copy"
     args = make(nq=5, nk=7)
     with warnings.catch_warnings():
         warnings.simplefilter("error")                       # reported once, then silent

@@ -109,14 +109,25 @@ ROUTES = {"cudnn": route.Route("cudnn", ("cpu",), lambda: True, route.backend_ru
                                    route.backend_run(lambda: EFFICIENT), head_multiple=8)}
 
 
+# the routes in the compute dtype, after the chain in q's dtype
+COMPUTE_ROUTES = tuple(r for r in route.ROUTES if not r.in_q_dtype)
+
+
 @pytest.fixture
 def chain(monkeypatch: pytest.MonkeyPatch):
-    """``use(*routes)``: the chain is these routes (a fresh check cache)."""
+    """``use(*routes)``: the routes in q's dtype are these (a fresh check cache)."""
     monkeypatch.setattr(route, "_CHECKED", {})
 
     def use(*routes: route.Route) -> None:
-        monkeypatch.setattr(route, "ROUTES", routes)
+        monkeypatch.setattr(route, "ROUTES", (*routes, *COMPUTE_ROUTES))
     return use
+
+
+def chosen(dtype: torch.dtype, head_size: int, softcap: bool = False,
+           dropout: bool = False) -> route.Route | None:
+    """The route of a call on CPU inputs of ``dtype`` and ``head_size``."""
+    q = torch.zeros(1, 1, 1, head_size, dtype=dtype)
+    return route.route_for(q, q, q, None, softcap, dropout)
 
 
 def on_route(name: str):
@@ -222,20 +233,23 @@ def failing(name: str) -> route.Route:
     return route.Route(name, ("cpu",), lambda: True, run)
 
 
-def test_the_chain_is_the_issues_order_on_cuda_only() -> None:
-    assert [r.name for r in route.ROUTES] == ["triton", "cudnn", "flex", "efficient"]
-    assert all(r.devices == ("cuda",) for r in route.ROUTES)
-    assert route.route_for(torch.device("cpu"), torch.bfloat16, 16) is None
+def test_the_table_is_the_chain_in_q_dtype_on_cuda_then_the_compute_dtype_routes() -> None:
+    assert [r.name for r in route.ROUTES] == ["triton", "cudnn", "flex", "efficient",
+                                              "cpu-flash", "cuda-efficient", "augmented-copy"]
+    assert [r.in_q_dtype for r in route.ROUTES] == [True] * 4 + [False] * 3
+    assert all(r.devices == ("cuda",) for r in route.ROUTES if r.in_q_dtype)
+    assert chosen(torch.bfloat16, 16).name == "cpu-flash"                  # computed in fp32
+    assert chosen(torch.bfloat16, 16, softcap=True) is None                # the reference path
 
 
 def test_a_failing_check_falls_to_the_next_route_and_warns_once(chain) -> None:
     chain(failing("first"), ROUTES["cudnn"], ROUTES["flex"])
     with pytest.warns(RuntimeWarning, match=r"the first OAttention route fails its check on cpu "
                       r"torch.bfloat16 \(RuntimeError: first: no kernel"):
-        assert route.route_for(torch.device("cpu"), torch.bfloat16, 16).name == "cudnn"
+        assert chosen(torch.bfloat16, 16).name == "cudnn"
     with warnings.catch_warnings():
         warnings.simplefilter("error")                       # reported once, then silent
-        assert route.route_for(torch.device("cpu"), torch.bfloat16, 16).name == "cudnn"
+        assert chosen(torch.bfloat16, 16).name == "cudnn"
         q, k, v, p_q, p_k = half_inputs(torch.bfloat16)
         out, _ = o_attention(q, k, v, p_q, p_k)
     assert torch.equal(out, on_route("cudnn")(q, k, v, p_q, p_k))
@@ -258,12 +272,11 @@ def test_routes_that_do_not_serve_a_call_are_skipped_without_a_check(chain) -> N
     chain(absent, ROUTES["cudnn"], ROUTES["flex"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")                       # not ready: skipped silently
-        assert route.route_for(torch.device("cpu"), torch.bfloat16, 16).name == "cudnn"
-        assert route.route_for(torch.device("cpu"), torch.bfloat16, 12).name == "flex"
-        assert route.route_for(torch.device("cpu"), torch.bfloat16, 16, softcap=True).name == \
-            "flex"
-        assert route.route_for(torch.device("cpu"), torch.bfloat16, 16, dropout=True) is None
-        assert route.route_for(torch.device("cpu"), torch.float64, 16) is None
+        assert chosen(torch.bfloat16, 16).name == "cudnn"
+        assert chosen(torch.bfloat16, 12).name == "flex"
+        assert chosen(torch.bfloat16, 16, softcap=True).name == "flex"
+        assert chosen(torch.bfloat16, 16, dropout=True) is None
+        assert chosen(torch.float64, 16).name == "cpu-flash"
     assert ("absent", "cpu", torch.bfloat16, torch.__version__) in route._CHECKED
 
 
@@ -283,7 +296,7 @@ def test_precision_fp32_and_weights_skip_the_chain(chain) -> None:
     out, weights = o_attention(q, k, v, p_q, p_k, need_weights=True)
     assert weights is not None and torch.equal(out, o_attention_reference(
         q, k, v, p_q, p_k, need_weights=True)[0])
-    assert route._CHECKED == {}                              # the chain was never asked
+    assert not [key for key in route._CHECKED if key[0] == "cudnn"]    # never asked
 
 
 def test_fp32_softcap_takes_a_route_that_computes_it(chain) -> None:

@@ -28,8 +28,8 @@ def triton_module(monkeypatch: pytest.MonkeyPatch):
     chain here (a fresh route cache). tests/conftest.py sets TRITON_INTERPRET=1 before Triton is
     imported."""
     triton_route = next(r for r in route.ROUTES if r.name == "triton")
-    monkeypatch.setattr(route, "ROUTES", (dataclasses.replace(triton_route,
-                                                              devices=("cuda", "cpu")),))
+    on_cpu = dataclasses.replace(triton_route, devices=("cuda", "cpu"))
+    monkeypatch.setattr(route, "ROUTES", (on_cpu, *(r for r in route.ROUTES if not r.in_q_dtype)))
     monkeypatch.setattr(route, "_CHECKED", {})
     module = importlib.import_module("oretrofit._kernels.triton")
     assert module._INTERPRET, "TRITON_INTERPRET=1 must be set before triton is imported"
@@ -139,7 +139,7 @@ def test_half_precision_takes_the_triton_route_unless_fp32_is_asked(triton_modul
     assert out.dtype == torch.bfloat16 and torch.equal(out, direct)
     fp32, _ = o_attention(q, k, v, p_q, p_k, precision="fp32")
     assert torch.equal(fp32, o_attention_fused(q, k, v, p_q, p_k))
-    assert route.route_for(q.device, torch.bfloat16, 8).name == "triton"
+    assert route.route_for(q, k, v).name == "triton"
 
 
 def test_fp32_without_softcap_or_dropout_keeps_the_fp32_kernel(triton_module) -> None:
@@ -158,9 +158,9 @@ def test_a_triton_kernel_that_fails_its_check_is_not_used(triton_module, monkeyp
 
 def test_the_cpu_takes_the_triton_route_only_where_enabled(monkeypatch) -> None:
     monkeypatch.setattr(route, "_CHECKED", {})
-    assert all(r.devices == ("cuda",) for r in route.ROUTES)
-    assert route.route_for(torch.device("cpu"), torch.bfloat16, 8) is None
+    assert all(r.devices == ("cuda",) for r in route.ROUTES if r.in_q_dtype)
     q, k, v, p_q, p_k = make(torch.bfloat16, nq=5, nk=6)
+    assert route.route_for(q, k, v).name == "cpu-flash"                   # computed in fp32
     assert torch.equal(o_attention(q, k, v, p_q, p_k)[0], o_attention_fused(q, k, v, p_q, p_k))
 
 

@@ -99,6 +99,12 @@ def test_fixed_sets_an_argument_and_drops_it_from_the_command_line() -> None:
     assert CliRunner().invoke(group, ["a", "x"]).exit_code == 2  # no TABLE argument any more
 
 
+def test_version_prints_the_package_version() -> None:
+    from oretrofit import __version__
+    result = _invoke("--version")
+    assert result.exit_code == 0 and result.output == f"oretrofit {__version__}\n"
+
+
 def test_help_does_not_import_torch() -> None:
     code = ("import sys\nfrom oretrofit.cli.app import main\nsys.argv = ['oretrofit', '--help']\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"

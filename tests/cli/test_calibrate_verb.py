@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import torch
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -54,8 +55,9 @@ def test_the_calibrated_spec_keeps_predictions_near_base_on_held_out_rows(spec):
     diabetes = load_dataset("sklearn:diabetes")
     split = PAPER_PROTOCOL.split(len(diabetes.y), 11)
     X, y = diabetes.X, diabetes.y
-    base, _ = make_regressor("demo", "base")
-    calibrated, retrofit = make_regressor("demo", spec=spec)
+    pinned = {"device": "cpu", "n_estimators": 1, "inference_precision": torch.float32}
+    base, _ = make_regressor("demo", "base", **pinned)
+    calibrated, retrofit = make_regressor("demo", spec=spec, **pinned)
     assert retrofit is not None and retrofit.plan.site_tau == spec["site_tau"]
     assert len(spec["calibration"]["weights_sha256"]) == 64
     p_base = base.fit(X[split.train], y[split.train]).predict(X[split.test])

@@ -1,4 +1,5 @@
-"""`oretrofit check`: contracts of a tiny model saved with save_pretrained, as JSON and a table."""
+"""`oretrofit check`: contracts and answers of a tiny model saved with save_pretrained, as JSON and
+a table, at the settings given or the library's (the real SmolLM2: test_check_smollm2.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typer.testing import CliRunner  # noqa: E402
 from oretrofit.cli import calibrate as calibrate_verb  # noqa: E402
 from oretrofit.cli import check as check_verb  # noqa: E402
 from hosts.transformers import zoo  # noqa: E402
+from hosts.transformers.tiny_text import word_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,19 +35,8 @@ def _saved(name: str, folder: Path, seed: int = 0) -> Path:
 
 
 def _with_tokenizer(folder: Path) -> Path:
-    """Save a word-level tokenizer beside a tiny model: the built-in calibration text's first
-    words (ids 4…) within the model's vocabulary of 99, every other word [UNK]."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from oretrofit.hosts.transformers.calibrate import builtin_texts
-    words = sorted({w for line in builtin_texts() for w in line.split()})[:90]
-    vocab = {"[PAD]": 0, "[BOS]": 1, "[EOS]": 2, "[UNK]": 3,
-             **{w: i + 4 for i, w in enumerate(words)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]",
-                            pad_token="[PAD]").save_pretrained(folder)
+    """Save a word-level tokenizer beside a tiny model (:func:`word_tokenizer`)."""
+    word_tokenizer().save_pretrained(folder)
     return folder
 
 
@@ -70,7 +61,7 @@ def test_table_and_arm_oa_fails_null_insertion(cli: typer.Typer, tmp_path: Path)
     folder = _saved("BERT", tmp_path / "bert")
     table = CliRunner().invoke(cli, ["check", str(folder), "--arm", "full-o", "--tau", "1e-6"])
     assert table.exit_code == 0, table.output
-    assert "τ→0 agreement, full-o" in table.output and "all contracts hold" in table.output
+    assert "agreement, full-o" in table.output and "all contracts hold" in table.output
     oa = CliRunner().invoke(cli, ["check", str(folder), "--arm", "oa", "--json"])
     assert oa.exit_code == 1                           # oa leaves LayerNorm β: zeros move
     assert json.loads(oa.stdout)["null_insertion"]["inserted_max_abs"] > 0
@@ -123,15 +114,21 @@ def test_calibrate_then_check_under_the_spec(cli: typer.Typer, tmp_path: Path) -
     assert spec["host"] == "transformers" and set(spec["site_tau"]) == set(spec["sites"])
     assert min(spec["site_tau"].values()) > 1e-6 and len(set(spec["site_tau"].values())) > 3
 
+    # measured as the spec runs, each site at its calibrated τ (≥ 5e-5 here, the tiny model's
+    # carriers being small): null insertion exact and the embeddings kept, while the hidden
+    # states move by more than agreement's 1e-4 (each gate by up to the calibration's δ = 1e-3)
     result = CliRunner().invoke(cli, ["check", str(folder), "--spec", str(spec_file), "--json"])
-    assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["spec"]["site_tau"] == spec["site_tau"] and summary["holds"]
+    assert summary["spec"]["site_tau"] == spec["site_tau"] and summary["eps"] == spec["eps"]
     assert [a["arm"] for a in summary["agreement"]] == ["full-o"]
     assert summary["null_insertion"]["inserted_max_abs"] == 0
     assert summary["null_insertion"]["old_max_delta"] <= 1e-4
+    assert summary["answers"]["arms"][0]["min_cosine"] >= 0.999999
+    assert 1e-4 < summary["agreement"][0]["relative_max_diff"] < 1e-2
+    assert result.exit_code == 1 and [f.split(":")[0] for f in summary["failed"]] == [
+        "agreement (full-o"]
     table = CliRunner().invoke(cli, ["check", str(folder), "--spec", str(spec_file)])
-    assert table.exit_code == 0 and "spec spec.json" in table.output
+    assert table.exit_code == 1 and "spec spec.json" in table.output
 
     lines = tmp_path / "lines.txt"
     lines.write_text("The cat sits outside.\n\nA man is playing a guitar on the street.\n")
@@ -165,3 +162,67 @@ def test_a_spec_for_another_model_is_refused(cli: typer.Typer, tmp_path: Path) -
     for flags in (["--tau", "1e-6"], ["--arm", "full-o"]):
         mixed = CliRunner().invoke(cli, ["check", str(folder), "--spec", str(spec_file), *flags])
         assert mixed.exit_code == 2 and f"drop {flags[0]}" in mixed.output
+
+
+def test_settings_default_to_the_librarys_and_eps_is_an_option(cli: typer.Typer,
+                                                               tmp_path: Path) -> None:
+    import inspect
+
+    from oretrofit import retrofit
+    folder = _saved("Llama", tmp_path / "llama")
+    defaults = inspect.signature(retrofit).parameters
+    summary = json.loads(CliRunner().invoke(cli, ["check", str(folder), "--json"]).stdout)
+    assert (summary["tau"], summary["eps"]) == (defaults["tau"].default, defaults["eps"].default)
+    assert all((a["tau"], a["eps"]) == (summary["tau"], summary["eps"])
+               for a in summary["agreement"])
+    assert summary["answers"] is None            # no tokenizer in the folder
+    given = json.loads(CliRunner().invoke(cli, ["check", str(folder), "--arm", "full-o", "--tau",
+                                                "1e-7", "--eps", "1e-9", "--json"]).stdout)
+    assert given["arms"] == ["full-o"] and (given["tau"], given["eps"]) == (1e-7, 1e-9)
+    assert given["agreement"][0]["eps"] == 1e-9 and given["holds"]
+
+
+def test_a_setting_that_moves_the_answers_fails_naming_the_sites(cli: typer.Typer,
+                                                                 tmp_path: Path) -> None:
+    """ε far above the rows' mass Σ_j e^{s_ij} silences every head: the sentence embeddings (a
+    folder's AutoModel has no LM head) turn away and the attention sites are named."""
+    folder = _with_tokenizer(_saved("Llama", tmp_path / "llama"))
+    lines = tmp_path / "prompts.txt"
+    lines.write_text("The cat sits outside.\n\nA man is playing a guitar on the street.\n")
+    kept = CliRunner().invoke(cli, ["check", str(folder), "--text-file", str(lines), "--json"])
+    assert kept.exit_code == 0, kept.output
+    answers = json.loads(kept.stdout)["answers"]
+    assert answers["kind"] == "embed" and answers["prompts"] == 2
+    assert all(a["min_cosine"] >= 0.999999 and a["sites"] == [] for a in answers["arms"])
+    moved = CliRunner().invoke(cli, ["check", str(folder), "--arm", "oa", "--eps", "1e3",
+                                     "--text-file", str(lines), "--json"])
+    assert moved.exit_code == 1
+    summary = json.loads(moved.stdout)
+    arm = summary["answers"]["arms"][0]
+    assert arm["min_cosine"] < 0.999 and len(arm["sites"]) == 2       # 2 attention sites
+    assert {s["site"] for s in arm["sites"]} == {"layers.0.self_attn", "layers.1.self_attn"}
+    assert any(f.startswith("answers (oa: min cosine ") and "layers.0.self_attn (" in f
+               for f in summary["failed"]), summary["failed"]
+    table = CliRunner().invoke(cli, ["check", str(folder), "--arm", "oa", "--eps", "1e3",
+                                     "--text-file", str(lines)])
+    text = " ".join(table.output.split())
+    assert table.exit_code == 1 and "moved most by layers.0.self_attn (0." in text
+    assert "some contracts do not hold" in text
+
+
+def test_text_file_needs_a_tokenizer_and_spec_excludes_eps(cli: typer.Typer,
+                                                           tmp_path: Path) -> None:
+    folder = _saved("Llama", tmp_path / "llama")
+    lines = tmp_path / "prompts.txt"
+    lines.write_text("The cat sits outside.\n")
+    result = CliRunner().invoke(cli, ["check", str(folder), "--text-file", str(lines)])
+    assert result.exit_code == 2 and "holds no tokenizer" in result.output
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    result = CliRunner().invoke(cli, ["check", str(_with_tokenizer(folder)), "--text-file",
+                                      str(empty)])
+    assert result.exit_code == 2 and "holds no prompt" in result.output
+    spec = tmp_path / "spec.json"
+    spec.write_text("{}")
+    mixed = CliRunner().invoke(cli, ["check", str(folder), "--spec", str(spec), "--eps", "0"])
+    assert mixed.exit_code == 2 and "drop --eps" in mixed.output

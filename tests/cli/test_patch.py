@@ -15,6 +15,8 @@ from oretrofit._files.provenance import portable
 from oretrofit.cli import patch as patch_verb
 from oretrofit.tabpfn import load_patched_regressor, make_regressor
 
+ONE = {"device": "cpu", "n_estimators": 1}            # one estimator: tabpfn's "auto" runs more
+
 
 @pytest.fixture(scope="module")
 def cli() -> typer.Typer:
@@ -48,17 +50,14 @@ def test_round_trip_patch_artifact_load_predict(cli, tmp_path):
 
     rng = np.random.default_rng(3)
     x, y = rng.normal(size=(36, 3)), rng.normal(size=36)
-    loaded, retrofit = load_patched_regressor(out)
+    loaded, retrofit = load_patched_regressor(out, **ONE)
     assert retrofit.plan.arm == "full-o" and retrofit.plan.site_tau == {r"re:icl\..*": 1e-6}
-    direct, _ = make_regressor("random", "full-o", 1e-8, site_tau={r"re:icl\..*": 1e-6})
-    np.testing.assert_array_equal(loaded.fit(x[:28], y[:28]).predict(x[28:]),
-                                  direct.fit(x[:28], y[:28]).predict(x[28:]))
-    from tabpfn import TabPFNRegressor                  # tabpfn still reads it, unpatched
-    vendor = TabPFNRegressor(model_path=str(out), device="cpu", n_estimators=1,
-                             inference_precision=torch.float32, random_state=0)
-    base, _ = make_regressor("random", "base")
-    np.testing.assert_array_equal(vendor.fit(x[:28], y[:28]).predict(x[28:]),
-                                  base.fit(x[:28], y[:28]).predict(x[28:]))
+    direct, _ = make_regressor("random", "full-o", 1e-8, site_tau={r"re:icl\..*": 1e-6}, **ONE)
+    patched = loaded.fit(x[:28], y[:28]).predict(x[28:])
+    np.testing.assert_array_equal(patched, direct.fit(x[:28], y[:28]).predict(x[28:]))
+    from tabpfn import TabPFNRegressor          # tabpfn's own estimator loads it patched too
+    vendor = TabPFNRegressor(model_path=str(out), **ONE)
+    np.testing.assert_array_equal(vendor.fit(x[:28], y[:28]).predict(x[28:]), patched)
 
 
 def test_table_and_dry_run(cli, tmp_path):
@@ -127,8 +126,8 @@ def test_a_spec_file_patches_prints_each_sites_tau_and_is_recorded(cli, spec_fil
     assert recorded["source_checkpoint_sha256"] == summary["checkpoint_sha256"]
     rng = np.random.default_rng(5)
     x, y = rng.normal(size=(36, 3)), rng.normal(size=36)
-    loaded, _ = load_patched_regressor(out)
-    direct, _ = make_regressor("random", spec=spec_file)
+    loaded, _ = load_patched_regressor(out, **ONE)
+    direct, _ = make_regressor("random", spec=spec_file, **ONE)
     np.testing.assert_array_equal(loaded.fit(x[:28], y[:28]).predict(x[28:]),
                                   direct.fit(x[:28], y[:28]).predict(x[28:]))
     table = _run(cli, "--spec", str(spec_file), "--dry-run", "--out", str(tmp_path / "n-v3.ckpt"))

@@ -199,3 +199,36 @@ def test_a_nan_r2_is_written_as_strict_json_and_read_back(capsys, monkeypatch, t
                           tmp_path / "t")
     assert code == 0 and "error" not in err, err
     assert "undefined where base RMSE is 0" in out
+
+
+def test_a_users_own_tables_in_an_out_folder_are_never_replaced(capsys, monkeypatch, tmp_path,
+                                                                table):
+    """`regress --out DIR` and `tables RUN --out DIR` overwrote the user's own tables.md,
+    tables.tex and summary.csv."""
+    users = {"tables.md": "my notes", "tables.tex": "my paper", "summary.csv": "mine,1\n"}
+
+    def place(folder: Path) -> Path:
+        folder.mkdir(parents=True)
+        for name, text in users.items():
+            (folder / name).write_text(text)
+        return folder
+
+    mine = place(tmp_path / "mine" / "tables")
+    _refused(_cli(capsys, monkeypatch, "regress", "--data", table, "--target-column", "y",
+                  "--arms", "base", "--seeds", "1", "--out", mine.parent, *SMALL),
+             f"{mine} holds summary.csv, tables.md, tables.tex, which oretrofit did not write",
+             "move them elsewhere")
+    assert not (mine.parent / "run.json").exists()          # refused before any work
+    out = tmp_path / "run"
+    code, _, _ = _cli(capsys, monkeypatch, "regress", "--data", table, "--target-column", "y",
+                      "--arms", "base", "--seeds", "1", "--out", out, *SMALL)
+    assert code == 0
+    theirs = place(tmp_path / "theirs")
+    _refused(_cli(capsys, monkeypatch, "tables", out, "--out", theirs, "--no-plots"),
+             f"{theirs} holds summary.csv, tables.md, tables.tex, which oretrofit did not write")
+    for folder in (mine, theirs):
+        assert {name: (folder / name).read_text() for name in users} == users
+    fresh = tmp_path / "fresh"
+    for _ in range(2):                                      # and again: its own files now
+        code, stdout, _ = _cli(capsys, monkeypatch, "tables", out, "--out", fresh, "--no-plots")
+        assert code == 0 and "Table 2 layout" in stdout

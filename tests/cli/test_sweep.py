@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -35,3 +40,40 @@ def test_sweep_rejects_unknown_device(tmp_path) -> None:
                                       str(tmp_path)])
     assert result.exit_code != 0
     assert "Invalid value for '--device': 'tpu' is not one of cpu, cuda" in result.output
+
+
+def test_a_second_sweep_on_the_same_out_is_refused_by_name_and_loses_nothing(tmp_path) -> None:
+    first = CliRunner().invoke(app, ["sweep", "operators", "--quick", "--out", str(tmp_path)])
+    assert first.exit_code == 0, first.output
+    receipt = tmp_path / "operators-quick.json"
+    before = receipt.read_bytes(), (tmp_path / "operators-quick.md").read_bytes()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import time
+            from oretrofit._files.lock import receipt_lock
+            with receipt_lock({str(receipt)!r}):
+                print("locked", flush=True)
+                time.sleep(120)
+        """)], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        second = CliRunner().invoke(app, ["sweep", "operators", "--quick", "--out",
+                                          str(tmp_path)])
+        assert second.exit_code == 2
+        assert (f"error: {receipt} is in use by another run (host " in second.output
+                and f"pid {holder.pid}," in second.output), second.output
+        assert (receipt.read_bytes(), (tmp_path / "operators-quick.md").read_bytes()) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_users_own_files_of_the_sweeps_names_are_never_replaced(tmp_path) -> None:
+    (tmp_path / "operators-quick.md").write_text("my notes")
+    refused = CliRunner().invoke(app, ["sweep", "operators", "--quick", "--out", str(tmp_path)])
+    assert refused.exit_code == 2
+    assert (f"error: {tmp_path} holds operators-quick.md, which oretrofit did not write"
+            in refused.output), refused.output
+    assert (tmp_path / "operators-quick.md").read_text() == "my notes"
+    assert not (tmp_path / "operators-quick.json").exists()

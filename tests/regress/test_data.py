@@ -134,3 +134,25 @@ def test_specs_are_canonical_and_slugs_distinct():
     assert canonical_spec("560") == canonical_spec("openml:0560") == "openml:560"
     assert spec_slug("openml:560").startswith("openml-560-")
     assert spec_slug("a:b") != spec_slug("a-b")
+
+
+@pytest.mark.parametrize("header, shown", [("y,a,y", "'y'"), ("a,y, y", "'y' \\(as ' y'\\)")])
+def test_two_columns_of_one_name_are_refused_by_name(tmp_path, header, shown):
+    """pandas renamed the second ``y`` to ``y.1`` and the run used it as a feature (the target
+    leaking into the features)."""
+    path = tmp_path / "t.csv"
+    path.write_text(header + "\n" + "\n".join(f"{i},{i % 3},{i}" for i in range(8)) + "\n")
+    with pytest.raises(DatasetUnavailable, match=rf"t.csv#y: two columns are named {shown}; "
+                                                 "give each column its own name"):
+        load_dataset(f"file:{path}#y")
+
+
+def test_a_list_valued_parquet_column_is_refused_by_name(tmp_path):
+    """It failed with ``unhashable type: 'numpy.ndarray'``."""
+    path = tmp_path / "t.parquet"
+    pd.DataFrame({"x": [1.0, 2.0, 3.0], "v": [[1, 2], [3], []],
+                  "y": [0.5, 1.5, 2.5]}).to_parquet(path)
+    with pytest.raises(DatasetUnavailable, match=r"t.parquet#y: feature column 'v' holds "
+                                                 r"ndarray values \(first in row 0\), not "
+                                                 "numbers or labels; flatten it"):
+        load_dataset(f"file:{path}#y")

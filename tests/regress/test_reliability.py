@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from oretrofit._files.atomic import TEMP_SUFFIX
+from oretrofit._files.written import RECORD
 from oretrofit.cli.app import main
 from oretrofit.regress import Matrix, ModelSettings, RunFolder, render, run_matrix
 from oretrofit.regress.data import DatasetUnavailable
@@ -352,7 +353,8 @@ def test_a_regress_run_killed_at_random_moments_resumes_to_every_cell_once(
     assert len(keys) == len(set(keys)) == 28            # 2 datasets × 2 seeds × (1 + 2 × 3 τ)
     assert summary["cells_in_shard"] == 28 and counts == sorted(counts)
     assert summary["cells_skipped"] == counts[-1]               # nothing redone after the kills
-    assert not [p for p in out.rglob(".*") if p.name != ".lock"]  # no temp files left
+    assert not [p for p in out.rglob(".*")                      # no temp files left
+                if p.name not in (".lock", RECORD)]
 
 
 def test_killing_a_two_worker_driver_leaves_no_worker_running(tmp_path, zygote):
@@ -421,3 +423,36 @@ def test_a_dataset_receipt_that_is_not_one_is_named(tmp_path):
     with pytest.raises(RunMismatch, match=r"is not a dataset receipt \(a JSON object with "
                                           r"sha256\); delete it"):
         RunFolder(tmp_path).record_dataset(dataset)
+
+
+# --- a local table is known by its content ---------------------------------------------------
+
+def test_a_data_file_that_moved_is_the_same_dataset_and_nothing_is_recomputed(tmp_path):
+    """Resumed after its --data file moved (same bytes, new path), a run recomputed every
+    cell and its tables listed two datasets both named after the file."""
+    table = _csv(tmp_path / "d1.csv")
+    out = tmp_path / "run"
+    first = _run(out, [f"file:{table}#y"])
+    moved = tmp_path / "elsewhere" / "d1.csv"
+    moved.parent.mkdir()
+    table.rename(moved)
+    again = _run(out, [f"file:{moved}#y"])
+    assert (again.cells_run, again.cells_skipped) == ([], first.cells_total == 2 and 2)
+    assert len(list((out / "datasets").glob("*.json"))) == 1
+    rendered = render([out], plots=False)
+    assert rendered.summary.datasets == [f"file:{table}#y"]
+    assert rendered.markdown.count("| d1 |") == 2              # one row per table layout
+    table.write_text(moved.read_text().replace("\n0.0,0,0.0\n", "\n0.0,0,9.0\n"))
+    with pytest.raises(RunMismatch, match=r"d1.csv#y changed since this run folder was made"):
+        _run(out, [f"file:{table}#y"])                      # other bytes at the first path
+
+
+def test_two_data_files_with_one_table_are_refused_before_the_folder_is_touched(tmp_path):
+    table = _csv(tmp_path / "a.csv")
+    twin = tmp_path / "b.csv"
+    twin.write_bytes(table.read_bytes())
+    with pytest.raises(DatasetUnavailable, match=r"a.csv#y and file:.*b.csv#y hold the same "
+                                                 r"table \(SHA-256 [0-9a-f]{12}…\); list it "
+                                                 "once"):
+        _run(tmp_path / "run", [f"file:{table}#y", f"file:{twin}#y"])
+    assert not (tmp_path / "run").exists()

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from oretrofit._files.atomic import TEMP_SUFFIX, LinkedPath, atomic_file
+from oretrofit._files.written import ForeignFiles
 from oretrofit.cli.app import app
 from oretrofit.regress import Matrix, ModelSettings, render, run_matrix
 from oretrofit.regress.data import MAX_FEATURES, DatasetUnavailable, load_dataset
@@ -80,6 +81,8 @@ def test_a_linked_lock_file_is_refused_and_its_target_kept(tmp_path):
 
 
 def test_tables_replace_a_link_and_never_write_its_target(tmp_path):
+    """A link where oretrofit wrote a table before is replaced, never written through; one of a
+    name it has not written there is not its own, and is refused (_files.written)."""
     out = tmp_path / "run"
     _run(out, _table(tmp_path / "t.csv"))
     (out / "tables").mkdir()
@@ -87,6 +90,16 @@ def test_tables_replace_a_link_and_never_write_its_target(tmp_path):
                                                                 "delta_rmse.png")}
     for name, victim in victims.items():
         victim.write_text("keep me")
+        (out / "tables" / name).symlink_to(victim)
+    with pytest.raises(ForeignFiles, match="holds delta_rmse.png, summary.csv, tables.md, "
+                                           "which oretrofit did not write"):
+        render([out], plots=True)
+    assert all((out / "tables" / name).is_symlink() for name in victims)
+    for name in victims:
+        (out / "tables" / name).unlink()
+    render([out], plots=True)                                   # its own files now
+    for name, victim in victims.items():
+        (out / "tables" / name).unlink()
         (out / "tables" / name).symlink_to(victim)
     render([out], plots=True)
     for name, victim in victims.items():

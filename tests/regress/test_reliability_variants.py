@@ -34,7 +34,7 @@ def _calibration(**change: Any) -> dict:
 
 
 @pytest.mark.parametrize("edit, message", [
-    ({"schema_version": 2}, "patch spec schema_version 2 is not supported"),
+    ({"schema_version": 3}, "the patch spec has schema_version 3, not one this oretrofit reads"),
     ({"site_tau": {**SPEC["site_tau"], "te.col": "abc"}},
      "site_tau['te.col'] must be a positive finite number, got 'abc'"),
     ({"site_tau": [1]}, "site_tau must be an object"),
@@ -45,7 +45,7 @@ def _calibration(**change: Any) -> dict:
     (_calibration(quantile=1.5), "calibration record's quantile must be a number in [0, 1)")])
 def test_a_bad_tau_spec_is_refused_by_its_path_before_anything_is_written(tmp_path, edit,
                                                                           message):
-    """Each was a traceback, a bare `could not convert string to float`, or (schema_version 2)
+    """Each was a traceback, a bare `could not convert string to float`, or (schema_version 3)
     run as if it were a spec this version reads."""
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({**SPEC, **edit}))

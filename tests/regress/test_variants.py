@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 from typer.testing import CliRunner
 
@@ -20,7 +21,7 @@ from oretrofit.regress.data import load_datasets
 from oretrofit.regress.variants import (ablation_variants, arm_sites, checkpoint_arm_sites,
                                         site_families, spec_variant)
 from oretrofit.tabpfn import build_model, load_checkpoint, resolve_model_path
-from oretrofit.hosts.tabpfn.estimators import regressor_from_checkpoint, spec_patch
+from oretrofit.hosts.tabpfn.estimators import estimator_from_checkpoint, spec_patch
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL = SplitProtocol(max_train=48, max_test=24)
@@ -85,7 +86,9 @@ def test_the_calibrated_cell_equals_the_spec_applied_directly(env):
     spec = json.loads(env["specs"]["full-o"].read_text())
     dataset = load_datasets([DATASET])[DATASET]
     split = PROTOCOL.split(len(dataset.y), 23)
-    regressor, _ = regressor_from_checkpoint(resolve_model_path("demo"), spec_patch(spec), seed=23)
+    regressor, _ = estimator_from_checkpoint(resolve_model_path("demo"), spec_patch(spec),
+                                             random_state=23, n_estimators=1, device="cpu",
+                                             inference_precision=torch.float32)
     prediction = regressor.fit(dataset.X[split.train], dataset.y[split.train]).predict(
         dataset.X[split.test])
     rmse = float(np.sqrt(np.mean((prediction - dataset.y[split.test]) ** 2)))

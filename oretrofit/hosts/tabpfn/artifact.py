@@ -3,8 +3,10 @@
 The file is the source checkpoint (same ``state_dict``, ``config``, ``architecture_name``,
 ``inference_config``) plus an ``oretrofit_patch`` entry: the JSON text of
 :meth:`oretrofit.Retrofit.spec` extended with the source checkpoint's SHA-256 and weights label.
-tabpfn still loads it as the unpatched model (it ignores the extra entry);
-:func:`load_patched_regressor` loads it back as a ready, retrofitted regressor.
+tabpfn alone loads it as the unpatched model (it ignores the extra entry); once
+:mod:`oretrofit.tabpfn` is imported, tabpfn loads it patched (:mod:`.reload`);
+:func:`oretrofit.tabpfn.load_patched_regressor` / ``load_patched_classifier`` load it back as
+a ready, retrofitted tabpfn estimator whose ``model_path`` is the artifact.
 
 A second entry, ``oretrofit_patch_sha256``, is the checksum
 
@@ -13,7 +15,9 @@ A second entry, ``oretrofit_patch_sha256``, is the checksum
 
 so an artifact whose spec (source SHA-256, site list, τ, …) or weights were changed after it was
 written is refused on load. Loading also re-applies the spec and checks the result against it
-(host, host package versions, site list: :func:`oretrofit.apply_spec`).
+(host, site list, each site's modules: :func:`oretrofit.apply_spec`; the package versions it
+records are provenance, so an artifact written under one admitted tabpfn release loads under
+another).
 """
 
 from __future__ import annotations
@@ -28,12 +32,11 @@ import torch
 
 from ..._files.reading import FileRefused, parse_json
 from ..._files.provenance import weights_digest
-from ..._surgery.registry import SPEC_VERSION, Retrofit, RetrofitError
+from ..._surgery.registry import SPEC_VERSION, RetrofitError, check_schema_version
 from .checkpoints import check_checkpoint_name, checkpoint_sha256, load_checkpoint, save_atomic
-from .estimators import regressor_from_checkpoint, spec_patch
 
 __all__ = ["ARTIFACT_KEY", "DIGEST_KEY", "write_patched_artifact", "read_patch_spec",
-           "load_patched_regressor", "weights_digest"]
+           "weights_digest"]
 
 ARTIFACT_KEY = "oretrofit_patch"
 DIGEST_KEY = "oretrofit_patch_sha256"
@@ -89,21 +92,5 @@ def read_patch_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise RetrofitError(str(exc)) from None
     if not isinstance(spec, dict):
         raise RetrofitError(f"the patch spec inside {path} is not a JSON object; {_RECREATE}")
-    if spec.get("schema_version") != SPEC_VERSION:
-        raise RetrofitError(f"the patch spec inside {path} has schema_version "
-                            f"{spec.get('schema_version')!r}; this oretrofit reads {SPEC_VERSION}")
+    check_schema_version(spec, f"the patch spec inside {path}")
     return spec
-
-
-def load_patched_regressor(path: str | os.PathLike[str], **regressor_kwargs: Any
-                           ) -> tuple[Any, Retrofit | None]:
-    """``(regressor, retrofit)`` ready to fit/predict from a patched artifact.
-
-    ``regressor_kwargs`` go to :func:`regressor_from_checkpoint` (device, seed, n_estimators,
-    fit_mode, inference_precision, other TabPFNRegressor options).
-    """
-    spec = read_patch_spec(path)
-    try:
-        return regressor_from_checkpoint(path, spec_patch(spec), **regressor_kwargs)
-    except RetrofitError as exc:
-        raise RetrofitError(f"{path}: {exc}") from None

@@ -55,7 +55,9 @@ from torch import Tensor, nn
 
 from ..._surgery.host import RetrofitError
 from ..._surgery.registry import Retrofit
-from . import forward_plan
+from . import forward_plan, reload
+from .checkpoints import build_model, load_checkpoint
+from .estimators import in_memory_specs, vendor_class
 from .padding import (BlockInput, CellAndRowTokens, Layout, RecordedCall, boundaries_of,
                       shadow)
 from .rendezvous import Aborted, Rendezvous
@@ -158,17 +160,26 @@ def _dataset(index: int, what: str) -> Iterator[None]:
 
 
 def _estimator_model(estimator: Any) -> nn.Module:
-    model = getattr(getattr(estimator, "model_path", None), "model", None)
+    model_path = getattr(estimator, "model_path", None)
+    if isinstance(model_path, (str, os.PathLike)):      # a plain checkpoint: its sites refused
+        fitted = getattr(estimator, "models_", None)
+        return fitted[0] if fitted else (reload.patched_model(model_path, claim=True)
+                                         or build_model(load_checkpoint(model_path))[0])
+    model = getattr(model_path, "model", None)
     if not isinstance(model, nn.Module):
         raise RetrofitError("predict_batched takes an estimator from oretrofit.tabpfn."
-                            "make_regressor/make_classifier (its model_path the retrofitted "
-                            f"model); got {type(estimator).__name__} with model_path "
-                            f"{type(getattr(estimator, 'model_path', None)).__name__}")
+                            "make_regressor/make_classifier (its model_path a patched "
+                            f"artifact); got {type(estimator).__name__} with model_path "
+                            f"{model_path!r:.200}")
     return model
 
 
-def _with_model(specs: Any, model: nn.Module) -> Any:
-    """tabpfn's in-memory model spec ``specs`` running ``model`` instead."""
+def _with_model(estimator: Any, model: nn.Module) -> Any:
+    """tabpfn's in-memory model spec of ``estimator``'s model_path running ``model`` instead."""
+    specs = estimator.model_path
+    if isinstance(specs, (str, os.PathLike)):
+        task = "classifier" if isinstance(estimator, vendor_class("classifier")) else "regressor"
+        return in_memory_specs(specs, model, task)
     if dataclasses.is_dataclass(specs):
         return dataclasses.replace(specs, model=model)
     if hasattr(specs, "_replace"):                                  # a NamedTuple
@@ -185,7 +196,7 @@ def _fit_and_predict(estimator: Any, model: nn.Module, method: str, index: int, 
     of ``model``) answers its forwards with ``forward``."""
     proxy = shadow(model, forward=functools.wraps(model.forward)(forward))  # tabpfn reads
     worker = copy.copy(estimator)                                          # its signature
-    worker.model_path = _with_model(estimator.model_path, proxy)
+    worker.model_path = _with_model(estimator, proxy)
     worker.fit_mode = "fit_preprocessors"          # the forward runs at predict, no KV cache
     with _dataset(index, "fit"):
         worker.fit(x_train, y_train)

@@ -5,8 +5,8 @@ A checkpoint is tabpfn's own format: a ``.ckpt`` (``torch.save``) or ``.safetens
 holding ``state_dict``, ``config``, ``architecture_name`` and ``inference_config``; tabpfn reads
 the model version from the file name (``v2.5``, ``v2.6``, ``v3``, ``v3.5``; see
 :func:`oretrofit.hosts.tabpfn.versions.version_from_name`). Up to v2.6 a regressor's bucket
-borders are criterion state (``criterion.borders``), from v3 the model's
-``regression_borders``. Files written here also carry
+borders are criterion state (``criterion.borders`` and ``criterion.losses_per_bucket``, as
+tabpfn loads them), from v3 the model's ``regression_borders``. Files written here also carry
 an ``oretrofit`` entry ``{"weights": "random" | ..., "size", "seed"}`` that tabpfn ignores.
 
 Loading reads regular files only (:func:`oretrofit._files.reading.regular_file`: a FIFO or device is
@@ -20,9 +20,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import logging
 import os
 import pickle
-import sys
 import tempfile
 from dataclasses import asdict, fields
 from importlib.metadata import version
@@ -44,6 +44,9 @@ __all__ = ["SIZES", "write_random_checkpoint", "resolve_model_path", "checkpoint
            "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic", "check_checkpoint_name",
            "default_inference_config", "checkpoint_task", "DEMO_CHECKPOINT", "DEFAULT_CHECKPOINT_NAME",
            "DEFAULT_CHECKPOINT_NAMES", "RANDOM_CLASSIFIER_CLASSES", "V2_SIZES"]
+
+# progress and notices, not results: shown by the CLI (oretrofit.cli.output.show_progress)
+_log = logging.getLogger(__name__)
 
 # "default" is the vendor's v3 architecture (58.3M parameters with 5000 buckets); "small" a
 # ~1.6M-parameter version of it for tests, the random host and the demo.
@@ -119,7 +122,8 @@ def random_model(version: str = "v3", size: str = "small", seed: int = 0,
                  task: str = "regressor") -> tuple[torch.nn.Module, Any]:
     """A random-init model of TabPFN ``version`` (a supported row of
     :data:`~oretrofit.hosts.tabpfn.versions.VERSIONS`), built from that version's own
-    ``parse_config`` (v2.5/v2.6 at :data:`V2_SIZES`), and its config. A classifier (and every
+    ``parse_config`` (v2.5/v2.6 at :data:`V2_SIZES`; v3 also at size ``"demo"``, the shipped
+    demo regressor's architecture), and its config. A classifier (and every
     v3.5 model, which serves both tasks) reads out :data:`RANDOM_CLASSIFIER_CLASSES` classes.
 
     The zero-initialised weights (out-projections, MLP outputs, query modulation) are redrawn
@@ -130,16 +134,18 @@ def random_model(version: str = "v3", size: str = "small", seed: int = 0,
     row = next((v for v in VERSIONS if v.label == version and v.sites), None)
     if row is None:
         raise RetrofitError(f"no random TabPFN {version!r} host: supported are {supported()}")
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    sizes = V2_SIZES if row.sites == "v2_5" else {**SIZES, "demo": {}}
+    if size not in sizes:
+        raise ValueError(f"size must be one of {', '.join(sizes)}, got {size!r}")
+    fields = _demo_architecture() if size == "demo" else sizes[size]
     if task not in DEFAULT_CHECKPOINT_NAMES:
         raise ValueError(f"task must be regressor or classifier, got {task!r}")
     arch = architecture(row)
     classes = ({"max_num_classes": RANDOM_CLASSIFIER_CLASSES}
                if task == "classifier" or version == "v3.5" else
-               {"max_num_classes": 0} if version == "v2" else {})    # v2's default is -1
-    sizes = V2_SIZES if row.sites == "v2_5" else SIZES
-    config, _ = arch.parse_config({**sizes[size], **classes})
+               {"max_num_classes": 0} if row.sites == "v2_5" else {})   # a v2.x regressor's
+    # (the configs' default -1 is no task: tabpfn 8.0.1 refuses to load it from a file)
+    config, _ = arch.parse_config({**fields, **classes})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = arch.get_architecture(config)
@@ -160,7 +166,8 @@ def write_random_checkpoint(path: str | os.PathLike[str], size: str = "small", s
     model, config = random_model(version, size, seed, task)
     state = model.state_dict()
     if getattr(model, "regression_borders", None) is None and task == "regressor":
-        state["criterion.borders"] = _regression_borders(config.num_buckets)
+        criterion = releases.bar_distribution()(_regression_borders(config.num_buckets))
+        state.update({f"criterion.{k}": v for k, v in criterion.state_dict().items()})
     checkpoint = {
         "state_dict": state,
         "config": asdict(config),
@@ -199,15 +206,43 @@ def check_checkpoint_name(path: Path, version: str | None = None) -> str:
     return row.label
 
 
-def _random_host(task: str) -> Path:
-    """The cached small random host, one file per task and tabpfn release (each release writes
-    its own inference config)."""
+def _demo_architecture() -> dict[str, Any]:
+    """The demo regressor's architecture config, read from the shipped checkpoint (its
+    architecture only: a tabpfn too old for its inference config builds the architecture)."""
+    if not DEMO_CHECKPOINT.exists():
+        raise RetrofitError(f"size 'demo' is the architecture of the demo checkpoint "
+                            f"{DEMO_CHECKPOINT}, which is not installed; reinstall oretrofit")
+    return dict(torch.load(DEMO_CHECKPOINT, map_location="cpu", weights_only=True,
+                           mmap=True)["config"])
+
+
+def _random_host(task: str, size: str = "small") -> Path:
+    """The cached random host of ``size``, one file per task and tabpfn release (each release
+    writes its own inference config)."""
     kind = "" if task == "regressor" else f"{task}-"
     path = (cache_dir()
-            / f"tabpfn-v3-random-{kind}small-seed0-tabpfn{releases.installed_version()}.ckpt")
+            / f"tabpfn-v3-random-{kind}{size}-seed0-tabpfn{releases.installed_version()}.ckpt")
     if not path.exists():
-        write_random_checkpoint(path, "small", seed=0, task=task)
+        write_random_checkpoint(path, size, seed=0, task=task)
     return path
+
+
+def _demo_host(task: str) -> Path:
+    """The ``demo`` host of ``task``. The regressor is the trained checkpoint shipped in
+    ``oretrofit/data`` (its card, ``tabpfn-v3-demo.md``, says how it was trained). No
+    classifier has been trained: the ``demo`` classifier has RANDOM weights (seed 0) in the
+    demo regressor's architecture with a 10-class read-out, so that classifier code runs end to
+    end offline; its weights label says so (``random weights (size demo, seed 0)``) and a
+    warning is logged. Without the shipped checkpoint: the small random host."""
+    if not DEMO_CHECKPOINT.exists():
+        _log.warning(f"oretrofit: the trained demo checkpoint {DEMO_CHECKPOINT} is not "
+                     "installed; using the small RANDOM-WEIGHTS v3 host instead")
+        return _random_host(task)
+    if task == "regressor":
+        return DEMO_CHECKPOINT
+    _log.warning("oretrofit: the demo classifier has RANDOM weights (the demo regressor's "
+                 "architecture, untrained)")
+    return _random_host(task, "demo")
 
 
 def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "regressor"
@@ -216,8 +251,9 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "r
 
     * ``"random"``: a deterministic small random-init host of ``task`` (random weights), cached
       under :func:`cache_dir`.
-    * ``"demo"``: the trained demo checkpoint shipped in ``oretrofit/data`` when present,
-      otherwise the random host (with a warning on stderr).
+    * ``"demo"``: the trained demo regressor shipped in ``oretrofit/data`` when present,
+      otherwise the random host; the demo classifier has random weights (:func:`_demo_host`;
+      both with a warning logged).
     * ``None``: tabpfn's download cache (``tabpfn.model_loading.get_cache_dir()``).
     * a path: must exist, be named ``*v3*.ckpt``/``*.safetensors`` and load weights-only; a
       bare file name not found in the working directory is looked up in tabpfn's cache.
@@ -236,12 +272,7 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "r
     elif str(model_path) == "random":
         return _random_host(task)
     elif str(model_path) == "demo":
-        if DEMO_CHECKPOINT.exists():
-            path = DEMO_CHECKPOINT
-        else:
-            print(f"oretrofit: the trained demo checkpoint {DEMO_CHECKPOINT} is not installed; "
-                  "using the small RANDOM-WEIGHTS v3 host instead", file=sys.stderr)
-            return _random_host(task)
+        path = _demo_host(task)
     else:
         path = Path(model_path).expanduser()
         if path.parent == Path() and not path.exists():       # a bare name: tabpfn's cache, as
@@ -298,14 +329,16 @@ def _load_cached(resolved: str, _identity: tuple[int, int]) -> dict[str, Any]:
 def _parse_config(checkpoint: dict[str, Any], where: str) -> tuple[Any, Any]:
     """``(architecture module, parsed config)`` of a checkpoint; a key of its architecture
     config that the version does not know is refused by name (tabpfn would drop it with a
-    log line, and a model other than the one meant would run)."""
-    from .versions import architecture, version_of_checkpoint
+    log line, and a model other than the one meant would run), except a chunking key at its
+    default (:func:`.versions.droppable_keys`: another release's memory setting)."""
+    from .versions import architecture, droppable_keys, version_of_checkpoint
     row = version_of_checkpoint(checkpoint["architecture_name"])
     arch = architecture(row)
     if not isinstance(checkpoint["config"], dict):
         raise RetrofitError(f"{where}: the architecture config is not a dict; re-download or "
                             "re-create the checkpoint")
     config, unused = arch.parse_config(dict(checkpoint["config"]))
+    unused = sorted(set(unused) - droppable_keys(unused))
     if unused:
         raise RetrofitError(f"{where}: the architecture config has keys TabPFN {row.label} "
                             f"(tabpfn {version('tabpfn')}) does not know: "
@@ -389,15 +422,19 @@ def build_model(checkpoint: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
 
     Always a new instance: never the model object tabpfn may share through its caches.
     """
-    from tabpfn.inference_config import InferenceConfig
-
     arch, config = _parse_config(checkpoint, "the checkpoint")
     with _no_parameter_init():
         model = arch.get_architecture(config)
     state = {k: v for k, v in checkpoint["state_dict"].items() if "criterion." not in k}
     model.load_state_dict(state, strict=True)
     model.eval()
-    return releases.ensure_config(model, config), config, InferenceConfig(**checkpoint["inference_config"])
+    return releases.ensure_config(model, config), config, inference_config(checkpoint)
+
+
+def inference_config(checkpoint: dict[str, Any]) -> Any:
+    """The checkpoint's inference config as tabpfn's ``InferenceConfig``."""
+    from tabpfn.inference_config import InferenceConfig
+    return InferenceConfig(**checkpoint["inference_config"])
 
 
 def weights_label(checkpoint: dict[str, Any]) -> str:

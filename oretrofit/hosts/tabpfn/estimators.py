@@ -1,70 +1,141 @@
-"""A ``TabPFNRegressor`` / ``TabPFNClassifier`` whose fit/predict run a separate, retrofitted
-TabPFN v3 instance.
+"""tabpfn's own ``TabPFNRegressor`` / ``TabPFNClassifier``, running a retrofitted model.
 
-``TabPFNRegressor.fit`` rebuilds its model from ``model_path``, so a model patched before fit
-would be silently lost. The patched instance is therefore handed in through tabpfn's in-memory
-model spec (:func:`oretrofit.hosts.tabpfn.releases.model_specs`) as ``model_path``; it is
-built fresh from the checkpoint, so no model shared through tabpfn's caches
-(``TABPFN_MODEL_CACHE_SIZE``) is ever patched.
+The estimator is the vendor's class with the vendor's arguments, names and defaults; only its
+``model_path`` differs: it names a *patched artifact*, the checkpoint with its patch spec
+inside (:mod:`oretrofit.hosts.tabpfn.artifact`), written once per (checkpoint, spec) to
+oretrofit's cache folder. tabpfn rebuilds its model from ``model_path`` at every ``fit`` and in
+``load_from_fit_state``; :mod:`oretrofit.hosts.tabpfn.reload` makes that load return the
+retrofitted model (at the next ``fit``, the one whose :class:`~oretrofit.Retrofit` was
+returned; at any later load, the spec re-applied to fresh weights). So ``clone``, pickle and ``save_fit_state`` work as for any
+tabpfn estimator, and no reload runs an unpatched model. The model is built fresh from the
+checkpoint: no model shared through tabpfn's caches is ever patched.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 import os
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import torch
 from torch import nn
 
+from ..._files.provenance import cache_dir
 from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
 from ..._surgery.registry import ARMS, Retrofit, RetrofitError, apply_spec, read_spec, retrofit
-from . import releases
-from .checkpoints import (build_model, checkpoint_sha256, checkpoint_task, load_checkpoint,
-                          resolve_model_path)
+from . import releases, reload
+from .artifact import ARTIFACT_KEY, read_patch_spec, write_patched_artifact
+from .checkpoints import (build_model, checkpoint_sha256, checkpoint_task, inference_config,
+                          load_checkpoint, resolve_model_path, weights_label)
 
-__all__ = ["make_regressor", "make_classifier", "regressor_from_checkpoint",
-           "estimator_from_checkpoint", "spec_patch", "check_spec_checkpoint"]
+__all__ = ["make_regressor", "make_classifier", "estimator_from_checkpoint", "vendor_class",
+           "vendor_defaults", "in_memory_specs", "spec_patch", "check_spec_checkpoint",
+           "retrofit_estimator", "load_patched_regressor", "load_patched_classifier"]
 
 EPS = EPS_RETROFIT              # OAttention ε of make_regressor / make_classifier by default
+_OURS = ("arm", "tau", "eps", "site_tau", "spec")
+
+
+def vendor_class(task: releases.Task) -> type:
+    """tabpfn's estimator class of ``task``."""
+    from tabpfn import TabPFNClassifier, TabPFNRegressor
+    return TabPFNClassifier if task == "classifier" else TabPFNRegressor
+
+
+def _vendor_parameters(task: releases.Task) -> dict[str, inspect.Parameter]:
+    parameters = inspect.signature(vendor_class(task).__init__).parameters
+    return {name: p for name, p in parameters.items() if name not in ("self", "model_path")}
+
+
+def vendor_defaults(task: releases.Task) -> dict[str, Any]:
+    """The installed tabpfn estimator's arguments and their defaults (but ``model_path``): what
+    ``make_regressor`` / ``make_classifier`` build it with unless told otherwise."""
+    return {name: p.default for name, p in _vendor_parameters(task).items()}
+
+
+def check_vendor_kwargs(task: releases.Task, kwargs: Mapping[str, Any]) -> None:
+    """Refuse, by name, an argument the installed tabpfn estimator does not take and an
+    ``"auto"`` where this release takes none (tabpfn 8.0.1's ``n_estimators``)."""
+    name, parameters = vendor_class(task).__name__, _vendor_parameters(task)
+    where = f"tabpfn {releases.installed_version()}'s {name}"
+    if "seed" in kwargs:
+        raise RetrofitError(f"seed= is not an argument of {where}: pass random_state= "
+                            "(tabpfn's name for it)")
+    unknown = sorted(set(kwargs) - set(parameters))
+    if unknown:
+        raise RetrofitError(f"{where} takes no {', '.join(unknown)}; its arguments are "
+                            f"{', '.join(parameters)} (oretrofit's own: {', '.join(_OURS)})")
+    for key, value in kwargs.items():
+        parameter = parameters[key]
+        if isinstance(value, str) and value == "auto" and parameter.default != "auto" \
+                and "auto" not in str(parameter.annotation):
+            raise RetrofitError(f"{where} takes no {key}='auto' (a later tabpfn does); pass a "
+                                f"value, or leave {key} out for its default "
+                                f"{parameter.default!r}")
+
+
+def in_memory_specs(path: str | os.PathLike[str], model: nn.Module, task: releases.Task
+                    ) -> Any:
+    """tabpfn's in-memory model spec running ``model`` with the configs and bucket borders of
+    the checkpoint at ``path`` (an estimator whose model is observed while it runs). The
+    borders are the file's, as tabpfn reads them when it loads the file itself (not the
+    model's buffer, which a forced precision may have cast)."""
+    checkpoint = load_checkpoint(path)
+    state = checkpoint["state_dict"]
+    return releases.model_specs(model, model.config, inference_config(checkpoint), task,
+                                state.get("criterion.borders", state.get("regression_borders")))
+
+
+def _patched_artifact(path: Path, checkpoint: Mapping[str, Any], result: Retrofit) -> Path:
+    """The patched artifact of ``path`` under ``result``'s spec, written once to
+    ``cache_dir()/tabpfn-patched/<digest>/`` under the checkpoint's own name (tabpfn reads the
+    model version from it), ``digest = sha256(checkpoint SHA-256 ‖ 0x00 ‖ spec JSON)``."""
+    sha = checkpoint_sha256(path)
+    spec = {**result.spec(), "source_checkpoint_sha256": sha,
+            "weights": weights_label(dict(checkpoint))}
+    digest = hashlib.sha256(f"{sha}\0{json.dumps(spec, sort_keys=True)}".encode()).hexdigest()
+    out = cache_dir() / "tabpfn-patched" / digest[:32] / path.name
+    return out if out.exists() else write_patched_artifact(out, path, spec)
 
 
 def estimator_from_checkpoint(path: str | os.PathLike[str],
                               patch: Callable[[nn.Module], Retrofit | None], *,
-                              task: releases.Task = "regressor", device: str = "cpu",
-                              seed: int = 0, n_estimators: int = 1,
-                              fit_mode: str = "fit_preprocessors",
-                              inference_precision: torch.dtype | str = torch.float32,
-                              **tabpfn_kwargs: Any) -> tuple[Any, Retrofit | None]:
-    """Build a fresh model from a validated ``task`` checkpoint, ``patch`` it, wrap it in
-    tabpfn's estimator of that task (``TabPFNRegressor`` or ``TabPFNClassifier``)."""
-    from tabpfn import TabPFNClassifier, TabPFNRegressor
+                              task: releases.Task = "regressor", reuse_artifact: bool = False,
+                              **vendor_kwargs: Any) -> tuple[Any, Retrofit | None]:
+    """tabpfn's estimator of ``task`` over a validated checkpoint, its model ``patch``-ed.
+
+    ``model_path`` is the checkpoint when ``patch`` patches nothing (it returns None), the
+    checkpoint itself when ``reuse_artifact`` (a patched artifact whose spec ``patch``
+    applies), else its patched artifact (:func:`_patched_artifact`). ``vendor_kwargs`` go to
+    the estimator unchanged (:func:`check_vendor_kwargs`).
+    """
+    check_vendor_kwargs(task, vendor_kwargs)
+    path = Path(path)
     checkpoint = load_checkpoint(path)
     if checkpoint_task(checkpoint, task) != task:
         maker = "make_classifier" if task == "regressor" else "make_regressor"
         raise RetrofitError(f"{path} is a TabPFN v3 {checkpoint_task(checkpoint)} checkpoint, "
                             f"not a {task}; use {maker} for it, or pass a {task} checkpoint "
                             f"(--model-path random gives a random {task})")
-    estimator = TabPFNClassifier if task == "classifier" else TabPFNRegressor
-    model, config, inference_config = build_model(checkpoint)
-    result = patch(model)
-    if result is not None and fit_mode == "fit_with_cache":
-        try:
-            tabpfn_kwargs = releases.cache_options(estimator, tabpfn_kwargs)
-        except RetrofitError:
-            result.revert()
-            raise
-    specs = releases.model_specs(model, config, inference_config, task,
-                                 checkpoint["state_dict"].get("criterion.borders"))
-    return estimator(model_path=specs, device=device, n_estimators=n_estimators,
-                     fit_mode=fit_mode, inference_precision=inference_precision,
-                     random_state=seed, **tabpfn_kwargs), result
-
-
-def regressor_from_checkpoint(path: str | os.PathLike[str],
-                              patch: Callable[[nn.Module], Retrofit | None], **kwargs: Any
-                              ) -> tuple[Any, Retrofit | None]:
-    """:func:`estimator_from_checkpoint` for a regressor checkpoint."""
-    return estimator_from_checkpoint(path, patch, task="regressor", **kwargs)
+    estimator = vendor_class(task)
+    result = patch(build_model(checkpoint)[0])
+    if result is None:
+        if ARTIFACT_KEY in checkpoint and not reuse_artifact:
+            raise RetrofitError(f"{path} is a patched artifact: tabpfn would load it patched; "
+                                "pass its source checkpoint for arm 'base', or load it with "
+                                "load_patched_regressor / load_patched_classifier")
+        return estimator(model_path=str(path), **vendor_kwargs), None
+    try:
+        if vendor_kwargs.get("fit_mode") == "fit_with_cache":
+            vendor_kwargs = releases.cache_options(estimator, vendor_kwargs)
+        artifact = path if reuse_artifact else _patched_artifact(path, checkpoint, result)
+    except RetrofitError:
+        result.revert()
+        raise
+    reload.hand_over(artifact, result.model)
+    return estimator(model_path=str(artifact), **vendor_kwargs), result
 
 
 def check_spec_checkpoint(spec: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
@@ -102,25 +173,17 @@ def _spec_arm(spec: Mapping[str, Any], arm: str | None, tau: float | None, eps: 
     return str(spec["arm"])
 
 
-def _make(task: releases.Task, model_path: str | os.PathLike[str] | None, arm: str | None,
-          tau: float | None, eps: float | None, site_tau: Mapping[str, float] | None,
-          spec: Mapping[str, Any] | str | os.PathLike[str] | None, **kwargs: Any
-          ) -> tuple[Any, Retrofit | None]:
-    if spec is not None:
-        spec = read_spec(spec)
-        arm = _spec_arm(spec, arm, tau, eps, site_tau)
-    arm = "base" if arm is None else arm
+def arm_patch(arm: str, tau: float | None, eps: float | None,
+              site_tau: Mapping[str, float] | None = None
+              ) -> Callable[[nn.Module], Retrofit | None]:
+    """The patch step of ``arm`` (None for ``base``, which takes no τ, ε or site τ)."""
     if arm not in ARMS:
         raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
     given = [name for name, value in (("tau", tau), ("eps", eps), ("site_tau", site_tau))
              if value is not None]
-    if arm == "base" and spec is None and given:
+    if arm == "base" and given:
         raise RetrofitError(f"arm 'base' patches no site, so {', '.join(given)} would be "
                             "ignored; drop them, or choose arm 'oa' or 'full-o'")
-    path = resolve_model_path(model_path, task)
-    if spec is not None:
-        check_spec_checkpoint(spec, path)
-        return estimator_from_checkpoint(path, spec_patch(spec), task=task, **kwargs)
 
     def patch(model: nn.Module) -> Retrofit | None:
         if arm == "base":
@@ -128,63 +191,112 @@ def _make(task: releases.Task, model_path: str | os.PathLike[str] | None, arm: s
         return retrofit(model, arm, TAU_RETROFIT if tau is None else tau,
                         EPS if eps is None else eps, site_tau=site_tau)
 
-    return estimator_from_checkpoint(path, patch, task=task, **kwargs)
+    return patch
+
+
+def _make(task: releases.Task, model_path: str | os.PathLike[str] | None, arm: str | None,
+          tau: float | None, eps: float | None, site_tau: Mapping[str, float] | None,
+          spec: Mapping[str, Any] | str | os.PathLike[str] | None, vendor_kwargs: dict[str, Any]
+          ) -> tuple[Any, Retrofit | None]:
+    check_vendor_kwargs(task, vendor_kwargs)
+    path = resolve_model_path(model_path, task)
+    if spec is None:
+        patch = arm_patch("full-o" if arm is None else arm, tau, eps, site_tau)
+    else:
+        spec = read_spec(spec)
+        _spec_arm(spec, arm, tau, eps, site_tau)
+        check_spec_checkpoint(spec, path)
+        patch = spec_patch(spec)
+    return estimator_from_checkpoint(path, patch, task=task, **vendor_kwargs)
 
 
 def make_regressor(model_path: str | os.PathLike[str] | None, arm: str | None = None,
                    tau: float | None = None, *, eps: float | None = None,
                    site_tau: Mapping[str, float] | None = None,
                    spec: Mapping[str, Any] | str | os.PathLike[str] | None = None,
-                   device: str = "cpu", seed: int = 0, n_estimators: int = 1,
-                   fit_mode: str = "fit_preprocessors",
-                   inference_precision: torch.dtype | str = torch.float32,
-                   **tabpfn_kwargs: Any) -> tuple[Any, Retrofit | None]:
-    """An unfitted ``TabPFNRegressor`` running the TabPFN v3 host retrofitted with ``arm``.
+                   **vendor_kwargs: Any) -> tuple[Any, Retrofit | None]:
+    """An unfitted ``tabpfn.TabPFNRegressor`` running the checkpoint retrofitted with ``arm``.
 
     Args:
         model_path: see :func:`resolve_model_path` (``"random"``, ``"demo"``, None or a path).
-        arm: ``base`` (unpatched; the Retrofit returned is None; the default without ``spec``),
-            ``oa`` or ``full-o``.
+        arm: ``full-o`` (the default without ``spec``), ``oa``, or ``base`` (unpatched; the
+            Retrofit returned is None).
         tau, eps, site_tau: presence scale (default ``TAU_RETROFIT`` = 1e-8), OAttention ε
             (default 0, the limit ε → 0⁺) and per-site τ (see :func:`oretrofit.retrofit`).
         spec: a patch spec (dict, or the path of its JSON: ``Retrofit.save_spec``,
             ``oretrofit calibrate --out``) applied with :func:`oretrofit.apply_spec` instead of
-            arm/tau/eps/site_tau: it sets every site's τ (a calibrated spec: one per site). With
-            ``spec``, leave tau, eps and site_tau out and arm out or equal to the spec's arm;
-            anything else is a :class:`RetrofitError`. A spec made for another host, whose
-            sites do not fit this checkpoint, or that names another checkpoint (patched from or
-            calibrated on) is refused the same way.
-        seed: the regressor's ``random_state``.
-        fit_mode: under ``oa``/``full-o``, ``fit_with_cache`` keeps the train rows' presences
-            in tabpfn's KV cache, which must not be quantized (``kv_cache_precision="auto"`` is
-            set where tabpfn has it; releases that always quantize are refused).
-        inference_precision: pinned (fp32 by default) so arms compare like for like.
+            arm/tau/eps/site_tau; leave those out (arm may repeat the spec's). A spec made for
+            another host, or naming another checkpoint, is refused.
+        vendor_kwargs: ``TabPFNRegressor``'s own arguments, by its names (``random_state``,
+            ``n_estimators``, ``device``, ``inference_precision``, ``fit_mode``, …), passed
+            unchanged: what is left out keeps tabpfn's default (:func:`vendor_defaults`). One it
+            does not take is refused by name (``seed``: pass ``random_state``). Under
+            ``fit_mode="fit_with_cache"`` the KV cache carries the train rows' presences and
+            must not be quantized: ``kv_cache_precision="auto"`` is set where tabpfn has it
+            (a quantized one, or a release that always quantizes, is refused).
     Returns:
-        ``(regressor, retrofit)``; ``retrofit.model`` is the instance fit/predict use.
+        ``(regressor, retrofit)``; ``retrofit.model`` is the instance the estimator's first use
+        runs (its next ``fit`` and the predictions after it, or ``predict_batched``); a later
+        load re-applies the spec to fresh weights.
     """
-    return _make("regressor", model_path, arm, tau, eps, site_tau, spec, device=device,
-                 seed=seed, n_estimators=n_estimators, fit_mode=fit_mode,
-                 inference_precision=inference_precision, **tabpfn_kwargs)
+    return _make("regressor", model_path, arm, tau, eps, site_tau, spec, vendor_kwargs)
 
 
 def make_classifier(model_path: str | os.PathLike[str] | None, arm: str | None = None,
                     tau: float | None = None, *, eps: float | None = None,
                     site_tau: Mapping[str, float] | None = None,
                     spec: Mapping[str, Any] | str | os.PathLike[str] | None = None,
-                    device: str = "cpu", seed: int = 0, n_estimators: int = 1,
-                    fit_mode: str = "fit_preprocessors",
-                    inference_precision: torch.dtype | str = torch.float32,
-                    **tabpfn_kwargs: Any) -> tuple[Any, Retrofit | None]:
-    """An unfitted ``TabPFNClassifier`` running a TabPFN v3 classifier checkpoint retrofitted
-    with ``arm`` (the regressor's sites plus the many-class decoder ``dec``), or with ``spec``.
+                    **vendor_kwargs: Any) -> tuple[Any, Retrofit | None]:
+    """An unfitted ``tabpfn.TabPFNClassifier`` running a classifier checkpoint retrofitted with
+    ``arm`` (the regressor's sites plus the many-class decoder ``dec``), or with ``spec``.
 
-    ``model_path``: a classifier checkpoint, ``"random"`` (a small random classifier host) or
+    ``model_path``: a classifier checkpoint, ``"demo"`` (the demo architecture with RANDOM
+    weights: no demo classifier has been trained), ``"random"`` (a small random classifier) or
     None (tabpfn's cached ``tabpfn-v3-classifier-v3_default.ckpt``); the other arguments are
-    those of :func:`make_regressor`.
+    those of :func:`make_regressor`, ``vendor_kwargs`` ``TabPFNClassifier``'s.
     """
-    return _make("classifier", model_path, arm, tau, eps, site_tau, spec, device=device,
-                 seed=seed, n_estimators=n_estimators, fit_mode=fit_mode,
-                 inference_precision=inference_precision, **tabpfn_kwargs)
+    return _make("classifier", model_path, arm, tau, eps, site_tau, spec, vendor_kwargs)
+
+
+def load_patched_regressor(path: str | os.PathLike[str], **vendor_kwargs: Any
+                           ) -> tuple[Any, Retrofit | None]:
+    """``(regressor, retrofit)`` ready to fit/predict from a patched artifact (its
+    ``model_path``); ``vendor_kwargs``: ``TabPFNRegressor``'s own, as for
+    :func:`make_regressor`."""
+    return _load_patched(path, "regressor", vendor_kwargs)
+
+
+def load_patched_classifier(path: str | os.PathLike[str], **vendor_kwargs: Any
+                            ) -> tuple[Any, Retrofit | None]:
+    """``(classifier, retrofit)`` ready to fit/predict from a patched classifier artifact."""
+    return _load_patched(path, "classifier", vendor_kwargs)
+
+
+def _load_patched(path: str | os.PathLike[str], task: releases.Task,
+                  vendor_kwargs: dict[str, Any]) -> tuple[Any, Retrofit | None]:
+    spec = read_patch_spec(path)
+    try:
+        return estimator_from_checkpoint(path, spec_patch(spec), task=task,
+                                         reuse_artifact=True, **vendor_kwargs)
+    except RetrofitError as exc:
+        raise RetrofitError(f"{path}: {exc}") from None
+
+
+def retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float | None
+                       ) -> tuple[Any, Retrofit | None]:
+    """A copy of the unfitted tabpfn ``estimator`` (its arguments unchanged) whose model is its
+    checkpoint retrofitted with ``arm``: what :class:`oretrofit.sklearn.Retrofitted` fits.
+    ``model_path`` ``"auto"`` is tabpfn's cached default v3 checkpoint of the task."""
+    from tabpfn import TabPFNClassifier
+    task: releases.Task = "classifier" if isinstance(estimator, TabPFNClassifier) else "regressor"
+    params = estimator.get_params(deep=False)
+    model_path = params.pop("model_path")
+    if not isinstance(model_path, (str, os.PathLike)):
+        raise RetrofitError(f"{type(estimator).__name__}(model_path=…) must name a checkpoint "
+                            f"file (or 'auto') to be retrofitted, not a "
+                            f"{type(model_path).__name__}")
+    path = resolve_model_path(None if str(model_path) == "auto" else model_path, task)
+    return estimator_from_checkpoint(path, arm_patch(arm, tau, eps), task=task, **params)
 
 
 def spec_patch(spec: Mapping[str, Any]) -> Callable[[nn.Module], Retrofit | None]:

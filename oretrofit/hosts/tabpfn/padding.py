@@ -27,7 +27,6 @@ Two families of boundaries:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -35,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..._surgery.host import RetrofitError
+from ..._surgery.shadow import shadow
 from . import releases
 
 __all__ = ["RecordedCall", "Extent", "Layout", "CellAndRowTokens", "BlockInput", "BOUNDARIES",
@@ -110,22 +110,6 @@ class Layout:
             for rows in self.rows(call):
                 pad[lanes, rows] = False
         return pad
-
-
-def shadow(module: nn.Module, children: dict[str, nn.Module] | None = None,
-           **attributes: Any) -> nn.Module:
-    """A shallow copy of ``module`` for one call: it shares the parameters, buffers and
-    submodules but has its own attribute dict, hook tables and (with ``children``) its own
-    table of submodules, so what is set on it, hooked on it or swapped in leaves ``module``
-    untouched and other threads running ``module`` see nothing of it."""
-    copied = copy.copy(module)
-    for name, value in module.__dict__.items():
-        if name.endswith("hooks") and isinstance(value, dict):
-            copied.__dict__[name] = type(value)(value)
-    if children:
-        copied.__dict__["_modules"] = {**module._modules, **children}
-    copied.__dict__.update(attributes)
-    return copied
 
 
 def _method(model: nn.Module, name: str) -> Callable[..., Any]:

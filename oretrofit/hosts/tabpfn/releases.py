@@ -32,7 +32,6 @@ rows of older releases (2.x to 7.x) show each refused by name.
 from __future__ import annotations
 
 import functools
-import importlib.metadata as _md
 import importlib.util
 import inspect
 from pathlib import Path
@@ -40,11 +39,13 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
+from ..._files.provenance import package_version
 from ..._surgery.host import RetrofitError
 
 __all__ = ["TESTED_RELEASES", "installed_version", "check_release", "require_tested_release",
            "model_specs", "load_model_kwargs", "save_safetensors", "ensure_config",
-           "decoder_keys", "kv_cache_entry", "always_quantizes_cache", "cache_options",
+           "decoder_keys", "kv_cache_entry", "bar_distribution", "always_quantizes_cache",
+           "cache_options",
            "QUANTIZED_CACHE_REFUSAL", "PER_FEATURE_REFUSAL"]
 
 TESTED_RELEASES: tuple[str, ...] = (
@@ -64,10 +65,7 @@ QUANTIZED_CACHE_REFUSAL = (
 @functools.cache
 def installed_version() -> str | None:
     """The installed tabpfn version (read once), or None when tabpfn is not installed."""
-    try:
-        return _md.version("tabpfn")
-    except _md.PackageNotFoundError:
-        return None
+    return package_version("tabpfn")
 
 
 def check_release(version: str | None) -> None:
@@ -119,18 +117,19 @@ def model_specs(model: nn.Module, config: Any, inference_config: Any, task: Task
     """
     if _has_model_specs():
         from tabpfn import ModelSpecs
-        criterion = ({"norm_criterion": _bar_distribution()(borders)}
+        criterion = ({"norm_criterion": bar_distribution()(borders)}
                      if borders is not None and task == "regressor" else {})
         return ModelSpecs(model=model, architecture_config=config,
                           inference_config=inference_config, **criterion)
     from tabpfn import base
     if task == "classifier":
         return base.ClassifierModelSpecs(model, config, inference_config)
-    return base.RegressorModelSpecs(model, config, inference_config, _bar_distribution()(
+    return base.RegressorModelSpecs(model, config, inference_config, bar_distribution()(
         model.regression_borders if borders is None else borders))
 
 
-def _bar_distribution() -> type:
+def bar_distribution() -> type:
+    """tabpfn's ``FullSupportBarDistribution`` (the regression criterion), where it lives."""
     for module in ("tabpfn.architectures.shared.bar_distribution",
                    "tabpfn.architectures.base.bar_distribution"):
         if importlib.util.find_spec(module) is not None:

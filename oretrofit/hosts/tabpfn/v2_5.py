@@ -40,8 +40,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..._surgery.host import Site
-from ..torch_nn import OMLPSite
-from .v3 import norms, patch, receiver_report
+from ..torch_nn import OMLPSite, norm_site, patch, receiver_report
 
 __all__ = ["sites"]
 
@@ -57,13 +56,14 @@ def sites(model: nn.Module) -> list[Site]:
     for k, block in enumerate(model.blocks):
         out += [Site(f"blk.{k}.row", "attention", "cells of one row (feature groups + target)",
                      patch(block.per_sample_attention_between_features, OAlongRowAttention,
-                           "attn")),
+                           "attn"), modules=(block.per_sample_attention_between_features,)),
                 Site(f"blk.{k}.col", "attention", "receivers: every row of a column; sources: "
                      "thinking + train rows (test rows read KV head 0)",
                      patch(block.per_column_attention_between_cells, OAlongColumnAttention,
-                           "attn"), thinking if k == 0 else None),
-                Site(f"blk.{k}.norm", "norm", "post-norm inputs x + attn(x), x + MLP(x)",
-                     norms(block.layernorm_mha1, block.layernorm_mha2, block.layernorm_mlp)),
+                           "attn"), thinking if k == 0 else None,
+                     modules=(block.per_column_attention_between_cells,)),
+                norm_site(f"blk.{k}.norm", "post-norm inputs x + attn(x), x + MLP(x)",
+                          block.layernorm_mha1, block.layernorm_mha2, block.layernorm_mlp),
                 Site(f"blk.{k}.ffn", "ffn", "residual stream entering the MLP",
-                     patch(block.mlp, OMLPSite, "ffn"))]
+                     patch(block.mlp, OMLPSite, "ffn"), modules=(block.mlp,))]
     return out

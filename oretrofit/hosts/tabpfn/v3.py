@@ -33,31 +33,15 @@ classifier's many-class decoder is attention over the train rows, so its sources
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 from torch import nn
 
 from ..._surgery.host import Site
 from ..._surgery.patching import SiteConfig, Undo, UndoAll, set_site
-from ..._operators.presence import presence
-from ..torch_nn import ONormSite, patch_all
+from ..torch_nn import norm_site, patch, receiver_report
 
-__all__ = ["sites", "stage_sites", "decoder_sites", "norms", "patch", "receiver_report"]
-
-
-def patch(module: nn.Module, mixin: type, key: str) -> Callable[[SiteConfig], Undo]:
-    return lambda config: set_site(module, mixin, key, config)
-
-
-def receiver_report(name: str, vectors: nn.Parameter) -> Callable[[float], dict[str, float]]:
-    """Min and mean presence of a set of learned receiver vectors ``(n, E)`` at τ."""
-
-    def report(tau: float) -> dict[str, float]:
-        p = presence(vectors.detach().float(), tau)
-        return {f"{name}.min": float(p.min()), f"{name}.mean": float(p.mean())}
-
-    return report
+__all__ = ["sites", "stage_sites", "decoder_sites"]
 
 
 def sites(model: nn.Module) -> list[Site]:
@@ -71,14 +55,14 @@ def stage_sites(model: nn.Module, model_mixin: type) -> list[Site]:
     """The sites v3 and v3.5 share, ``te.col`` to ``icl.out_norm`` (``model_mixin``: the
     version's O-mixin of the model, for the target encodings)."""
     return [Site("te.col", "inject", "cell token x_embed(x) of a train row and column",
-                 _te_col(model, model_mixin)),
+                 _te_col(model, model_mixin), modules=(model.x_embed,)),
             *_fde_sites(model.feature_distribution_embedder),
             *_column_sites(model.column_aggregator),
             Site("te.icl", "inject", "row token (flattened CLS outputs) of a train row",
-                 patch(model, model_mixin, "te.icl")),
+                 patch(model, model_mixin, "te.icl"), modules=(model.icl_y_encoder,)),
             *_icl_sites(model.icl_blocks),
-            Site("icl.out_norm", "norm", "row token after the last ICL block (output_norm)",
-                 norms(model.output_norm))]
+            norm_site("icl.out_norm", "row token after the last ICL block (output_norm)",
+                      model.output_norm)]
 
 
 def _te_col(model: nn.Module, model_mixin: type) -> Callable[[SiteConfig], Undo]:
@@ -93,18 +77,12 @@ def _te_col(model: nn.Module, model_mixin: type) -> Callable[[SiteConfig], Undo]
     return apply
 
 
-def norms(*modules: nn.Module) -> Callable[[SiteConfig], Undo]:
-    """One ONorm site over several RMSNorm modules (all-or-nothing)."""
-    return lambda config: patch_all(*(functools.partial(set_site, m, ONormSite, "norm", config)
-                                      for m in modules))
-
-
 def _block_sites(prefix: str, block: nn.Module, mixin: type, pre_norms: tuple[nn.Module, ...]
                  ) -> list[Site]:
-    return [Site(f"{prefix}.norm", "norm", "pre-norm inputs of the block's attention and MLP",
-                 norms(*pre_norms)),
+    return [norm_site(f"{prefix}.norm", "pre-norm inputs of the block's attention and MLP",
+                      *pre_norms),
             Site(f"{prefix}.ffn", "ffn", "residual stream before the MLP",
-                 patch(block, mixin, "ffn"))]
+                 patch(block, mixin, "ffn"), modules=(block,))]
 
 
 def _fde_sites(embedder: nn.Module) -> list[Site]:
@@ -119,7 +97,7 @@ def _fde_sites(embedder: nn.Module) -> list[Site]:
         for stage, block, carrier, receivers in stages:
             name = f"fde.{i}.{stage}"
             sites += [Site(name, "attention", carrier, patch(block, OCrossAttentionBlock, "attn"),
-                           receivers),
+                           receivers, modules=(block,)),
                       *_block_sites(name, block, OCrossAttentionBlock,
                                     (block.layernorm_q, block.layernorm_kv, block.layernorm2))]
     return sites
@@ -138,11 +116,11 @@ def _column_sites(aggregator: nn.Module) -> list[Site]:
             prefix, name = f"col.{k}", f"col.{k}.attn"
             carrier = "CLS + column tokens of one row (self-attention, RoPE)"
         sites += [Site(name, "attention", carrier, patch(block, OColumnBlock, "attn"),
-                       cls_receivers if k in (0, last) else None),
+                       cls_receivers if k in (0, last) else None, modules=(block,)),
                   *_block_sites(prefix, block, OColumnBlock,
                                 (block.layernorm, block.layernorm_mlp))]
-    sites.append(Site("col.out_norm", "norm", "CLS outputs of the read-out (out_ln)",
-                      norms(aggregator.out_ln)))
+    sites.append(norm_site("col.out_norm", "CLS outputs of the read-out (out_ln)",
+                           aggregator.out_ln))
     return sites
 
 
@@ -151,7 +129,7 @@ def _icl_sites(blocks: nn.ModuleList) -> list[Site]:
     sites: list[Site] = []
     for k, block in enumerate(blocks):
         sites += [Site(f"icl.{k}.attn", "attention", "receivers: all rows; sources: train rows",
-                       patch(block, OICLBlock, "attn")),
+                       patch(block, OICLBlock, "attn"), modules=(block,)),
                   *_block_sites(f"icl.{k}", block, OICLBlock,
                                 (block.layernorm, block.layernorm_mlp))]
     return sites
@@ -163,5 +141,6 @@ def decoder_sites(decoder: nn.Module | None) -> list[Site]:
         return []
     from .v3_blocks import OManyClassDecoder
     return [Site("dec", "attention", "receivers: test rows (not gated); sources: train rows' "
-                 "bias-free decoder keys W_K e_j", patch(decoder, OManyClassDecoder, "attn"))]
+                 "bias-free decoder keys W_K e_j", patch(decoder, OManyClassDecoder, "attn"),
+                 modules=(decoder,))]
 

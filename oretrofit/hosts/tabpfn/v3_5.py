@@ -40,7 +40,8 @@ from __future__ import annotations
 from torch import nn
 
 from ..._surgery.host import Site
-from .v3 import decoder_sites, norms, patch, stage_sites
+from ..torch_nn import norm_site, patch
+from .v3 import decoder_sites, stage_sites
 
 __all__ = ["sites", "TASK_SITES"]
 
@@ -55,9 +56,9 @@ def sites(model: nn.Module) -> list[Site]:
     heads = model.heads
     head_sites = []
     for short, mlp in (("reg", heads.mlp_regression), ("cls", heads.mlp_classification)):
-        head_sites += [Site(f"head.{short}.norm", "norm", "row embedding entering the pre-head "
-                            "MLP", norms(mlp.norm)),
+        head_sites += [norm_site(f"head.{short}.norm", "row embedding entering the pre-head MLP",
+                                 mlp.norm),
                        Site(f"head.{short}.ffn", "ffn", "row embedding (pre-head MLP residual)",
-                            patch(mlp, OPreHeadMLP, "ffn"))]
+                            patch(mlp, OPreHeadMLP, "ffn"), modules=(mlp,))]
     return [*stage_sites(model, OTabPFNV3p5), *head_sites,
             *decoder_sites(heads.many_class_decoder)]

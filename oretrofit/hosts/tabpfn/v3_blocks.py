@@ -40,6 +40,7 @@ from ..._operators.attention import o_attention
 from ..._operators.components import o_gate
 from ..._surgery.patching import SiteConfig, site_config
 from ..._operators.presence import presence
+from ..._operators.scalable_softmax import log_mass, query_aware_scaled
 from ..._surgery.host import RetrofitError
 from . import releases
 
@@ -78,10 +79,9 @@ def _mass_scaled_queries(scaling: nn.Module, q_BSHD: Tensor, mass_B: Tensor) -> 
 
         q ⊙ base_mlp(log max(S_b, 1)) ⊙ (1 + tanh(query_mlp(q))),   S_b = Σ_j p_bj.
     """
-    log_mass = v3._safe_log_seqlen(mass_B, q_BSHD.device, q_BSHD.dtype)[:, None]   # (B, 1)
-    base = scaling.base_mlp(log_mass).view(-1, 1, scaling.num_heads, scaling.head_dim)
-    modulation = 1 + torch.tanh(scaling.query_mlp(q_BSHD))
-    return q_BSHD * (base * modulation)
+    base = scaling.base_mlp(log_mass(mass_B, q_BSHD.dtype)[:, None])             # (B, H·D)
+    return query_aware_scaled(q_BSHD, base.view(-1, 1, scaling.num_heads, scaling.head_dim),
+                              scaling.query_mlp)
 
 
 def _o_attend(q_BSHD: Tensor, k_BSHD: Tensor, v_BSHD: Tensor, p_q: Tensor, p_k: Tensor,

@@ -26,6 +26,13 @@ of a type the version's row lists (``modules``): the types its sites gate, the t
 (projections, MLP layers, norms inside a gated branch) and the containers; any other module (a
 type a later release adds to the architecture) is refused by its path and class, never left
 ungated.
+
+Some keys of an architecture config set only how a release chunks inference in memory, not what
+the model computes, and releases differ in which they have (:data:`CHUNKING_KEYS`: tabpfn 9.1.0
+replaced ``inference_row_chunk_size`` by ``inference_chunk_cells`` and the batch budgets). Such a
+key at its default value is dropped where the installed release does not know it (the release
+chunks its own way, and the function is the same), so a checkpoint written by one release loads
+on the others; at any other value it is refused like every key a release does not know.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from ..._surgery.host import RetrofitError, Site
 from .releases import PER_FEATURE_REFUSAL, installed_version
 
 __all__ = ["ModelVersion", "VERSIONS", "version_of", "is_vendor_class", "supported",
-           "check_modules", "architecture",
+           "check_modules", "architecture", "CHUNKING_KEYS", "droppable_keys",
            "version_of_checkpoint", "version_from_name", "other_task_sites"]
 
 # torch.nn types that are token-local or containers (never a token boundary)
@@ -52,6 +59,12 @@ _V3_MODULES = frozenset({
     "InducedSelfAttentionBlock", "MLP", "ManyClassDecoder", "RotaryEmbedding",
     "SoftmaxScalingMLP", "TrainableOrthogonalEmbedding", "TransformerBlock",
     "_DtypeMatchingRMSNorm"})
+# Architecture-config keys that set only inference's memory chunking, with their default value
+# (module docstring): ``inference_row_chunk_size`` in tabpfn 8.0.1-9.0.0, the others from 9.1.0.
+CHUNKING_KEYS: dict[str, Any] = {"inference_row_chunk_size": 2048,
+                                 "inference_chunk_cells": 2048 * 768,
+                                 "max_batched_estimator_rows": 32_768,
+                                 "max_batched_estimator_cells": 768 * 1_000_000}
 # where tabpfn's releases define their model classes (tabpfn.model: 2.0's PerFeatureTransformer)
 _VENDOR_PACKAGES = ("tabpfn.architectures.", "tabpfn.model.")
 _V2_5_MODULES = frozenset({"AddThinkingRows", "AlongColumnAttention", "AlongRowAttention",
@@ -163,6 +176,15 @@ def architecture(row: ModelVersion) -> Any:
         raise RetrofitError(f"TabPFN {row.label} ships from tabpfn {row.first_release}; tabpfn "
                             f"{installed_version()} is installed: pip install "
                             f"'tabpfn>={row.first_release}'") from None
+
+
+def droppable_keys(unknown: dict[str, Any]) -> set[str]:
+    """The keys of ``unknown`` (config keys the installed release does not know, with their
+    values) that are :data:`CHUNKING_KEYS` at their default value: dropping them changes only
+    how inference is chunked (module docstring)."""
+    return {key for key, value in unknown.items()
+            if key in CHUNKING_KEYS and not isinstance(value, bool)
+            and value == CHUNKING_KEYS[key]}
 
 
 def sites(model: nn.Module, row: ModelVersion) -> list[Site]:

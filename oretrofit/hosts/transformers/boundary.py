@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import torch
@@ -48,7 +48,9 @@ class Structure:
     uncovered: list[str] = field(default_factory=list)
 
     def add(self, anchor: nn.Module, site: Site) -> None:
-        self.sites.setdefault(id(anchor), []).append(site)
+        """Add ``site`` at ``anchor``, the module it patches (its ``modules`` unless named)."""
+        self.sites.setdefault(id(anchor), []).append(
+            site if site.modules else replace(site, modules=(anchor,)))
 
 
 def norm_site(name: str, norm: nn.Module) -> Site:

@@ -411,10 +411,20 @@ def cache_of(args: tuple, kwargs: dict) -> Any:
 
 def carry_presences_hook(module: Any, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook on a retrofitted transformers model: :func:`carry_presences` on the
-    cache it is called with."""
+    cache it is called with; a cache given as legacy tuples is refused (:data:`LEGACY`)."""
     cache = cache_of(args, kwargs)
+    if isinstance(cache, (tuple, list)):
+        raise RetrofitError(LEGACY.format(model=type(module).__name__))
     if cache is not None:
         carry_presences(cache)
+
+
+LEGACY = ("{model} is called with its KV cache as legacy tuples (what transformers 4.x's "
+          "generate passes a model that takes no Cache object): the model builds a new Cache "
+          "from them at every call, so the presences of the cached keys are not carried from "
+          "one call to the next and the retrofit cannot follow them; call it with "
+          "use_cache=False (generate(..., use_cache=False)), or on a transformers release where "
+          "{model} takes a Cache")
 
 
 def expect_keys(cache: Any, index: int, p: Tensor, state: Any) -> bool:

@@ -2,7 +2,7 @@
 
 transformers hands the attention function projected q/k/v, not the carrier. A forward pre-hook on
 the module that receives the carrier (the residual stream entering the branch) captures its
-presences (:class:`CarrierPresence`); the attention function (:mod:`.attention`) reads them from
+presences (:class:`CarrierPresence`); the attention function (:mod:`.interface_route`) reads them from
 the attention module. Cross-attention takes its sources' presences from the encoder output the
 attention module is given. With a KV cache the presences of cached keys live in the cache, next
 to the keys (:mod:`.cache`), so generation after a prompt with null tokens still excludes them.

@@ -1,40 +1,101 @@
-"""The paper's contracts checked together on one transformers model, each against its limit
-(:data:`LIMITS`): what ``oretrofit check`` prints and :func:`oretrofit.transformers.check` returns.
+"""The paper's contracts and the model's answers, measured on one transformers model at the
+settings the user runs (an arm at τ and ε, by default the library's own defaults, or a patch
+spec), each against its limit (:data:`LIMITS`): what ``oretrofit check`` prints and
+:func:`oretrofit.transformers.check` returns.
 
-    τ→0 agreement     every hidden state patched at τ = ε = 1e-12 vs unpatched, per arm
-                      (relative max difference ≤ 1e-4); revert() bit-identical; state_dict keys
-                      unchanged
-    null insertion    2 zero carriers inserted (old position ids kept) under the arm at τ:
-                      old states' drift ≤ 1e-4, inserted states exactly 0 in every layer
+    agreement         every hidden state patched vs unpatched, per arm (relative max
+                      difference ≤ 1e-4); revert() bit-identical; state_dict keys unchanged
+    null insertion    2 zero carriers inserted (old position ids kept): old states' drift
+                      ≤ 1e-4, inserted states exactly 0 in every layer
     mask-free padding right zero padding with no attention mask vs each sequence alone (≤ 1e-4;
                       models with token ids only)
+    answers           with a tokenizer (:mod:`.answers`): greedy continuations unchanged and
+                      logits within 1e-3, or sentence embeddings' cosine ≥ 0.999999; when they
+                      move, the sites that move them most are named
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from torch import nn
 
+from .answers import (CHAT_PROMPTS, COSINE_LIMIT, LOGIT_LIMIT, NEW_TOKENS, Answers,
+                      compare_answers, reference_answers, site_deviations)
 from .contracts import agreement, example_inputs, null_insertion, padding_delta
 
-__all__ = ["LIMITS", "check", "failed"]
+__all__ = ["LIMITS", "Setting", "library_defaults", "check", "failed"]
 
-LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4}
+LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4, "logits": LOGIT_LIMIT,
+          "cosine": COSINE_LIMIT}
 
 
-@contextlib.contextmanager
-def _patched(model: nn.Module, arm: str, tau: float, spec: Mapping[str, Any] | None
-             ) -> Iterator[Any]:
-    """``model`` under ``spec`` (checked against it by :func:`oretrofit.apply_spec`), or under
-    ``arm`` at ``tau``; reverted on exit."""
-    from ..._surgery.registry import apply_spec, retrofit
-    applied = apply_spec(model, spec) if spec is not None else retrofit(model, arm, tau)
-    try:
-        yield applied
-    finally:
-        applied.revert()
+def library_defaults() -> dict[str, float]:
+    """τ and ε a retrofit takes when given none (:func:`oretrofit.retrofit`'s defaults):
+    ``TAU_RETROFIT`` and ``EPS_RETROFIT`` (0: the limit ε → 0⁺)."""
+    from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
+    return {"tau": TAU_RETROFIT, "eps": EPS_RETROFIT}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the user runs: ``arm`` at ``tau`` and ``eps``, or ``spec`` (a patch spec: its arm
+    and ε, each site at its own τ)."""
+
+    arm: str
+    tau: float
+    eps: float
+    spec: Mapping[str, Any] | None = None
+
+    @contextlib.contextmanager
+    def patched(self, model: nn.Module) -> Iterator[Any]:
+        """``model`` under this setting (a spec checked against it by
+        :func:`oretrofit.apply_spec`); reverted on exit."""
+        from ..._surgery.registry import apply_spec, retrofit
+        applied = (apply_spec(model, self.spec) if self.spec is not None
+                   else retrofit(model, self.arm, self.tau, eps=self.eps))
+        try:
+            yield applied
+        finally:
+            applied.revert()
+
+
+def settings(arm: str | None, tau: float | None, eps: float | None,
+             spec: Mapping[str, Any] | None) -> list[Setting]:
+    """One :class:`Setting` per arm measured: the spec's, ``arm``, or ``oa`` and ``full-o``;
+    τ and ε not given are :func:`library_defaults`."""
+    if spec is not None:
+        if arm is not None or tau is not None or eps is not None:
+            raise ValueError("a spec sets the arm, τ and ε itself; pass either spec or "
+                             "arm / tau / eps")
+        if spec["arm"] == "base":
+            raise ValueError("the spec has arm 'base': it patches nothing, so there is nothing "
+                             "to check; pass a spec of arm oa or full-o")
+        return [Setting(spec["arm"], spec["tau"], spec["eps"], spec)]
+    defaults = library_defaults()
+    tau = defaults["tau"] if tau is None else tau
+    eps = defaults["eps"] if eps is None else eps
+    return [Setting(a, tau, eps) for a in ([arm] if arm is not None else ["oa", "full-o"])]
+
+
+def _require_transformers_model(model: nn.Module) -> None:
+    """Refuse a model that is no transformers model (a plain ``nn.Module`` around one): its
+    inputs are not known, so nothing can be measured on it; name the model inside to pass."""
+    from transformers import PreTrainedModel
+    if isinstance(model, PreTrainedModel):
+        return
+    inside = [name for name, m in model.named_modules() if isinstance(m, PreTrainedModel)]
+    fix = (f"call check(model.{inside[0]}) on the transformers model inside it" if inside
+           else "pass a transformers model (a PreTrainedModel)")
+    raise ValueError(f"check measures a transformers model, whose config names its inputs; "
+                     f"{type(model).__name__} is no PreTrainedModel, so its inputs are "
+                     f"unknown: {fix}")
+
+
+def _sites_named(rows: Sequence[Mapping[str, Any]]) -> str:
+    return ", ".join(f"{r['site']} ({r['deviation']:.3g})" for r in rows) or "none measured"
 
 
 def failed(summary: Mapping[str, Any]) -> list[str]:
@@ -42,53 +103,106 @@ def failed(summary: Mapping[str, Any]) -> list[str]:
     broken = []
     for a in summary["agreement"]:
         if not a["relative_max_diff"] <= LIMITS["agreement"]:
-            broken.append(f"τ→0 agreement ({a['arm']}: relative difference "
+            broken.append(f"agreement ({a['arm']}: relative difference "
                           f"{a['relative_max_diff']:.3g} > {LIMITS['agreement']:g})")
         if not (a["revert_bit_identical"] and a["state_dict_keys_unchanged"]):
             broken.append(f"exact revert ({a['arm']}: revert() not bit-identical or the "
                           "state_dict keys changed)")
     inserted = summary["null_insertion"]
-    if inserted["inserted_max_abs"] != 0:
-        broken.append(f"null insertion (inserted states not exactly 0: max |h| "
-                      f"{inserted['inserted_max_abs']:.3g})")
-    if not inserted["old_max_delta"] <= LIMITS["drift"]:
-        broken.append(f"null insertion (old states drift by {inserted['old_max_delta']:.3g} > "
-                      f"{LIMITS['drift']:g})")
+    if "not_defined" not in inserted:
+        if inserted["inserted_max_abs"] != 0:
+            broken.append(f"null insertion (inserted states not exactly 0: max |h| "
+                          f"{inserted['inserted_max_abs']:.3g})")
+        if not inserted["old_max_delta"] <= LIMITS["drift"]:
+            broken.append(f"null insertion (old states drift by {inserted['old_max_delta']:.3g}"
+                          f" > {LIMITS['drift']:g})")
     padding = summary["padding_max_delta"]
     if padding is not None and not padding <= LIMITS["padding"]:
         broken.append(f"mask-free padding (difference {padding:.3g} > {LIMITS['padding']:g})")
+    answers = summary["answers"]
+    for a in answers["arms"] if answers else ():
+        if not _keeps_answers(a):
+            moved = (f"min cosine {a['min_cosine']:.7f} < {LIMITS['cosine']:g}"
+                     if answers["kind"] == "embed" else
+                     f"{len(a['changed'])} of {answers['prompts']} greedy continuations change, "
+                     f"logits move by up to {a['logits_max_delta']:.3g} (limit "
+                     f"{LIMITS['logits']:g})")
+            broken.append(f"answers ({a['arm']}: {moved}; moved most by "
+                          f"{_sites_named(a['sites'])})")
     return broken
 
 
-def check(model: nn.Module, arms: Sequence[str] = ("oa", "full-o"), tau: float | None = 1e-6,
-          spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Measure every contract on ``model`` (example inputs of 2 × 12 tokens; padding batches the
-    first row with the second's first 7 tokens); ``holds`` is True
-    when all are within :data:`LIMITS`, ``failed`` names those that are not (:func:`failed`).
+def _keeps_answers(measured: Mapping[str, Any]) -> bool:
+    if "min_cosine" in measured:
+        return measured["min_cosine"] >= LIMITS["cosine"]
+    return not measured["changed"] and measured["logits_max_delta"] <= LIMITS["logits"]
 
-    Null insertion and padding run under ``full-o`` at ``tau`` (the last of ``arms`` when it is
-    not among them), or under ``spec`` (a patch spec: each site at its own τ; its arm is then the
-    one agreement is measured for). The model is left as it was given.
+
+def _answers(model: nn.Module, tokenizer: Any, reference: Answers, setting: Setting
+             ) -> dict[str, Any]:
+    """The answers under ``setting`` against ``reference``; when they move, the sites that
+    move them most on the prompt that moved most."""
+    with setting.patched(model):
+        measured = compare_answers(model, tokenizer, reference)
+    forced = reference.forced[measured["worst"]]
+    sites = [] if _keeps_answers(measured) else site_deviations(
+        model, lambda: setting.patched(model), lambda: model(**forced))
+    return {"arm": setting.arm, **measured, "sites": sites}
+
+
+def _null_insertion(model: nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """:func:`.contracts.null_insertion`, or ``{"not_defined": why}`` for an input it is not
+    defined for."""
+    try:
+        return null_insertion(model, inputs)
+    except ValueError as error:
+        return {"not_defined": str(error)}
+
+
+def check(model: nn.Module, tokenizer: Any = None, arm: str | None = None,
+          tau: float | None = None, eps: float | None = None,
+          spec: Mapping[str, Any] | None = None, prompts: Sequence[str] | None = None,
+          new_tokens: int = NEW_TOKENS) -> dict[str, Any]:
+    """Measure every contract on ``model`` at the user's settings (:func:`settings`: ``arm``,
+    default ``oa`` and ``full-o``, at ``tau`` and ``eps``, default the library's, or ``spec``),
+    and with a ``tokenizer`` its answers to ``prompts`` (default :data:`.answers.CHAT_PROMPTS`;
+    ``new_tokens`` greedy tokens each). ``holds`` is True when all are within :data:`LIMITS`;
+    ``failed`` names those that are not (:func:`failed`).
+
+    Contracts run on example inputs of 2 × 12 tokens; padding batches the first row with the
+    second's first 7 tokens; null insertion and padding run under the last setting (``full-o``
+    when both arms are measured). The model is left as it was given. Raises
+    :class:`oretrofit.RetrofitError` for a model the host does not cover (by name) and
+    ValueError for a model that is no transformers model.
     """
-    if spec is not None:
-        if spec["arm"] == "base":
-            raise ValueError("the spec has arm 'base': it patches nothing, so there is nothing "
-                             "to check; pass a spec of arm oa or full-o")
-        arms = [spec["arm"]]
+    if prompts is not None and tokenizer is None:
+        raise ValueError("prompts are tokenised by the model's tokenizer: pass tokenizer= too")
+    measured = settings(arm, tau, eps, spec)
+    _require_transformers_model(model)
+    for setting in measured:            # a model the host refuses, or a spec that does not fit
+        with setting.patched(model) as applied:         # it, is refused before anything runs
+            host = applied.plan.host
     inputs = example_inputs(model, batch=2, tokens=12)
-    insertion_arm = "full-o" if "full-o" in arms else arms[-1]
+    ids_only = "input_ids" in inputs and not any(k.startswith("pixel") for k in inputs)
     sequences = ([inputs["input_ids"][0].tolist(), inputs["input_ids"][1, :7].tolist()]
-                 if "input_ids" in inputs else [])
-    # first, so a spec that does not fit (apply_spec checks host, sites and weights) is refused
-    # before anything is measured
-    with _patched(model, insertion_arm, tau, spec) as applied:
-        inserted = null_insertion(model, inputs)
+                 if ids_only else [])
+    last = measured[-1]
+    with last.patched(model):
+        inserted = _null_insertion(model, inputs)
         padding = padding_delta(model, sequences) if sequences else None
-        host = applied.plan.host
-    summary = {"host": host, "insertion_arm": insertion_arm,
-               "agreement": [agreement(model, inputs, arm) for arm in arms],
+    answers = None
+    if tokenizer is not None:
+        reference = reference_answers(model, tokenizer,
+                                      CHAT_PROMPTS if prompts is None else prompts, new_tokens)
+        answers = {"kind": reference.kind, "prompts": len(reference.prompts),
+                   "new_tokens": new_tokens if reference.kind == "generate" else None,
+                   "arms": [_answers(model, tokenizer, reference, s) for s in measured]}
+    summary = {"host": host, "arms": [s.arm for s in measured], "tau": last.tau,
+               "eps": last.eps, "insertion_arm": last.arm,
+               "agreement": [agreement(model, inputs, s.arm, s.tau, s.eps, s.spec)
+                             for s in measured],
                "null_insertion": inserted,
-               "null_insertion_unpatched": null_insertion(model, inputs),
-               "padding_max_delta": padding, "limits": LIMITS}
+               "null_insertion_unpatched": _null_insertion(model, inputs),
+               "padding_max_delta": padding, "answers": answers, "limits": LIMITS}
     broken = failed(summary)
     return {**summary, "holds": not broken, "failed": broken}

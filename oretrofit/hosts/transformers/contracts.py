@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..._surgery.host import RetrofitError
-from ..._surgery.registry import retrofitted
+from ..._surgery.registry import apply_spec, retrofit, retrofitted
 from .backbones import layers
 from .inputs import GRIDS, PATCH_ROWS, accepts, example_inputs, zero_padded_inputs
 from .layouts import calls_attention_interface, computes_attention
@@ -105,16 +105,20 @@ def relative_max_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
 
 
 def agreement(model: nn.Module, inputs: dict[str, Tensor], arm: str, tau: float = 1e-12,
-              eps: float = 1e-12) -> dict[str, Any]:
-    """τ→0: relative max difference of every hidden state patched vs unpatched; whether
-    ``revert()`` restores bit-identical states and the same ``state_dict`` keys."""
+              eps: float = 1e-12, spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Relative max difference of every hidden state patched (``arm`` at ``tau`` and ``eps``,
+    or ``spec`` applied) vs unpatched; whether ``revert()`` restores bit-identical states and
+    the same ``state_dict`` keys."""
     call = lambda: model(**inputs)                                             # noqa: E731
     keys = list(model.state_dict())
     reference = hidden_states(model, call)
-    with retrofitted(model, arm, tau, eps=eps) as r:
+    r = apply_spec(model, spec) if spec is not None else retrofit(model, arm, tau, eps=eps)
+    try:
         patched = hidden_states(model, call)
         same_keys = list(model.state_dict()) == keys
         sites = len(r.plan.entries)
+    finally:
+        r.revert()
     reverted = hidden_states(model, call)
     return {"arm": arm, "tau": tau, "eps": eps, "sites": sites,
             "relative_max_diff": relative_max_diff(patched, reference),
@@ -133,11 +137,12 @@ def insertion_point(model: nn.Module, length: int) -> str:
     """Where a null insertion can keep the old tokens' relation: ``middle`` when old tokens keep
     their positions (``position_ids`` accepted, or positions added before the boundary), no
     sliding window (defined on sequence indices, not position ids) is shorter than ``length``
-    and no relative-position bucket is taken from sequence indices; ``end`` otherwise."""
+    and no relative-position bucket is taken from sequence indices; ``end`` otherwise. A
+    window may be set on the text model's own config (Gemma3's ``text_config``)."""
     config = model.config
-    windows = [getattr(config, k, None) for k in ("sliding_window", "local_attention",
-                                                  "window_size")
-               if getattr(config, "use_sliding_window", True)]
+    windows = [getattr(c, k, None) for c in (config, config.get_text_config())
+               for k in ("sliding_window", "local_attention", "window_size")
+               if getattr(c, "use_sliding_window", True)]
     if any(isinstance(w, int) and w < length for w in windows):
         return "end"
     if getattr(config, "relative_attention_num_buckets", None) is not None:
@@ -393,7 +398,11 @@ def padding_delta(model: nn.Module, sequences: Sequence[Sequence[int]]) -> float
         given = zero_padded_inputs(model, batch, "right")
         if not accepts(target, "position_ids"):
             given.pop("position_ids")
-        return target(**given).last_hidden_state                                 # (B, N, d)
+        output = target(**given)
+        # a backbone's states; the logits where base_model is the head model itself (its
+        # base_model_prefix names no attribute: Gemma3ForCausalLM on transformers 4.x)
+        state = getattr(output, "last_hidden_state", None)
+        return output.logits if state is None else state                       # (B, N, ·)
 
     batched = run(sequences)
     deltas = []

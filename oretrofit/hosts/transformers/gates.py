@@ -1,4 +1,4 @@
-"""The host's gates by presence, outside the attention function (:mod:`.attention`).
+"""The host's gates by presence, outside the attention function (:mod:`.interface_route`).
 
 * Residual branches, biased attention output projections and additive tables, in every layer:
   :func:`gate_branch` (OFFN, eq. 15: ρτ(h)·branch(·)), :func:`gate_output_bias` (``nn.Linear`` and

@@ -38,17 +38,18 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..._operators.attention import check_kernels
+from ..._kernels.routes import check_routes
 from ..._surgery.patching import SiteConfig, Undo
 from ..._surgery.host import RetrofitError, Site, register_host
 from ..torch_nn import ATTENTION, FFN, patch_all, uncovered_attention
-from .attention import attach_o_attention
+from .interface_route import attach_o_attention
 from .backbones import backbones, layer_lists, pretrained_models
 from .boundary import (UNGATED, Structure, initial_state_problems, join, norm_site,
                        outer_sites, parameters_between_layers, positional_convolutions)
 from .cache import carry_presences_hook, carrying_classes
 from .gates import INJECT, gate_branch, gate_output_bias, gate_sequence_first_bias
 from .indexer import attach_indexer
+from .overrides import overrides
 from .layouts import (LAYOUTS, Layout, attention_modules, calls_attention_interface, child,
                       first_present, is_norm, is_qk_norm, layout_of, output_projection,
                       sequence_first_output, token_mixers)
@@ -79,10 +80,10 @@ def forget_structures() -> None:
 
 def prepare_kernels(model: nn.Module) -> None:
     """Check the attention kernels for ``model``'s device and dtype (its first floating
-    parameter's) now, outside any compiled call (:func:`oretrofit._operators.attention.check_kernels`)."""
+    parameter's) now, outside any compiled call (:func:`oretrofit._kernels.routes.check_routes`)."""
     weight = next((p for p in model.parameters() if p.is_floating_point()), None)
     if weight is not None:
-        check_kernels(weight.device, weight.dtype)
+        check_routes(weight.device, weight.dtype)
 
 
 def _self_attending_lists(backbone: nn.Module, interface_lists: list[str]
@@ -299,8 +300,10 @@ class TransformersHost:
         if problems:
             raise RetrofitError("the transformers host cannot cover "
                                 f"{type(model).__name__}: " + " | ".join(problems))
-        if newer:
-            verify(model)
+        # a subclass redefining what transformers' tested code does: checked as a newer release is
+        overridden = overrides(model)
+        if newer or overridden:
+            verify(model, overridden, newer)
 
     def sites(self, model: nn.Module) -> list[Site]:
         return [site for path, backbone, s in self._structures(model)

@@ -1,8 +1,8 @@
 """The transformers models the CLI verbs take by name (``oretrofit check MODEL``, ``oretrofit
 calibrate --model MODEL``): a local transformers folder (``save_pretrained`` output, loaded with
 ``AutoModel`` offline) or one of the shipped pretrained weights, ``minilm`` (all-MiniLM-L6-v2)
-or ``smollm2`` (SmolLM2-135M-Instruct), with their tokenizer when asked for. A folder saved from
-a retrofitted model loads unpatched, with a warning saying so.
+or ``smollm2`` (SmolLM2-135M-Instruct), with their tokenizer when asked for (a folder's, where it
+holds one). A folder saved from a retrofitted model loads unpatched, with a warning saying so.
 """
 
 from __future__ import annotations
@@ -56,9 +56,10 @@ def load_model(name: str) -> nn.Module:
     return from_pretrained(AutoModel, path).eval()
 
 
-def load_model_and_tokenizer(name: str) -> tuple[nn.Module, Any]:
+def load_model_and_tokenizer(name: str, required: bool = True) -> tuple[nn.Module, Any]:
     """:func:`load_model` and the model's tokenizer (a folder must hold one: save it there with
-    ``tokenizer.save_pretrained(folder)``)."""
+    ``tokenizer.save_pretrained(folder)``; unless ``required``, a folder without one gives
+    ``None``)."""
     if name in SHIPPED:
         return _shipped(name)
     path = _folder(name)
@@ -66,6 +67,8 @@ def load_model_and_tokenizer(name: str) -> tuple[nn.Module, Any]:
            "Python with oretrofit.calibrate(model, batches)")
     # without saved tokenizer files transformers may build an empty tokenizer (every word unknown)
     if not any((path / f).is_file() for f in ("tokenizer_config.json", "tokenizer.json")):
+        if not required:
+            return load_model(name), None
         raise ValueError(f"{name} holds no tokenizer (no tokenizer_config.json); {fix}")
     model = load_model(name)            # refuses a folder naming code of its own first
     from transformers import AutoTokenizer

@@ -86,7 +86,9 @@ def from_pretrained(folder: str | os.PathLike[str], model_class: type | None = N
     """Load a folder written by ``save_pretrained`` of a retrofitted model and restore its
     retrofit: ``model_class.from_pretrained(folder, **kwargs)`` (default: the class its config
     names), then ``apply_spec`` with :data:`SPEC_FILE`. ``Retrofit.of(model)`` is the restored
-    retrofit. Refuses a folder without a spec."""
+    retrofit. The transformers release the folder was saved under is provenance: the folder loads
+    under any release the host admits when its sites match the spec's records, and is refused
+    naming the site that differs when they do not. Refuses a folder without a spec."""
     from ..._surgery.registry import apply_spec
     path = Path(folder)
     spec = path / SPEC_FILE

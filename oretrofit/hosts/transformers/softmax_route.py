@@ -36,6 +36,8 @@ With ``output_attentions`` the weights a module returns are the O weights ``p_i 
 
 from __future__ import annotations
 
+import functools
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -201,13 +203,50 @@ class OSoftmaxAttention:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         state: SoftmaxCarrier = site_config(self, ATTENTION)
         original = self._oretrofit["original_class"]
-        swap = _SoftmaxSwap(f"{state.site} ({original.__name__})", state)
+        swap, eager = _SoftmaxSwap(f"{state.site} ({original.__name__})", state), (
+            eager_class(original) or original)
+        args, kwargs = _additive_masks(self, eager, args, kwargs)
         with swap:
-            out = (eager_class(original) or original).forward(self, *args, **kwargs)
+            out = eager.forward(self, *args, **kwargs)
         if swap.softmaxes != 1:
             raise swap.refuse("showed no softmax in its forward (a fused kernel, or another "
                               "attention implementation: set attn_implementation='eager')")
         return _gate_returned_biases(self, out, state.query)
+
+
+_MASK_NAMES = ("attention_mask", "encoder_attention_mask")
+_ADDS_MASK = re.compile(r"\+\s*attention_mask\b")
+
+
+@functools.cache
+def _adds_masks(cls: type) -> bool:
+    """Whether ``cls``'s forward adds its ``attention_mask`` to the scores (read once per
+    class)."""
+    return bool(_ADDS_MASK.search(_source(cls)))
+
+
+def _additive_masks(module: nn.Module, cls: type, args: tuple, kwargs: dict[str, Any]
+                    ) -> tuple[tuple, dict[str, Any]]:
+    """The call's boolean masks (True = visible) as the additive masks eager code adds to its
+    scores (0 where visible, the dtype's minimum elsewhere), where ``cls``'s forward adds its
+    mask: a model whose layers take both routes (BigBird-Pegasus: its encoder computes
+    attention itself, its decoder calls the interface) builds its masks once for both, by the
+    interface route's mask function (the boolean relation), and adding True and False would
+    shift the scores by 1 and 0. Code that fills by a boolean mask (MPT) gets it as it is."""
+    if not _adds_masks(cls):
+        return args, kwargs
+
+    def additive(name: str, mask: Any) -> Any:
+        if name not in _MASK_NAMES or not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            return mask
+        dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()),
+                     torch.float32)
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+            ~mask, torch.finfo(dtype).min)
+
+    named = by_name(module, args)
+    return ((*(additive(n, a) for n, a in named.items()), *args[len(named):]),
+            {k: additive(k, v) for k, v in kwargs.items()})
 
 
 def _gate_returned_biases(module: nn.Module, out: Any, p: Tensor) -> Any:

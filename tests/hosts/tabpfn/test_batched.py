@@ -19,13 +19,17 @@ from oretrofit.hosts.tabpfn import batched, forward_plan, padding, releases, ver
 from oretrofit.hosts.tabpfn.checkpoints import write_random_checkpoint
 from oretrofit.tabpfn import make_classifier, make_regressor, predict_batched, predict_proba_batched
 
+from . import FAST
+
 SAME = 1e-5            # batched vs per-dataset fit + predict of the same retrofitted estimator
 TAU_LIMIT = 1e-4       # the τ = 1e-8 retrofit vs the unpatched estimator (test_regressor.py)
 # tabpfn 8.0.x decodes a regressor's 5000 bucket logits so that their fp32 noise (~6e-7
 # relative, the same batched or not) becomes ~1e-4 in the predictions, as between its own
-# cached and uncached predictions (test_regressor.py); fp64 there. The classifier is fp32 on all.
+# cached and uncached predictions (test_regressor.py); fp64 there. The classifier is fp32 on all
+# (pinned: tabpfn's "auto" is bfloat16 autocast on a CPU with native bfloat16).
 OLD = (releases.installed_version() or "").startswith("8.0.")
 REG_PRECISION = torch.float64
+CLS_PRECISION = torch.float32
 # the retrofitted versions besides v3 that the installed tabpfn ships
 OTHER_VERSIONS = [v.label for v in versions.VERSIONS if v.sites and v.label != "v3"
                   and importlib.util.find_spec(v.module) is not None]
@@ -93,13 +97,13 @@ def regression_sets():
 
 def test_regressor_ragged_equals_per_dataset(small_ckpt, regression_sets):
     """20 datasets of different rows, features and target scales in one call."""
-    kw = {"n_estimators": 1, "inference_precision": REG_PRECISION}
-    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, **kw)
+    kw = {"inference_precision": REG_PRECISION}
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, **kw, **FAST)
     got = predict_batched(regressor, *zip(*regression_sets), max_padding=math.inf)
     same = _each(regressor, "predict", regression_sets)
     default = predict_batched(regressor, *zip(*regression_sets), n_jobs=2)
     assert max(map(_rel, default, same)) <= SAME
-    base = _each(make_regressor(small_ckpt, "base", **kw)[0], "predict", regression_sets)
+    base = _each(make_regressor(small_ckpt, "base", **kw, **FAST)[0], "predict", regression_sets)
     assert [g.shape for g in got] == [(len(t),) for _, _, t in regression_sets]
     assert max(map(_rel, got, same)) <= SAME
     # tabpfn 8.0.x: the τ = 1e-8 retrofit itself, unbatched, is up to ~6e-3 from base on these
@@ -110,11 +114,11 @@ def test_regressor_ragged_equals_per_dataset(small_ckpt, regression_sets):
 
 def test_classifier_ragged_equals_per_dataset(classifier_ckpt, classification_sets):
     sets = classification_sets
-    classifier, _ = make_classifier(classifier_ckpt, "full-o", 1e-8, n_estimators=2)
+    kw = {"n_estimators": 2, "device": "cpu", "inference_precision": CLS_PRECISION}
+    classifier, _ = make_classifier(classifier_ckpt, "full-o", 1e-8, **kw)
     got = predict_proba_batched(classifier, *zip(*sets), max_padding=math.inf, n_jobs=2)
     same = _each(classifier, "predict_proba", sets)
-    base = _each(make_classifier(classifier_ckpt, "base", n_estimators=2)[0], "predict_proba",
-                 sets)
+    base = _each(make_classifier(classifier_ckpt, "base", **kw)[0], "predict_proba", sets)
     assert [g.shape[1] for g in got] == [len(np.unique(y)) for _, y, _ in sets]
     assert len({g.shape[1] for g in got}) > 2                    # classes differ too
     assert max(map(_rel, got, same)) <= SAME
@@ -141,10 +145,10 @@ def test_every_version_ragged_equals_per_dataset(tmp_path, version, task, regres
                                    task=task, version=version)
     if task == "regressor":
         make, method, sets = make_regressor, "predict", regression_sets
-        kw = {"n_estimators": 1, "inference_precision": REG_PRECISION}
+        kw = {"inference_precision": REG_PRECISION, **FAST}
     else:
         make, method, sets = make_classifier, "predict_proba", classification_sets
-        kw = {"n_estimators": 1}
+        kw = {"inference_precision": CLS_PRECISION, **FAST}
     sets = [(x[:len(x) * 2 // 5], y[:len(x) * 2 // 5], t) for x, y, t in sets[:10]]
     run = getattr(batched, f"{method}_batched")
     estimator, _ = make(path, "full-o", 1e-8, **kw)
@@ -177,7 +181,7 @@ def test_oa_pads_rows_only_and_base_is_refused(small_ckpt, monkeypatch):
         x = rng.normal(size=(n + m, 5))
         sets.append((x[:n], x[:n] @ rng.normal(size=5), x[n:]))
     kw = {"inference_precision": REG_PRECISION}
-    regressor, _ = make_regressor(small_ckpt, "oa", 1e-8, **kw)
+    regressor, _ = make_regressor(small_ckpt, "oa", 1e-8, **kw, **FAST)
     layouts = _forwards(monkeypatch)
     got = predict_batched(regressor, *zip(*sets), max_padding=math.inf)
     assert max(map(_rel, got, _each(regressor, "predict", sets))) <= SAME
@@ -192,11 +196,11 @@ def test_oa_pads_rows_only_and_base_is_refused(small_ckpt, monkeypatch):
     assert sorted(len(layout.calls) for layout in layouts) == [1, 1, 3]
     assert all(len({c.x.shape[2] for c in layout.calls}) == 1 for layout in layouts)
     with pytest.raises(RetrofitError, match="needs the sites fde.0.induce1.*full-o"):
-        predict_batched(make_regressor(small_ckpt, "base")[0], *zip(*sets))
+        predict_batched(make_regressor(small_ckpt, "base", **FAST)[0], *zip(*sets))
 
 
 def test_bad_input_names_the_dataset(small_ckpt, table):
-    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8)
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, **FAST)
     x, y, t = table
     with pytest.raises(RetrofitError, match="one length; got 2, 1 and 2"):
         predict_batched(regressor, [x, x], [y], [t, t])
@@ -210,7 +214,7 @@ def test_bad_input_names_the_dataset(small_ckpt, table):
                                             r"the 0.00 GiB available.*drop it"):
         predict_batched(regressor, [x], [y], [t], memory_budget=1)
     from tabpfn import TabPFNRegressor
-    with pytest.raises(RetrofitError, match="from oretrofit.tabpfn.make_regressor"):
+    with pytest.raises(RetrofitError, match=r"padding needs the sites .*make_regressor"):
         predict_batched(TabPFNRegressor(model_path=str(small_ckpt)), [x], [y], [t])
     with pytest.raises(RetrofitError, match="needs a classifier"):
         predict_proba_batched(regressor, [x], [y], [t])
@@ -230,7 +234,7 @@ def test_bad_input_names_the_dataset(small_ckpt, table):
 ])
 def test_arguments_are_validated_by_name(small_ckpt, table, name, value, message):
     """A bool is not a number; each refusal names the argument, the value and the fix."""
-    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8)
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, **FAST)
     x, y, t = table
     with pytest.raises(RetrofitError, match=f"predict_batched: {name} must be {message}.*got "
                                             f"{re.escape(repr(value))}"):
@@ -240,12 +244,13 @@ def test_arguments_are_validated_by_name(small_ckpt, table, name, value, message
 def test_calls_that_do_not_fit_together_are_cut_into_forwards(small_ckpt, table, monkeypatch):
     """A budget that holds each dataset alone but no two together: one forward each, no
     error, the same predictions."""
-    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=REG_PRECISION)
+    regressor, result = make_regressor(small_ckpt, "full-o", 1e-8,
+                                       inference_precision=REG_PRECISION, **FAST)
     x, y, t = table
     sets = [(x, y, t), (x[:40], y[:40], t[:5]), (np.tile(x, (2, 1)), np.tile(y, 2), t)]
     layouts = _forwards(monkeypatch)
     together = predict_batched(regressor, *zip(*sets), max_padding=math.inf)
-    model = regressor.model_path.model
+    model = result.model
     bounds = padding.boundaries_of(model)
     alone = max(bounds.footprint(model, padding.Layout.of([c]).extent) for c in layouts[0].calls)
     assert len(layouts) == 1 and bounds.footprint(model, layouts[0].extent) > alone
@@ -265,7 +270,7 @@ def test_concurrent_predict_of_a_copy_sees_nothing_of_a_batched_call(small_ckpt,
     for n, m in ((80, 30), (120, 20), (60, 10), (100, 25)):
         x = rng.normal(size=(n + m, 4))
         sets.append((x[:n], x[:n] @ rng.normal(size=4), x[n:]))
-    regressor, _ = make_regressor(small_ckpt, arm, 1e-8, inference_precision=REG_PRECISION)
+    regressor, _ = make_regressor(small_ckpt, arm, 1e-8, inference_precision=REG_PRECISION, **FAST)
     x, y, t = sets[0]
     reference = copy.copy(regressor).fit(x, y).predict(t)
     done, seen, errors = threading.Event(), [], []
@@ -290,7 +295,8 @@ def test_concurrent_predict_of_a_copy_sees_nothing_of_a_batched_call(small_ckpt,
 
 
 def test_estimator_unchanged_constant_target_and_predict_options(small_ckpt, table):
-    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=REG_PRECISION)
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=REG_PRECISION,
+                                  **FAST)
     x, y, t = table
     before = regressor.fit(x, y).predict(t)
     constant = np.full_like(y, 3.5)
@@ -326,7 +332,8 @@ def test_the_readme_example_runs(capsys, monkeypatch, small_ckpt, tmp_path):
 
 
 def test_max_padding_cuts_size_sorted_forwards(small_ckpt, regression_sets, monkeypatch):
-    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=REG_PRECISION)
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=REG_PRECISION,
+                                  **FAST)
     sets = regression_sets[:6]
     layouts = _forwards(monkeypatch)
     one = predict_batched(regressor, *zip(*sets), max_padding=math.inf)

@@ -6,13 +6,17 @@ import hashlib
 import importlib.util
 import shutil
 
+import numpy as np
 import pytest
+import numpy as np
 import torch
 
 from oretrofit import RetrofitError
-from oretrofit.tabpfn import (checkpoint_sha256, load_checkpoint, resolve_model_path,
+from oretrofit.tabpfn import (build_model, checkpoint_sha256, load_checkpoint, resolve_model_path,
                               weights_label, write_random_checkpoint)
 from oretrofit.hosts.tabpfn import checkpoints, releases
+
+from . import FAST
 
 
 def test_random_checkpoint_is_a_tabpfn_checkpoint(small_ckpt):
@@ -47,13 +51,14 @@ def test_safetensors_checkpoint(tmp_path):
     assert load_checkpoint(path)["architecture_name"] == "tabpfn_v3"
 
 
-def test_random_and_demo_hosts(monkeypatch, capsys, small_ckpt, tmp_path):
+def test_random_and_demo_hosts(monkeypatch, caplog, small_ckpt, tmp_path):
     random_path = resolve_model_path("random")
     assert "v3" in random_path.name and "random" in random_path.name
     assert random_path.parent == checkpoints.cache_dir()
     monkeypatch.setattr(checkpoints, "DEMO_CHECKPOINT", tmp_path / "tabpfn-v3-demo.ckpt")
     assert resolve_model_path("demo") == random_path
-    assert "RANDOM-WEIGHTS" in capsys.readouterr().err
+    assert [r.levelname for r in caplog.records] == ["WARNING"]       # a notice, not a result
+    assert "RANDOM-WEIGHTS" in caplog.text
     shutil.copy(small_ckpt, tmp_path / "tabpfn-v3-demo.ckpt")
     assert resolve_model_path("demo") == tmp_path / "tabpfn-v3-demo.ckpt"
 
@@ -108,3 +113,72 @@ def test_same_weights_give_identical_bytes(small_ckpt, tmp_path):
     assert first.read_bytes() == second.read_bytes()
     assert checkpoint_sha256(first) == checkpoint_sha256(small_ckpt)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def _with_config(small_ckpt, path, **config):
+    checkpoint = torch.load(small_ckpt, weights_only=True)
+    checkpoint["config"].update(config)
+    torch.save(checkpoint, path)
+    return path
+
+
+def test_another_releases_chunking_keys_at_their_defaults_load_and_other_values_are_refused(
+        small_ckpt, tmp_path):
+    """Whatever release is installed, it lacks the chunking keys of some other release (8.0.1 to
+    9.0.0: inference_row_chunk_size; 9.1.0 on: inference_chunk_cells and the batch budgets);
+    a checkpoint carrying all of them at their defaults loads, one at another value does not."""
+    from oretrofit.hosts.tabpfn.versions import CHUNKING_KEYS
+    loaded = load_checkpoint(_with_config(small_ckpt, tmp_path / "tabpfn-v3-defaults.ckpt",
+                                           **CHUNKING_KEYS))
+    model = build_model(loaded)[0]
+    assert sum(p.numel() for p in model.parameters()) > 0
+    known = set(torch.load(small_ckpt, weights_only=True)["config"])
+    foreign = sorted(set(CHUNKING_KEYS) - known)
+    assert foreign, "every release lacks some other release's chunking key"
+    changed = {foreign[0]: CHUNKING_KEYS[foreign[0]] * 2}
+    with pytest.raises(RetrofitError, match=rf"does not know: {foreign[0]}; they would be "
+                                            "ignored"):
+        load_checkpoint(_with_config(small_ckpt, tmp_path / "tabpfn-v3-changed.ckpt", **changed))
+
+
+def test_the_shipped_demo_host_fits_on_this_release_or_is_refused_with_the_fix(table):
+    """The demo checkpoint (written by tabpfn 9.2.0) fits on every release that can take its
+    inference config; one that cannot (8.x: fields tabpfn 9 added) names the fields and the
+    pip install that fixes it."""
+    from dataclasses import fields
+
+    from tabpfn.inference_config import InferenceConfig
+
+    from oretrofit.tabpfn import make_regressor
+    stored = torch.load(checkpoints.DEMO_CHECKPOINT, weights_only=True)["inference_config"]
+    if set(stored) - {f.name for f in fields(InferenceConfig)}:
+        with pytest.raises(RetrofitError, match=r"inference-config fields that tabpfn .* does "
+                                                r"not know .*pip install -U 'tabpfn>=9"):
+            make_regressor("demo", arm="full-o", random_state=0, **FAST)
+        return
+    x_train, y_train, x_test = table
+    regressor, applied = make_regressor("demo", arm="full-o", random_state=0, **FAST)
+    prediction = regressor.fit(x_train, y_train).predict(x_test)
+    assert prediction.shape == (len(x_test),) and np.isfinite(prediction).all()
+    assert len(applied.report()) > 0
+
+
+def test_the_demo_classifier_is_the_demo_architecture_with_random_weights(caplog, classes):
+    """No demo classifier has been trained: "demo" gives the demo regressor's architecture with
+    a 10-class read-out and random weights, labelled and announced as such."""
+    from dataclasses import asdict
+
+    from oretrofit.demo_host.train import HostConfig
+    from oretrofit.tabpfn import make_classifier
+    path = resolve_model_path("demo", "classifier")
+    assert "RANDOM weights" in caplog.text
+    checkpoint = load_checkpoint(path)
+    assert weights_label(checkpoint) == "random weights (size demo, seed 0)"
+    assert checkpoints.checkpoint_task(checkpoint) == "classifier"
+    config = checkpoint["config"]
+    assert {k: config[k] for k in asdict(HostConfig())} == asdict(HostConfig())
+    assert config["max_num_classes"] == checkpoints.RANDOM_CLASSIFIER_CLASSES
+    x_train, y_train, x_test = classes
+    classifier, _ = make_classifier("demo", device="cpu", n_estimators=1)
+    probabilities = classifier.fit(x_train, y_train).predict_proba(x_test)
+    np.testing.assert_allclose(probabilities.sum(1), 1.0, rtol=1e-5)

@@ -11,6 +11,8 @@ from oretrofit import RetrofitError
 from oretrofit.hosts.tabpfn import releases
 from oretrofit.tabpfn import build_model, load_checkpoint, make_classifier, make_regressor
 
+from . import FAST
+
 
 def _proba(classifier, data) -> np.ndarray:
     x_train, y_train, x_test = data
@@ -22,11 +24,12 @@ def test_fit_with_cache_equals_fit_preprocessors(classifier_ckpt, classes):
     from tabpfn import TabPFNClassifier
     if releases.always_quantizes_cache(TabPFNClassifier):
         with pytest.raises(RetrofitError, match="always quantize"):
-            make_classifier(classifier_ckpt, "full-o", 0.5, fit_mode="fit_with_cache")
+            make_classifier(classifier_ckpt, "full-o", 0.5, fit_mode="fit_with_cache", **FAST)
         return
     fp64 = {"inference_precision": torch.float64}
-    uncached = _proba(make_classifier(classifier_ckpt, "full-o", 0.5, **fp64)[0], classes)
-    cached, _ = make_classifier(classifier_ckpt, "full-o", 0.5, fit_mode="fit_with_cache", **fp64)
+    uncached = _proba(make_classifier(classifier_ckpt, "full-o", 0.5, **fp64, **FAST)[0], classes)
+    cached, _ = make_classifier(classifier_ckpt, "full-o", 0.5, fit_mode="fit_with_cache", **fp64,
+                                **FAST)
     np.testing.assert_allclose(_proba(cached, classes), uncached, rtol=1e-5, atol=0)
 
 
@@ -71,7 +74,7 @@ def test_null_train_row_leaves_the_other_rows_probabilities_unchanged(classifier
 
 
 def test_random_classifier_host(classes):
-    classifier, result = make_classifier("random", "full-o")
+    classifier, result = make_classifier("random", "full-o", **FAST)
     assert type(result.model.many_class_decoder).__name__ == "OManyClassDecoder"
     proba = _proba(classifier, classes)
     assert proba.shape == (10, 3) and np.allclose(proba.sum(1), 1, atol=1e-6)
@@ -97,7 +100,7 @@ def test_patch_verb_takes_a_classifier_checkpoint(classifier_ckpt):
 def test_tasks_are_not_mixed_up(classifier_ckpt, small_ckpt):
     with pytest.raises(RetrofitError, match="classifier checkpoint, not a regressor; use "
                                             "make_classifier"):
-        make_regressor(classifier_ckpt, "oa")
+        make_regressor(classifier_ckpt, "oa", **FAST)
     with pytest.raises(RetrofitError, match="regressor checkpoint, not a classifier; use "
                                             "make_regressor"):
-        make_classifier(small_ckpt, "oa")
+        make_classifier(small_ckpt, "oa", **FAST)

@@ -15,6 +15,8 @@ from oretrofit.hosts.tabpfn import padding
 from oretrofit.hosts.tabpfn.checkpoints import write_random_checkpoint
 from oretrofit.tabpfn import make_regressor, predict_batched
 
+from . import FAST
+
 from .test_batched import OTHER_VERSIONS, REG_PRECISION, SAME, _each, _rel
 
 V3_FAMILY = ["v3", *[v for v in OTHER_VERSIONS if v.startswith("v3")]]
@@ -55,7 +57,8 @@ def _layouts(monkeypatch) -> list[padding.Layout]:
 def test_cell_and_row_tokens_of_the_padding_are_zero(checkpoint, monkeypatch, version):
     """v3/v3.5: padded cells enter the distribution embedder as exact zeros, padded rows enter
     every ICL block and leave the output norm as exact zeros."""
-    regressor, result = make_regressor(checkpoint(version), "full-o", 1e-8, n_estimators=1)
+    regressor, result = make_regressor(checkpoint(version), "full-o", 1e-8,
+                                       inference_precision=torch.float32, **FAST)
     model, seen = result.model, []
     layouts = _layouts(monkeypatch)
 
@@ -92,7 +95,8 @@ def test_block_input_of_the_padding_is_zero_in_every_block(checkpoint, monkeypat
     """v2/v2.x: at the input of every block of the padded forward, the padded rows, the padded
     feature groups (their thinking rows too) are exact zeros; every real cell and the target
     column are not (a dataset's feature groups: the non-zero cells of its first train row)."""
-    regressor, result = make_regressor(checkpoint(version), "full-o", 1e-8, n_estimators=1)
+    regressor, result = make_regressor(checkpoint(version), "full-o", 1e-8,
+                                       inference_precision=torch.float32, **FAST)
     model, seen = result.model, []
     layouts = _layouts(monkeypatch)
     hooks = [b.register_forward_pre_hook(
@@ -127,13 +131,13 @@ def test_oa_suffices_for_padded_columns_and_base_is_refused(checkpoint, version)
     """v2/v2.x add nothing behind the boundary (post-norms without affine part, bias-free
     MLPs): the attention sites alone keep padded rows and columns inert."""
     sets = _ragged()
-    kw = {"n_estimators": 1, "inference_precision": REG_PRECISION}
-    regressor, _ = make_regressor(checkpoint(version), "oa", 1e-8, **kw)
+    kw = {"inference_precision": REG_PRECISION}
+    regressor, _ = make_regressor(checkpoint(version), "oa", 1e-8, **kw, **FAST)
     got = predict_batched(regressor, *zip(*sets), max_padding=math.inf)
     assert max(map(_rel, got, _each(regressor, "predict", sets))) <= SAME
     with pytest.raises(RetrofitError, match=r"padding needs the sites blk\.0\.row.*'oa' or "
                                             r"'full-o'"):
-        predict_batched(make_regressor(checkpoint(version), "base")[0], *zip(*sets))
+        predict_batched(make_regressor(checkpoint(version), "base", **FAST)[0], *zip(*sets))
 
 
 def test_an_unknown_architecture_is_refused_by_name():

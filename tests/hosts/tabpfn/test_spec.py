@@ -15,6 +15,8 @@ from oretrofit import RetrofitError
 from oretrofit.tabpfn import checkpoint_sha256, make_classifier, make_regressor
 from oretrofit.hosts.tabpfn.checkpoints import build_model, load_checkpoint
 
+from . import FAST
+
 SITE_TAU = {"icl.*": 0.3, "fde.*": 2.0, "te.*": 0.05}
 
 
@@ -33,18 +35,18 @@ def test_a_spec_patches_like_the_arguments_it_records(small_ckpt, table, tmp_pat
     spec = _spec(small_ckpt)
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
-    by_args, _ = make_regressor(small_ckpt, "full-o", 0.5, site_tau=SITE_TAU)
+    by_args, _ = make_regressor(small_ckpt, "full-o", 0.5, site_tau=SITE_TAU, **FAST)
     expected = _fit_predict(by_args, table)
     for given in (spec, path, str(path)):
-        regressor, applied = make_regressor(small_ckpt, spec=given)
+        regressor, applied = make_regressor(small_ckpt, spec=given, **FAST)
         assert applied.plan.arm == "full-o" and applied.plan.site_tau == SITE_TAU
         np.testing.assert_array_equal(_fit_predict(regressor, table), expected)
-    base = _fit_predict(make_regressor(small_ckpt)[0], table)
+    base = _fit_predict(make_regressor(small_ckpt, **FAST)[0], table)
     assert np.abs(expected - base).max() > 1e-3 * np.abs(base).max()      # the spec is in force
     # the spec's own arm may be named; a base spec patches nothing
-    assert make_regressor(small_ckpt, "full-o", spec=spec)[1].plan.site_tau == SITE_TAU
+    assert make_regressor(small_ckpt, "full-o", spec=spec, **FAST)[1].plan.site_tau == SITE_TAU
     assert make_regressor(small_ckpt, spec={**spec, "arm": "base", "site_tau": {},
-                                            "sites": []})[1] is None
+                                            "sites": [], "site_modules": {}}, **FAST)[1] is None
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -56,22 +58,22 @@ def test_a_spec_patches_like_the_arguments_it_records(small_ckpt, table, tmp_pat
 ])
 def test_settings_that_contradict_the_spec_are_refused(small_ckpt, kwargs, message):
     with pytest.raises(RetrofitError, match=message):
-        make_regressor(small_ckpt, spec=_spec(small_ckpt), **kwargs)
+        make_regressor(small_ckpt, spec=_spec(small_ckpt), **kwargs, **FAST)
 
 
 def test_a_spec_for_other_sites_or_another_host_is_refused(small_ckpt, classifier_ckpt):
     # the classifier's spec has its many-class decoder site, which a regressor lacks
     classifier_spec = _spec(classifier_ckpt, "oa")
     with pytest.raises(RetrofitError, match="site list"):
-        make_regressor(small_ckpt, spec=classifier_spec)
+        make_regressor(small_ckpt, spec=classifier_spec, **FAST)
     torch_spec = oretrofit.retrofit(nn.TransformerEncoderLayer(8, 2, batch_first=True),
                                     "full-o").spec()
     with pytest.raises(RetrofitError, match="does not fit this model"):
-        make_regressor(small_ckpt, spec=torch_spec)
+        make_regressor(small_ckpt, spec=torch_spec, **FAST)
     with pytest.raises(RetrofitError, match="schema_version"):
-        make_regressor(small_ckpt, spec={"arm": "full-o"})
+        make_regressor(small_ckpt, spec={"arm": "full-o"}, **FAST)
     # and the classifier takes its own
-    _, applied = make_classifier(classifier_ckpt, spec=classifier_spec)
+    _, applied = make_classifier(classifier_ckpt, spec=classifier_spec, **FAST)
     assert applied.plan.entries[-1][0].name == "dec"
 
 
@@ -81,7 +83,7 @@ def test_a_spec_naming_another_checkpoint_is_refused(small_ckpt, tmp_path, calib
     for recorded in ({"source_checkpoint_sha256": other},
                      {"calibration": calibration_record(model, checkpoint_sha256=other)}):
         with pytest.raises(RetrofitError, match="make the spec from this checkpoint"):
-            make_regressor(small_ckpt, spec=_spec(small_ckpt, **recorded))
+            make_regressor(small_ckpt, spec=_spec(small_ckpt, **recorded), **FAST)
     mine = {"calibration": calibration_record(model,
                                               checkpoint_sha256=checkpoint_sha256(small_ckpt))}
-    assert make_regressor(small_ckpt, spec=_spec(small_ckpt, **mine))[1] is not None
+    assert make_regressor(small_ckpt, spec=_spec(small_ckpt, **mine), **FAST)[1] is not None

@@ -12,6 +12,8 @@ import torch
 
 from oretrofit.tabpfn import make_regressor
 
+from . import FAST
+
 SAME = 1e-9          # fp64: the same forward, alone or beside another thread's
 
 
@@ -19,7 +21,8 @@ def test_two_threads_predicting_with_copies_of_one_full_o_estimator_get_their_ow
     rng = np.random.default_rng(3)
     x, t = rng.normal(size=(90, 4)), rng.normal(size=(30, 4))
     ys = [x @ rng.normal(size=4) * scale for scale in (1.0, 50.0)]    # same shapes, other targets
-    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=torch.float64)
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=torch.float64,
+                                  **FAST)
     fitted = [copy.copy(regressor).fit(x, y) for y in ys]
     alone = [f.predict(t) for f in fitted]
     seen: list[list[np.ndarray]] = [[], []]
@@ -47,7 +50,7 @@ def test_two_threads_predicting_with_copies_of_one_full_o_estimator_get_their_ow
 
 
 def test_the_te_col_hook_comes_off_with_the_retrofit(small_ckpt):
-    regressor, retrofit = make_regressor(small_ckpt, "full-o", 1e-8)
+    regressor, retrofit = make_regressor(small_ckpt, "full-o", 1e-8, **FAST)
     embed = retrofit.model.x_embed
     assert len(embed._forward_hooks) == 1
     retrofit.revert()

@@ -188,6 +188,22 @@ def test_revert_state_dict_and_strict_load(version, task):
     assert all("_oretrofit" not in m.__dict__ and not m._forward_hooks for m in model.modules())
 
 
+@pytest.mark.parametrize("version,task", CASES)
+def test_each_site_records_the_modules_it_patches(version, task):
+    """A spec records each site's modules (class, weight shapes), by which a spec saved under
+    another tabpfn release is checked; every site of every version names at least one, and
+    every site but a norm without affine weights (v2's) records a weight shape."""
+    model = _model(version, task)
+    with oretrofit.retrofitted(model, "full-o") as r:
+        records = r.spec()["site_modules"]
+    assert list(records) == [site.name for site, _ in r.plan.entries]
+    named = dict(model.named_modules())
+    for name, record in records.items():
+        assert record["classes"] and (record["shapes"] or record["kind"] == "norm"), name
+        for path, cls in record["classes"].items():            # its class, or one it extends
+            assert cls in {c.__name__ for c in type(named[path]).__mro__}, (name, path)
+
+
 @pytest.mark.parametrize("version", SHIPPED)
 def test_learned_receivers_reported(version):
     r = oretrofit.retrofit(_model(version, "regressor"), "oa", 1e-8)

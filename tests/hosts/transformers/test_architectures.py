@@ -12,7 +12,7 @@ from torch import nn  # noqa: E402
 
 from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
 from hosts.transformers import zoo  # noqa: E402
-from oretrofit.hosts.transformers.attention import o_attention_function  # noqa: E402
+from oretrofit.hosts.transformers.interface_route import o_attention_function  # noqa: E402
 from oretrofit.hosts.transformers.contracts import agreement, null_insertion  # noqa: E402
 
 NAMES = [a.name for a in zoo.ARCHITECTURES]
@@ -93,7 +93,7 @@ def test_refused_architectures_name_class_reason_and_fix(arch: zoo.Architecture)
     assert not hasattr(model, "_oretrofit_retrofit")
 
 
-def test_unknown_attention_argument_is_refused_by_name() -> None:
+def test_unknown_attention_argument_is_refused_and_output_attentions_returns_weights() -> None:
     model = zoo.build(zoo.ARCHITECTURES[6])                                     # Llama
     attention = model.layers[0].self_attn
     q = torch.randn(1, 4, 3, 8)
@@ -102,8 +102,14 @@ def test_unknown_attention_argument_is_refused_by_name() -> None:
         with pytest.raises(RetrofitError, match="score_offsets"):
             o_attention_function(attention, q, q[:, :2], q[:, :2], None,
                                  score_offsets=torch.zeros(4))
-        with pytest.raises(RetrofitError, match="output_attentions"):
-            o_attention_function(attention, q, q[:, :2], q[:, :2], None, output_attentions=True)
+        assert o_attention_function(attention, q, q[:, :2], q[:, :2], None)[1] is None
+        out, weights = o_attention_function(attention, q, q[:, :2], q[:, :2], None,
+                                            output_attentions=True)
+    # the O weights p_i w_ij (B, H, Nq, Nk): every token present, rows of a softmax
+    assert weights.shape == (1, 4, 3, 3)
+    assert torch.allclose(weights.sum(-1), torch.ones(1, 4, 3), atol=1e-4)
+    assert torch.allclose(out, torch.einsum("bhqk,bhkd->bqhd", weights,
+                                            q[:, :2].repeat_interleave(2, 1)), atol=1e-6)
 
 
 def _arch(name: str) -> zoo.Architecture:
@@ -124,7 +130,7 @@ def test_softcap_and_position_bias_reach_the_operator() -> None:
             for name_, parameter in model.named_parameters():
                 parameter.mul_(30.0 if name_.endswith("q_proj.weight") else 1.0)
         inputs = zoo.example_inputs(model)
-        from oretrofit.hosts.transformers import attention as ta
+        from oretrofit.hosts.transformers import interface_route as ta
         original = ta.o_attention_function
 
         def dropping(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202

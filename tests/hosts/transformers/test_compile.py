@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters  # noqa: E402
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from oretrofit import retrofitted  # noqa: E402
-from oretrofit._kernels import lse as kernels  # noqa: E402
+from oretrofit._kernels import routes  # noqa: E402
 
 DEEP = 9            # above Dynamo's recompile limit (8): a per-layer recompile would hit it
 IDS = torch.tensor([[5, 6, 7, 8]])
@@ -51,7 +51,7 @@ def _generate(model: LlamaForCausalLM) -> Callable[[], torch.Tensor]:
 def test_generating_twice_compiles_the_graphs_of_the_unpatched_model(
         arm: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model = _tiny(DEEP)
-    monkeypatch.setattr(kernels, "_CHECKED", {})       # the first compiled call would check
+    monkeypatch.setattr(routes, "_CHECKED", {})       # the first compiled call would check
     with torch.no_grad():
         model.forward = torch.compile(model.forward, backend="eager")
         try:
@@ -86,7 +86,7 @@ def test_compiled_forwards_compile_the_graphs_of_the_unpatched_model() -> None:
 
 
 def test_the_attention_implementation_lookup_traces_without_a_graph_break() -> None:
-    from oretrofit.hosts.transformers.attention import _original_implementation
+    from oretrofit.hosts.transformers.interface_route import _original_implementation
     model = _tiny(2)
     with retrofitted(model, "full-o", 1e-2):
         model.set_attn_implementation("eager")

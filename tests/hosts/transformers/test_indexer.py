@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 from oretrofit import RetrofitError, retrofitted  # noqa: E402
 from oretrofit._surgery.registry import plan_retrofit  # noqa: E402
-from oretrofit.hosts.transformers import attention as attention_module  # noqa: E402
+from oretrofit.hosts.transformers import interface_route as attention_module  # noqa: E402
 from oretrofit.hosts.transformers import indexer  # noqa: E402
 from oretrofit.hosts.transformers.contracts import (agreement, hidden_states,  # noqa: E402
                                                     null_insertion, relative_max_diff,

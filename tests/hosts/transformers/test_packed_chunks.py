@@ -10,7 +10,7 @@ from torch import nn
 
 from oretrofit import RetrofitError
 from oretrofit._surgery.patching import SiteConfig
-from oretrofit.hosts.transformers.attention import _STATE, o_attention_function
+from oretrofit.hosts.transformers.interface_route import _STATE, o_attention_function
 from oretrofit.hosts.transformers.capture import CarrierPresence
 
 

@@ -25,15 +25,6 @@ NEWER = "5.99.0"
 LLAMA, BERT = (next(a for a in zoo.ARCHITECTURES if a.name == name) for name in ("Llama", "BERT"))
 
 
-@pytest.fixture()
-def fresh(monkeypatch, tmp_path):
-    """An empty record folder and no record or notice kept in this process."""
-    monkeypatch.setenv("ORETROFIT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(selfcheck, "_RESULTS", {})
-    monkeypatch.setattr(selfcheck, "_NOTIFIED", set())
-    return tmp_path
-
-
 def _installed(monkeypatch, version: str) -> None:
     # after the models are built: building one may put a new transformers module object in
     # sys.modules, and the host reads the release from there
@@ -95,8 +86,8 @@ def test_a_model_whose_tiny_copy_breaks_a_contract_is_refused_naming_it(monkeypa
     _installed(monkeypatch, NEWER)
     measured = checks.agreement
 
-    def agreement(model, inputs, arm):                 # as if oa disagreed at τ→0 there
-        found = measured(model, inputs, arm)
+    def agreement(model, inputs, arm, *settings):      # as if oa disagreed there
+        found = measured(model, inputs, arm, *settings)
         return {**found, "relative_max_diff": 0.25} if arm == "oa" else found
 
     monkeypatch.setattr(checks, "agreement", agreement)
@@ -106,7 +97,7 @@ def test_a_model_whose_tiny_copy_breaks_a_contract_is_refused_naming_it(monkeypa
     assert message.startswith(f"transformers {NEWER} is newer than every release the "
                               "transformers host is tested on")
     assert "BertModel fails the self-check there" in message
-    assert "τ→0 agreement (oa: relative difference 0.25 > 0.0001)" in message
+    assert "agreement (oa: relative difference 0.25 > 0.0001)" in message
     assert message.endswith(f'pip install "{releases.requirement()}"')
     assert not [m for m in model.modules() if type(m).__module__ == "oretrofit._surgery.patching"]
     monkeypatch.setattr(checks, "agreement", measured)       # the record keeps the verdict

@@ -27,7 +27,7 @@ from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM  #
 from transformers.models.bert.modeling_bert import eager_attention_forward  # noqa: E402
 
 from oretrofit import retrofit, retrofitted  # noqa: E402
-from oretrofit.hosts.transformers.attention import o_attention_function  # noqa: E402
+from oretrofit.hosts.transformers.interface_route import o_attention_function  # noqa: E402
 from oretrofit.hosts.transformers.report import (EPS, PROMPTS, SENTENCES, load_minilm,  # noqa: E402
                                                  load_smollm2, null_insertion)
 

@@ -338,9 +338,10 @@ REFUSED_ON_CALL = [
 ]
 
 
-def build(arch: Architecture, seed: int = 0) -> nn.Module:
+def build(arch: Architecture, seed: int = 0, auto: Any = None) -> nn.Module:
     """The tiny fp32 model in eval mode, every parameter jittered by N(0, 0.05²) so that biases
-    and norm affines are non-zero."""
+    and norm affines are non-zero; ``auto``: the Auto class that builds it (``AutoModel``, or
+    e.g. ``AutoModelForCausalLM`` for the model with its LM head)."""
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging
     verbosity = logging.get_verbosity()
@@ -348,7 +349,7 @@ def build(arch: Architecture, seed: int = 0) -> nn.Module:
     try:
         config = AutoConfig.for_model(arch.model_type, **{**_COMMON, **arch.config})
         torch.manual_seed(seed)
-        model = AutoModel.from_config(config)
+        model = (auto or AutoModel).from_config(config)
     finally:
         logging.set_verbosity(verbosity)
     return jitter(model, seed)
@@ -461,8 +462,9 @@ def architectures_table() -> str:
             f"{on_call}\n\n"
             "Generated from `tests/hosts/transformers/zoo.py` by `make docs` "
             "(`scripts/transformers_docs.py`); `tests/hosts/transformers/test_architectures.py` "
-            "runs the contracts on every row, `tests/test_docs_transformers.py` checks this table "
-            "is current.\n")
+            "runs the contracts on every row, `tests/hosts/transformers/test_calls.py` calls every "
+            "row as users do (with and without a mask, `inputs_embeds`, `generate`, a training "
+            "step), `tests/test_docs_transformers.py` checks this table is current.\n")
 
 
 _TRACED = ("read from the layer's call: the input of the norm the MLP reads (pre-norm), the "

@@ -28,6 +28,11 @@
                                                 does: w_ij zeroed with probability `dropout`,
                                                 survivors scaled 1/(1 - dropout) (reference
                                                 path); ignored in eval() mode
+    output_attentions                           returns the O weights p_i w_ij (B, H, Nq, Nk)
+                                                the output is Σ_j p_i w_ij v_j of (reference
+                                                path); also where transformers 5 collects the
+                                                weights without passing it, or a 4.x module
+                                                is called with it and does not pass it on
     position_ids, use_cache, cache_position,    metadata for other kernels and outputs (packed
     encoder_hidden_states, key_value_states,    sequences, caches, flash-attention determinism,
     output_hidden_states, deterministic,        cross-attention sources: their presences are
@@ -57,7 +62,7 @@ from ..._surgery.host import RetrofitError
 from ..torch_nn import patch_all
 from .indexer import selected_keys
 from .layouts import forward_source
-from .capture import CarrierPresence
+from .capture import CarrierPresence, by_name
 
 __all__ = ["IMPLEMENTATION", "ADDITIVE_BIASES", "METADATA", "attach_o_attention",
            "o_attention_function", "register_implementation"]
@@ -68,6 +73,7 @@ METADATA = frozenset({"position_ids", "use_cache", "cache_position", "encoder_hi
                       "key_value_states", "output_hidden_states", "deterministic",
                       "return_dict", "output_router_logits"})
 _STATE = "_oretrofit_attention"          # attribute on a patched attention module
+_ASKED = "_oretrofit_output_attentions"  # its call's output_attentions (transformers 4.x)
 # id(config) -> its switch, while a retrofit holds it
 _SWITCHED: weakref.WeakValueDictionary[int, "_ImplementationSwitch"] = weakref.WeakValueDictionary()
 
@@ -92,6 +98,17 @@ def _check_keys(owner: str, attention_mask: Tensor | None, n_q: int, n_k: int,
             "forward, e.g. a recurrent or repeated layer), so its own attention is ill-defined "
             "there (eager fails; SDPA drops the newest keys); call it with use_cache=False, or "
             "with a config whose layer counts add up")
+
+
+def _mask_over_keys(attention_mask: Tensor | None, n_k: int) -> Tensor | None:
+    """The mask's columns of the ``n_k`` keys given, ``m[..., :n_k]``: transformers before 5.0
+    builds a decoder's mask without a 2-D ``attention_mask`` over one key past the cache
+    (``_update_causal_mask``: target length = cached + new + 1, GPT-2, BioGPT), and its eager and
+    SDPA functions read the first ``n_k`` columns; a mask over fewer keys is
+    :func:`_check_keys`' to refuse."""
+    if attention_mask is None or attention_mask.shape[-1] <= n_k:
+        return attention_mask
+    return attention_mask[..., :n_k]
 
 
 def _untracked_presences(module: nn.Module, state: CarrierPresence, n_q: int, n_k: int
@@ -207,9 +224,8 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
     is_causal, sliding_window = kwargs.pop("is_causal", None), kwargs.pop("sliding_window", None)
     softcap, sinks = kwargs.pop("softcap", None), kwargs.pop("s_aux", None)
     biases = [kwargs.pop(name) for name in ADDITIVE_BIASES if kwargs.get(name) is not None]
-    if kwargs.pop("output_attentions", None):
-        raise RetrofitError("output_attentions=True: the O attention function returns no weights; "
-                            "use oretrofit.o_attention(..., need_weights=True) on the q/k/v")
+    wanted = _weights_wanted(kwargs.pop("output_attentions", None)
+                             or module.__dict__.get(_ASKED, False))
     unknown = [name for name, given in kwargs.items()
                if given is not None and name not in METADATA]
     if unknown:
@@ -222,17 +238,66 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
         raise RetrofitError(untracked)
     if query.shape[2] > 1:               # one query attends to every key it is given either way
         is_causal = _sdpa_causality(module, attention_mask, is_causal)
+    attention_mask = _mask_over_keys(attention_mask, key.shape[2])
     _check_keys(type(module).__name__, attention_mask, query.shape[2], key.shape[2], is_causal,
                 state.first_write)
     mask = _score_mask(attention_mask, query, key, is_causal, sliding_window, biases)
-    p_keys = state.keys
+    p_keys, n_k = state.keys, key.shape[2]
     if sinks is not None:
         key, value, p_keys, mask = _with_sinks(sinks, key, value, p_keys, mask, query.shape[2])
     # eager attention's `dropout(w, p=dropout, training=module.training)`
-    out, _ = o_attention(query, key, value, state.query, p_keys, mask=mask,
-                         eps=state.config.eps, scale=scaling, softcap=softcap,
-                         dropout_p=dropout if module.training else 0.0)
-    return out.transpose(1, 2).contiguous(), None                              # (B, Nq, H, d)
+    out, weights = o_attention(query, key, value, state.query, p_keys, mask=mask,
+                               eps=state.config.eps, scale=scaling, softcap=softcap,
+                               dropout_p=dropout if module.training else 0.0,
+                               need_weights=wanted)
+    return out.transpose(1, 2).contiguous(), (                                 # (B, Nq, H, d)
+        None if weights is None else _receiver_weights(weights, state.query, n_k))
+
+
+def _weights_wanted(output_attentions: bool | None) -> bool:
+    """Whether the caller asks for the attention weights: ``output_attentions=True`` passed
+    down to the attention function (transformers 4.x), or the output collector of
+    transformers 5's ``capture_outputs`` collecting attentions for this forward (it reads them
+    from the attention module's returned weights, where no argument says so)."""
+    if output_attentions:
+        return True
+    collector = _output_collector()
+    collected = collector.get() if collector is not None else None
+    return bool(collected) and any(key.endswith("attentions") for key in collected)
+
+
+@functools.cache
+def _output_collector() -> Any:
+    """transformers' context variable of the outputs a forward collects (None where the
+    release has none)."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        try:
+            from transformers.utils.generic import _active_collector
+        except ImportError:
+            return None
+    return _active_collector
+
+
+def _record_output_attentions(attention: nn.Module) -> Undo:
+    """transformers 4.x: a pre-hook keeping the ``output_attentions`` the attention module is
+    called with (GPT-2's does not pass it on to the attention function, whose weights its
+    layer returns), for :func:`o_attention_function` to read."""
+    def record(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        asked = {**by_name(module, args), **kwargs}.get("output_attentions")
+        module.__dict__[_ASKED] = bool(asked)
+
+    remove = attention.register_forward_pre_hook(record, with_kwargs=True).remove
+    return patch_all(lambda: remove, lambda: PopAttribute(attention, _ASKED))
+
+
+def _receiver_weights(weights: Tensor, p_q: Tensor, n_k: int) -> Tensor:
+    """The O weights ``p_i w_ij`` (B, H, Nq, Nk) the output is ``Σ_j p_i w_ij v_j`` of: eq. 6's
+    weights gated by the receiver's presence ((B, Nq) or per head (B, H, Nq)), an attention
+    sink's column dropped (as eager attention drops it)."""
+    p = p_q[:, None, :, None] if p_q.dim() == 2 else p_q[..., None]
+    return p.to(weights.dtype) * weights[..., :n_k]
 
 
 def _o_mask_function(*args: Any, **kwargs: Any) -> Tensor | None:
@@ -343,6 +408,8 @@ def attach_o_attention(attention: nn.Module, carrier_module: nn.Module, config: 
 
     steps = [attach, lambda: carrier_module.register_forward_pre_hook(
         state.capture_hook, with_kwargs=True).remove]
+    if _output_collector() is None:
+        steps.append(lambda: _record_output_attentions(attention))
     if cross:
         steps.append(lambda: attention.register_forward_pre_hook(
             state.capture_sources_hook, with_kwargs=True).remove)

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Run the TabICL host's checks on every tabicl release, each in its own virtual environment,
+and write ``results/tabicl-compat.md`` (the table the host's version gate rests on).
+
+Per release ``X`` the environment ``VENVS/tabicl-X`` is the main environment (the interpreter
+running this script) with ``tabicl==X`` installed on top, and whatever that release pins
+(:func:`release_envs.layered_venv`), and:
+
+1. the TabICL tests: ``tests/hosts/tabicl``;
+2. a random tiny model of the release's ``TabICL`` class, both tasks, fp32: the largest
+   |Δ| of its forward retrofitted under oa and full-o at τ = 1e-8 from the unpatched forward
+   (must be ≤ 1e-5), ``revert`` bit-identical, and the largest |Δ| of a zero-padded forward of
+   three ragged datasets under full-o from each dataset's own forward (must be ≤ 1e-6).
+
+A release the host's gate refuses skips 1 and 2: its row is ``refused`` when retrofitting a
+model of the release's own class raises naming the release (never a bare import error, never
+"no registered host matches").
+
+Usage: ``python scripts/tabicl_compat.py [--venvs DIR] [--releases 2.1.0,2.2.0] [--out FILE]``.
+``--check`` is the in-environment step 2 (prints one JSON line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from packaging.version import Version
+
+from release_envs import (check_result, export_head, head_commit, layered_venv, markdown_table,
+                          provenance_lines, pytest_summary, receipt_command, sweep_parser)
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ["tests/hosts/tabicl"]
+RELEASES = ["0.0.1", "0.0.2", "0.0.3", "0.0.4", "0.0.5", "0.0.6", "0.1.0", "0.1.1", "0.1.2",
+            "0.1.3", "0.1.4", "2.0.0", "2.0.1", "2.0.2", "2.0.3", "2.1.0", "2.1.1", "2.2.0"]
+TAU, MAX_TAU_DEV, MAX_PAD_DEV = 1e-8, 1e-5, 1e-6
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+SOURCE = ROOT          # where the checks run: an export of the committed HEAD (see main)
+
+
+def _release_class() -> type:
+    """The release's ``TabICL`` (``tabicl._model`` from 2.1.0, ``tabicl.model`` before)."""
+    import importlib
+    for module in ("tabicl._model.tabicl", "tabicl.model.tabicl"):
+        try:
+            return importlib.import_module(module).TabICL
+        except ModuleNotFoundError:
+            continue
+    raise RuntimeError("this tabicl release ships no TabICL model class")
+
+
+def check() -> dict:
+    """Step 2 inside one environment; on a release the gate refuses, the refusal instead."""
+    import importlib.metadata
+    import inspect
+
+    import torch
+
+    import oretrofit
+    from oretrofit.hosts.tabicl import releases
+    from oretrofit.hosts.tabicl.checkpoints import TINY_CONFIG
+    found = {"tabicl": importlib.metadata.version("tabicl"), "torch": torch.__version__}
+    try:
+        releases.check_release(releases.installed_version())
+    except oretrofit.RetrofitError:
+        cls = _release_class()
+        accepted = inspect.signature(cls).parameters
+        model = cls(**{k: v for k, v in TINY_CONFIG.items() if k in accepted})
+        try:
+            oretrofit.retrofit(model, "oa")
+        except oretrofit.RetrofitError as err:
+            return {**found, "refused": str(err)}
+        return {**found, "refused": "NOT refused"}
+    return {**found, **_deviations()}
+
+
+def _deviations() -> dict:
+    """τ→0 and padding deviations of random tiny models, both tasks."""
+    import torch
+    from tabicl._model.inference_config import InferenceConfig
+
+    import oretrofit
+    from oretrofit.hosts.tabicl.checkpoints import random_model
+    from oretrofit.hosts.tabicl.padding import padded_forward
+    config = InferenceConfig()
+    config.update_from_dict({stage: {"device": torch.device("cpu"), "use_amp": False}
+                             for stage in ("COL_CONFIG", "ROW_CONFIG", "ICL_CONFIG")})
+    g = torch.Generator().manual_seed(0)
+    shapes = [(2, 12, 8, 5), (1, 9, 5, 3), (2, 15, 9, 7)]          # lanes, rows, train, features
+    out = {"tau": {"oa": 0.0, "full-o": 0.0}, "revert": True, "padding": 0.0}
+    for task in ("classifier", "regressor"):
+        xs = [torch.randn(b, r, f, generator=g) for b, r, _, f in shapes]
+        ys = [(torch.arange(n) % 3).float().expand(b, n).clone() if task == "classifier"
+              else torch.randn(b, n, generator=g) for b, _, n, _ in shapes]
+        model = random_model(task, zero_init=False)[0]
+        with torch.no_grad():
+            base = [model(x, y, inference_config=config) for x, y in zip(xs, ys)]
+            for arm in ("oa", "full-o"):
+                handle = oretrofit.retrofit(model, arm, tau=TAU)
+                patched = [model(x, y, inference_config=config) for x, y in zip(xs, ys)]
+                out["tau"][arm] = max(out["tau"][arm], *((p - b).abs().max().item()
+                                                          for p, b in zip(patched, base)))
+                if arm == "full-o":
+                    padded = padded_forward(model, xs, ys, inference_config=config)
+                    out["padding"] = max(out["padding"], *((p - q).abs().max().item()
+                                                          for p, q in zip(padded, patched)))
+                handle.revert()
+                out["revert"] &= all(torch.equal(model(x, y, inference_config=config), b)
+                                     for x, y, b in zip(xs, ys, base))
+    return out
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    env = {**ENV, "PYTHONPATH": str(SOURCE)}      # the export's code, not the editable checkout
+    return subprocess.run(cmd, cwd=SOURCE, env=env, capture_output=True, text=True)
+
+
+def run_release(venv: Path, release: str) -> dict:
+    """Both checks for one release; ``ok`` when every one passes (or, for a release the gate
+    refuses, when the refusal names the release)."""
+    python = str(venv / "bin" / "python")
+    start = time.monotonic()
+    checked = _run([python, str(SOURCE / "scripts" / "tabicl_compat.py"), "--check"])
+    result = check_result(checked)
+    if "refused" in result:
+        ok = f"tabicl {release} is not supported" in result["refused"]
+        tests = "not run (refused)"
+    else:
+        run = _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS])
+        tests = pytest_summary(run.stdout)
+        ok = (run.returncode == 0 and "error" not in result and result["revert"]
+              and max(result["tau"].values()) <= MAX_TAU_DEV and result["padding"] <= MAX_PAD_DEV)
+    return {"release": release, "ok": ok, "tests": tests, "result": result,
+            "wall_s": round(time.monotonic() - start)}
+
+
+def _outcome(row: dict) -> str:
+    if not row["ok"]:
+        return "FAIL"
+    return "refused" if "refused" in row["result"] else "pass"
+
+
+def render(rows: list[dict], command: str, commit: str) -> str:
+    """The compat table with its provenance."""
+    def cell(row: dict, *path: str) -> str:
+        value = row["result"]
+        for key in path:
+            value = value.get(key, {}) if isinstance(value, dict) else {}
+        return f"{value:.1e}" if isinstance(value, float) else "-"
+
+    lines = [
+        "# TabICL host: tabicl release compatibility",
+        "",
+        "Written by `scripts/tabicl_compat.py`; do not edit by hand. One layered virtual "
+        "environment per release (the main environment, torch 2.13.0 CPU, with `tabicl==X` "
+        "installed on top), running an export of the commit below. A release passes when (1) "
+        f"the TabICL tests pass ({', '.join(f'`{t}`' for t in TESTS)}) and (2) a random tiny "
+        "model of the release's `TabICL`, both tasks, fp32, retrofitted at τ = "
+        f"{TAU:g} stays within {MAX_TAU_DEV:g} of its unpatched forward under oa and full-o "
+        "(max |Δ|), `revert` restores it bit for bit, and three ragged datasets zero-padded "
+        f"into one forward under full-o stay within {MAX_PAD_DEV:g} of each dataset's own "
+        "forward (no mask). The host's version gate admits exactly the passing releases; a "
+        "release it refuses (`refused`) is not put through (1) and (2): its row shows that "
+        "retrofitting a model of the release's own class is refused naming the release, with "
+        "the `pip install` that fixes it.",
+        "",
+        *provenance_lines(command, commit),
+        "",
+        *markdown_table(
+            ["tabicl", "outcome", "TabICL tests", "τ→0 oa Δ", "τ→0 full-o Δ", "padding Δ",
+             "refusal", "torch", "wall s"],
+            [[row["release"], _outcome(row), row["tests"], cell(row, "tau", "oa"),
+              cell(row, "tau", "full-o"), cell(row, "padding"),
+              str(row["result"].get("refused", row["result"].get("error", "-")))[:110],
+              row["result"].get("torch", "-"), row["wall_s"]] for row in rows]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = sweep_parser(__doc__.splitlines()[0], "tabicl", RELEASES,
+                          ROOT / "results" / "tabicl-compat.md")
+    parser.add_argument("--check", action="store_true", help="in-environment check")
+    args = parser.parse_args()
+    if args.check:
+        print(json.dumps(check()))
+    else:
+        sweep(args.venvs, args.releases.split(","), args.out)
+
+
+def sweep(venvs: Path, releases: list[str], out: Path) -> None:
+    """Every release in its environment (an export of HEAD), the receipt rewritten after each."""
+    global SOURCE
+    SOURCE = export_head(ROOT, Path(tempfile.mkdtemp(prefix="tabicl-compat-")))
+    commit = head_commit(ROOT)
+    command = receipt_command("scripts/tabicl_compat.py", sys.argv[1:], {venvs: "VENVS"})
+    rows = []
+    for release in releases:
+        try:
+            layered_venv(venvs / f"tabicl-{release}", "tabicl", release)
+            rows.append(run_release(venvs / f"tabicl-{release}", release))
+        except RuntimeError as err:
+            rows.append({"release": release, "ok": False, "tests": f"install failed: {err}"[:200],
+                         "result": {}, "wall_s": 0})
+        print(f"{release}: {_outcome(rows[-1])} ({rows[-1]['tests']})", flush=True)
+        rows.sort(key=lambda row: Version(row["release"]))
+        out.write_text(render(rows, command, commit))
+        out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"wrote {out}")
+    sys.exit(0 if all(row["ok"] for row in rows) else 1)
+
+
+if __name__ == "__main__":
+    main()
