@@ -37,6 +37,7 @@ SMOKE = {
                                       "--out", "{tmp}/bench_attention.json"],
     "benchmarks/bench_hosts.py": ["--tiny", "--backend", "eager", "--repeats", "1",
                                   "--out", "{tmp}"],
+    "benchmarks/bench_cycles.py": ["--cycles", "2", "--pickle", "--out", "{tmp}/cycles.json"],
     "benchmarks/bench_pretrain_sizes.py": ["--steps", "1", "--warmup", "0", "--candidates", "32x1",
                                            "--max-rows", "32", "--out", "{tmp}/sizes.json"],
     "benchmarks/bench_pretrain_threads.py": ["--quick", "--steps", "1", "--warmup", "0",

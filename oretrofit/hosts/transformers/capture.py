@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ..._surgery.host import RetrofitError
 from ..._surgery.patching import SiteConfig
+from ..._surgery.per_call import PerCall, settings
 from ..._operators.presence import presence
 from ..._operators.presence_memo import carrier_presence
 from .cache import UNSEEN, cache_of, expect_keys
@@ -70,9 +71,9 @@ class CarrierPresence:
     config: SiteConfig
     layer_idx: int | None = None
     cross: bool = False
-    query: Tensor | None = None
-    keys: Tensor | None = None
-    first_write: bool = False
+    query = PerCall()           # Tensor | None, per call (:mod:`oretrofit._surgery.per_call`)
+    keys = PerCall()            # Tensor | None
+    first_write = PerCall(False)
 
     def capture(self, carrier: Tensor, cache: Any = None) -> None:
         """ρτ of the carrier; with a KV cache the keys' presences come from the cache layer the
@@ -117,4 +118,4 @@ class CarrierPresence:
 
     def __getstate__(self) -> dict[str, Any]:
         """The settings only: captured presences belong to one call."""
-        return {**self.__dict__, "query": None, "keys": None}
+        return settings(self)

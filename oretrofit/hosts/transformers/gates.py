@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from ..._operators.components import o_gate, o_gate_column
 from ..._surgery.host import RetrofitError
 from ..._surgery.patching import SiteConfig, Undo, noop, set_site, site_config
+from ..._surgery.per_call import PerCall, settings
 from ..._operators.presence import presence
 from ..._operators.presence_memo import carrier_presence
 from ..torch_nn import ATTENTION, gated_linear, patch_all
@@ -98,6 +99,8 @@ class _BranchGate:
     """The hooks of :func:`gate_branch`: :meth:`capture` ρτ of the carrier, :meth:`gate` the
     branch's output by it (methods of a plain object, so they pickle with the model)."""
 
+    p = PerCall()
+
     def __init__(self, config: SiteConfig) -> None:
         self.config, self.p = config, None
 
@@ -109,7 +112,7 @@ class _BranchGate:
         return gate_branch_output(p, output, module)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "p": None}
+        return settings(self)
 
 
 def gate_branch(carrier_module: nn.Module, branch: nn.Module, config: SiteConfig) -> Undo:
@@ -151,6 +154,8 @@ class _TableGate:
     """The hooks of :func:`gate_table` (a plain object's methods, so they pickle with the model):
     the carrier's presence from ``inputs_embeds`` or the word embedding, and the gate."""
 
+    p = PerCall()
+
     def __init__(self, config: SiteConfig, name: str, index: int) -> None:
         self.config, self.name, self.index, self.p = config, name, index, None
 
@@ -165,7 +170,7 @@ class _TableGate:
         return o_gate(self.p, output)                      # (B, N) x (B|1, N, d) -> (B, N, d)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "p": None}
+        return settings(self)
 
 
 
@@ -209,6 +214,9 @@ def gate_patch_table(table: nn.Module, patches: nn.Module, owner: nn.Module,
 class _PatchTableGate:
     """The hooks of :func:`gate_patch_table` (a plain object's methods, so they pickle)."""
 
+    p = PerCall()
+    gated = PerCall(False)
+
     def __init__(self, config: SiteConfig, learned: list[nn.Parameter]) -> None:
         self.config, self.learned, self.p, self.gated = config, learned, None, False
 
@@ -240,7 +248,7 @@ class _PatchTableGate:
                 "interpolate_pos_encoding")
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "p": None}
+        return settings(self)
 
 
 class _PositionTerm:
@@ -300,6 +308,9 @@ class _PositionTermGate:
     """The state of :func:`gate_position_term` (a plain object, so it pickles): the patch
     embedding's output of the current call and the gated term; the site config of the mixin."""
 
+    h = PerCall()
+    gated = PerCall()
+
     def __init__(self, config: SiteConfig) -> None:
         self.tau, self.eps = config.tau, config.eps
         self.h: Tensor | None = None
@@ -326,7 +337,7 @@ class _PositionTermGate:
                 "tell that each row is h + ρτ(h)·e")
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "h": None, "gated": None}
+        return settings(self)
 
 
 class OSequenceFirstBias:

@@ -64,7 +64,9 @@ from .stream import gate_traced_branch
 __all__ = ["TransformersHost", "INJECT", "forget_structures"]
 
 _ATTENTION_NAME = re.compile(r"Attention|Attn")
-_CACHE: dict[int, tuple[Any, tuple, list]] = {}     # id(model) -> (weakref, fingerprint, result)
+# model -> (fingerprint, [(backbone path, Structure)]): keyed weakly and holding only submodules
+# (never the model itself), so a dropped model is freed with its entry
+_CACHE: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, list]]" = weakref.WeakKeyDictionary()
 _HOWTO = ("register a layout with oretrofit.hosts.transformers.layouts.register_layout("
           "Layout(...)) naming the FFN branch and the module whose input is the residual stream "
           "entering it")
@@ -273,14 +275,11 @@ class TransformersHost:
         """Derived once per model (check, uncovered and sites each read it): kept while the
         model's modules and the layout rows are the same objects."""
         fingerprint = (tuple(map(id, model.modules())), tuple(map(id, LAYOUTS)))
-        cached = _CACHE.get(id(model))
-        if cached is not None and cached[0]() is model and cached[1] == fingerprint:
-            return cached[2]
-        for key in [k for k, v in _CACHE.items() if v[0]() is None]:
-            del _CACHE[key]
-        result = [(path, b, _structure(path, b)) for path, b in backbones(model)]
-        _CACHE[id(model)] = (weakref.ref(model), fingerprint, result)
-        return result
+        cached = _CACHE.get(model)
+        if cached is None or cached[0] != fingerprint:
+            cached = _CACHE[model] = (fingerprint, [(path, _structure(path, b))
+                                                    for path, b in backbones(model)])
+        return [(path, model.get_submodule(path), s) for path, s in cached[1]]
 
     def check(self, model: nn.Module) -> None:
         # a release newer than every tested one: the model's architecture is checked on a tiny

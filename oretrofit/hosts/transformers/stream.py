@@ -38,6 +38,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..._surgery.host import RetrofitError
 from ..._surgery.patching import SiteConfig, Undo
+from ..._surgery.per_call import PerCall, settings
 from ..._operators.presence_memo import carrier_presence
 from ..torch_nn import patch_all
 from .layouts import is_norm_named, is_qk_norm
@@ -147,6 +148,14 @@ def _confirmed(hooks: "_TracedGate") -> bool:
 class _TracedGate:
     """The hooks of :func:`gate_traced_branch` (a plain object's methods, so they pickle)."""
 
+    layer_input = PerCall()
+    attention_input = PerCall()
+    stream = PerCall()
+    p = PerCall()
+    how = PerCall()
+    trace = PerCall()
+    calls = PerCall()
+
     def __init__(self, name: str, config: SiteConfig) -> None:
         self.name, self.config = name, config
         self.checked: frozenset[str] = frozenset()      # decisions a traced call has confirmed
@@ -208,10 +217,7 @@ class _TracedGate:
                         else self.checked | {how})
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.update(layer_input=None, attention_input=None, stream=None, p=None, how=None,
-                     trace=None, calls=[])
-        return state
+        return settings(self)
 
 
 # each layer's gate, kept across retrofits: a compiled call guards on the gate's identity (it reads

@@ -55,3 +55,33 @@ def test_the_te_col_hook_comes_off_with_the_retrofit(small_ckpt):
     assert len(embed._forward_hooks) == 1
     retrofit.revert()
     assert len(embed._forward_hooks) == 0
+
+
+def test_one_fitted_estimator_shared_by_four_threads_returns_the_serial_predictions(small_ckpt):
+    """One fitted full-O estimator, four threads, test sets of mixed sizes: every prediction is
+    the one the same call gives alone, bit for bit."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(60, 4))
+    regressor, _ = make_regressor(small_ckpt, "full-o", 1e-8, inference_precision=torch.float64)
+    fitted = regressor.fit(x, x @ rng.normal(size=4))
+    tests = [rng.normal(size=(5 + (i * 7) % 23, 4)) for i in range(4 * 20)]
+    alone = [fitted.predict(t) for t in tests]
+    seen: list[np.ndarray | None] = [None] * len(tests)
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def predict(i: int) -> None:
+        try:
+            start.wait()
+            for j in range(i, len(tests), 4):
+                seen[j] = fitted.predict(tests[j])
+        except BaseException as exc:                   # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=predict, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[:3]
+    assert all(np.array_equal(a, s) for a, s in zip(alone, seen))

@@ -4,14 +4,17 @@ embeddings, one convolution over positions next to the layers."""
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaModel  # noqa: E402
 
-from oretrofit import RetrofitError, retrofit, retrofitted  # noqa: E402
+from oretrofit import RetrofitError, plan_retrofit, retrofit, retrofitted  # noqa: E402
 from oretrofit._operators.presence import presence  # noqa: E402
 from hosts.transformers import zoo  # noqa: E402
 from oretrofit.hosts.transformers.contracts import strict_load  # noqa: E402
@@ -88,3 +91,25 @@ def test_strict_load_both_ways(name: str) -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     assert strict_load(model, "full-o")
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+@pytest.mark.parametrize("after", ["plan", "retrofit", "revert"])
+def test_a_dropped_model_is_freed_whatever_was_done_to_it(after: str) -> None:
+    """The host's derivation cache is keyed weakly and holds only submodules: a model that is
+    planned, retrofitted or retrofitted and reverted is freed once dropped (a bare backbone, as
+    MiniLM's ``BertModel``, is its own backbone: the cache held it)."""
+    model = LlamaModel(LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+    if after == "plan":
+        plan_retrofit(model, "full-o")
+    else:
+        done = retrofit(model, "full-o")
+        model(input_ids=torch.tensor([[1, 2, 3]]))
+        if after == "revert":
+            done.revert()
+        del done
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
