@@ -235,9 +235,12 @@ def _check(route: Route, key: tuple[str, str, torch.dtype, int, str], device: to
     (Dynamo cannot trace the check's seeded generator)."""
     passed = route.ready()
     if passed:
-        # The first call may come from a frozen host's no_grad or inference_mode forward;
-        # the check's gradients need autograd.
-        with torch.inference_mode(False), torch.enable_grad():
+        # The first call may come from a frozen host's no_grad or inference_mode forward (the
+        # check's gradients need autograd) or from inside an autocast region (the check computes
+        # in the dtype it is asked about, not the region's: a bf16 autocast on a CPU would fail
+        # an fp32 check and turn the route off for the whole process).
+        with torch.inference_mode(False), torch.enable_grad(), \
+                torch.autocast(device.type, enabled=False):
             failure = (route.check(device, dtype) if route.check is not None
                        else check_route(route.run, device, dtype, head_dim))
         if failure:

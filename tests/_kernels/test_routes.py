@@ -315,3 +315,15 @@ def test_describe_names_the_route_each_dtype_takes(chain) -> None:
     assert route.describe(cpu, torch.bfloat16, 16) == "cudnn"
     assert route.describe(cpu, torch.float16, 12) == "cpu-flash (fp32 compute)"
     assert route.describe(cpu, torch.float32, 16) == "cpu-flash"
+
+
+def test_a_first_call_inside_an_autocast_region_checks_the_dtype_asked(monkeypatch) -> None:
+    """A bf16 autocast on the CPU (tabpfn's default precision there) around the first call must
+    not make an fp32 route fail its check and stay off for the process."""
+    monkeypatch.setattr(route, "_CHECKED", {})
+    q, k, v, p_q, p_k = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            o_attention(q, k, v, p_q, p_k)
+    assert route._CHECKED and all(route._CHECKED.values())
