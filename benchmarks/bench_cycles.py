@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from oretrofit import retrofit
-from oretrofit.hosts.transformers.report import load_minilm
+from oretrofit.hosts.transformers.measures import load_minilm
 
 
 def rss_mb() -> float:

@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from oretrofit import retrofit
 from oretrofit._surgery.per_call import PerCall
-from oretrofit.hosts.transformers.report import load_minilm
+from oretrofit.hosts.transformers.measures import load_minilm
 
 THREADS, CALLS = 4, 20
 

@@ -15,7 +15,7 @@ from oretrofit.regress import families
 from oretrofit.regress.host_tables import host_table, write_host_table
 from oretrofit.regress.store import read_cells
 
-tabicl = pytest.importorskip("tabicl")
+import tabicl  # noqa: E402,F401  (the `tabicl` extra, in `all`)
 from oretrofit.tabicl import write_random_checkpoint  # noqa: E402
 
 SMALL = ["--datasets", "sklearn:diabetes", "--seeds", "11", "--max-train", "32",

@@ -285,7 +285,7 @@ def _load_patched(path: str | os.PathLike[str], task: releases.Task,
 def retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float | None
                        ) -> tuple[Any, Retrofit | None]:
     """A copy of the unfitted tabpfn ``estimator`` (its arguments unchanged) whose model is its
-    checkpoint retrofitted with ``arm``: what :class:`oretrofit.sklearn.Retrofitted` fits.
+    checkpoint retrofitted with ``arm``: what :class:`oretrofit.tabpfn.Retrofitted` fits.
     ``model_path`` ``"auto"`` is tabpfn's cached default v3 checkpoint of the task."""
     from tabpfn import TabPFNClassifier
     task: releases.Task = "classifier" if isinstance(estimator, TabPFNClassifier) else "regressor"

@@ -1,4 +1,4 @@
-"""oretrofit.sklearn.Retrofitted over tabpfn's estimators: arm, τ and ε are parameters a search
+"""oretrofit.tabpfn.Retrofitted over tabpfn's estimators: arm, τ and ε are parameters a search
 tunes; it predicts as make_regressor / make_classifier with the same settings."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from sklearn.base import clone, is_classifier, is_regressor
 from sklearn.model_selection import GridSearchCV
 
 from oretrofit import RetrofitError
-from oretrofit.sklearn import Retrofitted
+from oretrofit.tabpfn import Retrofitted
 from oretrofit.tabpfn import make_classifier, make_regressor
 
 from . import FAST

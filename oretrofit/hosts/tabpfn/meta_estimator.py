@@ -16,7 +16,7 @@ from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
-from ._surgery.registry import Retrofit, RetrofitError
+from ..._surgery.registry import Retrofit, RetrofitError
 
 __all__ = ["Retrofitted"]
 
@@ -25,7 +25,7 @@ def _retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float 
                         ) -> tuple[Any, Retrofit | None]:
     """The host's retrofitted copy of ``estimator``: one function per estimator family."""
     if type(estimator).__module__.split(".")[0] == "tabpfn":
-        from .hosts.tabpfn.estimators import retrofit_estimator
+        from .estimators import retrofit_estimator
         return retrofit_estimator(estimator, arm, tau, eps)
     raise RetrofitError(f"Retrofitted wraps tabpfn's TabPFNRegressor / TabPFNClassifier; got "
                         f"{type(estimator).__module__}.{type(estimator).__name__}")
