@@ -42,9 +42,12 @@ def _outermost(module: nn.Module, prefix: str, top: bool = False) -> list[tuple[
 
 
 def _composite(pretrained: nn.Module) -> bool:
-    """Whether ``pretrained`` holds ``PreTrainedModel`` s and, outside them, attention the
-    torch.nn host has a site for (a BERT text encoder and an ``nn.TransformerEncoder`` in one
+    """Whether ``pretrained``, a user's ``PreTrainedModel`` class (not one of transformers' own,
+    whose heads this host owns whole), holds ``PreTrainedModel`` s and, outside them, attention
+    the torch.nn host has a site for (a BERT text encoder and an ``nn.TransformerEncoder`` in one
     model, as TabSTAR): its transformers parts are this host's, the rest the torch.nn host's."""
+    if type(pretrained).__module__.split(".")[0] == "transformers":
+        return False
     inner = [path for path, _ in _outermost(pretrained, "")]
     return bool(inner) and any(
         site.kind == ATTENTION and not inside(site.scope[0], inner)
