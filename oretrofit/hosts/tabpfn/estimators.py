@@ -34,7 +34,6 @@ __all__ = ["make_regressor", "make_classifier", "estimator_from_checkpoint", "ve
            "vendor_defaults", "in_memory_specs", "spec_patch", "check_spec_checkpoint",
            "retrofit_estimator", "load_patched_regressor", "load_patched_classifier"]
 
-EPS = EPS_RETROFIT              # OAttention ε of make_regressor / make_classifier by default
 _OURS = ("arm", "tau", "eps", "site_tau", "spec")
 
 
@@ -189,7 +188,7 @@ def arm_patch(arm: str, tau: float | None, eps: float | None,
         if arm == "base":
             return None
         return retrofit(model, arm, TAU_RETROFIT if tau is None else tau,
-                        EPS if eps is None else eps, site_tau=site_tau)
+                        EPS_RETROFIT if eps is None else eps, site_tau=site_tau)
 
     return patch
 

@@ -25,18 +25,12 @@ from torch import nn
 from .answers import (CHAT_PROMPTS, COSINE_LIMIT, LOGIT_LIMIT, NEW_TOKENS, Answers,
                       compare_answers, reference_answers, site_deviations)
 from .contracts import agreement, example_inputs, null_insertion, padding_delta
+from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
 
-__all__ = ["LIMITS", "Setting", "library_defaults", "check", "failed"]
+__all__ = ["LIMITS", "Setting", "check", "failed"]
 
 LIMITS = {"agreement": 1e-4, "drift": 1e-4, "padding": 1e-4, "logits": LOGIT_LIMIT,
           "cosine": COSINE_LIMIT}
-
-
-def library_defaults() -> dict[str, float]:
-    """τ and ε a retrofit takes when given none (:func:`oretrofit.retrofit`'s defaults):
-    ``TAU_RETROFIT`` and ``EPS_RETROFIT`` (0: the limit ε → 0⁺)."""
-    from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
-    return {"tau": TAU_RETROFIT, "eps": EPS_RETROFIT}
 
 
 @dataclass(frozen=True)
@@ -65,7 +59,8 @@ class Setting:
 def settings(arm: str | None, tau: float | None, eps: float | None,
              spec: Mapping[str, Any] | None) -> list[Setting]:
     """One :class:`Setting` per arm measured: the spec's, ``arm``, or ``oa`` and ``full-o``;
-    τ and ε not given are :func:`library_defaults`."""
+    τ and ε not given are a retrofit's own defaults, ``TAU_RETROFIT`` and ``EPS_RETROFIT``
+    (0: the limit ε → 0⁺)."""
     if spec is not None:
         if arm is not None or tau is not None or eps is not None:
             raise ValueError("a spec sets the arm, τ and ε itself; pass either spec or "
@@ -74,9 +69,8 @@ def settings(arm: str | None, tau: float | None, eps: float | None,
             raise ValueError("the spec has arm 'base': it patches nothing, so there is nothing "
                              "to check; pass a spec of arm oa or full-o")
         return [Setting(spec["arm"], spec["tau"], spec["eps"], spec)]
-    defaults = library_defaults()
-    tau = defaults["tau"] if tau is None else tau
-    eps = defaults["eps"] if eps is None else eps
+    tau = TAU_RETROFIT if tau is None else tau
+    eps = EPS_RETROFIT if eps is None else eps
     return [Setting(a, tau, eps) for a in ([arm] if arm is not None else ["oa", "full-o"])]
 
 
