@@ -65,11 +65,12 @@ from .dtypes import number_like
 # (L ≈ −1e30, σ(L − log ε) = 0 exactly) whatever a kernel does with fully masked rows, and far
 # enough below any real score that e^{t − max} is exactly 0.
 _NULL_LOGIT = -1e30
-# The ε sink's score for ε = 0 (the limit ε → 0⁺): half fp16's null logit (−32752), so it lies
+# The ε sink's score for ε = 0 (the limit ε → 0⁺): half fp16's null logit (−32752: a quarter of
+# its lowest finite value, as null_logit derives it), so it lies
 # below every live row's L_i = log Σ_j p_j e^{s_ij} (e^{−16376 − L} is exactly 0 even in fp64)
 # and above every null source's score on every route, in every dtype: a row with no live source
 # gives all its mass to the sink (value 0) and the gate σ(L − log ε) is exactly 0 or 1.
-_LIMIT_SINK_LOGIT = -16376.0
+_LIMIT_SINK_LOGIT = torch.finfo(torch.float16).min / 4          # −16376
 # lse″ of a null receiver in the backward: every P_ij = e^{t − lse″} is exactly 0.
 _NULL_LSE = 1e30
 # Query rows and key columns of one backward call (see the docstring). 768 query rows is the
