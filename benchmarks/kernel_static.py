@@ -2,7 +2,7 @@
 
     python benchmarks/kernel_static.py [--quick] [--out results/kernel_static.json]
 
-Each kernel of :mod:`oretrofit._kernels.triton` is compiled ahead of time for sm_90a at the GPU
+Each kernel of :mod:`oretrofit._kernels.triton_kernels` is compiled ahead of time for sm_90a at the GPU
 check's shapes (``(B, H→Hkv, N, d)``: (8, 9, 2048, 64), (1, 16, 8192, 128), GQA (1, 32→8, 8192,
 128)) and at d = 96 and 256, bf16, in the configuration the route picks (``configs_for``). The
 launch arguments are the ones a call builds: a call on ``meta`` tensors runs the real launcher
