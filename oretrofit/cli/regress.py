@@ -261,14 +261,33 @@ def tables(
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write the files "
                                        "(default: FIRST_DIR/tables)"),
     plots: bool = PLOTS, json_out: bool = JSON_OUT,
+    across_hosts: bool = typer.Option(False, "--across-hosts", help=(
+        "Compare the folders (one run per host, e.g. regress --host tabicl) instead of "
+        "merging them: ΔRMSE % of each O arm per folder and τ, into hosts.md and hosts.tex")),
 ) -> None:
     """Render Markdown, LaTeX, CSV and ΔRMSE % plots of run folders beside the paper."""
-    from oretrofit.regress.tables import render
     try:
+        if across_hosts:
+            return _across_hosts(folders, out, json_out)
+        from oretrofit.regress.tables import render
         rendered = render(folders, out, plots=plots)
     except _ERRORS as exc:
         raise fail(exc) from None
     _emit(rendered, json_out, {"folders": [str(f) for f in folders]})
+
+
+def _across_hosts(folders: list[Path], out: Optional[Path], json_out: bool) -> None:
+    """``tables --across-hosts``: the table across hosts on stdout (or its rows as JSON), its
+    files written (:func:`oretrofit.regress.host_tables.write_host_table`)."""
+    from oretrofit.regress.host_tables import write_host_table
+    rows, files = write_host_table(folders, out)
+    if json_out:
+        print_json({"schema_version": SCHEMA_VERSION, "kind": "oretrofit.tables.hosts",
+                    "folders": [str(f) for f in folders],
+                    "files": {k: str(v) for k, v in files.items()},
+                    "rows": [asdict(r) for r in rows]})
+    else:
+        print(files["hosts.md"].read_text(encoding="utf-8"))
 
 
 def register(app: typer.Typer) -> None:

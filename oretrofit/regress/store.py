@@ -287,7 +287,9 @@ def read_cells(folders: Iterable[str | os.PathLike[str]]
         found = folder.settings()
         if settings is not None and found != settings:
             raise RunMismatch(f"{folder.path} was made with other settings than the first "
-                              f"folder ({_difference(settings, found)}); render them separately")
+                              f"folder ({_difference(settings, found)}); render them "
+                              "separately, or compare them with `oretrofit tables "
+                              "--across-hosts`")
         settings = found
         for spec, receipt in folder.datasets().items():
             if spec in datasets and datasets[spec]["sha256"] != receipt["sha256"]:

@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 from oretrofit.cli.app import app
 from oretrofit.regress import families
-from oretrofit.regress.host_tables import host_table, write_host_table
 from oretrofit.regress.store import read_cells
 
 import tabicl  # noqa: E402,F401  (the `tabicl` extra, in `all`)
@@ -47,22 +46,6 @@ def test_regress_host_tabicl_runs_every_arm_end_to_end(tabicl_run: Path):
     assert abs(rmse["full-o"] - rmse["base"]) <= 1e-5 * rmse["base"]     # τ → 0: the host
     tables = (tabicl_run / "tables" / "tables.md").read_text()
     assert "Table 2 layout" in tables and "Table 7 layout" in tables
-
-
-def test_the_table_across_hosts_is_made_from_two_run_folders(tabicl_run: Path, tmp_path: Path):
-    checkpoint = write_random_checkpoint(tmp_path / "other.ckpt", "regressor", seed=4)
-    second = tmp_path / "second"
-    assert _regress("--host", "tabicl", "--model-path", checkpoint, "--out", second,
-                    *SMALL).exit_code == 0
-    table = host_table([tabicl_run, second])
-    assert [row[:3] for row in table.rows] == [["tabicl", "run", "1e-08"],
-                                               ["tabicl", "second", "1e-08"]]
-    _, _, cells = read_cells([tabicl_run])
-    rmse = {c["arm"]: c["rmse"] for c in cells}
-    expected = 100 * (rmse["full-o"] - rmse["base"]) / rmse["base"]
-    assert table.rows[0][5] == f"{expected:+.3f}%"
-    written = write_host_table([tabicl_run, second], tmp_path / "compare").read_text()
-    assert "| tabicl | second | 1e-08 |" in written
 
 
 def test_a_family_without_its_package_is_refused_by_name_with_the_fix(monkeypatch):
