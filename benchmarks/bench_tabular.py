@@ -273,17 +273,20 @@ def _previous(out: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--family", default=",".join(FAMILIES),
-                        help="comma-separated families (default: all)")
+    parser.add_argument("--family", default=None, help="comma-separated families of "
+                        f"{', '.join(FAMILIES)} (default: those whose package is installed)")
     parser.add_argument("--quick", action="store_true", help="small hosts and tables")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--datasets", type=int, default=8)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=Path("results/bench_tabular.json"))
     args = parser.parse_args()
-    families = [f.strip() for f in args.family.split(",") if f.strip()]
-    unknown = sorted(set(families) - set(FAMILIES))
-    if unknown or not families or args.rounds < 1 or args.datasets < 1:
+    families = ([f.strip() for f in args.family.split(",") if f.strip()]
+                if args.family is not None else [f for f in FAMILIES if package_version(f)])
+    if not families:
+        parser.error(f"none of {', '.join(FAMILIES)} is installed; install one "
+                     "(pip install 'oretrofit[tabpfn]', ...)")
+    if set(families) - set(FAMILIES) or args.rounds < 1 or args.datasets < 1:
         parser.error(f"--family takes some of {', '.join(FAMILIES)} (got {args.family!r}); "
                      "--rounds and --datasets at least 1")
     for name in families:
