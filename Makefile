@@ -6,6 +6,8 @@
 #                                   transformers (CI too)
 #   make test-tabdpt   the TabDPT host's tests (tests/hosts/tabdpt, which `make test` leaves out)
 #                      in an environment with tabdpt (CI too)
+#   make test-tabpfn-time-series   the tabpfn-time-series example's tests (tests/examples, which
+#                      `make test` leaves out) in an environment with it (CI too)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q
@@ -49,6 +51,11 @@ TABDPT := 1.3.1
 TABDPT_ENV := $(VENV)/tabdpt-$(TABDPT)
 TABDPT_STAMP := $(TABDPT_ENV)/.oretrofit-installed
 TABDPT_TESTS := tests/hosts/tabdpt
+# tabpfn-time-series pulls pandas < 3 and huggingface-hub < 2 (gluonts, datasets) over the main
+# environment's: examples/tabpfn_time_series_batched.py is tested in an environment of its own
+TSF := 1.3.0
+TSF_ENV := $(VENV)/tabpfn-time-series-$(TSF)
+TSF_STAMP := $(TSF_ENV)/.oretrofit-installed
 PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
 
 # $(call layered,ENV,PACKAGE,RELEASE): ENV over the main environment with PACKAGE==RELEASE on top
@@ -67,6 +74,9 @@ $(OLDEST_STAMP): $(STAMP)
 $(TABDPT_STAMP): $(STAMP)
 	$(call layered,$(TABDPT_ENV),tabdpt,$(TABDPT))
 
+$(TSF_STAMP): $(STAMP)
+	$(call layered,$(TSF_ENV),tabpfn-time-series,$(TSF))
+
 # an optional package transformers imports (kernels) hidden where the main environment's release
 # of it is outside the bound that release declares, as scripts/transformers_compat.py does
 $(OLDEST_TF_STAMP): $(STAMP)
@@ -75,7 +85,7 @@ $(OLDEST_TF_STAMP): $(STAMP)
 		from transformers_compat import hide_imported_optional as hide; \
 		print("hidden:", hide(Path("$(OLDEST_TF)/bin/python")))'
 
-.PHONY: install test test-tabpfn-oldest test-transformers-oldest test-tabdpt demo bench docs docs-api
+.PHONY: install test test-tabpfn-oldest test-transformers-oldest test-tabdpt test-tabpfn-time-series demo bench docs docs-api
 install: $(STAMP)
 
 test: $(STAMP)
@@ -89,6 +99,10 @@ test-transformers-oldest: $(OLDEST_TF_STAMP)
 
 test-tabdpt: $(TABDPT_STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(TABDPT_ENV)/bin/python -m pytest -q $(TABDPT_TESTS)
+
+# its telemetry off: no usage events sent from a test run
+test-tabpfn-time-series: $(TSF_STAMP)
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TABPFN_DISABLE_TELEMETRY=1 $(TSF_ENV)/bin/python -m pytest -q tests/examples
 
 demo: $(STAMP)
 	$(VENV)/bin/oretrofit patch --arm full-o --tau 1e-8 --model-path demo

@@ -24,7 +24,9 @@ from oretrofit._surgery.serialize import calibrated_weights_digest
 # The TabDPT host's tests run in an environment of their own, with tabdpt (`make test-tabdpt`:
 # tabdpt pins huggingface-hub<2.0, below what this environment's transformers needs). A run over
 # tests/ leaves their directory out; a run naming it (`pytest tests/hosts/tabdpt`) collects it.
-collect_ignore = ["hosts/tabdpt"]
+# The tabpfn-time-series example's tests likewise (`make test-tabpfn-time-series`: the package
+# pins pandas < 3 and huggingface-hub < 2 through its dependencies).
+collect_ignore = ["hosts/tabdpt", "examples"]
 
 
 @pytest.fixture(autouse=True)
