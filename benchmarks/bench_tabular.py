@@ -47,9 +47,8 @@ import statistics
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -73,8 +72,7 @@ SIZES = {"tabdpt": {"emsize": 128, "nhead": 4, "ff_dim": 256, "nlayers": 4,
 Data = list[tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
-@dataclass(frozen=True)
-class Family:
+class Family(NamedTuple):
     """How the benchmark builds one family's estimators and calls its batched prediction."""
 
     name: str

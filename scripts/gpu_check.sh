@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check of issue 55 (half precision) and of the TabPFN host, in one run of at most 9 minutes.
+# The GPU check of issue 55 (half precision) and of the tabular hosts, in one run of at most 10 minutes.
 #   bash scripts/gpu_check.sh [--device cuda|cpu] [--out DIR]
 # --device cuda (default): the full check, receipts under results/cuda/. --device cpu: the same
 # steps at tiny settings (a smoke run of every step; the tests run it), receipts under --out.
-# PYTHON=... picks the interpreter (torch, transformers, and for steps 5-7 tabpfn); WHEELS=DIR
+# PYTHON=... picks the interpreter (torch, transformers, for steps 5-7 tabpfn, for step 8 any of
+# tabpfn, tabicl, tabdpt: it runs the families installed and fails when none is); WHEELS=DIR
 # installs carried wheels (pip --no-index) into /tmp/site first, for a machine without a registry.
-# Each step has its own time limit (they add up to 530 s on CUDA; stretched 6x with --device cpu,
+# Each step has its own time limit (they add up to 580 s on CUDA; stretched 6x with --device cpu,
 # where other jobs share the cores); a step that fails or runs out is recorded
 # and the next one runs. OUT/gpu_check.json lists each step's command, exit status and seconds with
 # the provenance (versions, device, git revision), and the OAttention routes of step 3.
@@ -22,6 +23,8 @@
 #                                                             -> OUT/table2-cell/, OUT/table2-cell.json
 #   6. ragged batched prediction, 64 datasets                 -> OUT/bench_batched.json
 #   7. TabPFN full-o / base predict time and memory           -> OUT/bench_retrofit.json
+#   8. each tabular family's full-o / base predict and batched / loop, vendor defaults
+#                                                             -> OUT/bench_tabular.{json,md}
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=cuda
@@ -86,6 +89,8 @@ step batched 60 "$PYTHON" benchmarks/bench_batched.py --device "$DEVICE" --size 
   --rounds "$(( ROUNDS < 3 ? ROUNDS : 3 ))" --datasets "$DATASETS" --out "$OUT/bench_batched.json"
 step retrofit 60 "$PYTHON" benchmarks/bench_retrofit.py --device "$DEVICE" $QUICK \
   --out "$OUT/bench_retrofit.json"
+step tabular 50 "$PYTHON" benchmarks/bench_tabular.py --device "$DEVICE" $QUICK \
+  --rounds "$(( ROUNDS < 3 ? ROUNDS : 3 ))" --out "$OUT/bench_tabular.json"
 
 "$PYTHON" - "$STEPS" "$OUT/gpu_check.json" "$DEVICE" <<'EOF'
 import json

@@ -11,27 +11,41 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--candidates", "32x4,bad"], "give EMBEDxTASKS pairs"),
-    (["--candidates", "32x0"], "give EMBEDxTASKS pairs"),
-    (["--max-rows", "10"], "3 <= min_rows <= max_rows"),
+@pytest.mark.parametrize(("script", "args", "message"), [
+    ("bench_pretrain_sizes.py", ["--candidates", "32x4,bad"], "give EMBEDxTASKS pairs"),
+    ("bench_pretrain_sizes.py", ["--candidates", "32x0"], "give EMBEDxTASKS pairs"),
+    ("bench_pretrain_sizes.py", ["--max-rows", "10"], "3 <= min_rows <= max_rows"),
+    ("bench_tabular.py", ["--family", "tabpfn,catboost"],
+     "--family takes some of tabpfn, tabicl, tabdpt"),
+    ("bench_tabular.py", ["--rounds", "0"], "--rounds and --datasets at least 1"),
 ])
-def test_bench_pretrain_sizes_refuses_bad_arguments(tmp_path, monkeypatch, capsys, script_module,
-                                                    args, message):
+def test_benchmarks_refuse_bad_arguments(tmp_path, monkeypatch, capsys, script_module, script,
+                                         args, message):
     """Checked in this process (the smoke run below starts the script as a command)."""
     out = tmp_path / "receipt.json"
-    monkeypatch.setattr(sys, "argv", ["bench_pretrain_sizes.py", *args, "--out", str(out)])
+    monkeypatch.setattr(sys, "argv", [script, *args, "--out", str(out)])
     with pytest.raises(SystemExit) as exit_:
-        script_module("benchmarks/bench_pretrain_sizes.py").main()
+        script_module(f"benchmarks/{script}").main()
     assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_bench_tabular_names_the_environment_of_a_family_not_installed(
+        tmp_path, monkeypatch, capsys, script_module):
+    module = script_module("benchmarks/bench_tabular.py")
+    monkeypatch.setattr(module, "package_version", lambda name: None if name == "tabdpt" else "1")
+    monkeypatch.setattr(sys, "argv", ["bench_tabular.py", "--family", "tabdpt",
+                                      "--out", str(tmp_path / "r.json")])
+    with pytest.raises(SystemExit):
+        module.main()
+    assert "--family tabdpt needs the tabdpt package" in capsys.readouterr().err
 
 
 # Every script in benchmarks/ and scripts/gpu_* runs here at its smallest settings on the CPU, so
 # a script the README cites cannot break unnoticed. scripts/gpu_check.sh --device cpu runs the
 # GPU check's steps at tiny settings: the operator sweep, scripts/gpu_attention.py,
 # scripts/gpu_attention_shapes.py, scripts/gpu_llama.py, a Table 2 cell, bench_batched.py and
-# bench_retrofit.py (and its memory probe).
+# bench_retrofit.py (and its memory probe) and bench_tabular.py (the families installed here).
 SMOKE = {
     "benchmarks/bench_attention.py": ["--quick", "--no-memory", "--max-reference-n", "256",
                                       "--out", "{tmp}/bench_attention.json"],
@@ -46,10 +60,12 @@ SMOKE = {
     "benchmarks/kernel_static.py": ["--quick", "--out", "{tmp}/kernel_static.json"],
 }
 RUN_BY_GPU_CHECK = {"benchmarks/bench_batched.py", "benchmarks/bench_retrofit.py",
+                    "benchmarks/bench_tabular.py",
                     "scripts/gpu_attention.py", "scripts/gpu_attention_shapes.py",
                     "scripts/gpu_llama.py"}
 GPU_CHECK_RECEIPTS = ["operators-quick.json", "attention.json", "attention_shapes.json", "llama.json",
-                      "table2-cell.json", "bench_batched.json", "bench_retrofit.json"]
+                      "table2-cell.json", "bench_batched.json", "bench_retrofit.json",
+                      "bench_tabular.json", "bench_tabular.md"]
 
 
 def test_every_benchmark_and_gpu_script_has_a_smoke_run() -> None:
@@ -101,7 +117,7 @@ def test_the_gpu_check_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [s["step"] for s in summary["steps"]] == [
         "operators", "attention", "attention_warm", "attention_shapes", "llama", "table2_cell",
-        "batched", "retrofit"]
+        "batched", "retrofit", "tabular"]
     assert all(s["exit"] == 0 for s in summary["steps"]) and summary["environment"]
     for name in GPU_CHECK_RECEIPTS:
         assert (tmp_path / name).exists(), name
@@ -124,3 +140,12 @@ def test_the_gpu_check_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     retrofit = json.loads((tmp_path / "bench_retrofit.json").read_text())
     assert [r["arm"] for r in retrofit["rows"]] == ["base", "oa", "full-o"]
     assert all(r["peak_bytes"] > 0 for r in retrofit["rows"])
+    tabular = json.loads((tmp_path / "bench_tabular.json").read_text())
+    assert sorted(tabular["families"]) == ["tabicl", "tabpfn"]     # the installed families
+    for entry in tabular["families"].values():
+        assert [(r["task"], r["measure"]) for r in entry["rows"]] == [
+            (task, measure) for task in ("regressor", "classifier")
+            for measure in ("predict", "batched")]
+        assert all(r["max_rel_difference"] <= 1e-3 for r in entry["rows"]
+                   if r["measure"] == "batched")                    # the batched answers
+    assert tabular["markdown"] + "\n" == (tmp_path / "bench_tabular.md").read_text()
