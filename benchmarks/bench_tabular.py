@@ -2,7 +2,7 @@
 estimator, and its batched prediction against the per-dataset loop, at the vendor's defaults.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_tabular.py [--family tabpfn,tabicl,tabdpt]
-                                                         [--quick] [--rounds 5] [--datasets 8]
+                                                         [--quick] [--rounds 3] [--datasets 6]
                                                          [--device cpu]
                                                          [--out results/bench_tabular.json]
 
@@ -30,7 +30,8 @@ unpatched estimator, the O arm is ``full-o`` at τ = 1e-8. Two measures per fami
   features, 2–4 classes); ``predict_batched`` / ``predict_proba_batched`` of the full-o
   estimator against ``copy.copy(estimator).fit(X, y).predict(X_test)`` per dataset, interleaved;
   the ratio is the loop's median seconds over the batched call's (throughput, target ≥ 1.0×),
-  with the largest difference of the batched predictions from the loop's.
+  with the largest difference of the batched predictions from the loop's (in the warm-up),
+  relative to the loop's largest value.
 
 The load average before and after each family is recorded (the machine may be shared). Prints
 a Markdown table, writes it beside the receipt (``.md``) and a JSON receipt with provenance.
@@ -64,7 +65,7 @@ TAU, SEED = 1e-8, 0
 TARGETS = {"predict": 1.15, "batched": 1.0}
 """full-o predict seconds over base's (at most); the loop's seconds over the batched call's
 (at least)."""
-N_TRAIN, N_TEST, N_FEATURES, N_CLASSES = 256, 128, 8, 3
+N_TRAIN, N_TEST, N_FEATURES, N_CLASSES = 128, 64, 8, 3
 QUICK_SHAPE = (48, 16, 4, 3)
 SIZES = {"tabdpt": {"emsize": 128, "nhead": 4, "ff_dim": 256, "nlayers": 4,
                     "max_num_features": 16, "max_eval_context": 1024}}
@@ -145,11 +146,10 @@ def ragged(count: int, task: str) -> Data:
 
 
 def interleaved(runs: dict[str, Callable[[], Any]], rounds: int, device: str
-                ) -> dict[str, list[float]]:
-    """Seconds of each run over ``rounds`` interleaved rounds, after one untimed warm-up each
-    (other load on the machine hits them alike)."""
-    for run in runs.values():
-        run()
+                ) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Seconds of each run over ``rounds`` interleaved rounds (other load on the machine hits
+    them alike), and what each returned in its untimed warm-up."""
+    first = {name: run() for name, run in runs.items()}
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
@@ -160,7 +160,7 @@ def interleaved(runs: dict[str, Callable[[], Any]], rounds: int, device: str
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             seconds[name].append(time.perf_counter() - start)
-    return seconds
+    return seconds, first
 
 
 def _max_rel_difference(found: list[Any], expected: list[Any]) -> float:
@@ -182,8 +182,8 @@ def measure(family: Family, task: str, args: argparse.Namespace) -> list[dict[st
                                                          N_CLASSES), task)
     for estimator in estimators.values():
         estimator.fit(x, y)
-    predict = interleaved({arm: (lambda e=e: getattr(e, method)(x_test, **kwargs))
-                           for arm, e in estimators.items()}, args.rounds, args.device)
+    predict, _ = interleaved({arm: (lambda e=e: getattr(e, method)(x_test, **kwargs))
+                              for arm, e in estimators.items()}, args.rounds, args.device)
     data = ragged(2 if args.quick else args.datasets, task)
     full_o = estimators["full-o"]
 
@@ -198,8 +198,8 @@ def measure(family: Family, task: str, args: argparse.Namespace) -> list[dict[st
     def batch() -> list[Any]:
         return batched(full_o, *map(list, zip(*data)), **kwargs)
 
-    difference = _max_rel_difference(batch(), loop())
-    seconds = interleaved({"loop": loop, "batched": batch}, args.rounds, args.device)
+    seconds, first = interleaved({"loop": loop, "batched": batch}, args.rounds, args.device)
+    difference = _max_rel_difference(first["batched"], first["loop"])
     common = {"task": task, "method": method, "checkpoint": portable(path),
               "checkpoint_sha256": sha256_file(path), "vendor_kwargs": vendor,
               "predict_kwargs": kwargs}
@@ -274,8 +274,8 @@ def main() -> None:
     parser.add_argument("--family", default=None, help="comma-separated families of "
                         f"{', '.join(FAMILIES)} (default: those whose package is installed)")
     parser.add_argument("--quick", action="store_true", help="small hosts and tables")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--datasets", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--datasets", type=int, default=6)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=Path("results/bench_tabular.json"))
     args = parser.parse_args()

@@ -25,7 +25,7 @@ def _bench(*args: str, cache: Path) -> subprocess.CompletedProcess:
 def test_the_tabdpt_family_joins_the_receipt(tmp_path: Path):
     out = tmp_path / "bench_tabular.json"
     other = {"schema_version": 1, "benchmark": "bench_tabular", "quick": True, "rounds": 1,
-             "datasets": 8, "device": "cpu", "families": {"tabicl": KEPT}}
+             "datasets": 6, "device": "cpu", "families": {"tabicl": KEPT}}
     out.write_text(json.dumps(other))
     done = _bench("--family", "tabdpt", "--out", str(out), cache=tmp_path / "cache")
     assert done.returncode == 0, done.stderr[-3000:]
