@@ -44,6 +44,7 @@ QUOTED_REPORTS = {"results/studies/otransformer.md": "docs/studies.md",
                   "results/bench_hosts.md": "docs/benchmarks.md",
                   "results/bench_hosts_short.md": "docs/benchmarks.md",
                   "results/bench_hosts_compile.md": "docs/benchmarks.md",
+                  "results/bench_tabular.md": "docs/benchmarks.md",
                   "results/regress/demo-host/tables/tables.md": "docs/demo-host.md",
                   "results/demo-host/calibrated/README.md": "docs/calibration.md"}
 
@@ -56,7 +57,8 @@ EVALUATION_RECEIPTS = ["oretrofit/data/tabpfn-v3-demo-eval.json",
 # benchmark scripts that print a table and keep it in their receipt's "markdown" field
 BENCHMARK_RECEIPTS = ["results/bench_pretrain_sizes.json", "results/bench_pretrain_threads.json",
                       "results/bench_pretrain_batch-128.json", "results/bench_pretrain_batch-512.json",
-                      "results/bench_retrofit.json", "results/bench_batched.json"]
+                      "results/bench_retrofit.json", "results/bench_batched.json",
+                      "results/bench_tabular.json"]
 
 COMPARISONS = [(page.relative_to(ROOT).as_posix(), block) for page in [*PAGES, *HISTORY_PAGES]
                for block in comparisons(page.read_text())]
