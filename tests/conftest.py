@@ -24,7 +24,7 @@ from oretrofit._surgery.serialize import calibrated_weights_digest
 # The TabDPT host's tests run in an environment of their own, with tabdpt (`make test-tabdpt`:
 # tabdpt pins huggingface-hub<2.0, below what this environment's transformers needs). A run over
 # tests/ leaves their directory out; a run naming it (`pytest tests/hosts/tabdpt`) collects it.
-collect_ignore = ["hosts/tabdpt"]
+collect_ignore = ["hosts/tabdpt", "hosts/mitra"]
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ documented order of the built-ins:
     tabpfn-v3            20   TabPFN models (v3, v3.5; oretrofit.hosts.tabpfn.versions)
     tabdpt               20   TabDPT models (tabdpt.model.TabDPTModel; oretrofit.hosts.tabdpt)
     tabicl               20   TabICL models (tabicl._model.tabicl.TabICL; oretrofit.hosts.tabicl)
+    mitra                20   Mitra models (autogluon.tabular's Tab2D; oretrofit.hosts.mitra)
     transformers         10   transformers models routed through the attention interface
     torch.nn              0   the fallback: plain torch.nn modules, and whatever part of a model
                               the matched hosts do not own
@@ -33,7 +34,8 @@ __all__ = ["KINDS", "BUILTIN_HOSTS", "DEFAULT_SPECIFICITY", "RetrofitError", "Si
 KINDS = ("attention", "norm", "ffn", "inject")
 DEFAULT_SPECIFICITY = 10
 BUILTIN_HOSTS = ("oretrofit.hosts.tabpfn.host", "oretrofit.hosts.tabdpt.host",
-                 "oretrofit.hosts.tabicl.host", "oretrofit.hosts.transformers.host",
+                 "oretrofit.hosts.tabicl.host", "oretrofit.hosts.mitra.host",
+                 "oretrofit.hosts.transformers.host",
                  "oretrofit.hosts.torch_nn")
 
 
