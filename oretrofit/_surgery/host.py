@@ -29,7 +29,8 @@ from torch import nn
 from .patching import SiteConfig, Undo
 
 __all__ = ["KINDS", "BUILTIN_HOSTS", "DEFAULT_SPECIFICITY", "RetrofitError", "Site", "SiteConfig",
-           "Host", "inside", "join_path", "register_host", "registered_hosts", "specificity"]
+           "Host", "inside", "join_path", "register_host", "registered_hosts", "specificity",
+           "check_tested_release"]
 
 KINDS = ("attention", "norm", "ffn", "inject")
 DEFAULT_SPECIFICITY = 10
@@ -41,6 +42,21 @@ BUILTIN_HOSTS = ("oretrofit.hosts.tabpfn.host", "oretrofit.hosts.tabdpt.host",
 
 class RetrofitError(ValueError):
     """A retrofit request that cannot be carried out; the message says how to fix it."""
+
+
+def check_tested_release(host: str, package: str, version: str | None,
+                         tested: Sequence[str], fix: str) -> None:
+    """Refuse a release of ``package`` (``version``, None when not installed) outside the
+    ``tested`` ones the ``host`` admits, naming the ``fix``: an untested release may have
+    changed what the host's O-mixins replace, and would be patched silently wrong."""
+    if version in tested:
+        return
+    listed = ", ".join(tested)
+    if version is None:
+        raise RetrofitError(f"the {host} host needs {package} {listed}, and {package} is not "
+                            f"installed: {fix}")
+    raise RetrofitError(f"{package} {version} is not supported by the {host} host: it is tested "
+                        f"on {package} {listed} only: {fix}")
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 from ..._files.provenance import package_version
-from ..._surgery.host import RetrofitError
+from ..._surgery.host import check_tested_release
 
 __all__ = ["TESTED_RELEASES", "installed_version", "check_release", "FIX"]
 
@@ -25,12 +25,5 @@ def installed_version() -> str | None:
 
 
 def check_release(version: str | None) -> None:
-    """Refuse an autogluon.tabular release the host has not been shown to work with."""
-    if version in TESTED_RELEASES:
-        return
-    tested = ", ".join(TESTED_RELEASES)
-    if version is None:
-        raise RetrofitError(f"the Mitra host needs autogluon.tabular {tested}, and it is not "
-                            f"installed: {FIX}")
-    raise RetrofitError(f"autogluon.tabular {version} is not supported by the Mitra host: it is "
-                        f"tested on autogluon.tabular {tested} only: {FIX}")
+    """Refuse a autogluon.tabular release the host has not been shown to work with, naming the fix."""
+    check_tested_release("Mitra", "autogluon.tabular", version, TESTED_RELEASES, FIX)

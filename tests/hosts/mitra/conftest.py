@@ -1,5 +1,6 @@
 """Tiny random Mitra models and their checkpoints, written by the tests (no weights can be
-downloaded here), datasets of a few rows, and the vendor's estimators in float32."""
+downloaded here), model inputs of a few rows (the tables: ``tests/hosts/conftest.py``), and the
+vendor's estimators in float32."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import pytest
 import torch
 from torch import Tensor
@@ -41,22 +41,6 @@ def cells() -> Callable[..., tuple[Tensor, ...]]:
         return (torch.randn(b, s, f, generator=g), y, torch.randn(b, q, f, generator=g),
                 torch.zeros(b, f, dtype=torch.bool), torch.zeros(b, s, dtype=torch.bool),
                 torch.zeros(b, q, dtype=torch.bool))
-
-    return make
-
-
-@pytest.fixture
-def table() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``table(rows, features, classes, seed)``: train ``X, y`` and test ``X`` (classes 0 means
-    a regression target)."""
-
-    def make(rows: int, features: int, classes: int, seed: int, test_rows: int = 7
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        rng = np.random.default_rng(seed)
-        x = rng.normal(size=(rows + test_rows, features))
-        y = (rng.integers(0, classes, rows) if classes
-             else x[:rows] @ rng.normal(size=features) + 0.1 * rng.normal(size=rows))
-        return x[:rows], y, x[rows:]
 
     return make
 

@@ -24,6 +24,7 @@ def test_other_releases_are_refused_with_the_fix(version):
 
 
 def test_no_autogluon_is_refused_with_the_fix():
-    with pytest.raises(RetrofitError, match=r"it is not installed: pip install "
+    with pytest.raises(RetrofitError, match=r"the Mitra host needs autogluon.tabular 1\.6\.3, and "
+                                            r"autogluon.tabular is not installed: pip install "
                                             r"'autogluon.tabular\[mitra\]==1\.6\.3'"):
         releases.check_release(None)
