@@ -31,10 +31,11 @@ _RETROFIT_PARAMS = {"arm": "full-o", "tau": TAU_RETROFIT, "eps": EPS_RETROFIT}
 def _with_retrofit_params(vendor_init: Callable[..., None]) -> Callable[..., None]:
     """The vendor's ``__init__`` taking ``arm``, ``tau`` and ``eps`` too, its signature (which
     sklearn's ``get_params`` reads) the vendor's plus those three."""
-    def __init__(self: Any, *args: Any, arm: str = "full-o", tau: float = TAU_RETROFIT,
-                 eps: float = EPS_RETROFIT, **kwargs: Any) -> None:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        settings = {name: kwargs.pop(name, default) for name, default in _RETROFIT_PARAMS.items()}
         vendor_init(self, *args, **kwargs)
-        self.arm, self.tau, self.eps = arm, tau, eps
+        for name, value in settings.items():
+            setattr(self, name, value)
 
     signature = inspect.signature(vendor_init)
     __init__.__signature__ = signature.replace(parameters=[  # type: ignore[attr-defined]
@@ -57,6 +58,9 @@ class _Loader:
     def retrofitted(self, path: str, device: str) -> Retrofit:
         from autogluon.tabular.models.mitra._internal.models.tab2d import Tab2D
         e = self.estimator
+        if e.arm not in ARMS or e.arm == "base":
+            raise RetrofitError(f"a retrofitted Mitra estimator needs arm 'oa' or 'full-o', not "
+                                f"{e.arm!r} (the vendor's own estimator is the base arm)")
         return retrofit(Tab2D.from_pretrained(path, device=device), e.arm, e.tau, e.eps)
 
 
@@ -67,9 +71,6 @@ class _RetrofittedEstimator:
         """The retrofit of the checkpoint's model (``hf_model`` on ``device``) with ``arm``,
         ``tau`` and ``eps``, loaded here: what every ``fit`` applies to the models it loads
         (a checkpoint or setting the host refuses is refused here, before any fit)."""
-        if self.arm not in ARMS or self.arm == "base":
-            raise RetrofitError(f"a retrofitted Mitra estimator needs arm 'oa' or 'full-o', not "
-                                f"{self.arm!r} (the vendor's own estimator is the base arm)")
         return _Loader(self).retrofitted(self.hf_model, self.device)
 
     def _create_config(self, task: Any, dim_output: int, time_limit: Any = None) -> tuple:

@@ -100,3 +100,10 @@ def test_the_checkpoint_is_passed_once(checkpoints):
         make_classifier(checkpoints["classification"], hf_model="elsewhere")
     with pytest.raises(RetrofitError, match="unknown arm 'o'"):
         make_classifier(checkpoints["classification"], "o")
+
+
+def test_a_fit_with_an_arm_that_patches_nothing_is_refused(checkpoints, table):
+    ours, _ = make_classifier(checkpoints["classification"], **VENDOR)
+    ours.set_params(arm="base")
+    with pytest.raises(RetrofitError, match="needs arm 'oa' or 'full-o', not 'base'"):
+        ours.fit(*table(20, 4, 3, seed=0)[:2])
