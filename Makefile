@@ -8,6 +8,8 @@
 #                      in an environment with tabdpt (CI too)
 #   make test-tabpfn-time-series   the tabpfn-time-series example's tests (tests/examples, which
 #                      `make test` leaves out) in an environment with it (CI too)
+#   make test-mitra    the Mitra host's tests (tests/hosts/mitra, which `make test` leaves out)
+#                      in an environment with autogluon.tabular[mitra] (CI too)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q
@@ -56,14 +58,23 @@ TABDPT_TESTS := tests/hosts/tabdpt
 TSF := 1.3.0
 TSF_ENV := $(VENV)/tabpfn-time-series-$(TSF)
 TSF_STAMP := $(TSF_ENV)/.oretrofit-installed
+# autogluon.tabular pins pandas<2.4 (and older tabpfn/tabicl in extras other than mitra): the
+# Mitra host's tests run in an environment of their own. Its mitra extra keeps the main
+# environment's torch (it pulls pandas, pyarrow, einx, boto3, and transformers 5.24.0 over 5.25.0
+# in this environment only), so the extra installs as declared.
+MITRA := 1.6.3
+MITRA_ENV := $(VENV)/mitra-$(MITRA)
+MITRA_STAMP := $(MITRA_ENV)/.oretrofit-installed
+MITRA_TESTS := tests/hosts/mitra
 PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
 
-# $(call layered,ENV,PACKAGE,RELEASE): ENV over the main environment with PACKAGE==RELEASE on top
+# $(call layered,ENV,PACKAGE,RELEASE[,EXTRAS]): ENV over the main environment with
+# PACKAGE[EXTRAS]==RELEASE on top
 define layered
 	test -x $(1)/bin/python || python3 -m venv --without-pip $(1)
 	echo "import site; site.addsitedir('$$($(PY) -c '$(PURELIB)')')" \
 		> "$$($(1)/bin/python -c '$(PURELIB)')/_oretrofit_main_venv.pth"
-	$(1)/bin/python -m pip install -q "$(2)==$(3)"
+	$(1)/bin/python -m pip install -q "$(2)$(4)==$(3)"
 	$(1)/bin/python -c 'import importlib.metadata as m; assert m.version("$(2)") == "$(3)"'
 	touch $(1)/.oretrofit-installed
 endef
@@ -77,6 +88,9 @@ $(TABDPT_STAMP): $(STAMP)
 $(TSF_STAMP): $(STAMP)
 	$(call layered,$(TSF_ENV),tabpfn-time-series,$(TSF))
 
+$(MITRA_STAMP): $(STAMP)
+	$(call layered,$(MITRA_ENV),autogluon.tabular,$(MITRA),[mitra])
+
 # an optional package transformers imports (kernels) hidden where the main environment's release
 # of it is outside the bound that release declares, as scripts/transformers_compat.py does
 $(OLDEST_TF_STAMP): $(STAMP)
@@ -85,7 +99,7 @@ $(OLDEST_TF_STAMP): $(STAMP)
 		from transformers_compat import hide_imported_optional as hide; \
 		print("hidden:", hide(Path("$(OLDEST_TF)/bin/python")))'
 
-.PHONY: install test test-tabpfn-oldest test-transformers-oldest test-tabdpt test-tabpfn-time-series demo bench docs docs-api
+.PHONY: install test test-tabpfn-oldest test-transformers-oldest test-tabdpt test-tabpfn-time-series test-mitra demo bench docs docs-api
 install: $(STAMP)
 
 test: $(STAMP)
@@ -103,6 +117,9 @@ test-tabdpt: $(TABDPT_STAMP)
 # its telemetry off: no usage events sent from a test run
 test-tabpfn-time-series: $(TSF_STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TABPFN_DISABLE_TELEMETRY=1 $(TSF_ENV)/bin/python -m pytest -q tests/examples
+
+test-mitra: $(MITRA_STAMP)
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(MITRA_ENV)/bin/python -m pytest -q $(MITRA_TESTS)
 
 demo: $(STAMP)
 	$(VENV)/bin/oretrofit patch --arm full-o --tau 1e-8 --model-path demo

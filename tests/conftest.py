@@ -26,7 +26,8 @@ from oretrofit._surgery.serialize import calibrated_weights_digest
 # tests/ leaves their directory out; a run naming it (`pytest tests/hosts/tabdpt`) collects it.
 # The tabpfn-time-series example's tests likewise (`make test-tabpfn-time-series`: the package
 # pins pandas < 3 and huggingface-hub < 2 through its dependencies).
-collect_ignore = ["hosts/tabdpt", "examples"]
+# The Mitra host's tests likewise (`make test-mitra`: autogluon.tabular pins pandas<2.4).
+collect_ignore = ["hosts/tabdpt", "hosts/mitra", "examples"]
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ documented order of the built-ins:
     tabpfn-v3            20   TabPFN models (v3, v3.5; oretrofit.hosts.tabpfn.versions)
     tabdpt               20   TabDPT models (tabdpt.model.TabDPTModel; oretrofit.hosts.tabdpt)
     tabicl               20   TabICL models (tabicl._model.tabicl.TabICL; oretrofit.hosts.tabicl)
+    mitra                20   Mitra models (autogluon.tabular's Tab2D; oretrofit.hosts.mitra)
     transformers         10   transformers models routed through the attention interface
     torch.nn              0   the fallback: plain torch.nn modules, and whatever part of a model
                               the matched hosts do not own
@@ -28,17 +29,34 @@ from torch import nn
 from .patching import SiteConfig, Undo
 
 __all__ = ["KINDS", "BUILTIN_HOSTS", "DEFAULT_SPECIFICITY", "RetrofitError", "Site", "SiteConfig",
-           "Host", "inside", "join_path", "register_host", "registered_hosts", "specificity"]
+           "Host", "inside", "join_path", "register_host", "registered_hosts", "specificity",
+           "check_tested_release"]
 
 KINDS = ("attention", "norm", "ffn", "inject")
 DEFAULT_SPECIFICITY = 10
 BUILTIN_HOSTS = ("oretrofit.hosts.tabpfn.host", "oretrofit.hosts.tabdpt.host",
-                 "oretrofit.hosts.tabicl.host", "oretrofit.hosts.transformers.host",
+                 "oretrofit.hosts.tabicl.host", "oretrofit.hosts.mitra.host",
+                 "oretrofit.hosts.transformers.host",
                  "oretrofit.hosts.torch_nn")
 
 
 class RetrofitError(ValueError):
     """A retrofit request that cannot be carried out; the message says how to fix it."""
+
+
+def check_tested_release(host: str, package: str, version: str | None,
+                         tested: Sequence[str], fix: str) -> None:
+    """Refuse a release of ``package`` (``version``, None when not installed) outside the
+    ``tested`` ones the ``host`` admits, naming the ``fix``: an untested release may have
+    changed what the host's O-mixins replace, and would be patched silently wrong."""
+    if version in tested:
+        return
+    listed = ", ".join(tested)
+    if version is None:
+        raise RetrofitError(f"the {host} host needs {package} {listed}, and {package} is not "
+                            f"installed: {fix}")
+    raise RetrofitError(f"{package} {version} is not supported by the {host} host: it is tested "
+                        f"on {package} {listed} only: {fix}")
 
 
 @dataclass

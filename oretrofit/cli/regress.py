@@ -203,7 +203,8 @@ def regress(
                                         "held out before capping"),
     eps: Optional[float] = typer.Option(None, "--eps", help="OAttention ε ≥ 0 [default: 0]"),
     host: str = typer.Option("tabpfn", "--host", help=(
-        "Model family: tabpfn, tabicl or tabdpt (tabicl/tabdpt: --model-path FILE)")),
+        "Model family: tabpfn, tabicl, tabdpt or mitra (tabicl/tabdpt: --model-path FILE; "
+        "mitra: --model-path DIR)")),
     plots: bool = PLOTS, json_out: bool = JSON_OUT,
 ) -> None:
     """Run a dataset × seed × arm × τ matrix of TabPFN v3 fits, then render its tables."""

@@ -6,6 +6,8 @@ I/O, the releases it admits, its contracts) lives in its folder.
     tabpfn/          TabPFN v3: sites, checkpoints, estimators, patched artifacts
     tabdpt/          TabDPT: sites, checkpoints, estimators, the padded forward
     tabicl/          TabICL: sites, estimators, token boundaries
+    mitra/           Mitra (autogluon.tabular): sites, checkpoints, estimators, the padded
+                     forward; its package is also its public entry point
 
 Importing this package registers nothing: :func:`oretrofit.registered_hosts` imports the host
 modules named in :data:`oretrofit._surgery.host.BUILTIN_HOSTS` on first use. A host imports the core

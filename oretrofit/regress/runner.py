@@ -42,7 +42,8 @@ from .._operators.presence import EPS_RETROFIT, check_eps
 from .._operators.presence_profile import PresenceProfile, presence_by_module
 from .._files.provenance import environment, portable, sha256_file
 from .._surgery.registry import ARMS, RetrofitError
-from .families import check_host, checkpoint_file, make_regressor, vendor_kwargs
+from .families import (check_host, checkpoint_file, make_regressor, vendor_kwargs,
+                       weights_file)
 from .data import Dataset, canonical_spec, load_datasets, refuse_twins
 from .protocol import PAPER_PROTOCOL, SplitProtocol, rmse_r2
 from .store import Cell, RunFolder
@@ -340,7 +341,8 @@ def _checkpoint(model: ModelSettings, matrix: Matrix) -> tuple[Path, str, str]:
             raise ValueError(f"per-site τ variants are planned on TabPFN's host; --host "
                              f"{model.host} runs the arms at one τ each (drop --variant)")
         checkpoint = checkpoint_file(model.host, model.model_path)
-        return checkpoint, f"{model.host} checkpoint", sha256_file(checkpoint)
+        return (checkpoint, f"{model.host} checkpoint",
+                sha256_file(weights_file(model.host, checkpoint)))
     from ..tabpfn import checkpoint_sha256, resolve_model_path
     checkpoint = resolve_model_path(model.model_path)
     weights, host = _check_builds(checkpoint)

@@ -69,5 +69,30 @@ def test_settings_a_family_has_no_argument_for_are_refused():
         {"n_estimators": 2, "device": "cpu", "random_state": 7}, {})
     assert families.vendor_kwargs("tabdpt", {"n_estimators": 2, "device": "cpu"}, seed=7) == (
         {"device": "cpu"}, {"n_ensembles": 2, "seed": 7})
+    assert families.vendor_kwargs("mitra", {"n_estimators": 2, "device": "cpu"}, seed=7) == (
+        {"n_estimators": 2, "device": "cpu", "seed": 7}, {})
+    with pytest.raises(ValueError, match=r"--host mitra runs at its own \(bfloat16 autocast"):
+        families.vendor_kwargs("mitra", {"inference_precision": torch.float16}, seed=1)
     with pytest.raises(ValueError, match="needs --model-path FILE"):
         families.checkpoint_file("tabicl", "demo")
+
+
+def test_a_mitra_checkpoint_is_a_directory_digested_by_its_weights_file(tmp_path: Path):
+    with pytest.raises(ValueError, match=r"--host mitra needs --model-path DIR, a checkpoint "
+                                         r"directory in the vendor's format \(config.json and "
+                                         r"model.safetensors"):
+        families.checkpoint_file("mitra", str(tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    assert families.checkpoint_file("mitra", str(tmp_path)) == tmp_path
+    assert families.weights_file("mitra", tmp_path) == tmp_path / "model.safetensors"
+    assert families.weights_file("tabicl", tmp_path / "x.ckpt") == tmp_path / "x.ckpt"
+
+
+def test_mitra_without_autogluon_is_refused_naming_its_own_environment():
+    """This environment has no autogluon (it pins pandas<2.4): ``make test-mitra`` has one."""
+    with pytest.raises(ValueError, match=r"--host mitra needs the autogluon\.tabular\.models\."
+                                         r"mitra\.sklearn_interface package.*pip install "
+                                         r"'autogluon\.tabular\[mitra\]==1\.6\.3', in its own "
+                                         r"environment: autogluon pins pandas<2\.4; `make "
+                                         r"test-mitra` builds one\)"):
+        families.check_host("mitra")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata as _md
 
-from ..._surgery.host import RetrofitError
+from ..._surgery.host import check_tested_release
 
 __all__ = ["TESTED_RELEASES", "installed_version", "check_release", "FIX"]
 
@@ -25,11 +25,4 @@ def installed_version() -> str | None:
 
 def check_release(version: str | None) -> None:
     """Refuse a tabdpt release the host has not been shown to work with, naming the fix."""
-    if version in TESTED_RELEASES:
-        return
-    tested = ", ".join(TESTED_RELEASES)
-    if version is None:
-        raise RetrofitError(f"the TabDPT host needs tabdpt {tested}, and tabdpt is not "
-                            f"installed: {FIX}")
-    raise RetrofitError(f"tabdpt {version} is not supported by the TabDPT host: it is tested on "
-                        f"tabdpt {tested} only: {FIX}")
+    check_tested_release("TabDPT", "tabdpt", version, TESTED_RELEASES, FIX)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 
 from ..._files.provenance import package_version
-from ..._surgery.host import RetrofitError
+from ..._surgery.host import check_tested_release
 
 __all__ = ["TESTED_RELEASES", "installed_version", "check_release"]
 
@@ -28,13 +28,6 @@ def installed_version() -> str | None:
 
 def check_release(version: str | None) -> None:
     """Refuse a tabicl release the host has not been shown to work with, naming the fix."""
-    if version in TESTED_RELEASES:
-        return
-    tested = ", ".join(TESTED_RELEASES)
-    fix = (f"pip install 'tabicl>={TESTED_RELEASES[0]},<={TESTED_RELEASES[-1]}' (or pip install "
-           "'oretrofit[tabicl]')")
-    if version is None:
-        raise RetrofitError(f"the TabICL host needs tabicl {tested}, and tabicl is not "
-                            f"installed: {fix}")
-    raise RetrofitError(f"tabicl {version} is not supported by the TabICL host: it is tested "
-                        f"on tabicl {tested} only: {fix}")
+    check_tested_release("TabICL", "tabicl", version, TESTED_RELEASES,
+                         f"pip install 'tabicl>={TESTED_RELEASES[0]},<={TESTED_RELEASES[-1]}' "
+                         "(or pip install 'oretrofit[tabicl]')")

@@ -1,12 +1,11 @@
 """Tiny random TabDPT models and their checkpoints, written by the tests (no weights can be
-downloaded here), and datasets of a few rows."""
+downloaded here), and model inputs of a few rows (the tables: ``tests/hosts/conftest.py``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import pytest
 import torch
 from torch import Tensor
@@ -36,21 +35,5 @@ def batch() -> Callable[..., tuple[Tensor, Tensor]]:
         y = (torch.randint(0, 3, (b, n), generator=g).float() if is_cls
              else torch.randn(b, n, generator=g))
         return x, y
-
-    return make
-
-
-@pytest.fixture
-def table() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``table(rows, features, classes, seed)``: train ``X, y`` and test ``X`` (classes 0 means
-    a regression target)."""
-
-    def make(rows: int, features: int, classes: int, seed: int, test_rows: int = 7
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        rng = np.random.default_rng(seed)
-        x = rng.normal(size=(rows + test_rows, features))
-        y = (rng.integers(0, classes, rows) if classes
-             else x[:rows] @ rng.normal(size=features) + 0.1 * rng.normal(size=rows))
-        return x[:rows], y, x[rows:]
 
     return make

@@ -73,7 +73,7 @@ def test_the_registry_takes_a_tabdpt_model_where_transformers_cannot_import(mode
     retrofitted: no host needs transformers to match or patch it."""
     monkeypatch.setitem(sys.modules, "transformers", None)      # any import of it now fails
     names = [h.name for h in oretrofit.registered_hosts()]
-    assert sorted(names) == ["tabdpt", "tabicl", "tabpfn-v3", "torch.nn", "transformers"]
+    assert sorted(names) == ["mitra", "tabdpt", "tabicl", "tabpfn-v3", "torch.nn", "transformers"]
     assert retrofit(model, "full-o").plan.host == "tabdpt"
 
 

@@ -1,0 +1,35 @@
+"""The Mitra host (autogluon.tabular's ``Tab2D``): ``host.py`` (its sites) over ``blocks.py``
+(the O-mixin of its layer) and ``releases.py`` (the autogluon.tabular releases it admits);
+``checkpoints.py`` (the vendor's checkpoint format, random models), ``padding.py`` (the token
+boundary, and one forward over datasets of different sizes), ``estimators.py`` (retrofitted
+``MitraClassifier`` / ``MitraRegressor``) and ``batched.py`` (their ``predict`` over many
+datasets in one padded forward). Needs ``autogluon.tabular[mitra]`` 1.6.3, which pins
+``pandas<2.4`` and so lives in an environment of its own (``make test-mitra`` builds one).
+
+This package is also the public entry point of the Mitra host (the package root has no room for
+an ``oretrofit.mitra``): ``from oretrofit.hosts.mitra import make_classifier``. Its names are
+imported on first use, so importing the package imports neither torch's models nor autogluon.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["make_classifier", "make_regressor", "predict_batched", "predict_proba_batched",
+           "padded_forward", "TINY", "random_model", "write_random_checkpoint"]
+
+_HOMES = {"make_classifier": "estimators", "make_regressor": "estimators",
+          "predict_batched": "batched", "predict_proba_batched": "batched",
+          "padded_forward": "padding", "TINY": "checkpoints", "random_model": "checkpoints",
+          "write_random_checkpoint": "checkpoints"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
