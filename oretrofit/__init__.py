@@ -6,14 +6,15 @@ contributes to anything shared between tokens.
 
 Every public name is listed once in ``__all__`` and imported from its home module on first
 use (PEP 562), so ``import oretrofit`` (and ``oretrofit --help``) does not import torch; the
-public subpackages ``oretrofit.transformers``, ``oretrofit.tabpfn`` and ``oretrofit.tabdpt``
-likewise, on first use (:func:`_lazy_attributes`, which ``oretrofit.transformers`` shares).
+public subpackages ``oretrofit.transformers``, ``oretrofit.tabpfn``, ``oretrofit.tabdpt`` and
+``oretrofit.mitra`` likewise, on first use (:func:`_lazy_attributes`, which ``oretrofit.transformers`` shares).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import sys
 from typing import TYPE_CHECKING, Any, Callable
 
 try:                    # pyproject.toml's version, the one place it is set
@@ -24,6 +25,11 @@ except importlib.metadata.PackageNotFoundError:                  # a source tree
 from ._surgery import moved  # noqa: E402
 
 moved.install()                 # old module paths (a pickle written before a move) still load
+
+# ``oretrofit.mitra`` is the Mitra host's package itself, which is its own facade (its names are
+# imported on first use, so this imports neither torch nor autogluon): the public name without an
+# 18th entry at the package root (tests/test_import_graph.py).
+sys.modules[f"{__name__}.mitra"] = importlib.import_module(".hosts.mitra", __name__)
 
 # public name -> the module that defines it
 _HOMES = {
@@ -83,7 +89,7 @@ def _lazy_attributes(namespace: dict[str, Any], homes: dict[str, tuple[str, str]
 
 __getattr__, __dir__ = _lazy_attributes(
     globals(), {name: (home, name) for name, home in _HOMES.items()},
-    ("tabdpt", "tabpfn", "transformers"))
+    ("mitra", "tabdpt", "tabpfn", "transformers"))
 
 
 if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ imports these

@@ -157,7 +157,8 @@ def _documented_order() -> list[tuple[str, int]]:
 def test_fresh_interpreter_lists_the_hosts_in_documented_order() -> None:
     code = ("import json, sys, oretrofit\n"
             "hosts = oretrofit.registered_hosts()\n"
-            "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'oretrofit')\n"
+            "loaded = sorted(m for m, module in sys.modules.items()\n"
+            "                if m.split('.')[0] == 'oretrofit' and module.__name__ == m)\n"
             "print(json.dumps([[[h.name, h.specificity] for h in hosts], loaded]))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=PACKAGE.parent)

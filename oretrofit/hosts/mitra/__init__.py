@@ -6,9 +6,9 @@ boundary, and one forward over datasets of different sizes), ``estimators.py`` (
 datasets in one padded forward). Needs ``autogluon.tabular[mitra]`` 1.6.3, which pins
 ``pandas<2.4`` and so lives in an environment of its own (``make test-mitra`` builds one).
 
-This package is also the public entry point of the Mitra host (the package root has no room for
-an ``oretrofit.mitra``): ``from oretrofit.hosts.mitra import make_classifier``. Its names are
-imported on first use, so importing the package imports neither torch's models nor autogluon.
+This package is also the public entry point of the Mitra host, importable as ``oretrofit.mitra``
+(``oretrofit/__init__.py`` names it so): ``from oretrofit.mitra import make_classifier``. Its
+names are imported on first use, so importing the package imports neither torch nor autogluon.
 """
 
 from __future__ import annotations
