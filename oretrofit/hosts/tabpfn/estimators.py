@@ -25,7 +25,8 @@ from torch import nn
 
 from ..._files.provenance import cache_dir
 from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
-from ..._surgery.registry import ARMS, Retrofit, RetrofitError, apply_spec, read_spec, retrofit
+from ..._surgery.registry import (Retrofit, RetrofitError, apply_spec, check_arm, read_spec,
+                                  retrofit)
 from . import releases, reload
 from .artifact import ARTIFACT_KEY, read_patch_spec, write_patched_artifact
 from .checkpoints import (build_model, checkpoint_sha256, checkpoint_task, inference_config,
@@ -183,13 +184,7 @@ def arm_patch(arm: str, tau: float | None, eps: float | None,
               site_tau: Mapping[str, float] | None = None
               ) -> Callable[[nn.Module], Retrofit | None]:
     """The patch step of ``arm`` (None for ``base``, which takes no τ, ε or site τ)."""
-    if arm not in ARMS:
-        raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
-    given = [name for name, value in (("tau", tau), ("eps", eps), ("site_tau", site_tau))
-             if value is not None]
-    if arm == "base" and given:
-        raise RetrofitError(f"arm 'base' patches no site, so {', '.join(given)} would be "
-                            "ignored; drop them, or choose arm 'oa' or 'full-o'")
+    check_arm(arm, tau=tau, eps=eps, site_tau=site_tau)
 
     def patch(model: nn.Module) -> Retrofit | None:
         if arm == "base":
