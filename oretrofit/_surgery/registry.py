@@ -33,8 +33,8 @@ from .serialize import (attach, check_calibrated_weights, check_spec, check_spec
                         footprint, parse_spec_json, site_records, strip, unstrip)
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
-           "register_host", "registered_hosts", "plan_retrofit", "retrofit", "retrofitted",
-           "apply_spec", "read_spec", "check_schema_version", "SPEC_VERSION", "SPEC_VERSIONS_READ"]
+           "register_host", "registered_hosts", "check_arm", "plan_retrofit", "retrofit",
+           "retrofitted", "apply_spec", "read_spec", "check_schema_version", "SPEC_VERSION", "SPEC_VERSIONS_READ"]
 
 ARMS: dict[str, frozenset[str]] = {
     "base": frozenset(),
@@ -44,6 +44,17 @@ ARMS: dict[str, frozenset[str]] = {
 SPEC_VERSION = 2             # 2 added site_modules (oretrofit._surgery.serialize.ADDED_IN)
 SPEC_VERSIONS_READ = (1, 2)
 _ACTIVE = "_oretrofit_retrofit"          # attribute on a retrofitted model (not in state_dict)
+
+
+def check_arm(arm: str, **settings: Any) -> None:
+    """Refuse an unknown arm, and settings (``tau=``, ``eps=``, …) given to arm ``base``, which
+    patches no site and would ignore them; a setting of None is not given."""
+    if arm not in ARMS:
+        raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
+    given = [name for name, value in settings.items() if value is not None]
+    if arm == "base" and given:
+        raise RetrofitError(f"arm 'base' patches no site, so {', '.join(given)} would be "
+                            "ignored; drop them, or choose arm 'oa' or 'full-o'")
 
 
 def _matches(pattern: str, name: str) -> bool:

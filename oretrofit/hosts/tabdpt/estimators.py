@@ -13,24 +13,32 @@ import os
 from typing import Any
 
 from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
-from ..._surgery.registry import ARMS, Retrofit, RetrofitError, retrofit
+from ..._surgery.registry import Retrofit, RetrofitError, check_arm, retrofit
 
-__all__ = ["make_classifier", "make_regressor"]
+__all__ = ["make_classifier", "make_regressor", "retrofit_estimator"]
 
 
 def _make(kind: str, model_path: str | os.PathLike[str] | None, arm: str, tau: float, eps: float,
           vendor_kwargs: dict[str, Any]) -> tuple[Any, Retrofit | None]:
-    if arm not in ARMS:
-        raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
+    check_arm(arm)
     if "model_weight_path" in vendor_kwargs:
         raise RetrofitError("model_path is tabdpt's model_weight_path: pass the checkpoint once, "
                             "as model_path")
     import tabdpt
     estimator = getattr(tabdpt, kind)(
         model_weight_path=None if model_path is None else os.fspath(model_path), **vendor_kwargs)
+    return retrofit_estimator(estimator, arm, tau, eps)
+
+
+def retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float | None
+                       ) -> tuple[Any, Retrofit | None]:
+    """``estimator`` (a TabDPT estimator: it loaded its own model in ``__init__``) with that
+    model retrofitted in place with ``arm`` (τ, ε None: ``TAU_RETROFIT``, ``EPS_RETROFIT``):
+    what :class:`oretrofit.tabdpt.Retrofitted` fits, given a clone."""
     if arm == "base":
         return estimator, None
-    return estimator, retrofit(estimator.model, arm, tau, eps)
+    return estimator, retrofit(estimator.model, arm, TAU_RETROFIT if tau is None else tau,
+                               EPS_RETROFIT if eps is None else eps)
 
 
 def make_classifier(model_path: str | os.PathLike[str] | None, arm: str = "full-o",

@@ -17,10 +17,10 @@ from typing import Any
 from tabicl import TabICLClassifier, TabICLRegressor
 
 from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
-from ..._surgery.registry import ARMS, Retrofit, RetrofitError, retrofit
+from ..._surgery.registry import Retrofit, RetrofitError, check_arm, retrofit
 
-__all__ = ["make_classifier", "make_regressor", "RetrofittedTabICLClassifier",
-           "RetrofittedTabICLRegressor"]
+__all__ = ["make_classifier", "make_regressor", "retrofit_estimator",
+           "RetrofittedTabICLClassifier", "RetrofittedTabICLRegressor"]
 
 _MODEL = "_oretrofit_model"          # the patched model, handed back at every fit
 _SETTINGS = "_oretrofit_settings"    # (arm, tau, eps) of the retrofit
@@ -70,13 +70,8 @@ class RetrofittedTabICLRegressor(_RetrofittedEstimator, TabICLRegressor):
 
 def _make(estimator: type, vendor: type, model_path: Any, arm: str, tau: float | None,
           eps: float | None, vendor_kwargs: dict[str, Any]) -> tuple[Any, Retrofit | None]:
-    if arm not in ARMS:
-        raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
+    check_arm(arm, tau=tau, eps=eps)
     if arm == "base":
-        given = [n for n, value in (("tau", tau), ("eps", eps)) if value is not None]
-        if given:
-            raise RetrofitError(f"arm 'base' patches no site, so {', '.join(given)} would be "
-                                "ignored; drop them, or choose arm 'oa' or 'full-o'")
         return vendor(model_path=model_path, **vendor_kwargs), None
     out = estimator(model_path=model_path, **vendor_kwargs)
     out.__dict__[_SETTINGS] = (arm, TAU_RETROFIT if tau is None else tau,
@@ -112,3 +107,12 @@ def make_regressor(model_path: Any = None, arm: str = "full-o", tau: float | Non
     """:func:`make_classifier` for ``TabICLRegressor``."""
     return _make(RetrofittedTabICLRegressor, TabICLRegressor, model_path, arm, tau, eps,
                  vendor_kwargs)
+
+
+def retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float | None
+                       ) -> tuple[Any, Retrofit | None]:
+    """An unfitted estimator with the vendor ``estimator``'s arguments whose model is retrofitted
+    with ``arm``: what :class:`oretrofit.tabicl.Retrofitted` fits."""
+    params = estimator.get_params(deep=False)
+    maker = make_classifier if isinstance(estimator, TabICLClassifier) else make_regressor
+    return maker(params.pop("model_path"), arm, tau, eps=eps, **params)

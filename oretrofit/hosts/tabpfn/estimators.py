@@ -1,13 +1,14 @@
 """tabpfn's own ``TabPFNRegressor`` / ``TabPFNClassifier``, running a retrofitted model.
 
-The estimator is the vendor's class with the vendor's arguments, names and defaults; only its
-``model_path`` differs: it names a *patched artifact*, the checkpoint with its patch spec
+The estimator is the vendor's class (a subclass that only changes how it loads its model) with
+the vendor's arguments, names and defaults; only its ``model_path`` differs: it names a *patched artifact*, the checkpoint with its patch spec
 inside (:mod:`oretrofit.hosts.tabpfn.artifact`), written once per (checkpoint, spec) to
 oretrofit's cache folder. tabpfn rebuilds its model from ``model_path`` at every ``fit`` and in
-``load_from_fit_state``; :mod:`oretrofit.hosts.tabpfn.reload` makes that load return the
-retrofitted model (at the next ``fit``, the one whose :class:`~oretrofit.Retrofit` was
-returned; at any later load, the spec re-applied to fresh weights). So ``clone``, pickle and ``save_fit_state`` work as for any
-tabpfn estimator, and no reload runs an unpatched model. The model is built fresh from the
+``load_from_fit_state``; the estimator is tabpfn's class made to load it retrofitted
+(:mod:`oretrofit.hosts.tabpfn.reload`: at the next ``fit``, the model whose
+:class:`~oretrofit.Retrofit` was returned; at any later load, the spec re-applied to fresh
+weights). So ``clone``, pickle and ``save_fit_state`` work as for any tabpfn estimator, and no
+reload runs an unpatched model. The model is built fresh from the
 checkpoint: no model shared through tabpfn's caches is ever patched.
 """
 
@@ -24,15 +25,16 @@ from torch import nn
 
 from ..._files.provenance import cache_dir
 from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
-from ..._surgery.registry import ARMS, Retrofit, RetrofitError, apply_spec, read_spec, retrofit
+from ..._surgery.registry import (Retrofit, RetrofitError, apply_spec, check_arm, read_spec,
+                                  retrofit)
 from . import releases, reload
 from .artifact import ARTIFACT_KEY, read_patch_spec, write_patched_artifact
 from .checkpoints import (build_model, checkpoint_sha256, checkpoint_task, inference_config,
                           load_checkpoint, resolve_model_path, weights_label)
 
 __all__ = ["make_regressor", "make_classifier", "estimator_from_checkpoint", "vendor_class",
-           "vendor_defaults", "in_memory_specs", "spec_patch", "check_spec_checkpoint",
-           "retrofit_estimator", "load_patched_regressor", "load_patched_classifier"]
+           "retrofitted_class", "vendor_defaults", "in_memory_specs", "spec_patch",
+           "check_spec_checkpoint", "retrofit_estimator", "load_patched_regressor", "load_patched_classifier"]
 
 _OURS = ("arm", "tau", "eps", "site_tau", "spec")
 
@@ -41,6 +43,12 @@ def vendor_class(task: releases.Task) -> type:
     """tabpfn's estimator class of ``task``."""
     from tabpfn import TabPFNClassifier, TabPFNRegressor
     return TabPFNClassifier if task == "classifier" else TabPFNRegressor
+
+
+def retrofitted_class(task: releases.Task) -> type:
+    """The subclass of :func:`vendor_class` that loads a patched artifact retrofitted."""
+    return reload.RetrofittedTabPFNClassifier if task == "classifier" \
+        else reload.RetrofittedTabPFNRegressor
 
 
 def _vendor_parameters(task: releases.Task) -> dict[str, inspect.Parameter]:
@@ -134,7 +142,7 @@ def estimator_from_checkpoint(path: str | os.PathLike[str],
         result.revert()
         raise
     reload.hand_over(artifact, result.model)
-    return estimator(model_path=str(artifact), **vendor_kwargs), result
+    return retrofitted_class(task)(model_path=str(artifact), **vendor_kwargs), result
 
 
 def check_spec_checkpoint(spec: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
@@ -176,13 +184,7 @@ def arm_patch(arm: str, tau: float | None, eps: float | None,
               site_tau: Mapping[str, float] | None = None
               ) -> Callable[[nn.Module], Retrofit | None]:
     """The patch step of ``arm`` (None for ``base``, which takes no τ, ε or site τ)."""
-    if arm not in ARMS:
-        raise RetrofitError(f"unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
-    given = [name for name, value in (("tau", tau), ("eps", eps), ("site_tau", site_tau))
-             if value is not None]
-    if arm == "base" and given:
-        raise RetrofitError(f"arm 'base' patches no site, so {', '.join(given)} would be "
-                            "ignored; drop them, or choose arm 'oa' or 'full-o'")
+    check_arm(arm, tau=tau, eps=eps, site_tau=site_tau)
 
     def patch(model: nn.Module) -> Retrofit | None:
         if arm == "base":

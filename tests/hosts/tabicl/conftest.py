@@ -9,7 +9,15 @@ import pytest
 import torch
 from tabicl._model.inference_config import InferenceConfig
 
-from oretrofit.tabicl import random_model
+from oretrofit.tabicl import random_model, write_random_checkpoint
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A random checkpoint of each task in the vendor's format."""
+    folder = tmp_path_factory.mktemp("tabicl")
+    return {task: write_random_checkpoint(folder / f"{task}.ckpt", task)
+            for task in ("classifier", "regressor")}
 
 
 @pytest.fixture(scope="session")

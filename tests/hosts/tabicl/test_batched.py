@@ -17,13 +17,6 @@ VENDOR = dict(n_estimators=3, device="cpu", allow_auto_download=False)
 SHAPES = [(30, 7, 4, 3), (18, 11, 6, 3), (25, 5, 3, 2)]
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    folder = tmp_path_factory.mktemp("tabicl-batched")
-    return {task: write_random_checkpoint(folder / f"{task}.ckpt", task)
-            for task in ("classifier", "regressor")}
-
-
 def _datasets(regression: bool):
     rng = np.random.default_rng(5)
     xs, ys, tests = [], [], []

@@ -13,16 +13,9 @@ from sklearn.base import clone
 from tabicl import TabICLClassifier, TabICLRegressor
 
 from oretrofit import RetrofitError
-from oretrofit.tabicl import make_classifier, make_regressor, write_random_checkpoint
+from oretrofit.tabicl import make_classifier, make_regressor
 
 VENDOR = dict(n_estimators=2, device="cpu", allow_auto_download=False)
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    folder = tmp_path_factory.mktemp("tabicl")
-    return {task: write_random_checkpoint(folder / f"{task}.ckpt", task)
-            for task in ("classifier", "regressor")}
 
 
 def _tables(seed: int = 0):

@@ -1,0 +1,11 @@
+"""``oretrofit.tabicl.Retrofitted``: the sklearn meta-estimator
+(:mod:`oretrofit.hosts.meta_estimator`) over tabicl's TabICLClassifier / TabICLRegressor."""
+
+from __future__ import annotations
+
+from ..meta_estimator import for_family
+from .estimators import retrofit_estimator
+
+__all__ = ["Retrofitted"]
+
+Retrofitted = for_family(__name__, "tabicl", "tabicl's TabICLClassifier / TabICLRegressor", retrofit_estimator)
