@@ -88,7 +88,8 @@ def _reference_forward(Q, K, V, OUT, sqh, sqn, N, qk_scale, BM: tl.constexpr, BN
 
 def _source(kernel, args: tuple, flags: dict) -> ASTSource:
     """What the JIT would compile for a call with ``args`` and ``flags``: pointers and ints
-    divisible by 16 marked so, ints equal to 1 and the flags as constexprs."""
+    divisible by 16 marked so, ints equal to 1, the kernel's constexpr parameters and the flags
+    as constexprs."""
     values = dict(zip(kernel.arg_names, args)) | flags
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(kernel.arg_names):
@@ -96,7 +97,8 @@ def _source(kernel, args: tuple, flags: dict) -> ASTSource:
         if isinstance(value, torch.Tensor):
             signature[name] = "*" + TYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, bool) or name in flags or value == 1 and isinstance(value, int):
+        elif (isinstance(value, bool) or name in flags or kernel.params[i].is_constexpr
+              or value == 1 and isinstance(value, int)):
             signature[name], constexprs[name] = "constexpr", value
         elif isinstance(value, float):
             signature[name] = "fp32"
@@ -145,8 +147,11 @@ def _ptxas(ptx: str) -> dict:
             "spill_bytes": int(spills.group(1)) + int(spills.group(2)) if spills else 0}
 
 
-def _sass_loop(cubin: bytes) -> collections.Counter:
-    """Instruction classes of the loop (a backward branch's body) with the most HGMMA."""
+def _sass_tile_loops(cubin: bytes) -> tuple[collections.Counter, collections.Counter | None]:
+    """Instruction classes of ``(main, masked)``: of the innermost loops (a backward branch's body
+    holding no other) with the most matrix instructions (HGMMA + HMMA), the shortest is the loop
+    over the key tiles that need no masks, where every tile but a block's ragged last one and
+    (causal) diagonal ones runs; the longest is the masked loop (None where there is one loop)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "k.cubin")
         path.write_bytes(cubin)
@@ -158,14 +163,38 @@ def _sass_loop(cubin: bytes) -> collections.Counter:
             labels[label.group(1)] = len(ops)
         elif instruction := re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line):
             ops.append(re.sub(r"^@!?U?P\w+\s+", "", instruction.group(1).strip()))
-    loops = [(labels[m.group(1)], i) for i, op in enumerate(ops)
+    loops = {(labels[m.group(1)], i) for i, op in enumerate(ops)
              if (m := re.search(r"\bBRA\b.*?(\.L_x_\d+)", op)) and m.group(1) in labels
-             and labels[m.group(1)] <= i]
-    if not loops:
-        return collections.Counter()
-    first, last = max(loops, key=lambda ab: (sum(o.startswith("HGMMA") for o in ops[ab[0]:ab[1] + 1]),
-                                              ab[1] - ab[0]))
-    return collections.Counter(op.split()[0].split(".")[0] for op in ops[first:last + 1])
+             and labels[m.group(1)] <= i}
+    inner = [(a, b) for a, b in loops
+             if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
+    if not inner:
+        return collections.Counter(), None
+    mixes = [collections.Counter(op.split()[0].split(".")[0] for op in ops[a:b + 1])
+             for a, b in inner]
+    most = max(m["HGMMA"] + m["HMMA"] for m in mixes)
+    hot = sorted((m for m in mixes if m["HGMMA"] + m["HMMA"] == most),
+                 key=lambda m: sum(m.values()))
+    return hot[0], hot[-1] if len(hot) > 1 else None
+
+
+def _matmuls_per_tile(ttir: str) -> int:
+    """``tt.dot`` in the body of the innermost ``scf.for`` that has the most (one tile's
+    matrix products: a kernel with a masked and an unmasked copy of its loop counts one)."""
+    stack, counts = [], []
+    for line in ttir.splitlines():
+        text = line.strip()
+        if text.startswith("}") and stack:
+            kind, dots = stack.pop()
+            if kind == "for":
+                counts.append(dots)
+        if text.startswith("%") and " tt.dot " in text:
+            fors = [entry for entry in stack if entry[0] == "for"]
+            if fors:
+                fors[-1][1] += 1
+        if text.endswith("{"):
+            stack.append(["for" if "scf.for" in text else "region", 0])
+    return max(counts, default=0)
 
 
 def ctas_per_sm(shared: int, registers: int, warps: int) -> int:
@@ -178,10 +207,11 @@ def ctas_per_sm(shared: int, registers: int, warps: int) -> int:
 
 def measure(compiled, warps: int) -> dict:
     """The static metrics of one compiled kernel."""
-    loop = _sass_loop(compiled.asm["cubin"])
+    loop, masked = _sass_tile_loops(compiled.asm["cubin"])
     row = {"shared_bytes": compiled.metadata.shared, **_ptxas(compiled.asm["ptx"]),
-           "matmuls": compiled.asm["ttir"].count("tt.dot "),
+           "matmuls": _matmuls_per_tile(compiled.asm["ttir"]),
            "loop_instructions": sum(loop.values()),
+           "masked_loop_instructions": sum(masked.values()) if masked else None,
            "loop_mix": {c: loop[c] for c in LOOP_CLASSES if loop[c]}}
     row["ctas_per_sm"] = ctas_per_sm(row["shared_bytes"], row["registers"], warps)
     return row

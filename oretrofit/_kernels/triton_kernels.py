@@ -80,19 +80,19 @@ class Configs:
 # kernel_static.py, results/kernel_static.md): no register spills and at least two 4-warp
 # CTAs (or one 8-warp CTA: two warpgroups) per SM within the 227 KB of shared memory a CTA may
 # use. The forward at d ≤ 64 takes 128 query rows (half the K/V traffic of 64); at d = 128 a
-# 128-row tile needs 202 registers a thread (one CTA per SM), so it keeps 64. The backward's
-# dq/dk/dv accumulators are what spill at d = 128 on 4 warps: dq takes 64 × 64 and dk/dv 32 × 64
-# on 8 warps (dk/dv on 4 warps spill under GQA, where the loop over the group's heads holds more
-# live values; dq in 64 × 32 on 4 warps spills 40 B). At d = 256 the tiles shrink again to stay within shared memory.
+# 128-row tile needs 202 registers a thread (one CTA per SM), so it keeps 64. At d = 128 the
+# backward's accumulators spill on 4 warps: dq takes 64 × 64 on 8 warps, and dk/dv (keys on the
+# tile's rows, k and v held in registers) 128 keys × 16 queries on 8 warps, one warpgroup per 64
+# keys (32 × 64 on 8 warps spills 24 B under GQA). At d = 256 the tiles shrink again.
 _INTERPRETER_CONFIGS = Configs(*(KernelConfig(16, 16, 1, 1),) * 3)
 _SMALL_HEADS = Configs(KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3),
                        KernelConfig(32, 64, 4, 3))
 _CONFIGS: dict[int, Configs] = {
     16: _SMALL_HEADS, 32: _SMALL_HEADS, 64: _SMALL_HEADS,
     128: Configs(KernelConfig(64, 64, 4, 3), KernelConfig(64, 64, 8, 2),
-                 KernelConfig(32, 64, 8, 2)),
+                 KernelConfig(16, 128, 8, 2)),
     256: Configs(KernelConfig(64, 32, 4, 2), KernelConfig(32, 64, 8, 2),
-                 KernelConfig(32, 64, 8, 2)),
+                 KernelConfig(32, 32, 4, 2)),
 }
 
 
@@ -173,13 +173,18 @@ def _tile(PTR, idx, d_idx, sn, sd, N, D: tl.constexpr, BD: tl.constexpr, MASKED:
 @triton.jit
 def _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale, softcap, smk,
                  sbk, HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                 IEEE: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+                 IEEE: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                 KEY_ROWS: tl.constexpr):
     """``(t, tanh)`` of queries ``m_idx`` × keys ``n_idx`` (k their ``(BN, BD)`` rows):
     ``t = (s + b + log p_j)·log2 e`` in base 2 for ``exp2`` (the host gives ``log2 p_j``; masked
-    keys at about ``_NULL_LOGIT``), ``tanh = s / c`` under a softcap, both fp32 ``(BM, BN)``.
-    ``MASKED``: the tile may hold keys past ``NK`` or, under ``CAUSAL``, keys ``j > i + NK − NQ``;
-    without it every key of the tile exists and is visible to every row (no key masks)."""
-    raw = _dot(q, tl.trans(k), IEEE) * (scale * LOG2E)
+    keys at about ``_NULL_LOGIT``), ``tanh = s / c`` under a softcap, both fp32 ``(BM, BN)``, or
+    ``(BN, BM)`` with ``KEY_ROWS`` (the dk/dv kernel's orientation, whose products then need no
+    transposes). ``MASKED``: the tile may hold keys past ``NK`` or, under ``CAUSAL``, keys
+    ``j > i + NK − NQ``; without it every key of the tile exists and every row sees it."""
+    if KEY_ROWS:
+        raw = _dot(k, tl.trans(q), IEEE) * (scale * LOG2E)
+    else:
+        raw = _dot(q, tl.trans(k), IEEE) * (scale * LOG2E)
     s = raw
     tanh = raw
     if HAS_SOFTCAP:
@@ -187,32 +192,46 @@ def _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale,
         tanh = 2.0 * tl.sigmoid(2.0 * raw / cap) - 1.0                    # tanh(raw / c)
         s = cap * tanh
     # A padded key has k = 0, so s = 0, bias 0 and log p = -1e30: t = -1e30 with no select.
-    m_ok = m_idx < NQ
+    queries, keys = _axes(m_idx, n_idx, KEY_ROWS)
     if MASKED:
         logp = tl.load(logp_row + n_idx, mask=n_idx < NK, other=-1e30)
-        ok = m_ok[:, None] & (n_idx < NK)[None, :]
+        ok = (queries < NQ) & (keys < NK)
     else:
         logp = tl.load(logp_row + n_idx)
-        ok = m_ok[:, None] & (n_idx >= 0)[None, :]
-    t = s + logp[None, :]
+        ok = (queries < NQ) & (keys >= 0)
+    t = s + _axes(logp, logp, KEY_ROWS)[1]
     if HAS_BIAS:
-        t += tl.load(bias_row[:, None] + n_idx[None, :] * sbk, mask=ok,
+        t += tl.load(_axes(bias_row, n_idx, KEY_ROWS)[0] + keys * sbk, mask=ok,
                      other=0.0).to(tl.float32) * LOG2E
     if HAS_VIS:
-        vis = tl.load(vis_row[:, None] + n_idx[None, :] * smk, mask=ok, other=0)
+        vis = tl.load(_axes(vis_row, n_idx, KEY_ROWS)[0] + keys * smk, mask=ok, other=0)
         t = tl.where(vis != 0, t, -1e30)
     if CAUSAL:
         if MASKED:
-            t = tl.where(n_idx[None, :] <= m_idx[:, None] + (NK - NQ), t, -1e30)
+            t = tl.where(keys <= queries + (NK - NQ), t, -1e30)
     return t, tanh
 
 
 @triton.jit
-def _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT: tl.constexpr):
-    """δ of a tile: ``ξ / (1 − dropout_p)`` with ``ξ ~ Bernoulli(1 − dropout_p)`` from Philox at
-    offset ``(bh·Nq + i)·Nk + j`` (the same numbers in the forward and the backward)."""
+def _axes(per_query, per_key, KEY_ROWS: tl.constexpr):
+    """``(per_query, per_key)`` expanded to broadcast over a score tile: queries on its rows
+    and keys on its columns, or the other way round with ``KEY_ROWS``."""
+    if KEY_ROWS:
+        queries, keys = per_query[None, :], per_key[:, None]
+    else:
+        queries, keys = per_query[:, None], per_key[None, :]
+    return queries, keys
+
+
+@triton.jit
+def _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT: tl.constexpr,
+                KEY_ROWS: tl.constexpr):
+    """δ of a tile (oriented as :func:`_tile_scores`): ``ξ / (1 − dropout_p)`` with
+    ``ξ ~ Bernoulli(1 − dropout_p)`` from Philox at offset ``(bh·Nq + i)·Nk + j`` (the same
+    numbers in the forward and the backward)."""
     if HAS_DROPOUT:
-        offsets = (bh.to(tl.int64) * NQ + m_idx[:, None].to(tl.int64)) * NK + n_idx[None, :]
+        queries, keys = _axes(m_idx.to(tl.int64), n_idx, KEY_ROWS)
+        offsets = (bh.to(tl.int64) * NQ + queries) * NK + keys
         keep = tl.rand(seed, offsets) >= dropout_p
         return tl.where(keep, 1.0 / (1.0 - dropout_p), 0.0)
     return 1.0
@@ -268,12 +287,12 @@ def _forward_tile(m_i, l_i, acc, q, Q, K_head, V_head, start, m_idx, d_idx, logp
     n_idx = start + tl.arange(0, BN)
     k = _tile(K_head, n_idx, d_idx, skn, skd, NK, D, BD, MASKED, UPCAST)
     t, _ = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale, softcap,
-                        smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED, CAUSAL)
+                        smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED, CAUSAL, False)
     m_new = tl.maximum(m_i, tl.max(t, 1))
     alpha = tl.exp2(m_i - m_new)
     w = tl.exp2(t - m_new[:, None])
     l_i = l_i * alpha + tl.sum(w, 1)
-    w = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
+    w = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT, False)
     v = _tile(V_head, n_idx, d_idx, svn, svd, NK, D, BD, MASKED, UPCAST)
     acc = acc * alpha[:, None] + _dot(_rounded(w, Q, UPCAST).to(v.dtype), v, IEEE)
     return m_new, l_i, acc
@@ -332,9 +351,9 @@ def _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, K_head, V_head, start, m_id
     v = _tile(V_head, n_idx, d_idx, svn, svd, NK, D, BD, MASKED, UPCAST)
     t, tanh = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale,
                            softcap, smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED,
-                           CAUSAL)
+                           CAUSAL, False)
     w = tl.exp2(t - lse[:, None] * LOG2E)
-    kept = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
+    kept = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT, False)
     dov = _dot(d_o, tl.trans(v), IEEE)
     ds = p_i[:, None] * kept * dov - w * delta[:, None]
     if NEED_ROWDOT:
@@ -393,7 +412,7 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, colsum, k, vt, Q, DO, LOGP, VIS, BIAS, PQ, LSE, DELTA, b, h, start, n_idx,
+def _dkdv_tile(dk, dv, colsum, k, v, Q, DO, LOGP, VIS, BIAS, PQ, LSE, DELTA, b, h, start, n_idx,
                d_idx, sqb, sqh, sqn, sqd, slb, slh, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb,
                sph, spn, H, NQ, NK, scale, softcap, dropout_p, seed,
                HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -410,21 +429,21 @@ def _dkdv_tile(dk, dv, colsum, k, vt, Q, DO, LOGP, VIS, BIAS, PQ, LSE, DELTA, b,
                                                 smq, sbb, sbh, sbq)
     t, tanh = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale,
                            softcap, smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED,
-                           CAUSAL)
+                           CAUSAL, True)                                       # (BN, BM)
     lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
     delta = tl.load(DELTA + bh * NQ + m_idx, mask=m_ok, other=0.0)
     p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
-    w = tl.exp2(t - lse[:, None] * LOG2E)
-    gated = w * (p_i[:, None] * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p,
-                                            HAS_DROPOUT))
-    dov = _dot(d_o, vt, IEEE)
-    dv += _dot(tl.trans(_rounded(gated, Q, UPCAST).to(d_o.dtype)), d_o, IEEE)
-    ds = gated * dov - w * delta[:, None]
+    w = tl.exp2(t - lse[None, :] * LOG2E)
+    gated = w * (p_i[None, :] * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p,
+                                            HAS_DROPOUT, True))
+    dov = _dot(v, tl.trans(d_o), IEEE)
+    dv += _dot(_rounded(gated, Q, UPCAST).to(d_o.dtype), d_o, IEEE)
+    ds = gated * dov - w * delta[None, :]
     if NEED_COLSUM:
-        colsum += tl.sum(ds, 0)
+        colsum += tl.sum(ds, 1)
     if HAS_SOFTCAP:
         ds = ds * (1.0 - tanh * tanh)
-    dk += _dot(tl.trans(_rounded(ds, Q, UPCAST).to(q.dtype)), q, IEEE)
+    dk += _dot(_rounded(ds, Q, UPCAST).to(q.dtype), q, IEEE)
     return dk, dv, colsum
 
 
@@ -446,7 +465,7 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
     n_idx = pid_n * BN + tl.arange(0, BN)
     d_idx = tl.arange(0, BD)
     k = _tile(K + b * skb + hk * skh, n_idx, d_idx, skn, skd, NK, D, BD, True, UPCAST)
-    vt = tl.trans(_tile(V + b * svb + hk * svh, n_idx, d_idx, svn, svd, NK, D, BD, True, UPCAST))
+    v = _tile(V + b * svb + hk * svh, n_idx, d_idx, svn, svd, NK, D, BD, True, UPCAST)
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
     first, full = _query_tiles(pid_n * BN, NQ, NK, BM, BN, CAUSAL)
@@ -454,14 +473,14 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
         h = hk * GROUP + g
         colsum = tl.zeros([BN], dtype=tl.float32)
         for start in range(first, full, BM):
-            dk, dv, colsum = _dkdv_tile(dk, dv, colsum, k, vt, Q, DO, LOGP, VIS, BIAS, PQ, LSE,
+            dk, dv, colsum = _dkdv_tile(dk, dv, colsum, k, v, Q, DO, LOGP, VIS, BIAS, PQ, LSE,
                                         DELTA, b, h, start, n_idx, d_idx, sqb, sqh, sqn, sqd, slb,
                                         slh, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
                                         H, NQ, NK, scale, softcap, dropout_p, seed, HAS_VIS,
                                         HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, NEED_COLSUM, UPCAST,
                                         IEEE, True, CAUSAL, BM, D, BD)
         for start in range(full, NQ, BM):
-            dk, dv, colsum = _dkdv_tile(dk, dv, colsum, k, vt, Q, DO, LOGP, VIS, BIAS, PQ, LSE,
+            dk, dv, colsum = _dkdv_tile(dk, dv, colsum, k, v, Q, DO, LOGP, VIS, BIAS, PQ, LSE,
                                         DELTA, b, h, start, n_idx, d_idx, sqb, sqh, sqn, sqd, slb,
                                         slh, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
                                         H, NQ, NK, scale, softcap, dropout_p, seed, HAS_VIS,
@@ -481,5 +500,5 @@ def _dropout_kernel(KEEP, NQ, NK, dropout_p, seed, BN: tl.constexpr):
     for start in range(0, NK, BN):
         n_idx = start + tl.arange(0, BN)
         m_idx = tl.zeros([1], dtype=tl.int32) + i
-        keep = _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, True)
+        keep = _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, True, False)
         tl.store(KEEP + (bh * NQ + i) * NK + n_idx[None, :], keep, mask=n_idx[None, :] < NK)
