@@ -7,10 +7,12 @@ check's shapes (``(B, H→Hkv, N, d)``: (8, 9, 2048, 64), (1, 16, 8192, 128), GQ
 128)) and at d = 96 and 256, bf16, in the configuration the route picks (``configs_for``). The
 launch arguments are the ones a call builds: a call on ``meta`` tensors runs the real launcher
 with the launch recorded instead of run. Per kernel it prints the shared memory, registers and
-spilled bytes (``ptxas -v`` from the triton wheel), CTAs per SM that these allow, the number of
-``tt.dot`` (matmul units) and the SASS instruction mix of the inner loop (the loop with the most
-``HGMMA``; ``nvdisasm``; tiles of fewer than 64 rows take ``HMMA``), beside a reference loop: the plain flash-attention forward
-(:func:`_reference_forward`, no bias, mask or gate) at the same tile.
+spilled bytes (``ptxas -v`` from the triton wheel), CTAs per SM that these allow, the matmul
+units of one tile (``tt.dot`` in the innermost loop) and the SASS instruction mix of the inner
+loop over the tiles that need no key masks (``nvdisasm``; tiles of fewer than 64 rows take
+``HMMA``), with the length of the masked loop (a block's ragged or causal-diagonal tiles) beside
+it, against a reference loop: the plain flash-attention forward (:func:`_reference_forward`, no
+bias, mask or gate) at the same tile.
 
 These figures do not move with machine load: the receipt is a benchmark run on any CPU machine.
 CTAs per SM follow the H100's limits: 228 KB shared memory per SM (227 KB per CTA, 1 KB reserved
@@ -255,17 +257,19 @@ def markdown(rows: list[dict], env: dict) -> str:
                       *(r.get(key, "—") for key in ("shared_bytes", "registers", "spill_bytes",
                                                      "ctas_per_sm", "matmuls",
                                                      "loop_instructions")),
+                      r.get("masked_loop_instructions") or "—",
                       r.get("error", mix)])
     header = ["shape", "kernel", "tile, warps, stages", "shared B", "registers", "spilled B",
-              "CTAs/SM", "tt.dot", "loop instr.", "loop mix (or compile error)"]
+              "CTAs/SM", "tt.dot", "loop instr.", "masked loop", "loop mix (or compile error)"]
     shapes = "; ".join(f"{k} = (B, H, Hkv, N, d) {v}" for k, v in SHAPES.items())
     return (f"# Triton OAttention kernels, static metrics on sm_90a\n\n"
             f"`{env['command']}` at {env['git_revision']}, triton "
             f"{env['packages'].get('triton')}, torch {env['packages'].get('torch')}, "
             f"{env['created_utc']}. Compiled ahead of time for sm_90a (no GPU), bf16, every input "
-            f"requiring grad; {shapes}. Loop instructions: SASS per warp per tile of the "
-            f"inner loop. Made by benchmarks/kernel_static.py (its docstring says how).\n\n"
-            + pipe_table(header, table, ["left", "left", "left"] + ["right"] * 6 + ["left"])
+            f"requiring grad; {shapes}. tt.dot: matmul units per tile. Loop instructions: SASS per "
+            f"warp per tile of the inner loop without key masks (masked loop: the one with). "
+            f"Made by benchmarks/kernel_static.py (its docstring says how).\n\n"
+            + pipe_table(header, table, ["left", "left", "left"] + ["right"] * 7 + ["left"])
             + "\n")
 
 
