@@ -4,9 +4,9 @@
 
 Each kernel of :mod:`oretrofit._kernels.triton_kernels` is compiled ahead of time for sm_90a at the GPU
 check's shapes (``(B, H→Hkv, N, d)``: (8, 9, 2048, 64), (1, 16, 8192, 128), GQA (1, 32→8, 8192,
-128)) and at d = 96 and 256, bf16, in the configuration the route picks (``configs_for``). The
-launch arguments are the ones a call builds: a call on ``meta`` tensors runs the real launcher
-with the launch recorded instead of run. Per kernel it prints the shared memory, registers and
+128)) and at d = 96 and 256, bf16, in the configuration the route picks (``configs_for``), and
+causal at the first and the GQA shape. The launch arguments are the ones a call builds: a call
+on ``meta`` tensors runs the real launcher with the launch recorded instead of run. Per kernel it prints the shared memory, registers and
 spilled bytes (``ptxas -v`` from the triton wheel), CTAs per SM that these allow, the matmul
 units of one tile (``tt.dot`` in the innermost loop) and the SASS instruction mix of the inner
 loop over the tiles that need no key masks (``nvdisasm``; tiles of fewer than 64 rows take
@@ -53,6 +53,8 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 # (B, H, Hkv, N, d): the GPU check's shapes, then d = 96 and 256.
 SHAPES = {"A": (8, 9, 9, 2048, 64), "B": (1, 16, 16, 8192, 128), "C": (1, 32, 8, 8192, 128),
           "d96": (1, 8, 8, 4096, 96), "d256": (1, 8, 8, 4096, 256)}
+# The causal kernels (key j visible to query i iff j ≤ i + N − N here) at these shapes too.
+CAUSAL_SHAPES = ("A", "C")
 SMEM_PER_SM, SMEM_PER_CTA, SMEM_RESERVED = 228 * 1024, 227 * 1024, 1024
 REGS_PER_SM, THREADS_PER_SM, CTAS_PER_SM = 65536, 2048, 32
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8"}
@@ -111,7 +113,8 @@ def _source(kernel, args: tuple, flags: dict) -> ASTSource:
     return ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
 
 
-def _recorded_launches(shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple]:
+def _recorded_launches(shape: tuple[int, ...], dtype: torch.dtype,
+                       causal: bool = False) -> list[tuple]:
     """``(name, kernel, config, args, flags)`` of a forward and a backward (every input
     requiring grad) at ``shape``, from the project's launcher on ``meta`` tensors."""
     b, h, hkv, n, d = shape
@@ -124,7 +127,8 @@ def _recorded_launches(shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple
         recorded.append((kernel, config, args, flags))
 
     with mock.patch.object(kernels._Launch, "launch", record):
-        launch = kernels._Launch(q, k, v, p_q, p_k, None, None, 0.0, d ** -0.5, None, 0.0, 0)
+        launch = kernels._Launch(q, k, v, p_q, p_k, None, None, 0.0, d ** -0.5, None, 0.0, 0,
+                                 causal=causal)
         out, lse = launch.forward()
         launch.backward(out, lse, torch.empty_like(out), True, True)
     names = ("forward", "dq", "dkdv")
@@ -219,14 +223,15 @@ def measure(compiled, warps: int) -> dict:
     return row
 
 
-def kernel_rows(shape_key: str, kernels_wanted: tuple[str, ...]) -> list[dict]:
+def kernel_rows(shape_key: str, kernels_wanted: tuple[str, ...],
+                causal: bool = False) -> list[dict]:
     rows = []
     for name, kernel, config, args, flags in _recorded_launches(SHAPES[shape_key],
-                                                                torch.bfloat16):
+                                                                torch.bfloat16, causal):
         if name not in kernels_wanted:
             continue
-        row = {"shape": shape_key, "dims": SHAPES[shape_key], "kernel": name,
-               "config": vars(config)}
+        row = {"shape": shape_key + " causal" * causal, "dims": SHAPES[shape_key],
+               "kernel": name, "config": vars(config)}
         try:
             row |= measure(_compile(kernel, config, args, flags), config.warps)
         except Exception as error:  # noqa: BLE001 -- the receipt records any compile failure
@@ -279,10 +284,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="results/kernel_static.json")
     args = parser.parse_args(argv)
     if args.quick:
-        plan = [("A", ("forward",))]
+        plan = [("A", ("forward",), False)]
     else:
-        plan = [(key, ("forward", "dq", "dkdv")) for key in SHAPES]
-    rows = [row for key, wanted in plan for row in kernel_rows(key, wanted)]
+        plan = [(key, ("forward", "dq", "dkdv"), False) for key in SHAPES]
+        plan += [(key, ("forward", "dq", "dkdv"), True) for key in CAUSAL_SHAPES]
+    rows = [row for key, wanted, causal in plan for row in kernel_rows(key, wanted, causal)]
     for d in (64,) if args.quick else (64, 128):
         rows.append(reference_row(d, kernels.configs_for(d).forward))
     env = environment()
