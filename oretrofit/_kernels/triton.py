@@ -65,7 +65,7 @@ class _Launch:
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                  visible: Tensor | None, bias: Tensor | None, eps: float, scale: float,
-                 softcap: float | None, dropout_p: float, seed: int) -> None:
+                 softcap: float | None, dropout_p: float, seed: int, causal: bool = False) -> None:
         self.q, self.k, self.v = _dense(q), _dense(k), _dense(v)
         (b, h, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
         _check_limits(self.q, self.k, b * h)
@@ -78,6 +78,7 @@ class _Launch:
         self.bias = bias
         self.eps, self.scale, self.softcap, self.dropout_p, self.seed = (
             eps, scale, softcap, dropout_p, seed)
+        self.causal = causal
 
     def common(self) -> tuple[list, dict]:
         """Positional tensors/strides after the per-kernel pointers, and the constexpr flags."""
@@ -88,7 +89,8 @@ class _Launch:
         flags = dict(HAS_VIS=self.visible is not None, HAS_BIAS=self.bias is not None,
                      HAS_SOFTCAP=self.softcap is not None, HAS_DROPOUT=self.dropout_p > 0,
                      UPCAST=_INTERPRET and self.q.dtype in (torch.bfloat16, torch.float16),
-                     IEEE=self.q.dtype == torch.float32, BD=padded_head_dim(self.d))
+                     IEEE=self.q.dtype == torch.float32, CAUSAL=self.causal,
+                     BD=padded_head_dim(self.d))
         self.masks = (dummy if self.visible is None else self.visible,
                       dummy if self.bias is None else self.bias)
         return args, flags
@@ -195,18 +197,21 @@ def dropout_keep(seed: int, shape: tuple[int, int, int, int], dropout_p: float,
 def o_attention_triton(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                        visible: Tensor | None, bias: Tensor | None, eps: float, scale: float,
                        softcap: float | None = None, dropout_p: float = 0.0,
-                       seed: int | None = None) -> Tensor:
+                       seed: int | None = None, causal: bool = False) -> Tensor:
     """OAttention ``(B, H, Nq, d)`` in q's dtype on the fused kernels (module docstring).
 
     q ``(B, H, Nq, d)``, k/v ``(B, Hkv, Nk, d)`` in one dtype; presences as
     :func:`oretrofit._operators.attention.o_attention` takes them (any float dtype); ``visible`` (bool) and
     ``bias`` (float, finite) broadcastable to ``(B, H, Nq, Nk)``, neither requiring grad.
     ``seed`` fixes the dropout draw (default: one from torch's generator, so ``torch.manual_seed``
-    reproduces a call).
+    reproduces a call). ``causal``: key j is visible to query i only if ``j ≤ i + Nk − Nq``
+    (bottom-right aligned, as with a KV cache), on top of ``visible`` and ``bias``; the kernels
+    skip the tiles no query of a block sees.
     """
     if dropout_p > 0 and seed is None:
         seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))
-    launch = _Launch(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, seed or 0)
+    launch = _Launch(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, seed or 0,
+                     causal)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, p_q, p_k)):
         return _TritonOAttention.apply(q, k, v, p_q, p_k, launch)
     return launch.forward()[0]
