@@ -327,3 +327,26 @@ def test_a_first_call_inside_an_autocast_region_checks_the_dtype_asked(monkeypat
         with torch.autocast("cpu", dtype=torch.bfloat16):
             o_attention(q, k, v, p_q, p_k)
     assert route._CHECKED and all(route._CHECKED.values())
+
+
+def test_causality_is_a_flag_only_for_a_route_that_takes_it(chain) -> None:
+    """A route with ``causal=True`` gets the flag and the caller's mask untouched; any other
+    gets the (Nq, Nk) relation ``j ≤ i + Nk − Nq`` built into its mask and no flag."""
+    calls = []
+
+    def recording(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, **flags):
+        calls.append((visible, flags))
+        return on_route("cudnn")(q, k, v, p_q, p_k, mask=visible)
+
+    padding = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    padding[..., -2:] = False
+    q, k, v, p_q, p_k = half_inputs(torch.bfloat16)
+    lower = torch.ones(7, 9, dtype=torch.bool).tril(2)
+    for takes_flag in (True, False):
+        chain(route.Route("recording", ("cpu",), lambda: True, recording, causal=takes_flag,
+                          check=lambda device, dtype: ""))
+        calls.clear()
+        o_attention(q, k, v, p_q, p_k, mask=padding, causal=True)
+        (visible, flags), = calls
+        assert flags == ({"causal": True} if takes_flag else {})
+        assert torch.equal(visible, padding if takes_flag else padding & lower)
