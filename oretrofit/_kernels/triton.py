@@ -92,13 +92,13 @@ class _Settings:
 
 @cache
 def _settings(dtype: torch.dtype, d: int, has_vis: bool, has_bias: bool, has_softcap: bool,
-              has_dropout: bool) -> _Settings:
+              has_dropout: bool, causal: bool) -> _Settings:
     """The launch settings of every call of this (dtype, head dim, flags), built once."""
     configs = configs_for(d)
     flags = dict(HAS_VIS=has_vis, HAS_BIAS=has_bias, HAS_SOFTCAP=has_softcap,
                  HAS_DROPOUT=has_dropout,
                  UPCAST=_INTERPRET and dtype in (torch.bfloat16, torch.float16),
-                 IEEE=dtype == torch.float32, BD=padded_head_dim(d))
+                 IEEE=dtype == torch.float32, CAUSAL=causal, BD=padded_head_dim(d))
 
     def kwargs(config: KernelConfig, **more: bool) -> dict:
         return dict(flags, **more, BM=config.bm, BN=config.bn, num_warps=config.warps,
@@ -116,7 +116,7 @@ class _Launch:
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                  visible: Tensor | None, bias: Tensor | None, eps: float, scale: float,
-                 softcap: float | None, dropout_p: float, seed: int) -> None:
+                 softcap: float | None, dropout_p: float, seed: int, causal: bool = False) -> None:
         q, k, v = _dense(q), _dense(k), _dense(v)
         (b, h, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
         _check_limits(q, k, b * h)
@@ -125,7 +125,7 @@ class _Launch:
         self.q, self.k, self.d, self.group = q, k, d, h // h_kv
         self.shape = (b, h, n_q, n_k)
         self.settings = _settings(q.dtype, d, vis is not None, bias is not None,
-                                  softcap is not None, dropout_p > 0)
+                                  softcap is not None, dropout_p > 0, causal)
         self.inputs = (q, k, v, logp, logp if vis is None else vis,
                        logp if bias is None else bias, p_q)
         self.strides = (*q.stride(), *k.stride(), *v.stride(), *_row_strides(logp),
@@ -229,18 +229,21 @@ def dropout_keep(seed: int, shape: tuple[int, int, int, int], dropout_p: float,
 def o_attention_triton(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                        visible: Tensor | None, bias: Tensor | None, eps: float, scale: float,
                        softcap: float | None = None, dropout_p: float = 0.0,
-                       seed: int | None = None) -> Tensor:
+                       seed: int | None = None, causal: bool = False) -> Tensor:
     """OAttention ``(B, H, Nq, d)`` in q's dtype on the fused kernels (module docstring).
 
     q ``(B, H, Nq, d)``, k/v ``(B, Hkv, Nk, d)`` in one dtype; presences as
     :func:`oretrofit._operators.attention.o_attention` takes them (any float dtype); ``visible`` (bool) and
     ``bias`` (float, finite) broadcastable to ``(B, H, Nq, Nk)``, neither requiring grad.
     ``seed`` fixes the dropout draw (default: one from torch's generator, so ``torch.manual_seed``
-    reproduces a call).
+    reproduces a call). ``causal``: key j is visible to query i only if ``j ≤ i + Nk − Nq``
+    (bottom-right aligned, as with a KV cache), on top of ``visible`` and ``bias``; the kernels
+    skip the tiles no query of a block sees.
     """
     if dropout_p > 0 and seed is None:
         seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))
-    launch = _Launch(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, seed or 0)
+    launch = _Launch(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, seed or 0,
+                     causal)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, p_q, p_k)):
         return _TritonOAttention.apply(q, k, v, p_q, p_k, launch)
     return launch.forward()[0]

@@ -150,23 +150,36 @@ def _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh, smq, sbb, sb
 
 
 @triton.jit
-def _tile_scores(q, k_head, start, d_idx, d_ok, skn, skd, logp_row, vis_row, bias_row, m_idx,
-                 m_ok, NK,
-                 scale, softcap, smk, sbk, BN: tl.constexpr,
-                 HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                 UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """``(t, tanh, n_idx, n_ok)`` of the tile of queries ``m_idx`` × keys ``start…start+BN``
-    of the KV head at ``k_head``: ``t = (s + b + log p_j)·log2 e`` in base 2 for ``exp2``
-    (masked and padded keys at about ``_NULL_LOGIT``; the host gives ``log2 p_j``),
-    ``tanh = s / c`` under a softcap, both fp32 ``(BM, BN)``; the row pointers as
-    :func:`_row_pointers` gives them."""
-    n_idx = start + tl.arange(0, BN)
-    n_ok = n_idx < NK
-    kt = tl.load(k_head + n_idx[None, :] * skn + d_idx[:, None] * skd,
-                 mask=n_ok[None, :] & d_ok[:, None], other=0.0)              # (BD, BN)
+def _tile(PTR, idx, d_idx, sn, sd, N, D: tl.constexpr, BD: tl.constexpr, MASKED: tl.constexpr,
+          UPCAST: tl.constexpr):
+    """Rows ``idx`` × head columns of the q, k, v, out or dO head at ``PTR``, ``(len(idx), BD)``
+    zero-filled past ``N`` rows (``MASKED``) and ``D`` columns; fp32 under ``UPCAST``. A tile of
+    whole rows at a power-of-two head dim is an unmasked load (no predicates in the loop)."""
+    ptrs = PTR + idx[:, None] * sn + d_idx[None, :] * sd
+    if MASKED:
+        if D < BD:
+            x = tl.load(ptrs, mask=(idx[:, None] < N) & (d_idx[None, :] < D), other=0.0)
+        else:
+            x = tl.load(ptrs, mask=idx[:, None] < N, other=0.0)
+    elif D < BD:
+        x = tl.load(ptrs, mask=d_idx[None, :] < D, other=0.0)
+    else:
+        x = tl.load(ptrs)
     if UPCAST:
-        kt = kt.to(tl.float32)
-    raw = _dot(q, kt, IEEE) * (scale * LOG2E)
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale, softcap, smk,
+                 sbk, HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                 IEEE: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """``(t, tanh)`` of queries ``m_idx`` × keys ``n_idx`` (k their ``(BN, BD)`` rows):
+    ``t = (s + b + log p_j)·log2 e`` in base 2 for ``exp2`` (the host gives ``log2 p_j``; masked
+    keys at about ``_NULL_LOGIT``), ``tanh = s / c`` under a softcap, both fp32 ``(BM, BN)``.
+    ``MASKED``: the tile may hold keys past ``NK`` or, under ``CAUSAL``, keys ``j > i + NK − NQ``;
+    without it every key of the tile exists and is visible to every row (no key masks)."""
+    raw = _dot(q, tl.trans(k), IEEE) * (scale * LOG2E)
     s = raw
     tanh = raw
     if HAS_SOFTCAP:
@@ -174,16 +187,24 @@ def _tile_scores(q, k_head, start, d_idx, d_ok, skn, skd, logp_row, vis_row, bia
         tanh = 2.0 * tl.sigmoid(2.0 * raw / cap) - 1.0                    # tanh(raw / c)
         s = cap * tanh
     # A padded key has k = 0, so s = 0, bias 0 and log p = -1e30: t = -1e30 with no select.
-    logp = tl.load(logp_row + n_idx, mask=n_ok, other=-1e30)
+    m_ok = m_idx < NQ
+    if MASKED:
+        logp = tl.load(logp_row + n_idx, mask=n_idx < NK, other=-1e30)
+        ok = m_ok[:, None] & (n_idx < NK)[None, :]
+    else:
+        logp = tl.load(logp_row + n_idx)
+        ok = m_ok[:, None] & (n_idx >= 0)[None, :]
     t = s + logp[None, :]
-    ok = m_ok[:, None] & n_ok[None, :]
     if HAS_BIAS:
         t += tl.load(bias_row[:, None] + n_idx[None, :] * sbk, mask=ok,
                      other=0.0).to(tl.float32) * LOG2E
     if HAS_VIS:
         vis = tl.load(vis_row[:, None] + n_idx[None, :] * smk, mask=ok, other=0)
         t = tl.where(vis != 0, t, -1e30)
-    return t, tanh, n_idx, n_ok
+    if CAUSAL:
+        if MASKED:
+            t = tl.where(n_idx[None, :] <= m_idx[:, None] + (NK - NQ), t, -1e30)
+    return t, tanh
 
 
 @triton.jit
@@ -198,13 +219,64 @@ def _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT: tl.const
 
 
 @triton.jit
-def _query_block(bh, H, GROUP, NQ, D, BM: tl.constexpr, BD: tl.constexpr):
-    """``(b, h, hk, m_idx, d_idx, m_ok, d_ok)`` of this program's query block: batch, query
-    head, its KV head, the query rows and head columns and which of them exist."""
+def _query_block(bh, H, GROUP, BM: tl.constexpr, BD: tl.constexpr):
+    """``(b, h, hk, m_idx, d_idx)`` of this program's query block: batch, query head, its KV
+    head, the query rows and the head columns."""
     b, h = bh // H, bh % H
-    m_idx = tl.program_id(0) * BM + tl.arange(0, BM)
-    d_idx = tl.arange(0, BD)
-    return b, h, h // GROUP, m_idx, d_idx, m_idx < NQ, d_idx < D
+    return b, h, h // GROUP, tl.program_id(0) * BM + tl.arange(0, BM), tl.arange(0, BD)
+
+
+@triton.jit
+def _key_tiles(m_start, NQ, NK, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
+    """``(full, end)`` for the query block of rows ``m_start…m_start+BM``: the keys
+    ``[0, full)`` come in whole tiles every row sees (no key masks), ``[full, end)`` in tiles
+    that need them; under ``CAUSAL`` (key j visible to row i iff ``j ≤ i + NK − NQ``) the keys
+    from ``end`` on are visible to no row of the block, and their tiles are skipped."""
+    if CAUSAL:
+        end = tl.minimum(NK, tl.maximum(m_start + BM + NK - NQ, 0))
+        full = tl.maximum(tl.minimum(NK, m_start + 1 + NK - NQ), 0) // BN * BN
+    else:
+        end = NK
+        full = NK // BN * BN
+    return full, end
+
+
+@triton.jit
+def _query_tiles(n_start, NQ, NK, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
+    """``(first, full)`` for the key block ``n_start…n_start+BN``: the query tiles from
+    ``first`` on see a key of the block (under ``CAUSAL`` the earlier ones are skipped), those
+    from ``full`` on see all of it (no key masks; a block past ``NK`` has none such)."""
+    nq_end = (NQ + BM - 1) // BM * BM
+    if CAUSAL:
+        first = tl.maximum(n_start - (NK - NQ), 0) // BM * BM
+        full = (tl.maximum(n_start + BN - 1 - (NK - NQ), 0) + BM - 1) // BM * BM
+    else:
+        first = 0
+        full = 0
+    full = tl.where(n_start + BN <= NK, full, nq_end)
+    return first, full
+
+
+@triton.jit
+def _forward_tile(m_i, l_i, acc, q, Q, K_head, V_head, start, m_idx, d_idx, logp_row, vis_row,
+                  bias_row, skn, skd, svn, svd, smk, sbk, NQ, NK, scale, softcap, dropout_p, seed,
+                  bh, HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                  HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+                  BD: tl.constexpr):
+    """The online-softmax state ``(m_i, l_i, acc)`` after the key tile at ``start``."""
+    n_idx = start + tl.arange(0, BN)
+    k = _tile(K_head, n_idx, d_idx, skn, skd, NK, D, BD, MASKED, UPCAST)
+    t, _ = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale, softcap,
+                        smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED, CAUSAL)
+    m_new = tl.maximum(m_i, tl.max(t, 1))
+    alpha = tl.exp2(m_i - m_new)
+    w = tl.exp2(t - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(w, 1)
+    w = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
+    v = _tile(V_head, n_idx, d_idx, svn, svd, NK, D, BD, MASKED, UPCAST)
+    acc = acc * alpha[:, None] + _dot(_rounded(w, Q, UPCAST).to(v.dtype), v, IEEE)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -212,107 +284,160 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
                     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
                     slb, slh, sln, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
                     sob, soh, son, sod,
-                    H, GROUP, NQ, NK, D, scale, log_eps, softcap, dropout_p, seed,
+                    H, GROUP, NQ, NK, D: tl.constexpr, scale, log_eps, softcap, dropout_p, seed,
                     HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+                    CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)                                   # see _check_limits
-    b, h, hk, m_idx, d_idx, m_ok, d_ok = _query_block(bh, H, GROUP, NQ, D, BM, BD)
-    q = tl.load(Q + b * sqb + h * sqh + m_idx[:, None] * sqn + d_idx[None, :] * sqd,
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
+    b, h, hk, m_idx, d_idx = _query_block(bh, H, GROUP, BM, BD)
+    m_ok = m_idx < NQ
+    q = _tile(Q + b * sqb + h * sqh, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
     logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh,
                                                 smq, sbb, sbh, sbq)
+    k_head, v_head = K + b * skb + hk * skh, V + b * svb + hk * svh
     m_i = tl.zeros([BM], dtype=tl.float32) + log_eps                     # the ε sink
     l_i = tl.zeros([BM], dtype=tl.float32) + 1.0
     acc = tl.zeros([BM, BD], dtype=tl.float32)
-    for start in range(0, NK, BN):
-        t, tanh, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
-                                         logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
-                                         softcap, smk, sbk, BN,
-                                         HAS_VIS, HAS_BIAS, HAS_SOFTCAP, UPCAST, IEEE)
-        m_new = tl.maximum(m_i, tl.max(t, 1))
-        alpha = tl.exp2(m_i - m_new)
-        w = tl.exp2(t - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(w, 1)
-        w = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
-        v = tl.load(V + b * svb + hk * svh + n_idx[:, None] * svn + d_idx[None, :] * svd,
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + _dot(_rounded(w, Q, UPCAST).to(v.dtype), v, IEEE)
-        m_i = m_new
+    full, end = _key_tiles(tl.program_id(0) * BM, NQ, NK, BM, BN, CAUSAL)
+    for start in range(0, full, BN):
+        m_i, l_i, acc = _forward_tile(m_i, l_i, acc, q, Q, k_head, v_head, start, m_idx, d_idx,
+                                      logp_row, vis_row, bias_row, skn, skd, svn, svd, smk, sbk,
+                                      NQ, NK, scale, softcap, dropout_p, seed, bh, HAS_VIS,
+                                      HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, IEEE, False,
+                                      CAUSAL, BN, D, BD)
+    for start in range(full, end, BN):
+        m_i, l_i, acc = _forward_tile(m_i, l_i, acc, q, Q, k_head, v_head, start, m_idx, d_idx,
+                                      logp_row, vis_row, bias_row, skn, skd, svn, svd, smk, sbk,
+                                      NQ, NK, scale, softcap, dropout_p, seed, bh, HAS_VIS,
+                                      HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, IEEE, True,
+                                      CAUSAL, BN, D, BD)
     p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
     out = acc * (p_i / l_i)[:, None]
     tl.store(OUT + b * sob + h * soh + m_idx[:, None] * son + d_idx[None, :] * sod,
-             _stored(out, OUT, UPCAST), mask=m_ok[:, None] & d_ok[None, :])
+             _stored(out, OUT, UPCAST), mask=m_ok[:, None] & (d_idx < D)[None, :])
     tl.store(LSE + bh * NQ + m_idx, m_i * LN2 + tl.log(l_i), mask=m_ok)
+
+
+@triton.jit
+def _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, K_head, V_head, start, m_idx, d_idx,
+             logp_row, vis_row, bias_row, skn, skd, svn, svd, smk, sbk, NQ, NK, scale, softcap,
+             dropout_p, seed, bh, HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr,
+             HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, NEED_ROWDOT: tl.constexpr,
+             UPCAST: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr,
+             CAUSAL: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """``(dq, rowdot)`` after the key tile at ``start``: ``dq += dS′·k`` and the row dot
+    ``dO_i·Σ_j δ W v_j = Σ_j δ_ij W_ij (dO_i·v_j)`` from the ``dO·vᵀ`` tile dS needs anyway."""
+    n_idx = start + tl.arange(0, BN)
+    k = _tile(K_head, n_idx, d_idx, skn, skd, NK, D, BD, MASKED, UPCAST)
+    v = _tile(V_head, n_idx, d_idx, svn, svd, NK, D, BD, MASKED, UPCAST)
+    t, tanh = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale,
+                           softcap, smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED,
+                           CAUSAL)
+    w = tl.exp2(t - lse[:, None] * LOG2E)
+    kept = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
+    dov = _dot(d_o, tl.trans(v), IEEE)
+    ds = p_i[:, None] * kept * dov - w * delta[:, None]
+    if NEED_ROWDOT:
+        rowdot += tl.sum(kept * dov, 1)
+    if HAS_SOFTCAP:
+        ds = ds * (1.0 - tanh * tanh)
+    dq += _dot(_rounded(ds, Q, UPCAST).to(k.dtype), k, IEEE)
+    return dq, rowdot
 
 
 @triton.jit
 def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, ROWDOT,
                         sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
                         slb, slh, sln, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
-                        H, GROUP, NQ, NK, D, scale, softcap, dropout_p, seed,
+                        H, GROUP, NQ, NK, D: tl.constexpr, scale, softcap, dropout_p, seed,
                         HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                         HAS_DROPOUT: tl.constexpr, NEED_ROWDOT: tl.constexpr,
-                        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+                        UPCAST: tl.constexpr, IEEE: tl.constexpr, CAUSAL: tl.constexpr,
                         BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     """dq, ``D_i = dO_i·out_i`` and (``NEED_ROWDOT``) ``dO_i·Σ_j δ W v`` of one query block.
     OUT, DO and DQ are laid out like q (its strides ``sq*``)."""
     bh = tl.program_id(1).to(tl.int64)                                   # see _check_limits
-    b, h, hk, m_idx, d_idx, m_ok, d_ok = _query_block(bh, H, GROUP, NQ, D, BM, BD)
-    rows = m_idx[:, None] * sqn + d_idx[None, :] * sqd
-    row_mask = m_ok[:, None] & d_ok[None, :]
-    q = tl.load(Q + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
-    d_o = tl.load(DO + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
-    out = tl.load(OUT + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
+    b, h, hk, m_idx, d_idx = _query_block(bh, H, GROUP, BM, BD)
+    m_ok = m_idx < NQ
+    head = b * sqb + h * sqh
+    q = _tile(Q + head, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
+    d_o = _tile(DO + head, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
+    out = _tile(OUT + head, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, False)
     delta = tl.sum(d_o.to(tl.float32) * out.to(tl.float32), 1)
     tl.store(DELTA + bh * NQ + m_idx, delta, mask=m_ok)
-    if UPCAST:
-        q, d_o = q.to(tl.float32), d_o.to(tl.float32)
     lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
     p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
     logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh,
                                                 smq, sbb, sbh, sbq)
+    k_head, v_head = K + b * skb + hk * skh, V + b * svb + hk * svh
     dq = tl.zeros([BM, BD], dtype=tl.float32)
-    o_free = tl.zeros([BM, BD], dtype=tl.float32)
-    for start in range(0, NK, BN):
-        t, tanh, n_idx, n_ok = _tile_scores(q, K + b * skb + hk * skh, start, d_idx, d_ok, skn, skd,
-                                         logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
-                                         softcap, smk, sbk, BN,
-                                         HAS_VIS, HAS_BIAS, HAS_SOFTCAP, UPCAST, IEEE)
-        w = tl.exp2(t - lse[:, None] * LOG2E)
-        delta_keep = _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
-        vt = tl.load(V + b * svb + hk * svh + n_idx[None, :] * svn + d_idx[:, None] * svd,
-                     mask=n_ok[None, :] & d_ok[:, None], other=0.0)          # (BD, BN)
-        k = tl.load(K + b * skb + hk * skh + n_idx[:, None] * skn + d_idx[None, :] * skd,
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)           # (BN, BD)
-        if UPCAST:
-            vt, k = vt.to(tl.float32), k.to(tl.float32)
-        dov = _dot(d_o, vt, IEEE)
-        ds = w * (p_i[:, None] * delta_keep * dov - delta[:, None])
-        if HAS_SOFTCAP:
-            ds = ds * (1.0 - tanh * tanh)
-        dq += _dot(_rounded(ds, Q, UPCAST).to(k.dtype), k, IEEE)
-        if NEED_ROWDOT:
-            o_free += _dot(_rounded(w * delta_keep, Q, UPCAST).to(vt.dtype),
-                           tl.trans(vt), IEEE)
-    tl.store(DQ + b * sqb + h * sqh + rows, _stored(dq * scale, DQ, UPCAST), mask=row_mask)
+    rowdot = tl.zeros([BM], dtype=tl.float32)
+    full, end = _key_tiles(tl.program_id(0) * BM, NQ, NK, BM, BN, CAUSAL)
+    for start in range(0, full, BN):
+        dq, rowdot = _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, k_head, v_head, start,
+                              m_idx, d_idx, logp_row, vis_row, bias_row, skn, skd, svn, svd, smk,
+                              sbk, NQ, NK, scale, softcap, dropout_p, seed, bh, HAS_VIS, HAS_BIAS,
+                              HAS_SOFTCAP, HAS_DROPOUT, NEED_ROWDOT, UPCAST, IEEE, False, CAUSAL,
+                              BN, D, BD)
+    for start in range(full, end, BN):
+        dq, rowdot = _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, k_head, v_head, start,
+                              m_idx, d_idx, logp_row, vis_row, bias_row, skn, skd, svn, svd, smk,
+                              sbk, NQ, NK, scale, softcap, dropout_p, seed, bh, HAS_VIS, HAS_BIAS,
+                              HAS_SOFTCAP, HAS_DROPOUT, NEED_ROWDOT, UPCAST, IEEE, True, CAUSAL,
+                              BN, D, BD)
+    row_mask = m_ok[:, None] & (d_idx < D)[None, :]
+    tl.store(DQ + head + m_idx[:, None] * sqn + d_idx[None, :] * sqd,
+             _stored(dq * scale, DQ, UPCAST), mask=row_mask)
     if NEED_ROWDOT:
-        tl.store(ROWDOT + bh * NQ + m_idx, tl.sum(d_o.to(tl.float32) * o_free, 1), mask=m_ok)
+        tl.store(ROWDOT + bh * NQ + m_idx, rowdot, mask=m_ok)
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, colsum, k, vt, Q, DO, LOGP, VIS, BIAS, PQ, LSE, DELTA, b, h, start, n_idx,
+               d_idx, sqb, sqh, sqn, sqd, slb, slh, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb,
+               sph, spn, H, NQ, NK, scale, softcap, dropout_p, seed,
+               HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+               HAS_DROPOUT: tl.constexpr, NEED_COLSUM: tl.constexpr, UPCAST: tl.constexpr,
+               IEEE: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               BM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """``(dk, dv, colsum)`` after the query tile at ``start`` of query head ``h``."""
+    bh = b * H + h
+    m_idx = start + tl.arange(0, BM)
+    m_ok = m_idx < NQ
+    q = _tile(Q + b * sqb + h * sqh, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
+    d_o = _tile(DO + b * sqb + h * sqh, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
+    logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh,
+                                                smq, sbb, sbh, sbq)
+    t, tanh = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale,
+                           softcap, smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED,
+                           CAUSAL)
+    lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
+    delta = tl.load(DELTA + bh * NQ + m_idx, mask=m_ok, other=0.0)
+    p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
+    w = tl.exp2(t - lse[:, None] * LOG2E)
+    gated = w * (p_i[:, None] * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p,
+                                            HAS_DROPOUT))
+    dov = _dot(d_o, vt, IEEE)
+    dv += _dot(tl.trans(_rounded(gated, Q, UPCAST).to(d_o.dtype)), d_o, IEEE)
+    ds = gated * dov - w * delta[:, None]
+    if NEED_COLSUM:
+        colsum += tl.sum(ds, 0)
+    if HAS_SOFTCAP:
+        ds = ds * (1.0 - tanh * tanh)
+    dk += _dot(tl.trans(_rounded(ds, Q, UPCAST).to(q.dtype)), q, IEEE)
+    return dk, dv, colsum
 
 
 @triton.jit
 def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, COLSUM,
                           sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
                           slb, slh, sln, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
-                          H, GROUP, NQ, NK, D, scale, softcap, dropout_p, seed,
+                          H, GROUP, NQ, NK, D: tl.constexpr, scale, softcap, dropout_p, seed,
                           HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr,
                           HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                           NEED_COLSUM: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-                          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+                          CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                          BD: tl.constexpr):
     """dk, dv of one key block of one KV head (summed over its group of query heads) and the
     column sums ``Σ_i dS_ij`` per query head. DO is laid out like q; DK, DV like k."""
     pid_n, bhk = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -320,49 +445,31 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
     b, hk = bhk // HK, bhk % HK
     n_idx = pid_n * BN + tl.arange(0, BN)
     d_idx = tl.arange(0, BD)
-    n_ok, d_ok = n_idx < NK, d_idx < D
-    key_mask = n_ok[:, None] & d_ok[None, :]
-    vt = tl.load(V + b * svb + hk * svh + n_idx[None, :] * svn + d_idx[:, None] * svd,
-                 mask=n_ok[None, :] & d_ok[:, None], other=0.0)              # (BD, BN)
-    if UPCAST:
-        vt = vt.to(tl.float32)
+    k = _tile(K + b * skb + hk * skh, n_idx, d_idx, skn, skd, NK, D, BD, True, UPCAST)
+    vt = tl.trans(_tile(V + b * svb + hk * svh, n_idx, d_idx, svn, svd, NK, D, BD, True, UPCAST))
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
+    first, full = _query_tiles(pid_n * BN, NQ, NK, BM, BN, CAUSAL)
     for g in range(0, GROUP):
         h = hk * GROUP + g
-        bh = b * H + h
         colsum = tl.zeros([BN], dtype=tl.float32)
-        for start in range(0, NQ, BM):
-            m_idx = start + tl.arange(0, BM)
-            m_ok = m_idx < NQ
-            rows = m_idx[:, None] * sqn + d_idx[None, :] * sqd
-            row_mask = m_ok[:, None] & d_ok[None, :]
-            q = tl.load(Q + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
-            d_o = tl.load(DO + b * sqb + h * sqh + rows, mask=row_mask, other=0.0)
-            if UPCAST:
-                q, d_o = q.to(tl.float32), d_o.to(tl.float32)
-            logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh,
-                                                        smb, smh, smq, sbb, sbh, sbq)
-            t, tanh, _, _ = _tile_scores(q, K + b * skb + hk * skh, pid_n * BN, d_idx, d_ok, skn,
-                                      skd, logp_row, vis_row, bias_row, m_idx, m_ok, NK, scale,
-                                      softcap, smk, sbk, BN, HAS_VIS, HAS_BIAS, HAS_SOFTCAP,
-                                      UPCAST, IEEE)
-            lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
-            delta = tl.load(DELTA + bh * NQ + m_idx, mask=m_ok, other=0.0)
-            p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
-            w = tl.exp2(t - lse[:, None] * LOG2E)
-            gated = w * (p_i[:, None] * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p,
-                                                    HAS_DROPOUT))
-            dov = _dot(d_o, vt, IEEE)
-            dv += _dot(tl.trans(_rounded(gated, Q, UPCAST).to(d_o.dtype)), d_o, IEEE)
-            ds = gated * dov - w * delta[:, None]
-            if NEED_COLSUM:
-                colsum += tl.sum(ds, 0)
-            if HAS_SOFTCAP:
-                ds = ds * (1.0 - tanh * tanh)
-            dk += _dot(tl.trans(_rounded(ds, Q, UPCAST).to(q.dtype)), q, IEEE)
+        for start in range(first, full, BM):
+            dk, dv, colsum = _dkdv_tile(dk, dv, colsum, k, vt, Q, DO, LOGP, VIS, BIAS, PQ, LSE,
+                                        DELTA, b, h, start, n_idx, d_idx, sqb, sqh, sqn, sqd, slb,
+                                        slh, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
+                                        H, NQ, NK, scale, softcap, dropout_p, seed, HAS_VIS,
+                                        HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, NEED_COLSUM, UPCAST,
+                                        IEEE, True, CAUSAL, BM, D, BD)
+        for start in range(full, NQ, BM):
+            dk, dv, colsum = _dkdv_tile(dk, dv, colsum, k, vt, Q, DO, LOGP, VIS, BIAS, PQ, LSE,
+                                        DELTA, b, h, start, n_idx, d_idx, sqb, sqh, sqn, sqd, slb,
+                                        slh, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
+                                        H, NQ, NK, scale, softcap, dropout_p, seed, HAS_VIS,
+                                        HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, NEED_COLSUM, UPCAST,
+                                        IEEE, False, CAUSAL, BM, D, BD)
         if NEED_COLSUM:
-            tl.store(COLSUM + bh * NK + n_idx, colsum, mask=n_ok)
+            tl.store(COLSUM + (b * H + h) * NK + n_idx, colsum, mask=n_idx < NK)
+    key_mask = (n_idx < NK)[:, None] & (d_idx < D)[None, :]
     k_rows = n_idx[:, None] * skn + d_idx[None, :] * skd
     tl.store(DK + b * skb + hk * skh + k_rows, _stored(dk * scale, DK, UPCAST), mask=key_mask)
     tl.store(DV + b * skb + hk * skh + k_rows, _stored(dv, DV, UPCAST), mask=key_mask)

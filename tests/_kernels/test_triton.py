@@ -38,29 +38,32 @@ def triton_module(monkeypatch: pytest.MonkeyPatch):
 
 def make(dtype: torch.dtype, h: int = 4, hkv: int = 2, nq: int = 19, nk: int = 23, d: int = 8,
          per_head: bool = False, seed: int = 0) -> list[torch.Tensor]:
-    """q, k, v in ``dtype`` (GQA), presences in (0.1, 1.1) with a null receiver, a null source
-    and (batch 1 of p_k all null) empty rows."""
+    """q, k, v in ``dtype`` (GQA), presences in (0.1, 1.1) with a null receiver (query 3, where
+    there is one), a null source and (batch 1 of p_k all null) empty rows."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(s, generator=g).to(dtype)
                for s in ((2, h, nq, d), (2, hkv, nk, d), (2, hkv, nk, d)))
     pdt = torch.float64 if dtype == torch.float64 else torch.float32
     p_q = torch.rand((2, h, nq) if per_head else (2, nq), generator=g).to(pdt) + 0.1
     p_k = torch.rand((2, hkv, nk) if per_head else (2, nk), generator=g).to(pdt) + 0.1
-    p_q[0, ..., 3] = 0.0
+    p_q[0, ..., 3:4] = 0.0
     p_k[0, ..., 5] = 0.0
     p_k[1] = 0.0
     return [q, k, v, p_q, p_k]
 
 
 def run_both(module, inputs, mask=None, softcap=None, dropout_p=0.0, seed=None, reference=None,
-             eps=1e-6):
-    """(kernel out, kernel grads, fp64 reference out, reference grads) for one random d_out."""
+             eps=1e-6, causal=False):
+    """(kernel out, kernel grads, fp64 reference out, reference grads) for one random d_out;
+    ``causal``: the kernel's flag, against the reference with the causal mask added to ``mask``."""
     ours = [t.detach().clone().requires_grad_() for t in inputs]
     theirs = [t.detach().double().requires_grad_() for t in inputs]
     visible, bias = _split_mask(mask, torch.float32)
     d = inputs[0].shape[-1]
     out = module.o_attention_triton(*ours, visible, bias, eps, d ** -0.5, softcap, dropout_p,
-                                    seed)
+                                    seed, causal)
+    if causal:
+        mask = with_causal(mask, inputs[0].shape[2], inputs[1].shape[2])
     d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
     out.backward(d_out)
     want = (reference or (lambda *t: o_attention_reference(*t, mask=mask, softcap=softcap,
@@ -68,6 +71,16 @@ def run_both(module, inputs, mask=None, softcap=None, dropout_p=0.0, seed=None, 
         *theirs)
     want.backward(d_out.double())
     return out, [t.grad for t in ours], want, [t.grad for t in theirs]
+
+
+def with_causal(mask: torch.Tensor | None, n_q: int, n_k: int) -> torch.Tensor:
+    """``mask`` (None, bool or additive) with keys ``j > i + Nk − Nq`` hidden: a dense mask."""
+    tril = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    if mask is None:
+        return tril
+    if mask.dtype == torch.bool:
+        return mask & tril
+    return mask.masked_fill(~tril, float("-inf"))
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
@@ -276,3 +289,57 @@ def test_half_precision_error_is_within_twice_sdpas(triton_module, dtype) -> Non
     sdpa = errors(torch.nn.functional.scaled_dot_product_attention)
     for name, ours, theirs in zip(("out", "dq", "dk", "dv"), kernel, sdpa):
         assert ours <= 2 * theirs, f"{name}: {ours:.3g} > 2 × SDPA's {theirs:.3g}"
+
+
+@pytest.mark.parametrize("n_q,n_k", [(19, 23), (23, 23), (1, 23), (23, 19), (40, 33)],
+                         ids=["cache", "square", "decode", "more-queries", "ragged"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_causal_is_the_dense_causal_mask(triton_module, dtype, n_q, n_k) -> None:
+    """Bottom-right aligned (key j visible to query i iff j ≤ i + Nk − Nq), under GQA; with
+    Nq > Nk the first queries see no key and are exact zero rows."""
+    inputs = make(dtype, nq=n_q, nk=n_k)
+    out, grads, want, want_grads = run_both(triton_module, inputs, causal=True)
+    assert_close(out, want, REL_TOL[dtype], "out")
+    for name, got, expected in zip(("dq", "dk", "dv", "dp_q", "dp_k"), grads, want_grads):
+        assert_close(got, expected, REL_TOL[dtype], name)
+    blind = max(n_q - n_k, 0)
+    assert torch.equal(out[:, :, :blind], torch.zeros_like(out[:, :, :blind]))
+
+
+def test_causal_combines_with_a_bias_a_mask_and_softcap(triton_module) -> None:
+    inputs = make(torch.float64, nq=21, nk=37, per_head=True)
+    mask = torch.randn(1, 1, 21, 37, dtype=torch.float64)
+    mask[..., 30:33] = float("-inf")
+    mask[0, 0, 6] = float("-inf")                                      # a fully masked row
+    out, grads, want, want_grads = run_both(triton_module, inputs, mask=mask, softcap=2.0,
+                                            causal=True)
+    assert_close(out, want, 1e-6, "out")
+    for got, expected in zip(grads, want_grads):
+        assert_close(got, expected, 1e-6, "grad")
+    assert torch.equal(out[:, :, 6], torch.zeros_like(out[:, :, 6]))
+
+
+def test_causal_skips_the_tiles_no_query_sees(triton_module) -> None:
+    """A NaN in a tile poisons every row whose program reads that tile (0 · NaN in the
+    products), masked or not; under the interpreter's 16 × 16 tiles, with Nq = Nk = 48:
+    a NaN key/value at 40 (key tile 2) leaves query tiles 0 and 1, and their dq, exact, and a
+    NaN query/dO row at 5 (query tile 0) leaves the dk, dv of key tiles 1 and 2 exact."""
+    assert triton_module.configs_for(8).forward.bm == 16
+    clean = make(torch.float64, nq=48, nk=48)
+    dense_out, dense_grads, want, want_grads = run_both(triton_module, clean, causal=True)
+
+    poisoned_keys = [t.clone() for t in clean]
+    poisoned_keys[1][:, :, 40] = poisoned_keys[2][:, :, 40] = float("nan")
+    out, grads, _, _ = run_both(triton_module, poisoned_keys, causal=True)
+    assert torch.equal(out[:, :, :32], dense_out[:, :, :32])
+    assert torch.equal(grads[0][:, :, :32], dense_grads[0][:, :, :32])
+    visible, _ = _split_mask(with_causal(None, 48, 48), torch.float64)
+    masked = triton_module.o_attention_triton(*poisoned_keys, visible, None, 1e-6, 8 ** -0.5)
+    assert masked[:, :, :32].isnan().all()                           # the dense mask reads it
+
+    poisoned_queries = [t.clone() for t in clean]
+    poisoned_queries[0][:, :, 5] = float("nan")
+    _, grads, _, _ = run_both(triton_module, poisoned_queries, causal=True)
+    for got, expected in zip(grads[1:3], dense_grads[1:3]):
+        assert torch.equal(got[:, :, 16:], expected[:, :, 16:])
+        assert got[:, :, :16].isnan().any()
