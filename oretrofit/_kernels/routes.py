@@ -4,7 +4,8 @@
 the softmax statistics in fp32 (bf16/fp16 under ``precision="auto"``; fp32 only for a softcap
 or dropout, which the later routes lack):
 
-1. ``triton``: the fused kernel pair of :mod:`oretrofit._kernels.triton` (also softcap, dropout);
+1. ``triton``: the fused kernel pair of :mod:`oretrofit._kernels.triton` (also softcap, dropout;
+   causality as a flag, the tiles above the diagonal skipped);
 2. ``cudnn``: cuDNN attention with the key bias and its LSE (:mod:`oretrofit._kernels.cudnn`);
 3. ``flex``: compiled FlexAttention with a ``score_mod`` (:mod:`oretrofit._kernels.flex`;
    softcap);
@@ -103,9 +104,11 @@ class Route:
         return as_dtype(out, q.dtype)
 
 
-def _run_triton(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p) -> Tensor:
+def _run_triton(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p,
+                causal=False) -> Tensor:
     from .triton import o_attention_triton
-    return o_attention_triton(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p)
+    return o_attention_triton(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p,
+                              causal=causal)
 
 
 def _run_flex(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p) -> Tensor:
@@ -160,7 +163,7 @@ def _public_sdpa(device: torch.device, dtype: torch.dtype) -> str:
 
 ROUTES: tuple[Route, ...] = (
     Route("triton", ("cuda",), lambda: importlib.util.find_spec("triton") is not None,
-          _run_triton, max_head_size=256, softcap=True, dropout=True),
+          _run_triton, max_head_size=256, softcap=True, dropout=True, causal=True),
     Route("cudnn", ("cuda",), lambda: _cudnn() is not None, backend_run(_cudnn), head_multiple=8),
     Route("flex", ("cuda",), _flex_ready, _run_flex, softcap=True),
     Route("efficient", ("cuda",), lambda: _efficient() is not None, backend_run(_efficient),
