@@ -19,9 +19,9 @@ function that returns at once. Rows, bf16, (B, H→Hkv, N, d) = (1, 8→2, 256, 
 Each row is the median over interleaved rounds of the thread's CPU time per call (a batch of
 calls per round), beside ``bare launch``: the stub called with a prebuilt argument list, so the
 ratio says how many bare launches one call's host work costs. Targets: the forward rows without
-grad ≤ 15 µs, backward ≤ 25 µs. ``--against CHECKOUT`` also times another checkout of the project (e.g. the
-commit before a change) in a child process, its rounds interleaved with this one's, so the two
-columns share the machine's load.
+grad ≤ 15 µs, backward ≤ 25 µs. ``--against CHECKOUT`` also times another checkout of the
+project (e.g. the commit before a change) in a child process, its rounds interleaved with this
+one's, so the two columns share the machine's load.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def cases() -> dict:
     p_q, p_k = torch.rand(b, n, generator=g), torch.rand(b, n, generator=g)
     scale = d ** -0.5
     lengths = [torch.randn(b, h_kv, m, d).bfloat16() for m in range(n - 63, n + 1)]
-    decode = [(q[:, :, :1].contiguous(), kv, kv, p_q[:, :1], p_k[:, :kv.shape[2]]) for kv in lengths]
+    decode = [(q[:, :, :1].contiguous(), kv, kv, p_q[:, :1], p_k[:, :kv.shape[2]])
+              for kv in lengths]
     visible = torch.rand(b, 1, 1, n, generator=g) > 0.1
     grads = [t.clone().requires_grad_() for t in (q, k, v, p_q, p_k)]
     out = launcher.o_attention_triton(*grads, None, None, 0.0, scale)

@@ -108,7 +108,7 @@ def _run_triton(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p
                 causal=False) -> Tensor:
     from .triton import o_attention_triton
     return o_attention_triton(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p,
-                              causal=causal)
+                              None, causal)
 
 
 def _run_flex(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p) -> Tensor:

@@ -17,7 +17,8 @@ from torch import Tensor
 
 from .lse import _NULL_LOGIT, sink_logit
 from .triton_kernels import (_INTERPRET, GRID_Y_LIMIT, INT32_LIMIT, LOG2E, Configs,
-                             KernelConfig, _backward_dkdv_kernel, _backward_dq_kernel, _dropout_kernel,
+                             KernelConfig, _backward_dkdv_kernel, _backward_dq_kernel,
+                             _dropout_kernel,
                              _forward_kernel, configs_for, padded_head_dim)
 
 __all__ = ["o_attention_triton", "dropout_keep"]
@@ -54,7 +55,8 @@ def _key_logits(p_k: Tensor, heads: int) -> Tensor:
     """``log2 p_j`` in fp32 (the kernels' scores are in base 2), ``_NULL_LOGIT`` where
     ``p_j = 0`` (log2 0 = −inf clamped; NaN stays NaN): ``(B, Nk)`` or ``(B, H, Nk)``, per-KV-head
     presences repeated over their group of query heads."""
-    logit = torch.log2(p_k.float()).clamp_min_(_NULL_LOGIT)
+    p = p_k if p_k.dtype == torch.float32 else p_k.float()
+    logit = torch.log2(p).clamp_min_(_NULL_LOGIT)
     if logit.dim() == 3 and logit.shape[1] != heads:
         return logit.repeat_interleave(heads // logit.shape[1], dim=1)
     return logit
@@ -147,7 +149,7 @@ class _Launch:
         """``(out, lse)``: out like q, lse ``(B, H, Nq)`` fp32 = log(ε + Z_i)."""
         b, h, n_q, _ = self.shape
         out = torch.empty_like(self.q)
-        lse = torch.empty(b, h, n_q, device=self.q.device, dtype=torch.float32)
+        lse = self.q.new_empty((b, h, n_q), dtype=torch.float32)
         settings = self.settings
         self.launch(_forward_kernel, (-(-n_q // settings.configs.forward.bm), b * h),
                     (*self.inputs, out, lse, *self.strides, *out.stride(), *self.sizes,
@@ -244,6 +246,7 @@ def o_attention_triton(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor
         seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))
     launch = _Launch(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, seed or 0,
                      causal)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, p_q, p_k)):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                    or p_q.requires_grad or p_k.requires_grad):
         return _TritonOAttention.apply(q, k, v, p_q, p_k, launch)
     return launch.forward()[0]

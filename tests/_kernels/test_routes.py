@@ -357,9 +357,9 @@ def test_the_triton_route_takes_causality_as_its_kernel_flag(triton_module, monk
     """No mask is built for a causal call on the Triton route: the kernel gets the flag."""
     calls, real = [], triton_module.o_attention_triton
 
-    def recording(*args, causal=False):
-        calls.append((args[5], causal))
-        return real(*args, causal=causal)
+    def recording(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, seed, causal):
+        calls.append((visible, causal))
+        return real(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, seed, causal)
 
     q, k, v, p_q, p_k = half_inputs(torch.bfloat16, nq=5, nk=6)
     assert route.route_for(q, k, v).name == "triton"                    # checked before recording

@@ -1,5 +1,5 @@
-"""The ``oretrofit`` attention function's causality (oretrofit/hosts/transformers/interface_route.py):
-a causal call without a mask reaches OAttention as its ``causal`` flag, never as an (Nq, Nk)
+"""The ``oretrofit`` attention function's causality (hosts/transformers/interface_route.py): a
+causal call without a mask reaches OAttention as its ``causal`` flag, never as an (Nq, Nk)
 triangle built per layer; a padded call keeps the model's own mask."""
 
 from __future__ import annotations
