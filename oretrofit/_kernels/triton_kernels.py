@@ -25,8 +25,16 @@ Backward, from the kernel's own quantities, with ``W_ij = e^{t_ij − lse_i}`` (
 ``dS′ = dS ⊙ (1 − (s/c)²)`` under a softcap (``dS`` without). No division by ``p_i`` appears, so
 null receivers need no special case; a null source has ``W = 0`` and gradient 0, as on the
 reference path. The dq kernel (one program per query block and head) also stores ``D`` and the
-presence row-dot ``dO_i·o″_i``; the dk/dv kernel (one per key block and KV head, looping over the
-heads of its group: GQA without repeated k/v) stores the column sums ``Σ_i dS_ij`` per query head.
+presence row dot ``dO_i·Σ_j δ_ij W_ij v_j = Σ_j δ_ij W_ij (dO_i·v_j)``, summed from the ``dO·vᵀ``
+tile dS needs anyway (no matmul of its own, no division by ``p_i``: exact for null receivers);
+the dk/dv kernel (one per key block and KV head, looping over the heads of its group: GQA
+without repeated k/v) works on key-row tiles ``(BN, BM)`` so that its products need no
+transposes, and stores the column sums ``Σ_i dS_ij`` per query head.
+
+Causal (``CAUSAL``): key j is visible to query i iff ``j ≤ i + Nk − Nq`` (bottom-right aligned,
+as with a KV cache), on top of any mask and bias. Each program loops first over the tiles every
+row of its block sees in full (no key masks, no predicates), then over the tiles that need the
+masks (a ragged last tile, the causal diagonal); tiles no row of the block sees are skipped.
 
 Masks: ``visible`` (bool) and ``bias`` (float) are read tile by tile through broadcast strides
 (stride 0 on a broadcast axis), so a ``(B, 1, 1, Nk)`` padding mask costs one row per tile and no
@@ -80,19 +88,19 @@ class Configs:
 # kernel_static.py, results/kernel_static.md): no register spills and at least two 4-warp
 # CTAs (or one 8-warp CTA: two warpgroups) per SM within the 227 KB of shared memory a CTA may
 # use. The forward at d ≤ 64 takes 128 query rows (half the K/V traffic of 64); at d = 128 a
-# 128-row tile needs 202 registers a thread (one CTA per SM), so it keeps 64. The backward's
-# dq/dk/dv accumulators are what spill at d = 128 on 4 warps: dq takes 64 × 64 and dk/dv 32 × 64
-# on 8 warps (dk/dv on 4 warps spill under GQA, where the loop over the group's heads holds more
-# live values; dq in 64 × 32 on 4 warps spills 40 B). At d = 256 the tiles shrink again to stay within shared memory.
+# 128-row tile needs 202 registers a thread (one CTA per SM), so it keeps 64. At d = 128 the
+# backward's accumulators spill on 4 warps: dq takes 64 × 64 on 8 warps, and dk/dv (keys on the
+# tile's rows, k and v held in registers) 128 keys × 16 queries on 8 warps, one warpgroup per 64
+# keys (32 × 64 on 8 warps spills 24 B under GQA). At d = 256 the tiles shrink again.
 _INTERPRETER_CONFIGS = Configs(*(KernelConfig(16, 16, 1, 1),) * 3)
 _SMALL_HEADS = Configs(KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3),
                        KernelConfig(32, 64, 4, 3))
 _CONFIGS: dict[int, Configs] = {
     16: _SMALL_HEADS, 32: _SMALL_HEADS, 64: _SMALL_HEADS,
     128: Configs(KernelConfig(64, 64, 4, 3), KernelConfig(64, 64, 8, 2),
-                 KernelConfig(32, 64, 8, 2)),
+                 KernelConfig(16, 128, 8, 2)),
     256: Configs(KernelConfig(64, 32, 4, 2), KernelConfig(32, 64, 8, 2),
-                 KernelConfig(32, 64, 8, 2)),
+                 KernelConfig(32, 32, 4, 2)),
 }
 
 
@@ -173,13 +181,18 @@ def _tile(PTR, idx, d_idx, sn, sd, N, D: tl.constexpr, BD: tl.constexpr, MASKED:
 @triton.jit
 def _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale, softcap, smk,
                  sbk, HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                 IEEE: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+                 IEEE: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                 KEY_ROWS: tl.constexpr):
     """``(t, tanh)`` of queries ``m_idx`` × keys ``n_idx`` (k their ``(BN, BD)`` rows):
     ``t = (s + b + log p_j)·log2 e`` in base 2 for ``exp2`` (the host gives ``log2 p_j``; masked
-    keys at about ``_NULL_LOGIT``), ``tanh = s / c`` under a softcap, both fp32 ``(BM, BN)``.
-    ``MASKED``: the tile may hold keys past ``NK`` or, under ``CAUSAL``, keys ``j > i + NK − NQ``;
-    without it every key of the tile exists and is visible to every row (no key masks)."""
-    raw = _dot(q, tl.trans(k), IEEE) * (scale * LOG2E)
+    keys at about ``_NULL_LOGIT``), ``tanh = s / c`` under a softcap, both fp32 ``(BM, BN)``, or
+    ``(BN, BM)`` with ``KEY_ROWS`` (the dk/dv kernel's orientation, whose products then need no
+    transposes). ``MASKED``: the tile may hold keys past ``NK`` or, under ``CAUSAL``, keys
+    ``j > i + NK − NQ``; without it every key of the tile exists and every row sees it."""
+    if KEY_ROWS:
+        raw = _dot(k, tl.trans(q), IEEE) * (scale * LOG2E)
+    else:
+        raw = _dot(q, tl.trans(k), IEEE) * (scale * LOG2E)
     s = raw
     tanh = raw
     if HAS_SOFTCAP:
@@ -187,32 +200,46 @@ def _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale,
         tanh = 2.0 * tl.sigmoid(2.0 * raw / cap) - 1.0                    # tanh(raw / c)
         s = cap * tanh
     # A padded key has k = 0, so s = 0, bias 0 and log p = -1e30: t = -1e30 with no select.
-    m_ok = m_idx < NQ
+    queries, keys = _axes(m_idx, n_idx, KEY_ROWS)
     if MASKED:
         logp = tl.load(logp_row + n_idx, mask=n_idx < NK, other=-1e30)
-        ok = m_ok[:, None] & (n_idx < NK)[None, :]
+        ok = (queries < NQ) & (keys < NK)
     else:
         logp = tl.load(logp_row + n_idx)
-        ok = m_ok[:, None] & (n_idx >= 0)[None, :]
-    t = s + logp[None, :]
+        ok = (queries < NQ) & (keys >= 0)
+    t = s + _axes(logp, logp, KEY_ROWS)[1]
     if HAS_BIAS:
-        t += tl.load(bias_row[:, None] + n_idx[None, :] * sbk, mask=ok,
+        t += tl.load(_axes(bias_row, n_idx, KEY_ROWS)[0] + keys * sbk, mask=ok,
                      other=0.0).to(tl.float32) * LOG2E
     if HAS_VIS:
-        vis = tl.load(vis_row[:, None] + n_idx[None, :] * smk, mask=ok, other=0)
+        vis = tl.load(_axes(vis_row, n_idx, KEY_ROWS)[0] + keys * smk, mask=ok, other=0)
         t = tl.where(vis != 0, t, -1e30)
     if CAUSAL:
         if MASKED:
-            t = tl.where(n_idx[None, :] <= m_idx[:, None] + (NK - NQ), t, -1e30)
+            t = tl.where(keys <= queries + (NK - NQ), t, -1e30)
     return t, tanh
 
 
 @triton.jit
-def _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT: tl.constexpr):
-    """δ of a tile: ``ξ / (1 − dropout_p)`` with ``ξ ~ Bernoulli(1 − dropout_p)`` from Philox at
-    offset ``(bh·Nq + i)·Nk + j`` (the same numbers in the forward and the backward)."""
+def _axes(per_query, per_key, KEY_ROWS: tl.constexpr):
+    """``(per_query, per_key)`` expanded to broadcast over a score tile: queries on its rows
+    and keys on its columns, or the other way round with ``KEY_ROWS``."""
+    if KEY_ROWS:
+        queries, keys = per_query[None, :], per_key[:, None]
+    else:
+        queries, keys = per_query[:, None], per_key[None, :]
+    return queries, keys
+
+
+@triton.jit
+def _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT: tl.constexpr,
+                KEY_ROWS: tl.constexpr):
+    """δ of a tile (oriented as :func:`_tile_scores`): ``ξ / (1 − dropout_p)`` with
+    ``ξ ~ Bernoulli(1 − dropout_p)`` from Philox at offset ``(bh·Nq + i)·Nk + j`` (the same
+    numbers in the forward and the backward)."""
     if HAS_DROPOUT:
-        offsets = (bh.to(tl.int64) * NQ + m_idx[:, None].to(tl.int64)) * NK + n_idx[None, :]
+        queries, keys = _axes(m_idx.to(tl.int64), n_idx, KEY_ROWS)
+        offsets = (bh.to(tl.int64) * NQ + queries) * NK + keys
         keep = tl.rand(seed, offsets) >= dropout_p
         return tl.where(keep, 1.0 / (1.0 - dropout_p), 0.0)
     return 1.0
@@ -227,25 +254,32 @@ def _query_block(bh, H, GROUP, BM: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
-def _key_tiles(m_start, NQ, NK, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
-    """``(full, end)`` for the query block of rows ``m_start…m_start+BM``: the keys
-    ``[0, full)`` come in whole tiles every row sees (no key masks), ``[full, end)`` in tiles
-    that need them; under ``CAUSAL`` (key j visible to row i iff ``j ≤ i + NK − NQ``) the keys
-    from ``end`` on are visible to no row of the block, and their tiles are skipped."""
+def _key_tiles(m_start, NQ, NK, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
+               PART: tl.constexpr):
+    """The keys ``[lo, hi)`` of ``PART`` 0 or 1 for the query block of rows
+    ``m_start…m_start+BM``: part 0 the whole tiles every row sees (no key masks), part 1 the
+    tiles that need them; under ``CAUSAL`` (key j visible to row i iff ``j ≤ i + NK − NQ``)
+    the keys past part 1 are visible to no row of the block, and their tiles are skipped."""
     if CAUSAL:
         end = tl.minimum(NK, tl.maximum(m_start + BM + NK - NQ, 0))
         full = tl.maximum(tl.minimum(NK, m_start + 1 + NK - NQ), 0) // BN * BN
     else:
         end = NK
         full = NK // BN * BN
-    return full, end
+    if PART == 0:
+        lo, hi = 0, full
+    else:
+        lo, hi = full, end
+    return lo, hi
 
 
 @triton.jit
-def _query_tiles(n_start, NQ, NK, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
-    """``(first, full)`` for the key block ``n_start…n_start+BN``: the query tiles from
-    ``first`` on see a key of the block (under ``CAUSAL`` the earlier ones are skipped), those
-    from ``full`` on see all of it (no key masks; a block past ``NK`` has none such)."""
+def _query_tiles(n_start, NQ, NK, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
+                 PART: tl.constexpr):
+    """The queries ``[lo, hi)`` of ``PART`` 0 or 1 for the key block ``n_start…n_start+BN``:
+    part 0 the query tiles that see only some of the block (key masks), part 1 those that see
+    all of it (none; a block past ``NK`` has none such); under ``CAUSAL`` the query tiles before
+    part 0 see no key of the block and are skipped."""
     nq_end = (NQ + BM - 1) // BM * BM
     if CAUSAL:
         first = tl.maximum(n_start - (NK - NQ), 0) // BM * BM
@@ -254,7 +288,11 @@ def _query_tiles(n_start, NQ, NK, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl
         first = 0
         full = 0
     full = tl.where(n_start + BN <= NK, full, nq_end)
-    return first, full
+    if PART == 0:
+        lo, hi = first, full
+    else:
+        lo, hi = full, NQ
+    return lo, hi
 
 
 @triton.jit
@@ -268,12 +306,12 @@ def _forward_tile(m_i, l_i, acc, q, Q, K_head, V_head, start, m_idx, d_idx, logp
     n_idx = start + tl.arange(0, BN)
     k = _tile(K_head, n_idx, d_idx, skn, skd, NK, D, BD, MASKED, UPCAST)
     t, _ = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale, softcap,
-                        smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED, CAUSAL)
+                        smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED, CAUSAL, False)
     m_new = tl.maximum(m_i, tl.max(t, 1))
     alpha = tl.exp2(m_i - m_new)
     w = tl.exp2(t - m_new[:, None])
     l_i = l_i * alpha + tl.sum(w, 1)
-    w = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
+    w = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT, False)
     v = _tile(V_head, n_idx, d_idx, svn, svd, NK, D, BD, MASKED, UPCAST)
     acc = acc * alpha[:, None] + _dot(_rounded(w, Q, UPCAST).to(v.dtype), v, IEEE)
     return m_new, l_i, acc
@@ -298,19 +336,14 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
     m_i = tl.zeros([BM], dtype=tl.float32) + log_eps                     # the ε sink
     l_i = tl.zeros([BM], dtype=tl.float32) + 1.0
     acc = tl.zeros([BM, BD], dtype=tl.float32)
-    full, end = _key_tiles(tl.program_id(0) * BM, NQ, NK, BM, BN, CAUSAL)
-    for start in range(0, full, BN):
-        m_i, l_i, acc = _forward_tile(m_i, l_i, acc, q, Q, k_head, v_head, start, m_idx, d_idx,
-                                      logp_row, vis_row, bias_row, skn, skd, svn, svd, smk, sbk,
-                                      NQ, NK, scale, softcap, dropout_p, seed, bh, HAS_VIS,
-                                      HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, IEEE, False,
-                                      CAUSAL, BN, D, BD)
-    for start in range(full, end, BN):
-        m_i, l_i, acc = _forward_tile(m_i, l_i, acc, q, Q, k_head, v_head, start, m_idx, d_idx,
-                                      logp_row, vis_row, bias_row, skn, skd, svn, svd, smk, sbk,
-                                      NQ, NK, scale, softcap, dropout_p, seed, bh, HAS_VIS,
-                                      HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, IEEE, True,
-                                      CAUSAL, BN, D, BD)
+    for part in tl.static_range(2):                        # the unmasked tiles, then the others
+        lo, hi = _key_tiles(tl.program_id(0) * BM, NQ, NK, BM, BN, CAUSAL, part)
+        for start in range(lo, hi, BN):
+            m_i, l_i, acc = _forward_tile(
+                m_i, l_i, acc, q, Q, k_head, v_head, start, m_idx, d_idx, logp_row, vis_row,
+                bias_row, skn, skd, svn, svd, smk, sbk, NQ, NK, scale, softcap, dropout_p, seed,
+                bh, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, IEEE, part == 1, CAUSAL,
+                BN, D, BD)
     p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
     out = acc * (p_i / l_i)[:, None]
     tl.store(OUT + b * sob + h * soh + m_idx[:, None] * son + d_idx[None, :] * sod,
@@ -332,9 +365,9 @@ def _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, K_head, V_head, start, m_id
     v = _tile(V_head, n_idx, d_idx, svn, svd, NK, D, BD, MASKED, UPCAST)
     t, tanh = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale,
                            softcap, smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED,
-                           CAUSAL)
+                           CAUSAL, False)
     w = tl.exp2(t - lse[:, None] * LOG2E)
-    kept = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT)
+    kept = w * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, HAS_DROPOUT, False)
     dov = _dot(d_o, tl.trans(v), IEEE)
     ds = p_i[:, None] * kept * dov - w * delta[:, None]
     if NEED_ROWDOT:
@@ -372,19 +405,14 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
     k_head, v_head = K + b * skb + hk * skh, V + b * svb + hk * svh
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     rowdot = tl.zeros([BM], dtype=tl.float32)
-    full, end = _key_tiles(tl.program_id(0) * BM, NQ, NK, BM, BN, CAUSAL)
-    for start in range(0, full, BN):
-        dq, rowdot = _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, k_head, v_head, start,
-                              m_idx, d_idx, logp_row, vis_row, bias_row, skn, skd, svn, svd, smk,
-                              sbk, NQ, NK, scale, softcap, dropout_p, seed, bh, HAS_VIS, HAS_BIAS,
-                              HAS_SOFTCAP, HAS_DROPOUT, NEED_ROWDOT, UPCAST, IEEE, False, CAUSAL,
-                              BN, D, BD)
-    for start in range(full, end, BN):
-        dq, rowdot = _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, k_head, v_head, start,
-                              m_idx, d_idx, logp_row, vis_row, bias_row, skn, skd, svn, svd, smk,
-                              sbk, NQ, NK, scale, softcap, dropout_p, seed, bh, HAS_VIS, HAS_BIAS,
-                              HAS_SOFTCAP, HAS_DROPOUT, NEED_ROWDOT, UPCAST, IEEE, True, CAUSAL,
-                              BN, D, BD)
+    for part in tl.static_range(2):                        # the unmasked tiles, then the others
+        lo, hi = _key_tiles(tl.program_id(0) * BM, NQ, NK, BM, BN, CAUSAL, part)
+        for start in range(lo, hi, BN):
+            dq, rowdot = _dq_tile(
+                dq, rowdot, q, d_o, lse, delta, p_i, Q, k_head, v_head, start, m_idx, d_idx,
+                logp_row, vis_row, bias_row, skn, skd, svn, svd, smk, sbk, NQ, NK, scale,
+                softcap, dropout_p, seed, bh, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT,
+                NEED_ROWDOT, UPCAST, IEEE, part == 1, CAUSAL, BN, D, BD)
     row_mask = m_ok[:, None] & (d_idx < D)[None, :]
     tl.store(DQ + head + m_idx[:, None] * sqn + d_idx[None, :] * sqd,
              _stored(dq * scale, DQ, UPCAST), mask=row_mask)
@@ -393,38 +421,36 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, colsum, k, vt, Q, DO, LOGP, VIS, BIAS, PQ, LSE, DELTA, b, h, start, n_idx,
-               d_idx, sqb, sqh, sqn, sqd, slb, slh, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb,
-               sph, spn, H, NQ, NK, scale, softcap, dropout_p, seed,
+def _dkdv_tile(dk, dv, colsum, k, v, Q, q_head, do_head, logp_row, vis_head, bias_head, pq_head,
+               lse_head, delta_head, bh, start, n_idx, d_idx, sqn, sqd, smq, smk, sbq, sbk, spn,
+               NQ, NK, scale, softcap, dropout_p, seed,
                HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                HAS_DROPOUT: tl.constexpr, NEED_COLSUM: tl.constexpr, UPCAST: tl.constexpr,
                IEEE: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                BM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
-    """``(dk, dv, colsum)`` after the query tile at ``start`` of query head ``h``."""
-    bh = b * H + h
+    """``(dk, dv, colsum)`` after the query tile at ``start`` of the query head whose q, dO,
+    key logits, mask and bias rows, presences, LSE and D start at the ``*_head`` pointers."""
     m_idx = start + tl.arange(0, BM)
     m_ok = m_idx < NQ
-    q = _tile(Q + b * sqb + h * sqh, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
-    d_o = _tile(DO + b * sqb + h * sqh, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
-    logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh,
-                                                smq, sbb, sbh, sbq)
-    t, tanh = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale,
-                           softcap, smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED,
-                           CAUSAL)
-    lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
-    delta = tl.load(DELTA + bh * NQ + m_idx, mask=m_ok, other=0.0)
-    p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
-    w = tl.exp2(t - lse[:, None] * LOG2E)
-    gated = w * (p_i[:, None] * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p,
-                                            HAS_DROPOUT))
-    dov = _dot(d_o, vt, IEEE)
-    dv += _dot(tl.trans(_rounded(gated, Q, UPCAST).to(d_o.dtype)), d_o, IEEE)
-    ds = gated * dov - w * delta[:, None]
+    q = _tile(q_head, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
+    d_o = _tile(do_head, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
+    t, tanh = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_head + m_idx * smq,
+                           bias_head + m_idx * sbq, NQ, NK, scale, softcap, smk, sbk, HAS_VIS,
+                           HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED, CAUSAL, True)    # (BN, BM)
+    lse = tl.load(lse_head + m_idx, mask=m_ok, other=1e30)
+    delta = tl.load(delta_head + m_idx, mask=m_ok, other=0.0)
+    p_i = tl.load(pq_head + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
+    w = tl.exp2(t - lse[None, :] * LOG2E)
+    gated = w * (p_i[None, :] * _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p,
+                                            HAS_DROPOUT, True))
+    dov = _dot(v, tl.trans(d_o), IEEE)
+    dv += _dot(_rounded(gated, Q, UPCAST).to(d_o.dtype), d_o, IEEE)
+    ds = gated * dov - w * delta[None, :]
     if NEED_COLSUM:
-        colsum += tl.sum(ds, 0)
+        colsum += tl.sum(ds, 1)
     if HAS_SOFTCAP:
         ds = ds * (1.0 - tanh * tanh)
-    dk += _dot(tl.trans(_rounded(ds, Q, UPCAST).to(q.dtype)), q, IEEE)
+    dk += _dot(_rounded(ds, Q, UPCAST).to(q.dtype), q, IEEE)
     return dk, dv, colsum
 
 
@@ -446,27 +472,26 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
     n_idx = pid_n * BN + tl.arange(0, BN)
     d_idx = tl.arange(0, BD)
     k = _tile(K + b * skb + hk * skh, n_idx, d_idx, skn, skd, NK, D, BD, True, UPCAST)
-    vt = tl.trans(_tile(V + b * svb + hk * svh, n_idx, d_idx, svn, svd, NK, D, BD, True, UPCAST))
+    v = _tile(V + b * svb + hk * svh, n_idx, d_idx, svn, svd, NK, D, BD, True, UPCAST)
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
-    first, full = _query_tiles(pid_n * BN, NQ, NK, BM, BN, CAUSAL)
     for g in range(0, GROUP):
         h = hk * GROUP + g
+        bh = b * H + h
+        q_head, do_head = Q + b * sqb + h * sqh, DO + b * sqb + h * sqh
+        logp_row, vis_head, bias_head = _row_pointers(LOGP, VIS, BIAS, b, h, 0, slb, slh, smb, smh,
+                                                      smq, sbb, sbh, sbq)
+        lse_head, delta_head, pq_head = LSE + bh * NQ, DELTA + bh * NQ, PQ + b * spb + h * sph
         colsum = tl.zeros([BN], dtype=tl.float32)
-        for start in range(first, full, BM):
-            dk, dv, colsum = _dkdv_tile(dk, dv, colsum, k, vt, Q, DO, LOGP, VIS, BIAS, PQ, LSE,
-                                        DELTA, b, h, start, n_idx, d_idx, sqb, sqh, sqn, sqd, slb,
-                                        slh, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
-                                        H, NQ, NK, scale, softcap, dropout_p, seed, HAS_VIS,
-                                        HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, NEED_COLSUM, UPCAST,
-                                        IEEE, True, CAUSAL, BM, D, BD)
-        for start in range(full, NQ, BM):
-            dk, dv, colsum = _dkdv_tile(dk, dv, colsum, k, vt, Q, DO, LOGP, VIS, BIAS, PQ, LSE,
-                                        DELTA, b, h, start, n_idx, d_idx, sqb, sqh, sqn, sqd, slb,
-                                        slh, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
-                                        H, NQ, NK, scale, softcap, dropout_p, seed, HAS_VIS,
-                                        HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, NEED_COLSUM, UPCAST,
-                                        IEEE, False, CAUSAL, BM, D, BD)
+        for part in tl.static_range(2):                     # the masked tiles, then the others
+            lo, hi = _query_tiles(pid_n * BN, NQ, NK, BM, BN, CAUSAL, part)
+            for start in range(lo, hi, BM):
+                dk, dv, colsum = _dkdv_tile(
+                    dk, dv, colsum, k, v, Q, q_head, do_head, logp_row, vis_head, bias_head,
+                    pq_head, lse_head, delta_head, bh, start, n_idx, d_idx, sqn, sqd, smq, smk,
+                    sbq, sbk, spn, NQ, NK, scale, softcap, dropout_p, seed, HAS_VIS, HAS_BIAS,
+                    HAS_SOFTCAP, HAS_DROPOUT, NEED_COLSUM, UPCAST, IEEE, part == 0, CAUSAL, BM,
+                    D, BD)
         if NEED_COLSUM:
             tl.store(COLSUM + (b * H + h) * NK + n_idx, colsum, mask=n_idx < NK)
     key_mask = (n_idx < NK)[:, None] & (d_idx < D)[None, :]
@@ -481,5 +506,5 @@ def _dropout_kernel(KEEP, NQ, NK, dropout_p, seed, BN: tl.constexpr):
     for start in range(0, NK, BN):
         n_idx = start + tl.arange(0, BN)
         m_idx = tl.zeros([1], dtype=tl.int32) + i
-        keep = _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, True)
+        keep = _keep_scale(seed, bh, m_idx, n_idx, NQ, NK, dropout_p, True, False)
         tl.store(KEEP + (bh * NQ + i) * NK + n_idx[None, :], keep, mask=n_idx[None, :] < NK)
