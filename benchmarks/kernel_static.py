@@ -123,7 +123,10 @@ def _recorded_launches(shape: tuple[int, ...], dtype: torch.dtype,
     p_q, p_k = torch.empty(b, n, device="meta"), torch.empty(b, n, device="meta")
     recorded = []
 
-    def record(self, kernel, config, blocks, heads, *args, **flags):
+    def record(self, kernel, grid, args, kwargs):
+        flags = dict(kwargs)
+        config = kernels.KernelConfig(flags.pop("BM"), flags.pop("BN"), flags.pop("num_warps"),
+                                      flags.pop("num_stages"))
         recorded.append((kernel, config, args, flags))
 
     with mock.patch.object(kernels._Launch, "launch", record):

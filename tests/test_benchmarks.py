@@ -58,6 +58,7 @@ SMOKE = {
                                              "--out", "{tmp}/threads.json"],
     "scripts/gpu_check.sh": ["--device", "cpu", "--out", "{tmp}"],
     "benchmarks/kernel_static.py": ["--quick", "--out", "{tmp}/kernel_static.json"],
+    "benchmarks/bench_triton_host.py": ["--quick", "--out", "{tmp}/bench_triton_host.json"],
 }
 RUN_BY_GPU_CHECK = {"benchmarks/bench_batched.py", "benchmarks/bench_retrofit.py",
                     "benchmarks/bench_tabular.py",

@@ -4,7 +4,8 @@
 the softmax statistics in fp32 (bf16/fp16 under ``precision="auto"``; fp32 only for a softcap
 or dropout, which the later routes lack):
 
-1. ``triton``: the fused kernel pair of :mod:`oretrofit._kernels.triton` (also softcap, dropout);
+1. ``triton``: the fused kernel pair of :mod:`oretrofit._kernels.triton` (also softcap, dropout;
+   causality as a flag, the tiles above the diagonal skipped);
 2. ``cudnn``: cuDNN attention with the key bias and its LSE (:mod:`oretrofit._kernels.cudnn`);
 3. ``flex``: compiled FlexAttention with a ``score_mod`` (:mod:`oretrofit._kernels.flex`;
    softcap);
@@ -52,7 +53,8 @@ from .sdpa import o_attention_sdpa
 __all__ = ["Route", "ROUTES", "PRECISIONS", "route_for", "check_route", "check_routes",
            "describe"]
 
-# (q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p) -> out in q's dtype.
+# (q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p[, causal=True]) -> out in
+# q's dtype.
 Run = Callable[..., Tensor]
 # Half the bf16 spacing times a few roundings; fp32/fp64 compute the softmax statistics in fp32.
 _CHECK_TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 3e-2, torch.float32: 1e-4}
@@ -65,7 +67,9 @@ PRECISIONS = ("auto", "fp32")
 class Route:
     """One candidate: where it can run and what it serves. ``ready()``: its package or ops are
     present; ``head_multiple``, ``max_head_size``: the head sizes it takes; ``softcap``/``dropout``: whether it
-    computes those (a call with them skips routes without). ``devices``: device types (None:
+    computes those (a call with them skips routes without); ``causal``: whether its run takes
+    causality as a flag (``causal=True``; for the others the caller builds the relation into the
+    mask). ``devices``: device types (None:
     any); ``dtypes``: the dtypes it computes in; ``in_q_dtype``: in q's dtype, else on copies
     in the compute dtype; ``any_shape``: it also serves empty inputs, a value head size unlike
     q's and a mask that requires grad; ``check(device, dtype)``: '' or what failed (default:
@@ -82,24 +86,29 @@ class Route:
     dtypes: tuple[torch.dtype, ...] = (*HALF, torch.float32)
     in_q_dtype: bool = True
     any_shape: bool = False
+    causal: bool = False
     check: Callable[[torch.device, torch.dtype], str] | None = None
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                  visible: Tensor | None, bias: Tensor | None, eps: float, scale: float,
-                 softcap: float | None, dropout_p: float) -> Tensor:
+                 softcap: float | None, dropout_p: float, causal: bool = False) -> Tensor:
         """OAttention on this route, out in q's dtype (``visible``/``bias`` in the compute
-        dtype)."""
+        dtype; ``causal`` only on a route that takes it)."""
+        flags = {"causal": True} if causal else {}
         if self.in_q_dtype:
-            return self.run(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p)
+            return self.run(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p,
+                            **flags)
         ct = compute_dtype(q.dtype)
         out = self.run(as_dtype(q, ct), as_dtype(k, ct), as_dtype(v, ct), as_dtype(p_q, ct),
-                       as_dtype(p_k, ct), visible, bias, eps, scale, softcap, dropout_p)
+                       as_dtype(p_k, ct), visible, bias, eps, scale, softcap, dropout_p, **flags)
         return as_dtype(out, q.dtype)
 
 
-def _run_triton(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p) -> Tensor:
+def _run_triton(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p,
+                causal=False) -> Tensor:
     from .triton import o_attention_triton
-    return o_attention_triton(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p)
+    return o_attention_triton(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p,
+                              None, causal)
 
 
 def _run_flex(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p) -> Tensor:
@@ -154,7 +163,7 @@ def _public_sdpa(device: torch.device, dtype: torch.dtype) -> str:
 
 ROUTES: tuple[Route, ...] = (
     Route("triton", ("cuda",), lambda: importlib.util.find_spec("triton") is not None,
-          _run_triton, max_head_size=256, softcap=True, dropout=True),
+          _run_triton, max_head_size=256, softcap=True, dropout=True, causal=True),
     Route("cudnn", ("cuda",), lambda: _cudnn() is not None, backend_run(_cudnn), head_multiple=8),
     Route("flex", ("cuda",), _flex_ready, _run_flex, softcap=True),
     Route("efficient", ("cuda",), lambda: _efficient() is not None, backend_run(_efficient),

@@ -8,16 +8,26 @@ docstring gives the forward and backward formulas): one call's tensors, strides 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cache
+
 import torch
 import triton
 from torch import Tensor
 
 from .lse import _NULL_LOGIT, sink_logit
-from .triton_kernels import (_INTERPRET, GRID_Y_LIMIT, INT32_LIMIT, LOG2E, KernelConfig,
-                             _backward_dkdv_kernel, _backward_dq_kernel, _dropout_kernel,
+from .triton_kernels import (_INTERPRET, GRID_Y_LIMIT, INT32_LIMIT, LOG2E, Configs,
+                             KernelConfig, _backward_dkdv_kernel, _backward_dq_kernel,
+                             _dropout_kernel,
                              _forward_kernel, configs_for, padded_head_dim)
 
 __all__ = ["o_attention_triton", "dropout_keep"]
+
+# The least positive value of each presence dtype. ∂/∂p_j = Σ_i dS_ij / p_j divides by p_j raised
+# to it: a null source (p_j = 0) has W = 0, so its Σ_i dS_ij is exactly 0 and its gradient 0 / that
+# value = 0, and every positive p_j is unchanged (one op where a select takes three).
+_LEAST_POSITIVE = {dtype: torch.finfo(dtype).tiny * torch.finfo(dtype).eps
+                   for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)}
 
 def _dense(t: Tensor) -> Tensor:
     """``t`` if its storage is dense in (B, H, N, d) or (B, N, H, d) order (``empty_like`` then
@@ -25,34 +35,44 @@ def _dense(t: Tensor) -> Tensor:
     return t if t.is_contiguous() or t.transpose(1, 2).is_contiguous() else t.contiguous()
 
 
-def _strides4(t: Tensor | None, shape: tuple[int, int, int, int]) -> tuple[int, ...]:
-    """Element strides of ``t`` broadcast to ``shape`` (0 on broadcast axes); zeros for None."""
-    return (0, 0, 0, 0) if t is None else t.expand(shape).stride()
+def _row_strides(p: Tensor) -> tuple[int, int, int]:
+    """(batch, head, position) element strides of a ``(B, N)`` (head stride 0) or ``(B, H, N)``
+    presence-shaped tensor."""
+    strides = p.stride()
+    return (strides[0], 0, strides[1]) if len(strides) == 2 else strides
 
 
-def _per_head(p: Tensor, batch: int, heads: int, n: int) -> Tensor:
-    """A presence-shaped ``(B, N)``, ``(B, Hkv, N)`` or ``(B, H, N)`` tensor as a ``(B, H, N)``
-    view or copy (shared ones by stride 0; per-KV-head ones repeated, N-sized)."""
-    if p.dim() == 2:
-        return p[:, None].expand(batch, heads, n)
-    return p if p.shape[1] == heads else p.repeat_interleave(heads // p.shape[1], dim=1)
+def _mask_strides(t: Tensor | None) -> tuple[int, int, int, int]:
+    """Element strides of a mask broadcast to (B, H, Nq, Nk): 0 on its size-1 axes (and on
+    every axis of an absent mask)."""
+    if t is None:
+        return (0, 0, 0, 0)
+    pad = (0,) * (4 - t.dim())
+    return pad + tuple(0 if n == 1 else s for n, s in zip(t.shape, t.stride()))
 
 
-def _key_logits(p_k: Tensor, batch: int, heads: int) -> Tensor:
+def _key_logits(p_k: Tensor, heads: int) -> Tensor:
     """``log2 p_j`` in fp32 (the kernels' scores are in base 2), ``_NULL_LOGIT`` where
-    ``p_j = 0`` (NaN stays NaN): ``(B, H, Nk)``."""
-    pk = p_k.float()
-    logit = torch.where(pk != 0, torch.log2(pk), _NULL_LOGIT)
-    return _per_head(logit, batch, heads, p_k.shape[-1])
+    ``p_j = 0`` (log2 0 = −inf clamped; NaN stays NaN): ``(B, Nk)`` or ``(B, H, Nk)``, per-KV-head
+    presences repeated over their group of query heads."""
+    p = p_k if p_k.dtype == torch.float32 else p_k.float()
+    logit = torch.log2(p).clamp_min_(_NULL_LOGIT)
+    if logit.dim() == 3 and logit.shape[1] != heads:
+        return logit.repeat_interleave(heads // logit.shape[1], dim=1)
+    return logit
 
 
 def _check_limits(q: Tensor, k: Tensor, batch_heads: int) -> None:
-    """ValueError, naming the limit, for a call the kernels' grid or int32 offsets cannot take."""
+    """ValueError, naming the limit, for a call the kernels' grid or int32 offsets cannot take
+    (q and k are dense: a slice spans fewer elements than the tensor holds, so only a tensor of
+    2**31 elements or more is measured)."""
     if batch_heads > GRID_Y_LIMIT:
         raise ValueError(f"the Triton OAttention kernels take batch × heads up to {GRID_Y_LIMIT:,} "
                          f"(CUDA's grid), not {batch_heads:,}; split the batch or use "
                          "precision='fp32'")
     for name, t in (("q", q), ("k", k)):
+        if t.numel() < INT32_LIMIT:
+            continue
         span = sum((n - 1) * abs(s) for n, s in zip(t.shape[2:], t.stride()[2:])) + 1
         if span >= INT32_LIMIT:
             raise ValueError(f"the Triton OAttention kernels address one (batch, head) slice with "
@@ -60,66 +80,80 @@ def _check_limits(q: Tensor, k: Tensor, batch_heads: int) -> None:
                              "use shorter sequences or precision='fp32'")
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """The kernels' configurations and keyword arguments (constexpr flags, tile, warps, stages)
+    for one (dtype, head dim, flags): ``dq`` and ``dkdv`` without and with the presence
+    reductions (``NEED_ROWDOT``, ``NEED_COLSUM``)."""
+
+    configs: Configs
+    forward: dict
+    dq: tuple[dict, dict]
+    dkdv: tuple[dict, dict]
+
+
+@cache
+def _settings(dtype: torch.dtype, d: int, has_vis: bool, has_bias: bool, has_softcap: bool,
+              has_dropout: bool, causal: bool) -> _Settings:
+    """The launch settings of every call of this (dtype, head dim, flags), built once."""
+    configs = configs_for(d)
+    flags = dict(HAS_VIS=has_vis, HAS_BIAS=has_bias, HAS_SOFTCAP=has_softcap,
+                 HAS_DROPOUT=has_dropout,
+                 UPCAST=_INTERPRET and dtype in (torch.bfloat16, torch.float16),
+                 IEEE=dtype == torch.float32, CAUSAL=causal, BD=padded_head_dim(d))
+
+    def kwargs(config: KernelConfig, **more: bool) -> dict:
+        return dict(flags, **more, BM=config.bm, BN=config.bn, num_warps=config.warps,
+                    num_stages=config.stages)
+
+    return _Settings(configs, kwargs(configs.forward),
+                     tuple(kwargs(configs.dq, NEED_ROWDOT=need) for need in (False, True)),
+                     tuple(kwargs(configs.dkdv, NEED_COLSUM=need) for need in (False, True)))
+
+
 class _Launch:
-    """One call's tensors, strides and flags, shared by the forward and the backward kernels."""
+    """One call's launch arguments, shared by the forward and the backward kernels: its tensors
+    (an absent mask's pointer is the key logits, never read) and the strides, sizes and
+    scalars after them; the flags and configurations come from :func:`_settings`."""
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                  visible: Tensor | None, bias: Tensor | None, eps: float, scale: float,
                  softcap: float | None, dropout_p: float, seed: int, causal: bool = False) -> None:
-        self.q, self.k, self.v = _dense(q), _dense(k), _dense(v)
+        q, k, v = _dense(q), _dense(k), _dense(v)
         (b, h, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
-        _check_limits(self.q, self.k, b * h)
+        _check_limits(q, k, b * h)
+        logp = _key_logits(p_k, h)
+        vis = None if visible is None else visible.view(torch.uint8)
+        self.q, self.k, self.d, self.group = q, k, d, h // h_kv
         self.shape = (b, h, n_q, n_k)
-        self.d, self.group = d, h // h_kv
-        self.configs = configs_for(d)
-        self.logp = _key_logits(p_k, b, h)
-        self.pq = _per_head(p_q, b, h, n_q)
-        self.visible = None if visible is None else visible.to(torch.uint8)
-        self.bias = bias
-        self.eps, self.scale, self.softcap, self.dropout_p, self.seed = (
-            eps, scale, softcap, dropout_p, seed)
-        self.causal = causal
+        self.settings = _settings(q.dtype, d, vis is not None, bias is not None,
+                                  softcap is not None, dropout_p > 0, causal)
+        self.inputs = (q, k, v, logp, logp if vis is None else vis,
+                       logp if bias is None else bias, p_q)
+        self.strides = (*q.stride(), *k.stride(), *v.stride(), *_row_strides(logp),
+                        *_mask_strides(vis), *_mask_strides(bias), *_row_strides(p_q))
+        self.sizes = (h, self.group, n_q, n_k, d, scale)
+        self.log_eps = sink_logit(eps) * LOG2E.value
+        self.tail = (softcap or 1.0, dropout_p, seed)
 
-    def common(self) -> tuple[list, dict]:
-        """Positional tensors/strides after the per-kernel pointers, and the constexpr flags."""
-        dummy = self.logp
-        args = [*self.q.stride(), *self.k.stride(), *self.v.stride(), *self.logp.stride(),
-                *_strides4(self.visible, self.shape), *_strides4(self.bias, self.shape),
-                *self.pq.stride()]
-        flags = dict(HAS_VIS=self.visible is not None, HAS_BIAS=self.bias is not None,
-                     HAS_SOFTCAP=self.softcap is not None, HAS_DROPOUT=self.dropout_p > 0,
-                     UPCAST=_INTERPRET and self.q.dtype in (torch.bfloat16, torch.float16),
-                     IEEE=self.q.dtype == torch.float32, CAUSAL=self.causal,
-                     BD=padded_head_dim(self.d))
-        self.masks = (dummy if self.visible is None else self.visible,
-                      dummy if self.bias is None else self.bias)
-        return args, flags
-
-    def launch(self, kernel, config: KernelConfig, blocks: int, heads: int, *args,
-               **flags) -> None:
-        """``kernel`` on the grid ``(blocks, heads)`` with ``config``'s tile, warps and stages,
-        on q's device (the current CUDA device may be another)."""
-        run = kernel[(blocks, heads)]
-        settings = dict(BM=config.bm, BN=config.bn, num_warps=config.warps,
-                        num_stages=config.stages)
+    def launch(self, kernel, grid: tuple[int, int], args: tuple, kwargs: dict) -> None:
+        """``kernel`` on ``grid`` with ``args`` and ``kwargs`` (its flags and configuration), on
+        q's device (the current CUDA device may be another)."""
         if self.q.is_cuda:
             with torch.cuda.device(self.q.device):
-                run(*args, **flags, **settings)
+                kernel.run(*args, grid=grid, warmup=False, **kwargs)
         else:
-            run(*args, **flags, **settings)
+            kernel.run(*args, grid=grid, warmup=False, **kwargs)
 
     def forward(self) -> tuple[Tensor, Tensor]:
         """``(out, lse)``: out like q, lse ``(B, H, Nq)`` fp32 = log(ε + Z_i)."""
-        b, h, n_q, n_k = self.shape
+        b, h, n_q, _ = self.shape
         out = torch.empty_like(self.q)
-        lse = torch.empty(b, h, n_q, device=self.q.device, dtype=torch.float32)
-        args, flags = self.common()
-        config = self.configs.forward
-        self.launch(_forward_kernel, config, triton.cdiv(n_q, config.bm), b * h,
-                    self.q, self.k, self.v, self.logp, *self.masks, self.pq, out, lse,
-                    *args, *out.stride(), h, self.group, n_q, n_k, self.d, self.scale,
-                    sink_logit(self.eps) * LOG2E.value, self.softcap or 1.0, self.dropout_p, self.seed,
-                    **flags)
+        lse = self.q.new_empty((b, h, n_q), dtype=torch.float32)
+        settings = self.settings
+        self.launch(_forward_kernel, (-(-n_q // settings.configs.forward.bm), b * h),
+                    (*self.inputs, out, lse, *self.strides, *out.stride(), *self.sizes,
+                     self.log_eps, *self.tail), settings.forward)
         return out, lse
 
     def backward(self, out: Tensor, lse: Tensor, d_out: Tensor, need_colsum: bool,
@@ -129,23 +163,19 @@ class _Launch:
         b, h, n_q, n_k = self.shape
         if d_out.stride() != out.stride():
             d_out = torch.empty_like(out).copy_(d_out)                       # q's layout
-        args, flags = self.common()
+        settings, inputs, rest = self.settings, self.inputs, (*self.strides, *self.sizes,
+                                                              *self.tail)
         rowdot = torch.empty_like(lse) if need_rowdot else lse
         delta, dq = torch.empty_like(lse), torch.empty_like(self.q)
-        config = self.configs.dq
-        self.launch(_backward_dq_kernel, config, triton.cdiv(n_q, config.bm), b * h,
-                    self.q, self.k, self.v, self.logp, *self.masks, self.pq, out, d_out, lse,
-                    delta, dq, rowdot, *args, h, self.group, n_q, n_k, self.d, self.scale,
-                    self.softcap or 1.0, self.dropout_p, self.seed, NEED_ROWDOT=need_rowdot,
-                    **flags)
+        self.launch(_backward_dq_kernel, (-(-n_q // settings.configs.dq.bm), b * h),
+                    (*inputs, out, d_out, lse, delta, dq, rowdot, *rest),
+                    settings.dq[need_rowdot])
         dk, dv = torch.empty_like(self.k), torch.empty_like(self.k)          # k's layout
         colsum = lse.new_empty(b, h, n_k) if need_colsum else lse
-        config = self.configs.dkdv
-        self.launch(_backward_dkdv_kernel, config, triton.cdiv(n_k, config.bn),
-                    b * (h // self.group), self.q, self.k, self.v, self.logp, *self.masks,
-                    self.pq, d_out, lse, delta, dk, dv, colsum, *args, h, self.group, n_q, n_k,
-                    self.d, self.scale, self.softcap or 1.0, self.dropout_p, self.seed,
-                    NEED_COLSUM=need_colsum, **flags)
+        self.launch(_backward_dkdv_kernel,
+                    (-(-n_k // settings.configs.dkdv.bn), b * (h // self.group)),
+                    (*inputs, d_out, lse, delta, dk, dv, colsum, *rest),
+                    settings.dkdv[need_colsum])
         return (dq, dk, dv, colsum if need_colsum else None, rowdot if need_rowdot else None)
 
 
@@ -156,6 +186,11 @@ def _presence_grad(per_head: Tensor, p: Tensor) -> Tensor:
     if p.shape[1] != per_head.shape[1]:
         return per_head.unflatten(1, (p.shape[1], -1)).sum(2)
     return per_head
+
+
+def _in_dtype(grad: Tensor | None, p: Tensor) -> Tensor | None:
+    """A presence gradient (fp32) in ``p``'s dtype."""
+    return grad if grad is None or grad.dtype == p.dtype else grad.to(p.dtype)
 
 
 class _TritonOAttention(torch.autograd.Function):
@@ -176,12 +211,11 @@ class _TritonOAttention(torch.autograd.Function):
         launch = ctx.launch
         need_pq, need_pk = ctx.needs_input_grad[3:5]
         dq, dk, dv, colsum, rowdot = launch.backward(out, lse, d_out, need_pk, need_pq)
-        d_pq = _presence_grad(rowdot, p_q).to(p_q.dtype) if need_pq else None
+        d_pq = _presence_grad(rowdot, p_q) if need_pq else None
         d_pk = None
-        if need_pk:
-            inv = torch.where(p_k != 0, 1 / p_k.float(), 0.0)
-            d_pk = (_presence_grad(colsum, p_k) * inv).to(p_k.dtype)
-        return dq, dk, dv, d_pq, d_pk, None
+        if need_pk:                                                          # Σ_i dS_ij / p_j
+            d_pk = _presence_grad(colsum, p_k).div_(p_k.clamp_min(_LEAST_POSITIVE[p_k.dtype]))
+        return (dq, dk, dv, _in_dtype(d_pq, p_q), _in_dtype(d_pk, p_k), None)
 
 
 def dropout_keep(seed: int, shape: tuple[int, int, int, int], dropout_p: float,
@@ -212,6 +246,7 @@ def o_attention_triton(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor
         seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))
     launch = _Launch(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, seed or 0,
                      causal)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, p_q, p_k)):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                    or p_q.requires_grad or p_k.requires_grad):
         return _TritonOAttention.apply(q, k, v, p_q, p_k, launch)
     return launch.forward()[0]

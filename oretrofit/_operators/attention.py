@@ -216,17 +216,31 @@ def o_attention_fused(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
 
 def _on_route(chosen: route.Route, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
               mask: Tensor | None, eps: float, scale: float, softcap: float | None,
-              dropout_p: float) -> Tensor:
+              dropout_p: float, causal: bool = False) -> Tensor:
     """OAttention on ``chosen`` after the shared input checks, the mask split in the compute
-    dtype."""
+    dtype; causality as the route's flag where it takes one, else built into the mask."""
+    if causal and not chosen.causal:
+        mask, causal = with_causality(mask, q.shape[2], k.shape[2], q.device), False
     visible, bias = _split_mask(mask, compute_dtype(q.dtype))
-    return chosen(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p)
+    return chosen(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, causal)
+
+
+def with_causality(mask: Tensor | None, n_q: int, n_k: int, device: torch.device) -> Tensor:
+    """``mask`` and the causal relation (key j visible to query i iff ``j ≤ i + Nk − Nq``) as one
+    mask: the ``(Nq, Nk)`` lower triangle itself, AND-ed into a bool mask, or −inf above it in a
+    float one."""
+    lower = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+    if mask is None:
+        return lower
+    if mask.dtype == torch.bool:
+        return mask & lower
+    return mask.masked_fill(~lower, float("-inf"))
 
 
 def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                 mask: Tensor | None = None, eps: float = EPS_MODULES, scale: float | None = None,
                 need_weights: bool = False, softcap: float | None = None, dropout_p: float = 0.0,
-                precision: str = "auto") -> tuple[Tensor, Tensor | None]:
+                precision: str = "auto", causal: bool = False) -> tuple[Tensor, Tensor | None]:
     """OAttention: ``out_i = p_i Σ_j m_ij p_j e^{s_ij} v_j / (ε + Σ_j m_ij p_j e^{s_ij})``.
 
     Args:
@@ -257,6 +271,10 @@ def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
             FlexAttention, memory-efficient; q, k, v in their dtype, softmax statistics in
             fp32), else they are computed in fp32; ``"fp32"``: half-precision inputs are always
             computed in fp32 (upcast copies).
+        causal: key j is visible to query i only if ``j ≤ i + Nk − Nq`` (aligned to the last
+            key, as a KV cache's new queries are; with Nq = Nk the lower triangle ``j ≤ i``), on
+            top of ``mask``. The Triton route takes it as a flag and skips the tiles above the
+            diagonal; every other path builds the ``(Nq, Nk)`` relation into the mask.
 
     Returns:
         ``(out (B, H, Nq, dv), weights or None)`` in the dtype of ``q``. Empty or fully masked
@@ -270,8 +288,11 @@ def o_attention(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
     chosen = route.route_for(q, k, v, mask, softcap is not None, dropout_p > 0.0, need_weights,
                              precision)
     if chosen is None:
+        if causal:
+            mask = with_causality(mask, shp.n_q, shp.n_k, q.device)
         return o_attention_reference(q, k, v, p_q, p_k, mask, eps, scale, need_weights, softcap,
                                      dropout_p)
     if softcap is not None:
         softcap = check_positive("softcap", softcap)
-    return _on_route(chosen, q, k, v, p_q, p_k, mask, eps, shp.scale, softcap, dropout_p), None
+    return _on_route(chosen, q, k, v, p_q, p_k, mask, eps, shp.scale, softcap, dropout_p,
+                     causal), None

@@ -131,24 +131,27 @@ def _batch_major(t: Tensor, batch_first: bool, unbatched: bool) -> Tensor:
 
 
 def _visibility(key_padding_mask: Tensor | None, attn_mask: Tensor | None, is_causal: bool,
-                batch: int, heads: int, n_q: int, n_k: int, like: Tensor) -> Tensor | None:
+                batch: int, heads: int, n_q: int, n_k: int, like: Tensor
+                ) -> tuple[Tensor | None, bool]:
     """torch's masks (bool True / float -inf = excluded) as O's relation: bool True = visible,
     or an additive float mask (dtype of ``like``) when either is float. Shapes stay compact:
-    ``(B, 1, 1, Nk)`` for key padding, ``(Nq, Nk)`` or ``(B, H, Nq, Nk)`` for ``attn_mask``."""
-    parts = []
+    ``(B, 1, 1, Nk)`` for key padding, ``(Nq, Nk)`` or ``(B, H, Nq, Nk)`` for ``attn_mask``.
+    With the causal flag of :func:`o_attention` (``is_causal`` without ``attn_mask`` over as many
+    keys as queries, where its alignment is torch's), else causality in the mask."""
+    parts, causal = [], attn_mask is None and is_causal and n_q == n_k
     if key_padding_mask is not None:
         parts.append(key_padding_mask[:, None, None, :])
-    if attn_mask is None and is_causal:
+    if attn_mask is None and is_causal and not causal:
         attn_mask = torch.ones(n_q, n_k, dtype=torch.bool, device=like.device).triu(1)
     if attn_mask is not None:
         parts.append(attn_mask.view(batch, heads, n_q, n_k) if attn_mask.dim() == 3 else attn_mask)
     if not parts:
-        return None
+        return None, causal
     if all(m.dtype == torch.bool for m in parts):
-        return ~functools.reduce(torch.logical_or, parts)
+        return ~functools.reduce(torch.logical_or, parts), causal
     additive = [m.new_zeros(m.shape, dtype=like.dtype).masked_fill(m, float("-inf"))
                 if m.dtype == torch.bool else m.to(like.dtype) for m in parts]
-    return functools.reduce(torch.add, additive)
+    return functools.reduce(torch.add, additive), causal
 
 
 class OMultiheadAttention:
@@ -179,12 +182,13 @@ class OMultiheadAttention:
         batch, n_q, n_k = q_in.shape[0], q_in.shape[1], k_in.shape[1]
         p_q, p_k = self._o_presences(q_car, k_car, config.tau)                 # (B, Nq), (B, Nk)
         q, k, v = self._o_project(q_in, k_in, v_in, packed)                     # (B, H, N, hd)
-        mask = _visibility(key_padding_mask, attn_mask, is_causal, batch, self.num_heads, n_q,
-                           n_k, q)
+        mask, causal = _visibility(key_padding_mask, attn_mask, is_causal, batch,
+                                   self.num_heads, n_q, n_k, q)
         # the module's attention-weight dropout, in training only, as torch applies it
         out, weights = o_attention(q, k, v, p_q, p_k, mask=mask, eps=config.eps,
                                    need_weights=need_weights,
-                                   dropout_p=self.dropout if self.training else 0.0)
+                                   dropout_p=self.dropout if self.training else 0.0,
+                                   causal=causal)
         out = gated_linear(self.out_proj, out.transpose(1, 2).reshape(batch, n_q, self.embed_dim),
                            p_q)                                                 # (B, Nq, E)
         out = out.squeeze(0) if unbatched else (out if self.batch_first else out.transpose(0, 1))

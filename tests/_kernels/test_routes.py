@@ -24,6 +24,7 @@ from oretrofit._kernels.cudnn import cudnn_backend
 from oretrofit._kernels.flex import o_attention_flex
 
 from _operators.test_attention import LAYOUTS, make, mask_of
+from _kernels.test_triton import triton_module  # noqa: F401 (a fixture)
 from _kernels.test_lse import (GRAD_TOL, _efficient_arguments, compare_with_reference,
                                     fake_efficient_backward, fake_efficient_forward, grads,
                                     with_nulls)
@@ -327,3 +328,44 @@ def test_a_first_call_inside_an_autocast_region_checks_the_dtype_asked(monkeypat
         with torch.autocast("cpu", dtype=torch.bfloat16):
             o_attention(q, k, v, p_q, p_k)
     assert route._CHECKED and all(route._CHECKED.values())
+
+
+def test_causality_is_a_flag_only_for_a_route_that_takes_it(chain) -> None:
+    """A route with ``causal=True`` gets the flag and the caller's mask untouched; any other
+    gets the (Nq, Nk) relation ``j ≤ i + Nk − Nq`` built into its mask and no flag."""
+    calls = []
+
+    def recording(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, **flags):
+        calls.append((visible, flags))
+        return on_route("cudnn")(q, k, v, p_q, p_k, mask=visible)
+
+    padding = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    padding[..., -2:] = False
+    q, k, v, p_q, p_k = half_inputs(torch.bfloat16)
+    lower = torch.ones(7, 9, dtype=torch.bool).tril(2)
+    for takes_flag in (True, False):
+        chain(route.Route("recording", ("cpu",), lambda: True, recording, causal=takes_flag,
+                          check=lambda device, dtype: ""))
+        calls.clear()
+        o_attention(q, k, v, p_q, p_k, mask=padding, causal=True)
+        (visible, flags), = calls
+        assert flags == ({"causal": True} if takes_flag else {})
+        assert torch.equal(visible, padding if takes_flag else padding & lower)
+
+
+def test_the_triton_route_takes_causality_as_its_kernel_flag(triton_module, monkeypatch) -> None:
+    """No mask is built for a causal call on the Triton route: the kernel gets the flag."""
+    calls, real = [], triton_module.o_attention_triton
+
+    def recording(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, seed, causal):
+        calls.append((visible, causal))
+        return real(q, k, v, p_q, p_k, visible, bias, eps, scale, softcap, dropout_p, seed, causal)
+
+    q, k, v, p_q, p_k = half_inputs(torch.bfloat16, nq=5, nk=6)
+    assert route.route_for(q, k, v).name == "triton"                    # checked before recording
+    monkeypatch.setattr(triton_module, "o_attention_triton", recording)
+    out, _ = o_attention(q, k, v, p_q, p_k, causal=True)
+    assert calls == [(None, True)]
+    lower = torch.ones(5, 6, dtype=torch.bool).tril(1)
+    assert torch.allclose(out.float(), o_attention(q, k, v, p_q, p_k, mask=lower)[0].float(),
+                          atol=1e-2)

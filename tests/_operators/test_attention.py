@@ -450,3 +450,23 @@ def test_dropout_zero_keeps_the_fused_path_and_bad_values_are_refused() -> None:
     for bad in (-0.1, 1.5, True, None):
         with pytest.raises(ValueError, match="dropout_p must be a probability"):
             o_attention(*args, dropout_p=bad)
+
+
+@pytest.mark.parametrize("nq, nk", [(5, 5), (3, 7), (7, 4)])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive_bias"])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_causal_is_the_lower_triangle_aligned_to_the_last_key(nq: int, nk: int, mask_kind: str,
+                                                              need_weights: bool) -> None:
+    """``causal=True`` is exactly the mask ``j ≤ i + Nk − Nq`` combined with the caller's (a
+    query with no key left gets zeros), on the fused and the reference path."""
+    q, k, v, p_q, p_k = make(nq=nq, nk=nk)
+    mask = mask_of(mask_kind, 2, nq, nk)
+    lower = torch.ones(nq, nk, dtype=torch.bool).tril(nk - nq)
+    built = (lower if mask is None else mask & lower if mask.dtype == torch.bool
+             else mask.masked_fill(~lower, float("-inf")))
+    got = o_attention(q, k, v, p_q, p_k, mask=mask, causal=True, need_weights=need_weights)
+    want = o_attention(q, k, v, p_q, p_k, mask=built, need_weights=need_weights)
+    assert torch.equal(got[0], want[0])
+    assert (got[1] is None) == (not need_weights)
+    if need_weights:
+        assert torch.equal(got[1], want[1])

@@ -144,24 +144,28 @@ def _untracked_presences(module: nn.Module, state: CarrierPresence, n_q: int, n_
 
 
 def _score_mask(attention_mask: Tensor | None, query: Tensor, key: Tensor, is_causal: bool | None,
-                sliding_window: int | None, biases: list[Tensor]) -> Tensor | None:
+                sliding_window: int | None, biases: list[Tensor], sinks: Tensor | None
+                ) -> tuple[Tensor | None, bool]:
     """The relation m_ij and the additive biases b_ij as one mask for :func:`o_attention`: bool
-    (True = visible) without biases, else float ``b_ij`` where visible and -inf elsewhere."""
+    (True = visible) without biases, else float ``b_ij`` where visible and -inf elsewhere; and
+    whether causality goes to :func:`o_attention` as its ``causal`` flag instead of a lower
+    triangle in the mask: a causal call without a mask over as many keys as queries (the flag's
+    ``j ≤ i + Nk − Nq`` is then SDPA's ``j ≤ i``) and no sink key to append."""
     n_q, n_k = query.shape[2], key.shape[2]
-    mask = attention_mask
-    if mask is None and is_causal and n_q > 1:
-        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril()
-    if mask is None and sliding_window is not None and n_k > sliding_window:
+    mask, causal = attention_mask, attention_mask is None and bool(is_causal) and n_q > 1
+    if causal and (n_q != n_k or sinks is not None):
+        mask, causal = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril(), False
+    if mask is None and not causal and sliding_window is not None and n_k > sliding_window:
         raise RetrofitError(f"sliding_window={sliding_window} came without a mask to carry it; "
                             "build the model's masks with its own masking utilities")
     if not biases:
-        return mask
+        return mask, causal
     bias = functools.reduce(torch.add, biases).to(query.dtype)                  # (B|1, H, Nq, Nk)
     if mask is None:
-        return bias
+        return bias, causal
     if mask.dtype == torch.bool:
-        return bias.masked_fill(~mask, float("-inf"))
-    return bias + mask
+        return bias.masked_fill(~mask, float("-inf")), causal
+    return bias + mask, causal
 
 
 def _with_sinks(sinks: Tensor, key: Tensor, value: Tensor, p_keys: Tensor, mask: Tensor | None,
@@ -241,7 +245,8 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
     attention_mask = _mask_over_keys(attention_mask, key.shape[2])
     _check_keys(type(module).__name__, attention_mask, query.shape[2], key.shape[2], is_causal,
                 state.first_write)
-    mask = _score_mask(attention_mask, query, key, is_causal, sliding_window, biases)
+    mask, causal = _score_mask(attention_mask, query, key, is_causal, sliding_window, biases,
+                               sinks)
     p_keys, n_k = state.keys, key.shape[2]
     if sinks is not None:
         key, value, p_keys, mask = _with_sinks(sinks, key, value, p_keys, mask, query.shape[2])
@@ -249,7 +254,7 @@ def o_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: T
     out, weights = o_attention(query, key, value, state.query, p_keys, mask=mask,
                                eps=state.config.eps, scale=scaling, softcap=softcap,
                                dropout_p=dropout if module.training else 0.0,
-                               need_weights=wanted)
+                               need_weights=wanted, causal=causal)
     return out.transpose(1, 2).contiguous(), (                                 # (B, Nq, H, d)
         None if weights is None else _receiver_weights(weights, state.query, n_k))
 

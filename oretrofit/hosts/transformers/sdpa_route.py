@@ -49,12 +49,15 @@ def calls_sdpa(attention: nn.Module) -> bool:
 
 
 def _relation(attn_mask: Tensor | None, is_causal: bool, n_q: int, n_k: int,
-              device: torch.device) -> Tensor | None:
-    """m_ij as SDPA reads its arguments: the mask, else with ``is_causal`` the top-left lower
-    triangle (SDPA's alignment), else every key visible (None)."""
+              device: torch.device) -> tuple[Tensor | None, bool]:
+    """m_ij as SDPA reads its arguments, as (mask, causal flag of :func:`o_attention`): the mask,
+    else with ``is_causal`` the top-left lower triangle (SDPA's alignment; as the flag where
+    Nq = Nk, whose alignment is then the same), else every key visible (None)."""
     if attn_mask is not None or not is_causal:
-        return attn_mask
-    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()
+        return attn_mask, False
+    if n_q == n_k:
+        return None, True
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(), False
 
 
 class _KernelSwap(TorchFunctionMode):
@@ -98,9 +101,9 @@ class _KernelSwap(TorchFunctionMode):
                 f"{None if p_k is None else p_k.shape[1]} sources (the module called alone, or a "
                 "KV cache whose presences this retrofit never saw: run the prompt through the "
                 "retrofitted model with a fresh cache)")
-        mask = _relation(attn_mask, is_causal, n_q, n_k, query.device)
+        mask, causal = _relation(attn_mask, is_causal, n_q, n_k, query.device)
         out, _ = o_attention(query, key, value, p_q, p_k, mask=mask, eps=self.state.config.eps,
-                             scale=scale, dropout_p=dropout_p)
+                             scale=scale, dropout_p=dropout_p, causal=causal)
         return out                                                             # (B, H, Nq, d)
 
 
