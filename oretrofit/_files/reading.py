@@ -139,21 +139,31 @@ def read_text(path: str | os.PathLike[str], what: str, kind: str, fix: str) -> s
                           f"{data[exc.start:exc.start + 1]!r}); {fix}") from None
 
 
-def text_lines(path: str | os.PathLike[str], what: str, fix: str, max_chars: int
+def text_lines(path: str | os.PathLike[str], what: str, kind: str, fix: str, max_chars: int
                ) -> Iterator[str]:
-    """The lines of a regular UTF-8 text file of any size, read lazily, as ``str.splitlines``
-    splits the text; each line cut to its first ``max_chars`` characters, the rest of a longer
-    line skipped unread into memory (at most ``4·max_chars`` bytes of a line, UTF-8's longest
-    characters, are held). Text that is not UTF-8 is refused by line (:class:`FileRefused`)."""
+    """The lines of a regular UTF-8 text file, read lazily, as ``str.splitlines`` splits the
+    text; each line cut to its first ``max_chars`` characters, the rest of a longer line skipped
+    unread into memory (at most ``4·max_chars`` bytes of a line, UTF-8's longest characters, are
+    held). The file may be of any size, as long as the reader stops within the cap of ``kind``:
+    reading past it (skipped tails included) is refused, as is text that is not UTF-8, by line
+    (:class:`FileRefused`)."""
     path, fd = _open(path, what, None, fix)
-    limit = 4 * max_chars
+    limit, size = 4 * max_chars, 0
     with os.fdopen(fd, "rb") as fh:
         for number in itertools.count(1):
             head = piece = fh.readline(limit)
+            size += len(piece)
+            while piece and not piece.endswith(b"\n") and (piece := fh.readline(limit)):
+                size += len(piece)                           # the rest of a long line
+                if size > LIMITS[kind]:
+                    break
+            if size > LIMITS[kind]:
+                raise FileRefused(f"{what} {path}: {LIMITS[kind] / _MiB:,.0f} MiB were read (the "
+                                  f"tails of long lines included) before the reading stopped, "
+                                  f"more than oretrofit reads of a {kind} file; give fewer or "
+                                  f"shorter lines, or {fix}")
             if not head:
                 return
-            while not piece.endswith(b"\n") and (piece := fh.readline(limit)):
-                pass                                         # the rest of a long line
             try:          # not final: a character cut at the byte limit is dropped, not refused
                 text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
             except UnicodeDecodeError as exc:

@@ -92,7 +92,7 @@ def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int 
         lines, source = builtin_texts(), BUILTIN_TEXTS
     else:
         chars = line_chars(token_cap(host, tokenizer, max_tokens))
-        lines, source = text_lines(text_file, "--text-file", fix, chars), str(text_file)
+        lines, source = text_lines(text_file, "--text-file", "text", fix, chars), str(text_file)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TextBudgetWarning)          # a note here instead
         spec = calibrate_text(host, tokenizer, lines, source=source, max_tokens=max_tokens,
