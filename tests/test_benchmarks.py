@@ -52,6 +52,8 @@ SMOKE = {
     "benchmarks/bench_hosts.py": ["--tiny", "--backend", "eager", "--repeats", "1",
                                   "--out", "{tmp}"],
     "benchmarks/bench_cycles.py": ["--cycles", "2", "--pickle", "--out", "{tmp}/cycles.json"],
+    "benchmarks/bench_calibrate.py": ["--lines", "20", "--baseline-lines", "2", "--big-mb",
+                                      "0.05", "--out", "{tmp}/bench_calibrate.json"],
     "benchmarks/bench_pretrain_sizes.py": ["--steps", "1", "--warmup", "0", "--candidates", "32x1",
                                            "--max-rows", "32", "--out", "{tmp}/sizes.json"],
     "benchmarks/bench_pretrain_threads.py": ["--quick", "--steps", "1", "--warmup", "0",
@@ -101,7 +103,17 @@ def _bench_hosts_rows(tmp_path: Path) -> None:
         assert not (row["patched_limit_hit"] or row["unpatched_limit_hit"]) and row["same_tokens"]
 
 
-ROW_CHECKS = {"benchmarks/bench_hosts.py": _bench_hosts_rows}
+def _bench_calibrate_rows(tmp_path: Path) -> None:
+    """Each text was calibrated (the one-line file to one row of 128 tokens) and the one pass
+    gave the τ of each site alone."""
+    receipt = json.loads((tmp_path / "bench_calibrate.json").read_text())
+    assert [row["rows"] for row in receipt["cli"].values()][::2] == [20, 1]
+    assert list(receipt["cli"].values())[2]["tokens"] == 128
+    assert receipt["one_pass_vs_per_site"]["same_tau"] is True
+
+
+ROW_CHECKS = {"benchmarks/bench_hosts.py": _bench_hosts_rows,
+              "benchmarks/bench_calibrate.py": _bench_calibrate_rows}
 
 
 @pytest.mark.parametrize("script", [s for s in SMOKE if s != "scripts/gpu_check.sh"])

@@ -8,21 +8,24 @@ FIFO is never opened, so nothing waits for a writer), and so is a file larger th
 kind (:data:`LIMITS`). The readers here (:func:`read_bytes`, :func:`read_text`,
 :func:`read_json`) open with ``O_NONBLOCK``, check the opened file again (it may have been
 swapped since) and read at most the cap, so ``/dev/zero`` or a file that grows while it is read
-is refused instead of filling the memory. JSON is parsed by one strict parse,
+is refused instead of filling the memory; :func:`text_lines` reads a text file's lines lazily
+instead, each cut to a length, so a file of any size costs the memory of one line. JSON is parsed by one strict parse,
 :func:`parse_json` (a key given twice or nesting deeper than :data:`JSON_MAX_DEPTH` refused by
 key or path), which the patch spec reader wraps too.
 """
 
 from __future__ import annotations
 
+import codecs
+import itertools
 import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = ["LIMITS", "FileRefused", "regular_file", "check_folder_files", "read_bytes",
-           "read_text", "read_json", "parse_json", "JSON_MAX_DEPTH"]
+           "read_text", "text_lines", "read_json", "parse_json", "JSON_MAX_DEPTH"]
 
 _MiB = 1 << 20
 # The largest file of each kind oretrofit reads (bytes): far above any real one of the kind.
@@ -52,11 +55,11 @@ def _kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def _check(path: Path, found: os.stat_result, what: str, kind: str, fix: str) -> None:
+def _check(path: Path, found: os.stat_result, what: str, kind: str | None, fix: str) -> None:
     if not stat.S_ISREG(found.st_mode):
         raise FileRefused(f"{what} {path} is {_kind_of(found.st_mode)}, not a regular file; "
                           f"{fix}")
-    if found.st_size > LIMITS[kind]:
+    if kind is not None and found.st_size > LIMITS[kind]:
         raise _too_large(path, found.st_size, what, kind, fix)
 
 
@@ -65,9 +68,9 @@ def _too_large(path: Path, size: int, what: str, kind: str, fix: str) -> FileRef
                        f"{LIMITS[kind] / _MiB:,.0f} MiB oretrofit reads for a {kind} file; {fix}")
 
 
-def regular_file(path: str | os.PathLike[str], what: str, kind: str, fix: str) -> Path:
+def regular_file(path: str | os.PathLike[str], what: str, kind: str | None, fix: str) -> Path:
     """``path`` when it is a regular file (a link to one counts) within the cap of ``kind``
-    (a key of :data:`LIMITS`); otherwise :class:`FileRefused` naming ``what`` it should be, what
+    (a key of :data:`LIMITS`; None: any size); otherwise :class:`FileRefused` naming ``what`` it should be, what
     it is, and ``fix``. Never opens the file."""
     path = Path(path)
     try:
@@ -96,16 +99,28 @@ def check_folder_files(folder: str | os.PathLike[str], what: str, fix: str) -> N
                                   f"{_kind_of(mode)}, not a regular file; {fix}")
 
 
-def read_bytes(path: str | os.PathLike[str], what: str, kind: str, fix: str) -> bytes:
-    """The bytes of a regular file of at most the cap of ``kind`` (module docstring)."""
+def _open(path: str | os.PathLike[str], what: str, kind: str | None, fix: str
+          ) -> tuple[Path, int]:
+    """``path`` checked (:func:`regular_file`) and opened for reading without waiting on it,
+    checked again once open (it may have been swapped since): the path and the descriptor."""
     path = regular_file(path, what, kind, fix)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise FileRefused(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+    try:
+        _check(path, os.fstat(fd), what, kind, fix)
+    except FileRefused:
+        os.close(fd)
+        raise
+    return path, fd
+
+
+def read_bytes(path: str | os.PathLike[str], what: str, kind: str, fix: str) -> bytes:
+    """The bytes of a regular file of at most the cap of ``kind`` (module docstring)."""
+    path, fd = _open(path, what, kind, fix)
     chunks, size = [], 0
     with os.fdopen(fd, "rb") as fh:
-        _check(path, os.fstat(fd), what, kind, fix)          # swapped since the first look?
         while chunk := fh.read(_MiB):
             size += len(chunk)
             if size > LIMITS[kind]:                          # it grew while read
@@ -122,6 +137,40 @@ def read_text(path: str | os.PathLike[str], what: str, kind: str, fix: str) -> s
     except UnicodeDecodeError as exc:
         raise FileRefused(f"{what} {path} is not UTF-8 text (byte {exc.start}: "
                           f"{data[exc.start:exc.start + 1]!r}); {fix}") from None
+
+
+def text_lines(path: str | os.PathLike[str], what: str, kind: str, fix: str, max_chars: int
+               ) -> Iterator[str]:
+    """The lines of a regular UTF-8 text file, read lazily, as ``str.splitlines`` splits the
+    text; each line cut to its first ``max_chars`` characters, the rest of a longer line skipped
+    unread into memory (at most ``4·max_chars`` bytes of a line, UTF-8's longest characters, are
+    held). The file may be of any size, as long as the reader stops within the cap of ``kind``:
+    reading past it (skipped tails included) is refused, as is text that is not UTF-8, by line
+    (:class:`FileRefused`)."""
+    path, fd = _open(path, what, None, fix)
+    limit, size = 4 * max_chars, 0
+    with os.fdopen(fd, "rb") as fh:
+        for number in itertools.count(1):
+            head = piece = fh.readline(limit)
+            size += len(piece)
+            while piece and not piece.endswith(b"\n") and (piece := fh.readline(limit)):
+                size += len(piece)                           # the rest of a long line
+                if size > LIMITS[kind]:
+                    break
+            if size > LIMITS[kind]:
+                raise FileRefused(f"{what} {path}: {LIMITS[kind] / _MiB:,.0f} MiB were read (the "
+                                  f"tails of long lines included) before the reading stopped, "
+                                  f"more than oretrofit reads of a {kind} file; give fewer or "
+                                  f"shorter lines, or {fix}")
+            if not head:
+                return
+            try:          # not final: a character cut at the byte limit is dropped, not refused
+                text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+            except UnicodeDecodeError as exc:
+                raise FileRefused(f"{what} {path} is not UTF-8 text (line {number}, byte "
+                                  f"{head[exc.start:exc.start + 1]!r}); {fix}") from None
+            for line in text.splitlines():
+                yield line[:max_chars]
 
 
 def read_json(path: str | os.PathLike[str], what: str, fix: str) -> Any:

@@ -10,14 +10,15 @@ import contextlib
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
 
 from .._kernels.dtypes import compute_dtype, number_like
 
-__all__ = ["presence", "observe_presence", "observe_carrier_norms", "check_positive", "check_eps",
+__all__ = ["presence", "observe_presence", "observe_carrier_norms", "observe_carrier_norms_by_tau",
+           "check_positive", "check_eps",
            "TAU_MODULES", "TAU_RETROFIT", "EPS_MODULES", "EPS_RETROFIT"]
 
 # The two default presence scales. Two values on purpose, one per use, each the paper's:
@@ -41,10 +42,13 @@ EPS_MODULES = 1e-6
 EPS_RETROFIT = 0.0
 
 Observer = Callable[[Tensor], None]
+TauObserver = Callable[[Tensor, float], None]
 # Observers called with every presence ρ (see observe_presence) and every carrier's squared norm
-# ‖h‖² (see observe_carrier_norms) computed while they are active.
+# ‖h‖² with the τ its presence is computed at (see observe_carrier_norms_by_tau) while they are
+# active.
 _OBSERVERS: ContextVar[tuple[Observer, ...]] = ContextVar("presence_observers", default=())
-_NORM_OBSERVERS: ContextVar[tuple[Observer, ...]] = ContextVar("carrier_norm_observers", default=())
+_NORM_OBSERVERS: ContextVar[tuple[TauObserver, ...]] = ContextVar("carrier_norm_observers",
+                                                                  default=())
 # How many observers are active in any thread: a plain int that torch.compile reads as a guarded
 # constant, so presence() only looks the (thread-local) observers up while some exist (a ContextVar
 # lookup is a graph break).
@@ -52,7 +56,7 @@ _ACTIVE_OBSERVERS = 0
 
 
 @contextmanager
-def _observing(observers: ContextVar[tuple[Observer, ...]], observer: Observer) -> Iterator[None]:
+def _observing(observers: ContextVar[tuple[Any, ...]], observer: Any) -> Iterator[None]:
     global _ACTIVE_OBSERVERS
     token = observers.set(observers.get() + (observer,))
     _ACTIVE_OBSERVERS += 1
@@ -63,10 +67,10 @@ def _observing(observers: ContextVar[tuple[Observer, ...]], observer: Observer) 
         observers.reset(token)
 
 
-def _notify_observers(sq: Tensor, p: Tensor) -> None:
-    """Hand ``‖h‖²`` and ``ρ`` (detached) to this context's observers."""
+def _notify_observers(sq: Tensor, p: Tensor, tau: float) -> None:
+    """Hand ``‖h‖²`` (with ``τ``) and ``ρ`` (detached) to this context's observers."""
     for observer in _NORM_OBSERVERS.get():
-        observer(sq.detach())
+        observer(sq.detach(), tau)
     for observer in _OBSERVERS.get():
         observer(p.detach())
 
@@ -82,7 +86,14 @@ def observe_presence(observer: Observer) -> contextlib.AbstractContextManager[No
 
 def observe_carrier_norms(observer: Observer) -> contextlib.AbstractContextManager[None]:
     """Call ``observer(sq)`` with the squared norms ‖h‖² ``(...)`` (detached) of every carrier
-    whose presence is computed inside the block: what :func:`oretrofit.calibrate` reads τ from."""
+    whose presence is computed inside the block."""
+    return _observing(_NORM_OBSERVERS, lambda sq, tau: observer(sq))
+
+
+def observe_carrier_norms_by_tau(observer: TauObserver) -> contextlib.AbstractContextManager[None]:
+    """Call ``observer(sq, tau)`` with the squared norms ‖h‖² (detached) of every carrier whose
+    presence is computed inside the block and the τ it is computed at: :func:`oretrofit.calibrate`
+    gives each site its own probe τ and so tells, in one forward, whose carriers these are."""
     return _observing(_NORM_OBSERVERS, observer)
 
 
@@ -143,5 +154,5 @@ def presence(h: Tensor, tau: float, keepdim: bool = False) -> Tensor:
         sq = torch.linalg.vector_norm(h, dim=-1, keepdim=keepdim, dtype=ct).square()
     p = sq / (sq + number_like(tau, sq))
     if _ACTIVE_OBSERVERS:                             # observers see (...) either way
-        _notify_observers(*((sq[..., 0], p[..., 0]) if keepdim else (sq, p)))
+        _notify_observers(*((sq[..., 0], p[..., 0]) if keepdim else (sq, p)), tau)
     return p

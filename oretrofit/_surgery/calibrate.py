@@ -9,10 +9,13 @@ most δ, whatever the scale its carriers live at, while a zero carrier stays exa
 One global τ cannot do this when sites' carrier norms differ by orders of magnitude (a TabPFN
 host's learned inducing vectors against its ICL rows).
 
-Carriers are recorded one site at a time: only that site is patched, at τ = ε = ``PROBE_TAU``, so
-the carriers it sees come from the unpatched host upstream of it, and every ‖h‖² its presences are
-computed from is recorded (learned receivers included: their presence is computed like any
-carrier's). Histograms have constant size (log-spaced bins), as :class:`PresenceProfile`'s do.
+Carriers are recorded for every site in one pass over the data: each site is patched at its own
+probe τ (``PROBE_TAU``·(k+1) for the k-th site; ε = ``PROBE_TAU``), so every ‖h‖² a presence is
+computed from is told apart by the τ it is computed at (learned receivers included: their
+presence is computed like any carrier's). At these τ every carrier fp32 can tell from 0 has
+presence 1 exactly, so the patched host upstream of a site is the host itself up to round-off in
+its attention (≲1e-6 relative): what a site sees is what it would see patched alone.
+Histograms have constant size (log-spaced bins), as :class:`PresenceProfile`'s do.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._operators.presence import EPS_RETROFIT, observe_carrier_norms
+from .._operators.presence import EPS_RETROFIT, observe_carrier_norms_by_tau
 from .registry import RetrofitError, plan_retrofit, retrofit, retrofitted
 from .serialize import calibrated_weights_digest, check_calibrated_weights
 
@@ -117,6 +120,29 @@ def _runner(batches: Iterable[Any] | Callable[[nn.Module], Any]
     return run, {"batches": len(items), "sha256": digest.hexdigest()}
 
 
+def _record_carriers(model: nn.Module, run: Callable[[nn.Module], Any], probe: Mapping[str, float],
+                     arm: str, allow_partial: bool) -> dict[float, CarrierNormProfile]:
+    """One pass of ``run`` over the host with every site of ``probe`` patched at its probe τ:
+    the carriers' ‖h‖² histogram of each site, keyed by its probe τ."""
+    profiles = {tau: CarrierNormProfile() for tau in probe.values()}
+
+    def record(sq: Tensor, tau: float) -> None:
+        profile = profiles.get(tau)
+        if profile is None:
+            raise RetrofitError(f"a presence was computed at τ={tau!r}, which is no site's probe "
+                                "τ: a site of this host gates by a τ not its own, so its carriers "
+                                "cannot be told apart; calibrate its sites one at a time with "
+                                "targets=[site]")
+        profile(sq)
+
+    site_tau = {_exact(name): tau for name, tau in probe.items()}
+    with torch.no_grad(), retrofitted(model, arm, PROBE_TAU, eps=PROBE_TAU, site_tau=site_tau,
+                                      targets=list(site_tau), allow_partial=allow_partial), \
+            observe_carrier_norms_by_tau(record):
+        run(model)
+    return profiles
+
+
 def calibrate(model: nn.Module, batches: Iterable[Any] | Callable[[nn.Module], Any],
               delta: float = 1e-3, quantile: float = 0.01, *, arm: str = "full-o",
               eps: float = EPS_RETROFIT, targets: Sequence[str] | None = None,
@@ -147,19 +173,17 @@ def calibrate(model: nn.Module, batches: Iterable[Any] | Callable[[nn.Module], A
                          allow_partial=allow_partial)
     if not plan.entries:
         raise RetrofitError(f"arm {arm!r} patches no site: there is nothing to calibrate")
+    probe = {site.name: PROBE_TAU * (1 + index) for index, (site, _) in enumerate(plan.entries)}
+    profiles = _record_carriers(model, run, probe, arm, allow_partial)
     per_site: dict[str, dict[str, Any]] = {}
-    for site, _ in plan.entries:
-        profile = CarrierNormProfile()
-        with torch.no_grad(), retrofitted(model, arm, PROBE_TAU, eps=PROBE_TAU,
-                                          targets=[_exact(site.name)], allow_partial=allow_partial), \
-                observe_carrier_norms(profile):
-            run(model)
+    for name, tau in probe.items():
+        profile = profiles[tau]
         if not profile.count:
-            raise RetrofitError(f"site {site.name!r} saw no non-zero carrier in the calibration data; "
+            raise RetrofitError(f"site {name!r} saw no non-zero carrier in the calibration data; "
                                 "give data that reaches it, or leave it out with exclude= (--exclude)")
         floor = profile.quantile_floor(quantile)
-        per_site[site.name] = {"tau": delta / (1.0 - delta) * floor, "carrier_sq_quantile": floor,
-                               **profile.summary()}
+        per_site[name] = {"tau": delta / (1.0 - delta) * floor, "carrier_sq_quantile": floor,
+                          **profile.summary()}
     site_tau = {_exact(name): row["tau"] for name, row in per_site.items()}
     applied = retrofit(model, arm, min(site_tau.values()), eps, site_tau=site_tau, targets=targets,
                        exclude=exclude, allow_partial=allow_partial)

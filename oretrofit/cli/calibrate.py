@@ -3,18 +3,20 @@ written as a patch spec. Two forms, never mixed:
 
     TabPFN        --model-path CKPT --dataset SPEC [--seed N]   the splits' train rows
     transformers  --model minilm|smollm2|DIR [--text-file FILE]  lines of text, the model's
-                                                                 tokenizer (built-in set without)
+                  [--max-tokens N] [--token-budget N]           tokenizer (built-in set without),
+                                                                 read up to the token budget
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from . import choices
-from .errors import fail
+from .errors import fail, warn
 
 DEFAULT_SEEDS = [11]
 
@@ -71,21 +73,33 @@ def _calibrate_tabpfn(model_path: str | None, datasets: list[str], seeds: list[i
 
 
 def _calibrate_transformers(model: str, text_file: Path | None, max_tokens: int | None,
-                            **settings: Any) -> dict[str, Any]:
-    from oretrofit.hosts.transformers.calibrate import BUILTIN_TEXTS, builtin_texts, calibrate_text
-    from oretrofit._files.reading import read_text
+                            token_budget: int | None, **settings: Any) -> dict[str, Any]:
+    """The spec calibrated on ``text_file`` read lazily (or the built-in lines); a note on
+    stderr when the token budget cut the text."""
+    from oretrofit._files.reading import regular_file, text_lines
+    from oretrofit.hosts.transformers.calibrate import (BUILTIN_TEXTS, DEFAULT_TOKEN_BUDGET,
+                                                        TextBudgetWarning, budget_note,
+                                                        builtin_texts, calibrate_text, line_chars,
+                                                        token_cap)
     from oretrofit.hosts.transformers.contracts import require_finite_weights
     from oretrofit.hosts.transformers.models import load_model_and_tokenizer
+    fix = "give a UTF-8 text file, one calibration sample per line"
+    if text_file is not None:
+        regular_file(text_file, "--text-file", None, fix)       # refused before the model loads
+    host, tokenizer = load_model_and_tokenizer(model)
+    require_finite_weights(host, model)
     if text_file is None:
         lines, source = builtin_texts(), BUILTIN_TEXTS
     else:
-        lines = read_text(text_file, "--text-file", "text", "give a UTF-8 text file, one "
-                          "calibration sample per line").splitlines()
-        source = str(text_file)
-    host, tokenizer = load_model_and_tokenizer(model)
-    require_finite_weights(host, model)
-    spec = calibrate_text(host, tokenizer, lines, source=source, max_tokens=max_tokens,
-                          **settings)
+        chars = line_chars(token_cap(host, tokenizer, max_tokens))
+        lines, source = text_lines(text_file, "--text-file", "text", fix, chars), str(text_file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TextBudgetWarning)          # a note here instead
+        spec = calibrate_text(host, tokenizer, lines, source=source, max_tokens=max_tokens,
+                              token_budget=DEFAULT_TOKEN_BUDGET if token_budget is None
+                              else token_budget, **settings)
+    if spec["calibration"]["data"]["budget_reached"]:
+        warn(budget_note(spec["calibration"]["data"]))
     spec["calibration"]["data"]["model"] = model
     return spec
 
@@ -115,6 +129,9 @@ def register(app: typer.Typer) -> None:
         max_tokens: int = typer.Option(None, "--max-tokens", help="transformers form: tokens kept "
                                        "per line (default 128, or the model's positions when "
                                        "fewer)"),
+        token_budget: int = typer.Option(None, "--token-budget", help="transformers form: tokens "
+                                         "calibrated on at most; the text is read up to them "
+                                         "(default 100000)"),
         arm: str = typer.Option("full-o", "--arm", help="oa or full-o", callback=choices.O_ARMS),
         delta: float = typer.Option(1e-3, "--delta", help="largest gate δ a carrier at the quantile "
                                     "may get (presence ≥ 1−δ)"),
@@ -133,7 +150,9 @@ def register(app: typer.Typer) -> None:
             ("--openml-cache", openml_cache), ("--offline-standins", offline_standins or None))
             if value not in (None, [], ())]
         given_text = [flag for flag, value in (("--text-file", text_file),
-                                               ("--max-tokens", max_tokens)) if value is not None]
+                                               ("--max-tokens", max_tokens),
+                                               ("--token-budget", token_budget))
+                      if value is not None]
         settings = dict(arm=arm, delta=delta, quantile=quantile, exclude=exclude or None)
         try:
             form = _form(given_tabpfn, given_text, model, datasets)
@@ -142,7 +161,8 @@ def register(app: typer.Typer) -> None:
                 spec = _calibrate_tabpfn(model_path, datasets, seeds or DEFAULT_SEEDS,
                                          openml_cache, offline_standins, **settings)
             else:
-                spec = _calibrate_transformers(model, text_file, max_tokens, **settings)
+                spec = _calibrate_transformers(model, text_file, max_tokens, token_budget,
+                                               **settings)
             write_json_atomic(out, spec)
         except (RetrofitError, ValueError, OSError) as err:
             raise fail(err) from None

@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from oretrofit import apply_spec
 from oretrofit._files import reading as _files
-from oretrofit._files.reading import FileRefused, read_json, read_text
+from oretrofit._files.reading import FileRefused, read_json, read_text, text_lines
 from oretrofit._surgery.registry import RetrofitError
 from torch import nn
 
@@ -76,3 +77,50 @@ def test_a_file_larger_than_its_size_says_is_cut_at_the_cap(monkeypatch):
     with pytest.raises(FileRefused, match=r"the file /proc/self/maps holds .* MiB or more, more "
                                           r"than the 0 MiB oretrofit reads for a text file"):
         read_text("/proc/self/maps", "the file", "text", "fix")
+
+
+# --- text_lines: a text file read lazily, a line at a time ----------------------------------
+
+def test_text_lines_splits_as_splitlines_and_cuts_each_line(tmp_path):
+    path = tmp_path / "t.txt"
+    text = "a\r\nbé\rc\n\n\u2028d\n" + "long " * 40 + "\nlast"
+    path.write_bytes(text.encode())
+    assert list(text_lines(path, "--text-file", "text", "fix", 12)) == [
+        line[:12] for line in text.splitlines()]
+
+
+def test_text_lines_holds_one_cut_line_not_the_file(tmp_path):
+    """A 40 MB file of one line is read to its end (the next line follows it), yet never held:
+    the reading peaks at kilobytes (a whole-file read held 40 MB, its decoding 40 more)."""
+    path = tmp_path / "one-line.txt"
+    with path.open("w") as fh:
+        for _ in range(40):
+            fh.write("word " * 200_000)
+        fh.write("\nnext line\n")
+    tracemalloc.start()
+    try:
+        lines = list(text_lines(path, "--text-file", "text", "fix", 1000))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert lines == [("word " * 200)[:1000], "next line"]
+    assert peak < 1 << 20
+
+
+def test_text_lines_names_the_line_that_is_not_utf8(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("one\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(FileRefused, match=rf"--text-file {path} is not UTF-8 text \(line 2, "
+                                          r"byte b'\\xe9'\); fix"):
+        list(text_lines(path, "--text-file", "text", "fix", 100))
+
+
+def test_text_lines_stops_reading_at_its_kinds_cap(tmp_path, monkeypatch):
+    """A file of one endless line (a sparse file of zeros) is not read to its end."""
+    path = tmp_path / "sparse.txt"
+    with path.open("wb") as fh:
+        fh.truncate(1 << 30)
+    monkeypatch.setitem(_files.LIMITS, "text", 1 << 20)
+    with pytest.raises(FileRefused, match=rf"--text-file {path}: 1 MiB were read \(the tails of "
+                                          r"long lines included\) before the reading stopped"):
+        list(text_lines(path, "--text-file", "text", "fix", 100))

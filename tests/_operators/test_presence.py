@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from oretrofit import presence
+from oretrofit import observe_carrier_norms, presence
+from oretrofit._operators.presence import observe_carrier_norms_by_tau
 
 
 def test_formula_over_last_axis() -> None:
@@ -96,3 +97,14 @@ def test_keepdim_gives_the_same_presences_as_a_column(dtype: torch.dtype) -> Non
     assert column.shape == (3, 4, 1)
     assert torch.equal(column[..., 0], presence(h, 1e-2))
     assert seen[0].shape == (3, 4)                  # observers see (...) presences either way
+
+
+def test_carrier_norm_observers_see_each_norm_with_its_tau() -> None:
+    h = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
+    by_tau, plain = [], []
+    with observe_carrier_norms_by_tau(lambda sq, tau: by_tau.append((sq.tolist(), tau))), \
+            observe_carrier_norms(lambda sq: plain.append(sq.tolist())):
+        presence(h, 2e-30)
+        presence(h[:1], 0.5, keepdim=True)
+    assert by_tau == [([25.0, 0.0], 2e-30), ([25.0], 0.5)]
+    assert plain == [[25.0, 0.0], [25.0]]

@@ -242,3 +242,61 @@ def test_the_spec_records_the_weights_it_was_calibrated_on(host):
         host.small.out_proj.weight[0, 0] += 1e-3
     with pytest.raises(RetrofitError, match="calibrated on other weights"):
         check_calibrated_weights(spec, host)
+
+
+# ---- one pass over the data for every site ------------------------------------------------
+
+def _encoder():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, batch_first=True)
+    return nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(16), enable_nested_tensor=False).eval()
+
+
+def _zoo(name):
+    from hosts.transformers import zoo
+    return zoo.build(next(a for a in zoo.ARCHITECTURES if a.name == name))
+
+
+def _inputs(model):
+    if isinstance(model, (TwoScales, nn.TransformerEncoder)):
+        width = 8 if isinstance(model, TwoScales) else 16
+        g = torch.Generator().manual_seed(2)
+        return [((torch.randn(2, 10, width, generator=g)
+                  * torch.rand(2, 10, 1, generator=g).add(0.1)),) for _ in range(3)]
+    from hosts.transformers import zoo
+    return [zoo.example_inputs(model, batch=2, tokens=12, seed=seed) for seed in range(3)]
+
+
+@pytest.mark.parametrize("make", [lambda: TwoScales().eval(), _encoder, lambda: _zoo("BERT"),
+                                  lambda: _zoo("Llama")],
+                         ids=["two-scales", "torch.nn", "BERT", "Llama"])
+def test_every_site_is_recorded_in_one_pass_as_if_patched_alone(make):
+    """The data is run once for all sites (it ran once per site), and each site's record equals
+    what the site calibrated alone records (only it patched, the host upstream unpatched):
+    at the probe τ every carrier's presence is 1 exactly, so the other sites change nothing
+    upstream but round-off below the histogram's bins."""
+    model = make()
+    data, runs = _inputs(model), []
+
+    def run(host):
+        runs.append(1)
+        for batch in data:
+            host(**batch) if isinstance(batch, dict) else host(*batch)
+
+    spec = calibrate(model, run, delta=DELTA, quantile=TEXT_Q)
+    assert len(runs) == 1 and len(spec["sites"]) >= 2
+    for name, row in spec["calibration"]["sites"].items():
+        alone = calibrate(model, run, delta=DELTA, quantile=TEXT_Q, targets=[_exact(name)])
+        assert alone["calibration"]["sites"] == {name: row}, name
+
+
+def test_a_presence_at_no_sites_probe_tau_is_refused(host):
+    """Carriers are told apart by the τ they are gated at: a presence computed at any other τ
+    while the data runs cannot be attributed, and is refused rather than dropped."""
+    def run(model):
+        model(batches(n=1)[0])
+        presence(torch.ones(2, 3), 0.5)
+
+    with pytest.raises(RetrofitError, match=r"a presence was computed at τ=0.5, which is no "
+                                            r"site's probe τ"):
+        calibrate(host, run)

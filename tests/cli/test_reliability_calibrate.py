@@ -112,6 +112,30 @@ def test_long_lines_are_cut_to_the_models_positions(capsys, monkeypatch, bert, t
              "use --max-tokens 64 or fewer")
 
 
+def test_a_text_past_the_token_budget_is_read_up_to_it_with_a_note(capsys, monkeypatch, bert,
+                                                                    tmp_path):
+    """A text of any length costs the budget: the calibration says where the budget cut it and
+    which option raises it, and the spec records it."""
+    text = tmp_path / "many.txt"
+    text.write_text("the cat sat on the mat\n" * 5000)
+    out = tmp_path / "spec.json"
+    code, stdout, err = _cli(capsys, monkeypatch, "calibrate", "--model", bert, "--text-file",
+                             text, "--token-budget", "400", "--out", out)
+    assert code == 0 and "spec written to" in stdout
+    data = json.loads(out.read_text())["calibration"]["data"]
+    assert data["budget_reached"] is True and data["token_budget"] == 400
+    assert (data["rows"], data["tokens"]) == (66, 396)          # 6 words a line (no specials)
+    assert (f"note: the calibration text was read up to the token budget of 400 tokens: τ is "
+            f"calibrated on its first 66 non-blank lines (396 tokens) and the rest was not read; "
+            f"raise the budget (token_budget=, --token-budget)") in err
+    _refused(_cli(capsys, monkeypatch, "calibrate", "--model", bert, "--text-file", text,
+                  "--token-budget", "0", "--out", tmp_path / "other.json"),
+             "token_budget must be an integer of at least the 64 tokens a line may keep, got 0")
+    _refused(_cli(capsys, monkeypatch, "calibrate", "--model-path", "demo", "--dataset",
+                  "sklearn:diabetes", "--token-budget", "10", "--out", tmp_path / "t.json"),
+             "--token-budget belong to the transformers form")
+
+
 # --- check --spec and patch --spec -------------------------------------------------------------
 
 def test_check_refuses_a_spec_of_another_model_naming_it(capsys, monkeypatch, bert, bert_spec,

@@ -113,6 +113,9 @@ def _readout(model: nn.Module, kind: str, forced: dict[str, Tensor]) -> Tensor:
 def reference_answers(model: nn.Module, tokenizer: Any, prompts: Sequence[str],
                       new_tokens: int = NEW_TOKENS) -> Answers:
     """The answers of ``model`` as it is (unpatched) to ``prompts``."""
+    if isinstance(prompts, str):
+        raise ValueError("prompts is one string (it would be read character by character); give "
+                         f"a list of prompts: [{prompts[:40]!r}]")
     if not prompts or any(not isinstance(p, str) or not p.strip() for p in prompts):
         raise ValueError(f"prompts must be non-empty strings, got {list(prompts)!r}")
     kind = answer_kind(model)

@@ -397,7 +397,7 @@ def padding_delta(model: nn.Module, sequences: Sequence[Sequence[int]]) -> float
     def run(batch: Sequence[Sequence[int]]) -> Tensor:
         given = zero_padded_inputs(model, batch, "right")
         if not accepts(target, "position_ids"):
-            given.pop("position_ids")
+            given.pop("position_ids", None)
         output = target(**given)
         # a backbone's states; the logits where base_model is the head model itself (its
         # base_model_prefix names no attribute: Gemma3ForCausalLM on transformers 4.x)

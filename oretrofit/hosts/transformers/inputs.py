@@ -4,12 +4,15 @@ main input and forward signature, and the config fields that size them."""
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["example_inputs", "zero_padded_inputs", "accepts", "GRIDS", "PATCH_ROWS"]
+__all__ = ["example_inputs", "zero_padded_inputs", "token_id_rows", "learned_positions", "accepts",
+           "GRIDS", "PATCH_ROWS"]
 
 
 _DEFAULT_IMAGE = 64                   # pixels a side when the config names no image size
@@ -226,26 +229,107 @@ def accepts(module: nn.Module, name: str) -> bool:
     return name in inspect.signature(module.forward).parameters
 
 
+_POSITION_TABLE = re.compile(r"(^|_)(pos|position|positions|wpe)(_|$)")
+
+
+def learned_positions(model: nn.Module) -> bool:
+    """Whether ``model`` looks its tokens' positions up in a learned table: an ``nn.Embedding``
+    other than the input embedding named for positions (``position_embeddings``,
+    ``embed_positions``, ``wpe``); rotary, ALiBi and relative schemes have none."""
+    words = model.get_input_embeddings()
+    return any(isinstance(m, nn.Embedding) and m is not words
+               and _POSITION_TABLE.search(name.rpartition(".")[2])
+               for name, m in model.named_modules())
+
+
+def token_id_rows(model: nn.Module, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
+    """``sequences`` as 1-D int64 tensors of ids the model embeds, ``[0, vocabulary)`` (its input
+    embedding's rows), or a ValueError naming the sequence, what is wrong and the fix: text
+    (tokenize it with the model's tokenizer), a flat list of ids (one sequence: ``[ids]``), a
+    sequence that is not 1-D (a tokenizer's ``(1, n)`` tensor: ``ids[0]``), float or bool ids
+    (a float id would be cut to an integer silently), an empty one, an id out of range."""
+    what = type(model).__name__
+    if isinstance(sequences, (str, bytes)) or (
+            isinstance(sequences, (list, tuple)) and any(isinstance(s, str) for s in sequences)):
+        raise ValueError(f"sequences holds text, not token ids; tokenize it with {what}'s "
+                         "tokenizer first: [tokenizer(text)['input_ids'] for text in texts]")
+    if torch.is_tensor(sequences) and sequences.dim() != 2:
+        raise ValueError(f"sequences is a {sequences.dim()}-D tensor; give a list of 1-D token "
+                         "id sequences (or a 2-D tensor, one sequence a row): [ids] for one")
+    try:
+        items = list(sequences)
+    except TypeError:
+        raise ValueError(f"sequences must be a list of token id sequences, got "
+                         f"{type(sequences).__name__}") from None
+    if not items:
+        raise ValueError("sequences must be a non-empty list of non-empty token id lists")
+    if all(isinstance(i, (int, np.integer)) for i in items):
+        raise ValueError("sequences is one flat list of token ids; give a list of sequences: "
+                         "[ids] for one")
+    vocabulary = model.get_input_embeddings().num_embeddings
+    return [_token_ids(index, ids, vocabulary, what) for index, ids in enumerate(items)]
+
+
+def _token_ids(index: int, ids: Any, vocabulary: int, what: str) -> Tensor:
+    """Sequence ``index`` as a 1-D int64 tensor, checked (see :func:`token_id_rows`)."""
+    try:
+        row = torch.as_tensor(ids if torch.is_tensor(ids) or isinstance(ids, np.ndarray)
+                              else list(ids))
+    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+        raise ValueError(f"sequence {index} is not a sequence of integer token ids ({exc}); "
+                         f"tokenize text with {what}'s tokenizer") from None
+    if row.dim() != 1:
+        raise ValueError(f"sequence {index} has shape {tuple(row.shape)}, not 1-D; give each "
+                         "sequence as 1-D ids (a tokenizer's return_tensors='pt' ids are "
+                         "(batch, n): pass them whole as the 2-D batch, or ids[0] for a row)")
+    if row.numel() == 0:
+        raise ValueError(f"sequence {index} is empty; every sequence needs at least one token")
+    if row.dtype == torch.bool:
+        raise ValueError(f"sequence {index} holds booleans, not token ids (a mask?); give the "
+                         "integer ids")
+    if row.is_floating_point() or row.is_complex():
+        raise ValueError(f"sequence {index} holds {row.dtype} values, not integer token ids (a "
+                         "float id would be cut to an integer); give integers, e.g. "
+                         "ids.long() if they are whole numbers")
+    low, high = int(row.min()), int(row.max())
+    if low < 0 or high >= vocabulary:
+        bad = low if low < 0 else high
+        raise ValueError(f"sequence {index} holds token id {bad}, outside the {vocabulary} ids "
+                         f"{what} embeds ([0, {vocabulary})); use ids of the model's own "
+                         "tokenizer")
+    return row.long()
+
+
 def zero_padded_inputs(model: nn.Module, sequences: Sequence[Sequence[int]],
                        side: str = "right") -> dict[str, Tensor]:
     """Mask-free batch: token embeddings zero-padded to one length at the carrier boundary.
 
     Returns ``inputs_embeds`` ``(B, N, d)`` (exact zeros at padding) and ``position_ids``
-    ``(B, N)`` that give every real token the position it has alone (padding continues the count,
-    so left padding gets negative positions: use ``side="right"`` for learned position tables).
-    Under a ``full-o`` retrofit the zero rows are inert: pass no attention mask.
+    ``(B, N)`` that give every real token the position it has alone: ``0 … n−1`` on either side
+    (right padding continues the count, left padding sits at position 0, a row of any learned
+    table or rotary scheme; under ``full-o`` a zero carrier reads none of it). A model whose
+    forward takes no ``position_ids`` numbers tokens by their place in the batch: it gets none;
+    its relative or ALiBi positions do not move with left padding, a learned table's would, so
+    left padding is refused there (:func:`learned_positions`). Under a ``full-o`` retrofit
+    the zero rows are inert: pass no attention mask. ``sequences``: a list of 1-D token id
+    sequences (or a 2-D tensor of rows), checked by :func:`token_id_rows`.
     """
     if side not in ("right", "left"):
         raise ValueError(f"side must be 'right' or 'left', got {side!r}")
-    if not sequences or any(len(s) == 0 for s in sequences):
-        raise ValueError("sequences must be a non-empty list of non-empty token id lists")
+    rows = token_id_rows(model, sequences)
+    positioned = accepts(model, "position_ids")
+    if side == "left" and not positioned and learned_positions(model) \
+            and len({len(r) for r in rows}) > 1:
+        raise ValueError(f"{type(model).__name__} looks positions up in a learned table but its "
+                         "forward takes no position_ids, so it numbers tokens by their place in "
+                         "the batch and left padding would move the real tokens of shorter "
+                         "sequences; use side='right'")
     embed = model.get_input_embeddings()
-    width = max(len(s) for s in sequences)
-    inputs = embed.weight.new_zeros(len(sequences), width, embed.embedding_dim)
-    positions = torch.empty(len(sequences), width, dtype=torch.long, device=inputs.device)
-    for row, ids in enumerate(sequences):
+    width = max(len(r) for r in rows)
+    inputs = embed.weight.new_zeros(len(rows), width, embed.embedding_dim)
+    positions = torch.empty(len(rows), width, dtype=torch.long, device=inputs.device)
+    for index, ids in enumerate(rows):
         start = 0 if side == "right" else width - len(ids)
-        ids_t = torch.as_tensor(list(ids), dtype=torch.long, device=inputs.device)
-        inputs[row, start:start + len(ids)] = embed(ids_t)
-        positions[row] = torch.arange(width, device=inputs.device) - start
-    return {"inputs_embeds": inputs, "position_ids": positions}
+        inputs[index, start:start + len(ids)] = embed(ids.to(inputs.device))
+        positions[index] = (torch.arange(width, device=inputs.device) - start).clamp_min(0)
+    return {"inputs_embeds": inputs, **({"position_ids": positions} if positioned else {})}

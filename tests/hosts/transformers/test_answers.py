@@ -30,6 +30,12 @@ def test_a_model_with_an_lm_head_generates_and_a_backbone_embeds() -> None:
     assert answer_kind(zoo.build(bert)) == "embed"
 
 
+def test_one_string_of_prompts_is_refused_not_read_letter_by_letter() -> None:
+    with pytest.raises(ValueError, match=r"prompts is one string \(it would be read character "
+                                         r"by character\); give a list of prompts: \['a cat'\]"):
+        reference_answers(tiny_causal_lm(), word_tokenizer(), "a cat")
+
+
 @pytest.mark.parametrize("prompts", [[], ["a cat", "  "], ["a cat", 3]])
 def test_prompts_must_be_non_empty_strings(prompts: list) -> None:
     with pytest.raises(ValueError, match="prompts must be non-empty strings"):
