@@ -298,8 +298,10 @@ class OManyClassDecoder:
     """``ManyClassDecoder`` (v3 classifier; v3.5 ``heads.many_class_decoder``): each test row
     reads the train rows' one-hot targets by attention, ``P(c | i) = mean_h Σ_j w_ij 1[y_j = c]``.
     Under O the sources are weighted by the presence of the train row's bias-free decoder key
-    ``W_K e_j`` (zero exactly when the row's embedding is), so a null train row adds no class
-    mass:
+    ``W_K e_j``, so a null train row adds no class mass. The bias is taken off in the keys'
+    own dtype (the one the projection added it in: bf16 under CPU autocast), so the key of a
+    zero embedding, ``round(b)``, gives exactly zero; the fp32 ``b`` would leave
+    ``round(b) − b`` (~1e-3 of ``b``), whose presence at τ = 1e-8 is ≈ 1:
 
         w_ij = p_j e^{s_ij} / (ε + Σ_t p_t e^{s_it});  receivers (test rows) are not gated,
         the decoder being the read-out (like the regressor's ``output_projection``).
@@ -316,9 +318,10 @@ class OManyClassDecoder:
         if config is None or m == 0:
             return super().forward(train, test_embeddings, targets, *args, **kwargs)
         q = self.q_projection(test_embeddings).view(b, m, self.num_heads, self.head_dim)
-        keys = releases.decoder_keys(self, train.to(q.dtype))                # (B, N, H, D)
-        bias = self.k_projection.bias.view(self.num_heads, self.head_dim)
+        keys = releases.decoder_keys(self, train)                            # (B, N, H, D)
+        bias = self.k_projection.bias.to(keys.dtype).view(self.num_heads, self.head_dim)
         p_k = presence((keys - bias).flatten(2), config.tau)                 # (B, N)
+        keys = keys.to(q.dtype)
         if self.softmax_scaling_layer is not None:
             q = _mass_scaled_queries(self.softmax_scaling_layer, q, p_k.sum(-1))
         classes = int(kwargs.get("num_present_classes") or self.max_num_classes)

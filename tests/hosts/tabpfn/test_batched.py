@@ -26,7 +26,8 @@ TAU_LIMIT = 1e-4       # the τ = 1e-8 retrofit vs the unpatched estimator (test
 # tabpfn 8.0.x decodes a regressor's 5000 bucket logits so that their fp32 noise (~6e-7
 # relative, the same batched or not) becomes ~1e-4 in the predictions, as between its own
 # cached and uncached predictions (test_regressor.py); fp64 there. The classifier is fp32 on all
-# (pinned: tabpfn's "auto" is bfloat16 autocast on a CPU with native bfloat16).
+# (pinned: tabpfn's "auto" is bfloat16 autocast on a CPU with native bfloat16, which has a test
+# of its own, held to the loop's own bf16 rounding).
 OLD = (releases.installed_version() or "").startswith("8.0.")
 REG_PRECISION = torch.float64
 CLS_PRECISION = torch.float32
@@ -125,6 +126,25 @@ def test_classifier_ragged_equals_per_dataset(classifier_ckpt, classification_se
     assert max(map(_rel, got, base)) <= TAU_LIMIT
     labels = predict_batched(classifier, *zip(*sets[:4]), max_padding=math.inf)
     assert all((a == b).all() for a, b in zip(labels, _each(classifier, "predict", sets[:4])))
+
+
+def test_classifier_ragged_under_bf16_autocast_is_within_the_loops_own_rounding(
+        classifier_ckpt, classification_sets):
+    """tabpfn's mixed precision (bf16 autocast on the CPU): the batched probabilities differ
+    from the per-dataset loop's by no more than that loop's own differ from fp32 (1 bf16 ulp
+    of an activation, rounded the other way where the padded forward sums in another order,
+    is all that may separate them)."""
+    sets = classification_sets[:8]
+    kw = {"n_estimators": 2, "device": "cpu"}
+    classifier, _ = make_classifier(classifier_ckpt, "full-o", 1e-8, inference_precision="autocast",
+                                    **kw)
+    got = predict_proba_batched(classifier, *zip(*sets), max_padding=math.inf, n_jobs=2)
+    same = _each(classifier, "predict_proba", sets)
+    fp32 = _each(make_classifier(classifier_ckpt, "full-o", 1e-8,
+                                 inference_precision=torch.float32, **kw)[0], "predict_proba", sets)
+    rounding = max(float(np.abs(s - f).max()) for s, f in zip(same, fp32))
+    assert rounding > 0                                        # bf16 autocast did run
+    assert max(float(np.abs(g - s).max()) for g, s in zip(got, same)) <= rounding
 
 
 @pytest.fixture(scope="module")
