@@ -4,7 +4,7 @@
 (the tabpfn releases it admits and what differs between them), ``checkpoints.py`` (checkpoints,
 the demo/random hosts), ``estimators.py`` (tabpfn's own regressors and classifiers over a
 patched artifact), ``artifact.py`` (the patched artifact's file), ``reload.py`` (tabpfn's
-estimators whose loads re-apply an artifact's spec) and ``batched.py`` over ``rendezvous.py`` (each dataset's
+loader re-applies an artifact's spec) and ``batched.py`` over ``rendezvous.py`` (each dataset's
 fit and predict on a thread, its forwards answered from batched ones), ``forward_plan.py``
 (which forwards) and ``padding.py`` (each version's token boundaries). Importing this package
 imports none of them; the public entry points are :mod:`oretrofit.tabpfn`. Needs

@@ -3,8 +3,8 @@
 The file is the source checkpoint (same ``state_dict``, ``config``, ``architecture_name``,
 ``inference_config``) plus an ``oretrofit_patch`` entry: the JSON text of
 :meth:`oretrofit.Retrofit.spec` extended with the source checkpoint's SHA-256 and weights label.
-tabpfn's own estimators load it as the unpatched model (they ignore the extra entry); the
-estimators oretrofit makes load it patched (:mod:`.reload`);
+tabpfn alone loads it as the unpatched model (it ignores the extra entry); once
+:mod:`oretrofit.tabpfn` is imported, tabpfn loads it patched (:mod:`.reload`);
 :func:`oretrofit.tabpfn.load_patched_regressor` / ``load_patched_classifier`` load it back as
 a ready, retrofitted tabpfn estimator whose ``model_path`` is the artifact.
 

@@ -1,14 +1,13 @@
 """tabpfn's own ``TabPFNRegressor`` / ``TabPFNClassifier``, running a retrofitted model.
 
-The estimator is the vendor's class (a subclass that only changes how it loads its model) with
-the vendor's arguments, names and defaults; only its ``model_path`` differs: it names a *patched artifact*, the checkpoint with its patch spec
+The estimator is the vendor's class with the vendor's arguments, names and defaults; only its
+``model_path`` differs: it names a *patched artifact*, the checkpoint with its patch spec
 inside (:mod:`oretrofit.hosts.tabpfn.artifact`), written once per (checkpoint, spec) to
 oretrofit's cache folder. tabpfn rebuilds its model from ``model_path`` at every ``fit`` and in
-``load_from_fit_state``; the estimator is tabpfn's class made to load it retrofitted
-(:mod:`oretrofit.hosts.tabpfn.reload`: at the next ``fit``, the model whose
-:class:`~oretrofit.Retrofit` was returned; at any later load, the spec re-applied to fresh
-weights). So ``clone``, pickle and ``save_fit_state`` work as for any tabpfn estimator, and no
-reload runs an unpatched model. The model is built fresh from the
+``load_from_fit_state``; :mod:`oretrofit.hosts.tabpfn.reload` makes that load return the
+retrofitted model (at the next ``fit``, the one whose :class:`~oretrofit.Retrofit` was
+returned; at any later load, the spec re-applied to fresh weights). So ``clone``, pickle and ``save_fit_state`` work as for any
+tabpfn estimator, and no reload runs an unpatched model. The model is built fresh from the
 checkpoint: no model shared through tabpfn's caches is ever patched.
 """
 
@@ -33,8 +32,8 @@ from .checkpoints import (build_model, checkpoint_sha256, checkpoint_task, infer
                           load_checkpoint, resolve_model_path, weights_label)
 
 __all__ = ["make_regressor", "make_classifier", "estimator_from_checkpoint", "vendor_class",
-           "retrofitted_class", "vendor_defaults", "in_memory_specs", "spec_patch",
-           "check_spec_checkpoint", "retrofit_estimator", "load_patched_regressor", "load_patched_classifier"]
+           "vendor_defaults", "in_memory_specs", "spec_patch", "check_spec_checkpoint",
+           "retrofit_estimator", "load_patched_regressor", "load_patched_classifier"]
 
 _OURS = ("arm", "tau", "eps", "site_tau", "spec")
 
@@ -43,12 +42,6 @@ def vendor_class(task: releases.Task) -> type:
     """tabpfn's estimator class of ``task``."""
     from tabpfn import TabPFNClassifier, TabPFNRegressor
     return TabPFNClassifier if task == "classifier" else TabPFNRegressor
-
-
-def retrofitted_class(task: releases.Task) -> type:
-    """The subclass of :func:`vendor_class` that loads a patched artifact retrofitted."""
-    return reload.RetrofittedTabPFNClassifier if task == "classifier" \
-        else reload.RetrofittedTabPFNRegressor
 
 
 def _vendor_parameters(task: releases.Task) -> dict[str, inspect.Parameter]:
@@ -142,7 +135,7 @@ def estimator_from_checkpoint(path: str | os.PathLike[str],
         result.revert()
         raise
     reload.hand_over(artifact, result.model)
-    return retrofitted_class(task)(model_path=str(artifact), **vendor_kwargs), result
+    return estimator(model_path=str(artifact), **vendor_kwargs), result
 
 
 def check_spec_checkpoint(spec: Mapping[str, Any], path: str | os.PathLike[str]) -> None:

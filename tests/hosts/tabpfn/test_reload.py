@@ -57,38 +57,3 @@ def test_clone_pickle_and_refit_run_the_retrofit(task):
 
 def test_a_plain_checkpoint_loads_untouched(small_ckpt):
     assert reload.embedded_spec(small_ckpt) is None and reload.patched_model(small_ckpt) is None
-
-
-def test_a_plain_tabpfn_estimator_is_untouched_by_importing_oretrofit(small_ckpt, table):
-    """No function of tabpfn's is replaced, and tabpfn's own estimator reads a patched artifact
-    as the unpatched checkpoint inside it (only oretrofit's estimators load it retrofitted)."""
-    import sys
-    from pathlib import Path
-
-    import oretrofit
-    from tabpfn import TabPFNRegressor
-
-    ours = str(Path(oretrofit.__file__).parent)
-    replaced = [f"{name}.{attr}" for name, module in list(sys.modules.items())
-                if name.split(".")[0] == "tabpfn" for attr, value in vars(module).items()
-                if getattr(getattr(value, "__code__", None), "co_filename", "").startswith(ours)]
-    assert replaced == []
-    x_train, y_train, x_test = table
-    patched, _ = make_regressor(small_ckpt, "full-o", 0.5, **FAST)
-    assert isinstance(patched, TabPFNRegressor) and type(patched) is not TabPFNRegressor
-    plain = TabPFNRegressor(model_path=patched.model_path, **FAST).fit(x_train, y_train)
-    assert Retrofit.of(plain.models_[0]) is None
-    source = TabPFNRegressor(model_path=str(small_ckpt), **FAST).fit(x_train, y_train)
-    np.testing.assert_array_equal(plain.predict(x_test), source.predict(x_test))
-    assert np.abs(patched.fit(x_train, y_train).predict(x_test) - plain.predict(x_test)).max() \
-        > 1e-3
-
-
-def test_tabpfn_refuses_a_fitted_state_of_a_retrofitted_estimator(small_ckpt, table, tmp_path):
-    """tabpfn's own load_from_fit_state cannot load the artifact unpatched: it refuses the file."""
-    from tabpfn import TabPFNRegressor
-
-    estimator, _ = make_regressor(small_ckpt, "full-o", 0.5, **FAST)
-    estimator.fit(*table[:2]).save_fit_state(tmp_path / "fitted.tabpfn_fit")
-    with pytest.raises(TypeError, match="RetrofittedTabPFNRegressor"):
-        TabPFNRegressor.load_from_fit_state(tmp_path / "fitted.tabpfn_fit", device="cpu")
