@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +40,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from release_envs import (check_result, export_head, head_commit, layered_venv, markdown_table,
-                          provenance_lines, pytest_summary, receipt_command)
+                          provenance_lines, pytest_summary, receipt_command, run_in)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/tabpfn", "tests/regress/test_cli.py"]
@@ -62,7 +60,6 @@ TAU, MAX_REL = 1e-8, 1e-4
 # bfloat16 autocast on a CPU with native bfloat16, and 8.0.1 has no n_estimators="auto")
 PINNED = {"n_estimators": 1, "device": "cpu"}
 VERSION_TAU, VERSION_REL = 1e-12, 1e-5
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 SOURCE = ROOT          # where the checks run: an export of the committed HEAD (see main)
 
 
@@ -220,11 +217,6 @@ def _version_ok(cell: str) -> bool:
         return False
 
 
-def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
-    env = {**ENV, "PYTHONPATH": str(SOURCE)}      # the export's code, not the editable checkout
-    return subprocess.run(cmd, cwd=SOURCE, env=env, capture_output=True, text=True, **kwargs)
-
-
 def ensure_venv(venv: Path, release: str) -> None:
     """``venv``: the main environment with tabpfn ``release`` on top (kept when it has it)."""
     layered_venv(venv, "tabpfn", release)
@@ -236,14 +228,14 @@ def run_release(venv: Path, release: str) -> dict:
     every model version it ships and the demo command refuse it with a message."""
     python = str(venv / "bin" / "python")
     start = time.monotonic()
-    checked = _run([python, str(SOURCE / "scripts" / "tabpfn_compat.py"), "--check"])
+    checked = run_in(SOURCE, [python, str(SOURCE / "scripts" / "tabpfn_compat.py"), "--check"])
     diabetes = check_result(checked)
     refused = "refused" in diabetes
-    tests = None if refused else _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                       *TESTS, *IGNORED])
+    tests = None if refused else run_in(SOURCE, [python, "-m", "pytest", "-q", "-p",
+                                                 "no:cacheprovider", *TESTS, *IGNORED])
     # the export's command line (a layered environment has no entry points of its own)
-    demo = _run([python, "-m", "oretrofit.cli.app", "patch", "--model-path", "demo", "--arm",
-                 "full-o", "--tau", str(TAU), "--json"])
+    demo = run_in(SOURCE, [python, "-m", "oretrofit.cli.app", "patch", "--model-path", "demo",
+                           "--arm", "full-o", "--tau", str(TAU), "--json"])
     traceback = "Traceback" in demo.stderr
     # the export's temporary path is this machine's; the table names the checkout instead
     refusal = (demo.stderr.strip().splitlines() or ["?"])[-1].replace(str(SOURCE), "<checkout>")
