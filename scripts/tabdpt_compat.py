@@ -63,7 +63,7 @@ def install(venv: Path, release: str) -> str | None:
         return None
     except RuntimeError:
         layered_venv(venv, "tabdpt", release, deps=False)
-        return "alone (--no-deps): it pins another torch"
+        return "alone (--no-deps): its pins do not install beside the main torch"
 
 
 def run_release(venv: Path, release: str, source: Path) -> dict:

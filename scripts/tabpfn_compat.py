@@ -302,14 +302,16 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "with the `pip install` that fixes it, and never with a bare import error.",
         "",
         *provenance_lines(command, commit),
-        *([f"- a model-version cell that reads `not run (COMMIT)` is an earlier sweep's row, on "
-           "that commit, from before the column existed; this sweep did not run that release"]
-          if any("from_commit" in row for row in rows) else []),
+        *([f"- an outcome followed by `(COMMIT)` is an earlier sweep's row, on that commit: this "
+           "sweep did not run that release; a cell that reads `not run (COMMIT)` is a check that "
+           "sweep did not have"]
+          if any(row.get("from_commit", commit) != commit for row in rows) else []),
         "",
         *markdown_table(
             ["tabpfn", "outcome", "TabPFN tests", "diabetes oa Δ", "diabetes full-o Δ",
              *LABELS, "demo", "demo fit full-o Δ", "torch", "wall s"],
-            [[row["release"], _outcome(row), row["tests"], rel(row, "oa"),
+            [[row["release"], _outcome(row) + (f" ({row['from_commit']})" if row.get(
+                "from_commit", commit) != commit else ""), row["tests"], rel(row, "oa"),
               rel(row, "full-o"),
               *(_version_cell(row, label) for label in LABELS),
               row["demo"], _demo_fit_cell(row), row["torch"], row["wall_s"]] for row in rows]),
