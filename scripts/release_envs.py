@@ -22,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -30,7 +31,8 @@ from packaging.version import Version
 
 __all__ = ["sweep_parser", "export_head", "head_commit", "layered_venv", "layer_packages",
            "pytest_summary", "pytest_failures", "receipt_command", "provenance_lines",
-           "markdown_table", "same_release", "check_result", "run_in", "refusal", "sweep"]
+           "markdown_table", "same_release", "check_result", "run_in", "refusal", "gated_release",
+           "gated_outcome", "sweep"]
 
 # how every check runs: one thread, no model hub
 OFFLINE = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
@@ -203,10 +205,38 @@ def refusal(cls: type) -> str:
     return "NOT refused"
 
 
+def gated_release(venv: Path, release: str, source: Path, package: str, tests: Sequence[str],
+                  checks_pass: Callable[[dict], bool] = lambda result: True) -> dict:
+    """One release's row for a host that gates releases: the in-environment ``--check`` of
+    ``scripts/PACKAGE_compat.py`` (its JSON as ``result``); a release it reports ``refused`` is
+    ``ok`` when the refusal names the release and is not put through the tests; any other is
+    ``ok`` when ``tests`` pass, the check reported no error and ``checks_pass(result)``."""
+    python = str(venv / "bin" / "python")
+    start = time.monotonic()
+    script = source / "scripts" / f"{package}_compat.py"
+    result = check_result(run_in(source, [python, str(script), "--check"]))
+    if "refused" in result:
+        ok = f"{package} {release} is not supported" in result["refused"]
+        summary = "not run (refused)"
+    else:
+        run = run_in(source, [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests])
+        summary = pytest_summary(run.stdout)
+        ok = run.returncode == 0 and "error" not in result and checks_pass(result)
+    return {"release": release, "ok": ok, "tests": summary, "result": result,
+            "wall_s": round(time.monotonic() - start)}
+
+
+def gated_outcome(row: dict) -> str:
+    """A :func:`gated_release` row's outcome: ``pass``, ``refused`` (by name) or ``FAIL``."""
+    if not row["ok"]:
+        return "FAIL"
+    return "refused" if "refused" in row["result"] else "pass"
+
+
 def sweep(root: Path, script: str, package: str, args: argparse.Namespace,
-          run_release: Callable[[Path, str, Path], dict], render: Callable[[list[dict], str, str], str],
-          outcome: Callable[[dict], str], install: Callable[[Path, str], dict | None] | None = None
-          ) -> None:
+          run_release: Callable[[Path, str, Path], dict],
+          render: Callable[[list[dict], str, str], str],
+          install: Callable[[Path, str], str | None] | None = None) -> None:
     """Every release of ``args.releases`` in its layered environment ``args.venvs/PACKAGE-X``,
     checked by ``run_release(venv, release, source)`` on an export of ``root``'s HEAD; the receipt
     (``args.out`` and its .json) rewritten after every release, so an interrupted sweep keeps the
@@ -225,7 +255,7 @@ def sweep(root: Path, script: str, package: str, args: argparse.Namespace,
         except RuntimeError as err:
             rows.append({"release": release, "ok": False, "tests": f"install failed: {err}"[:200],
                          "result": {}, "wall_s": 0})
-        print(f"{release}: {outcome(rows[-1])} ({rows[-1]['tests']})", flush=True)
+        print(f"{release}: {gated_outcome(rows[-1])} ({rows[-1]['tests']})", flush=True)
         rows.sort(key=lambda row: Version(row["release"]))
         args.out.write_text(render(rows, command, commit))
         args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -20,11 +20,10 @@ Usage: ``python scripts/tabdpt_compat.py [--venvs DIR] [--releases 1.3.0,1.3.1] 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-from release_envs import (check_result, layered_venv, markdown_table, provenance_lines,
-                          pytest_summary, refusal, run_in, sweep, sweep_parser)
+from release_envs import (gated_outcome, gated_release, layered_venv, markdown_table,
+                          provenance_lines, refusal, sweep, sweep_parser)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/tabdpt"]
@@ -67,27 +66,8 @@ def install(venv: Path, release: str) -> str | None:
 
 
 def run_release(venv: Path, release: str, source: Path) -> dict:
-    """The checks for one release; ``ok`` when the admitted release passes the tests, or the
-    refused one is refused naming the release."""
-    python = str(venv / "bin" / "python")
-    start = time.monotonic()
-    result = check_result(run_in(source, [python, str(source / "scripts" / "tabdpt_compat.py"),
-                                          "--check"]))
-    if "refused" in result:
-        ok = f"tabdpt {release} is not supported" in result["refused"]
-        tests = "not run (refused)"
-    else:
-        run = run_in(source, [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS])
-        tests = pytest_summary(run.stdout)
-        ok = run.returncode == 0 and "error" not in result
-    return {"release": release, "ok": ok, "tests": tests, "result": result,
-            "wall_s": round(time.monotonic() - start)}
-
-
-def _outcome(row: dict) -> str:
-    if not row["ok"]:
-        return "FAIL"
-    return "refused" if "refused" in row["result"] else "pass"
+    """The checks for one release (:func:`release_envs.gated_release`)."""
+    return gated_release(venv, release, source, "tabdpt", TESTS)
 
 
 def render(rows: list[dict], command: str, commit: str) -> str:
@@ -109,7 +89,7 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "",
         *markdown_table(
             ["tabdpt", "outcome", "TabDPT tests", "refusal", "installed", "torch", "wall s"],
-            [[row["release"], _outcome(row), row["tests"],
+            [[row["release"], gated_outcome(row), row["tests"],
               str(row["result"].get("refused", row["result"].get("error", "-")))[:120],
               row.get("install", "with its pins"), row["result"].get("torch", "-"),
               row["wall_s"]] for row in rows]),
@@ -125,7 +105,7 @@ def main() -> None:
     if args.check:
         print(json.dumps(check()))
     else:
-        sweep(ROOT, "scripts/tabdpt_compat.py", "tabdpt", args, run_release, render, _outcome,
+        sweep(ROOT, "scripts/tabdpt_compat.py", "tabdpt", args, run_release, render,
               install)
 
 

@@ -23,11 +23,10 @@ Usage: ``python scripts/tabicl_compat.py [--venvs DIR] [--releases 2.1.0,2.2.0] 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-from release_envs import (check_result, markdown_table, provenance_lines, pytest_summary, run_in,
-                          sweep, sweep_parser)
+from release_envs import (gated_outcome, gated_release, markdown_table, provenance_lines, sweep,
+                          sweep_parser)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/tabicl"]
@@ -111,26 +110,12 @@ def _deviations() -> dict:
 def run_release(venv: Path, release: str, source: Path) -> dict:
     """Both checks for one release; ``ok`` when every one passes (or, for a release the gate
     refuses, when the refusal names the release)."""
-    python = str(venv / "bin" / "python")
-    start = time.monotonic()
-    checked = run_in(source, [python, str(source / "scripts" / "tabicl_compat.py"), "--check"])
-    result = check_result(checked)
-    if "refused" in result:
-        ok = f"tabicl {release} is not supported" in result["refused"]
-        tests = "not run (refused)"
-    else:
-        run = run_in(source, [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS])
-        tests = pytest_summary(run.stdout)
-        ok = (run.returncode == 0 and "error" not in result and result["revert"]
-              and max(result["tau"].values()) <= MAX_TAU_DEV and result["padding"] <= MAX_PAD_DEV)
-    return {"release": release, "ok": ok, "tests": tests, "result": result,
-            "wall_s": round(time.monotonic() - start)}
+    return gated_release(venv, release, source, "tabicl", TESTS, _deviations_ok)
 
 
-def _outcome(row: dict) -> str:
-    if not row["ok"]:
-        return "FAIL"
-    return "refused" if "refused" in row["result"] else "pass"
+def _deviations_ok(result: dict) -> bool:
+    return (result["revert"] and max(result["tau"].values()) <= MAX_TAU_DEV
+            and result["padding"] <= MAX_PAD_DEV)
 
 
 def render(rows: list[dict], command: str, commit: str) -> str:
@@ -162,7 +147,7 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         *markdown_table(
             ["tabicl", "outcome", "TabICL tests", "τ→0 oa Δ", "τ→0 full-o Δ", "padding Δ",
              "refusal", "torch", "wall s"],
-            [[row["release"], _outcome(row), row["tests"], cell(row, "tau", "oa"),
+            [[row["release"], gated_outcome(row), row["tests"], cell(row, "tau", "oa"),
               cell(row, "tau", "full-o"), cell(row, "padding"),
               str(row["result"].get("refused", row["result"].get("error", "-")))[:110],
               row["result"].get("torch", "-"), row["wall_s"]] for row in rows]),
@@ -178,7 +163,7 @@ def main() -> None:
     if args.check:
         print(json.dumps(check()))
     else:
-        sweep(ROOT, "scripts/tabicl_compat.py", "tabicl", args, run_release, render, _outcome)
+        sweep(ROOT, "scripts/tabicl_compat.py", "tabicl", args, run_release, render)
 
 
 if __name__ == "__main__":
