@@ -32,7 +32,7 @@ from packaging.version import Version
 __all__ = ["sweep_parser", "export_head", "head_commit", "layered_venv", "layer_packages",
            "pytest_summary", "pytest_failures", "receipt_command", "provenance_lines",
            "markdown_table", "same_release", "check_result", "run_in", "refusal", "gated_release",
-           "gated_outcome", "sweep"]
+           "gated_outcome", "sweep", "gated_main"]
 
 # how every check runs: one thread, no model hub
 OFFLINE = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
@@ -261,3 +261,20 @@ def sweep(root: Path, script: str, package: str, args: argparse.Namespace,
         args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     print(f"wrote {args.out}")
     sys.exit(0 if all(row["ok"] for row in rows) else 1)
+
+
+def gated_main(root: Path, description: str, package: str, releases: Sequence[str],
+               check: Callable[[], dict], run_release: Callable[[Path, str, Path], dict],
+               render: Callable[[list[dict], str, str], str],
+               install: Callable[[Path, str], str | None] | None = None) -> None:
+    """The command line of ``scripts/PACKAGE_compat.py``: with ``--check`` (inside a release's
+    environment) ``check()``'s JSON line, else the :func:`sweep` writing
+    ``results/PACKAGE-compat.md``."""
+    parser = sweep_parser(description, package, releases,
+                          root / "results" / f"{package}-compat.md")
+    parser.add_argument("--check", action="store_true", help="in-environment check")
+    args = parser.parse_args()
+    if args.check:
+        print(json.dumps(check()))
+    else:
+        sweep(root, f"scripts/{package}_compat.py", package, args, run_release, render, install)

@@ -19,11 +19,10 @@ Usage: ``python scripts/tabdpt_compat.py [--venvs DIR] [--releases 1.3.0,1.3.1] 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from release_envs import (gated_outcome, gated_release, layered_venv, markdown_table,
-                          provenance_lines, refusal, sweep, sweep_parser)
+from release_envs import (gated_main, gated_outcome, gated_release, layered_venv,
+                          markdown_table, provenance_lines, refusal)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/tabdpt"]
@@ -98,15 +97,7 @@ def render(rows: list[dict], command: str, commit: str) -> str:
 
 
 def main() -> None:
-    parser = sweep_parser(__doc__.splitlines()[0], "tabdpt", RELEASES,
-                          ROOT / "results" / "tabdpt-compat.md")
-    parser.add_argument("--check", action="store_true", help="in-environment check")
-    args = parser.parse_args()
-    if args.check:
-        print(json.dumps(check()))
-    else:
-        sweep(ROOT, "scripts/tabdpt_compat.py", "tabdpt", args, run_release, render,
-              install)
+    gated_main(ROOT, __doc__.splitlines()[0], "tabdpt", RELEASES, check, run_release, render, install)
 
 
 if __name__ == "__main__":

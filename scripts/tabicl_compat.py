@@ -22,11 +22,10 @@ Usage: ``python scripts/tabicl_compat.py [--venvs DIR] [--releases 2.1.0,2.2.0] 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from release_envs import (gated_outcome, gated_release, markdown_table, provenance_lines, sweep,
-                          sweep_parser)
+from release_envs import (gated_main, gated_outcome, gated_release, markdown_table,
+                          provenance_lines)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/tabicl"]
@@ -156,14 +155,7 @@ def render(rows: list[dict], command: str, commit: str) -> str:
 
 
 def main() -> None:
-    parser = sweep_parser(__doc__.splitlines()[0], "tabicl", RELEASES,
-                          ROOT / "results" / "tabicl-compat.md")
-    parser.add_argument("--check", action="store_true", help="in-environment check")
-    args = parser.parse_args()
-    if args.check:
-        print(json.dumps(check()))
-    else:
-        sweep(ROOT, "scripts/tabicl_compat.py", "tabicl", args, run_release, render)
+    gated_main(ROOT, __doc__.splitlines()[0], "tabicl", RELEASES, check, run_release, render)
 
 
 if __name__ == "__main__":
