@@ -16,8 +16,9 @@ running this script) with ``tabpfn==X`` installed on top, and whatever that rele
    deviation of its predictions from the unpatched model's (must be ≤ 1e-5); a refused version
    must be refused by name;
 4. ``oretrofit patch --model-path demo`` must run, or refuse with a message (never a traceback);
-5. ``make_regressor("demo", arm, 1e-8)`` (the shipped demo checkpoint) fits diabetes under base
-   and full-o with finite predictions and full-o's max |Δ| / max |base| ≤ 1e-4, or is refused
+5. ``make_regressor("demo", arm, 1e-8)`` (the shipped demo checkpoint) fits diabetes under
+   full-o at tabpfn's defaults, and under base and full-o at step 2's settings, with finite
+   predictions and (at step 2's settings) full-o's max |Δ| / max |base| ≤ 1e-4, or is refused
    by name (a ``RetrofitError``: tabpfn 8.x cannot take the inference config tabpfn 9 wrote).
 
 A release the host's gate refuses (tabpfn 2.x to 7.x) skips 1 and 2; its row is ``refused``
@@ -40,8 +41,8 @@ from pathlib import Path
 from packaging.version import Version
 
 from release_envs import (check_result, export_head, head_commit, layered_venv, markdown_table,
-                          provenance_lines, pytest_summary, receipt_command, refusal,
-                          run_in)
+                          provenance_lines, pytest_failures, pytest_summary, receipt_command,
+                          refusal, run_in)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/tabpfn", "tests/regress/test_cli.py"]
@@ -97,20 +98,28 @@ def check() -> dict:
 
 
 def demo_fit(x, y) -> dict:
-    """Step 5: the shipped demo checkpoint through ``make_regressor`` under base and full-o on
-    diabetes (``finite``, full-o's ``rel`` deviation from base), or its refusal by name."""
+    """Step 5: the shipped demo checkpoint through ``make_regressor`` on diabetes: under full-o
+    at tabpfn's defaults, and under base and full-o at step 2's settings (``finite``: all three;
+    full-o's ``rel`` deviation from base at step 2's settings, where every release is compared
+    alike), or its refusal by name."""
     import numpy as np
+    import torch
 
     from oretrofit import RetrofitError
     from oretrofit.tabpfn import make_regressor
+    pinned = {"inference_precision": torch.float32, **PINNED}
     try:
-        found = {arm: make_regressor("demo", arm, None if arm == "base" else TAU)[0]
-                 .fit(x[:300], y[:300]).predict(x[300:]) for arm in ("base", "full-o")}
+        found = {(arm, settings): make_regressor("demo", arm, None if arm == "base" else TAU,
+                                                 **kwargs)[0]
+                 .fit(x[:300], y[:300]).predict(x[300:])
+                 for arm, settings, kwargs in (("full-o", "defaults", {}),
+                                               ("base", "pinned", pinned),
+                                               ("full-o", "pinned", pinned))}
     except RetrofitError as err:
         return {"refused": str(err).replace(str(SOURCE), "<checkout>")}
-    base = found["base"]
+    base = found["base", "pinned"]
     return {"finite": bool(all(np.isfinite(p).all() for p in found.values())),
-            "rel": float(np.abs(found["full-o"] - base).max() / np.abs(base).max())}
+            "rel": float(np.abs(found["full-o", "pinned"] - base).max() / np.abs(base).max())}
 
 
 def _demo_fit_ok(found: dict) -> bool:
@@ -223,7 +232,7 @@ def run_release(venv: Path, release: str) -> dict:
     checked = run_in(SOURCE, [python, str(SOURCE / "scripts" / "tabpfn_compat.py"), "--check"])
     diabetes = check_result(checked)
     refused = "refused" in diabetes
-    tests = None if refused else run_in(SOURCE, [python, "-m", "pytest", "-q", "-p",
+    tests = None if refused else run_in(SOURCE, [python, "-m", "pytest", "-q", "-rfE", "-p",
                                                  "no:cacheprovider", *TESTS, *IGNORED])
     # the export's command line (a layered environment has no entry points of its own)
     demo = run_in(SOURCE, [python, "-m", "oretrofit.cli.app", "patch", "--model-path", "demo",
@@ -244,7 +253,8 @@ def run_release(venv: Path, release: str) -> dict:
     ok = tests_ok and diabetes_ok and versions_ok and demo_fit_ok and not traceback
     return {"release": release, "ok": ok,
             "tests": "not run (refused)" if refused else pytest_summary(tests.stdout),
-            "tests_rc": None if refused else tests.returncode, "diabetes": diabetes,
+            "tests_rc": None if refused else tests.returncode,
+            "failures": [] if refused else pytest_failures(tests.stdout), "diabetes": diabetes,
             "demo": demo_outcome, "torch": diabetes.get("torch", "?"),
             "wall_s": round(time.monotonic() - start)}
 
@@ -285,9 +295,13 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         f"τ = ε = {VERSION_TAU:g}) or refused by name (`refused`); `-`: the release does not "
         "ship it, (4) `oretrofit patch --model-path demo` runs or refuses with a message, "
         "never a traceback, and (5) `make_regressor(\"demo\", arm, "
-        f"{TAU:g})` (the shipped demo checkpoint) fits diabetes under base and full-o with "
-        f"finite predictions and full-o's max|Δ|/max|base| ≤ {MAX_REL:g} (the `demo fit` cell), "
-        "or is refused by name (tabpfn 8.x cannot take the inference config tabpfn 9 wrote). The host's version gate admits exactly the passing releases. A "
+        f"{TAU:g})` (the shipped demo checkpoint) fits diabetes under full-o at tabpfn's "
+        "defaults and under base and full-o at (2)'s settings with finite predictions, "
+        f"full-o's max|Δ|/max|base| ≤ {MAX_REL:g} at (2)'s settings (the `demo fit` cell; "
+        "before tabpfn 9.1.0 the vendor moves each of its default ensemble's bucket "
+        "probabilities onto the target's borders as fp32 CDF differences, which cancel), or is "
+        "refused by name (tabpfn 8.x cannot take the inference config tabpfn 9 wrote). The "
+        "host's version gate admits exactly the passing releases. A "
         "release the gate refuses (`refused`: tabpfn 2.x to 7.x, whose `PerFeatureTransformer` "
         "the host does not retrofit) is not put through (1) and (2): its row shows that the gate, "
         "every model version it ships (`refused`) and the demo command refuse it by name, "
