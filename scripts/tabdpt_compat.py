@@ -19,6 +19,7 @@ Usage: ``python scripts/tabdpt_compat.py [--venvs DIR] [--releases 1.3.0,1.3.1] 
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from release_envs import (gated_main, gated_outcome, gated_release, layered_venv,
@@ -55,13 +56,17 @@ def check() -> dict:
 
 def install(venv: Path, release: str) -> str | None:
     """The release's environment: with its pins but the main environment's torch, or alone
-    (``--no-deps``, returned as how it was installed) when it pins another torch."""
+    (``--no-deps``) when it pins another torch; how, when alone: pip's word on the pin the
+    environment does not meet (also for an environment built before)."""
     try:
         layered_venv(venv, "tabdpt", release, keep=("torch",))
-        return None
     except RuntimeError:
         layered_venv(venv, "tabdpt", release, deps=False)
-        return "alone (--no-deps): its pins do not install beside the main torch"
+    check = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "check"],
+                           capture_output=True, text=True).stdout.splitlines()
+    unmet = sorted((line for line in check if line.startswith(f"tabdpt {release} ")),
+                   key=lambda line: "torch" not in line)
+    return f"alone (--no-deps): {unmet[0]} ({len(unmet)} unmet)" if unmet else None
 
 
 def run_release(venv: Path, release: str, source: Path) -> dict:
