@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -259,6 +260,7 @@ def sweep(root: Path, script: str, package: str, args: argparse.Namespace,
         rows.sort(key=lambda row: Version(row["release"]))
         args.out.write_text(render(rows, command, commit))
         args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    shutil.rmtree(source, ignore_errors=True)
     print(f"wrote {args.out}")
     sys.exit(0 if all(row["ok"] for row in rows) else 1)
 
