@@ -48,7 +48,7 @@ TRANSFORMERS_TESTS := tests/hosts/transformers/test_architectures.py \
 	tests/hosts/transformers/test_calls.py tests/_surgery/test_compose.py tests/cli/test_check.py
 # tabdpt pins huggingface-hub<2.0, which the main environment's transformers does not admit: the
 # TabDPT host's tests run in an environment of their own (transformers is not importable there;
-# oretrofit and its registry import without it)
+# oretrofit and its registry import without it); results/tabdpt-compat.md covers every release
 TABDPT := 1.3.1
 TABDPT_ENV := $(VENV)/tabdpt-$(TABDPT)
 TABDPT_STAMP := $(TABDPT_ENV)/.oretrofit-installed

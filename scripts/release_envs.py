@@ -1,6 +1,7 @@
-"""What the release-compatibility sweeps (``scripts/tabpfn_compat.py``,
-``scripts/transformers_compat.py``) share: the committed HEAD exported as plain files, a layered
-per-release environment, pytest's summary line and the receipts' provenance.
+"""What the release-compatibility sweeps (``scripts/tabpfn_compat.py``, ``tabicl_compat.py``,
+``tabdpt_compat.py``, ``transformers_compat.py``, ``torch_compat.py``) share: the committed HEAD
+exported as plain files, a layered per-release environment, the checks run in it, the loop that
+writes a receipt after every release, pytest's summary line and the receipts' provenance.
 
 A layered environment (as the Makefile's ``test-tabpfn-oldest``) is a ``venv --without-pip``
 whose ``.pth`` file adds the main environment's packages underneath (``site.addsitedir``); one
@@ -13,20 +14,30 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
-__all__ = ["sweep_parser", "export_head", "head_commit", "layered_venv", "layer_packages", "pytest_summary",
-           "pytest_failures", "receipt_command", "provenance_lines", "markdown_table",
-           "same_release", "check_result"]
+__all__ = ["sweep_parser", "export_head", "head_commit", "layered_venv", "layer_packages",
+           "pytest_summary", "pytest_failures", "receipt_command", "provenance_lines",
+           "markdown_table", "same_release", "check_result", "run_in", "refusal", "gated_release",
+           "gated_outcome", "sweep", "gated_main"]
+
+# how every check runs: one thread, no model hub
+OFFLINE = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
 
 _PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 
@@ -71,15 +82,23 @@ def same_release(installed: str, release: str) -> bool:
     return SpecifierSet(f"=={release}").contains(installed)
 
 
-def _has_release(python: Path, package: str, release: str) -> bool:
+def _version_of(python: Path, package: str) -> str | None:
     probe = f"import importlib.metadata as m; print(m.version({package!r}))"
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
-    return done.returncode == 0 and same_release(done.stdout.strip(), release)
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
-def layered_venv(venv: Path, package: str, release: str) -> None:
+def _has_release(python: Path, package: str, release: str) -> bool:
+    installed = _version_of(python, package)
+    return installed is not None and same_release(installed, release)
+
+
+def layered_venv(venv: Path, package: str, release: str, *, keep: Sequence[str] = (),
+                 deps: bool = True) -> None:
     """Create ``venv`` on top of the running interpreter's environment with ``package==release``
-    installed in the layer (skipped when it already resolves to that release).
+    installed in the layer (skipped when it already resolves to that release). ``keep``: packages
+    whose main-environment release the layer must not replace (a release pinning another one
+    fails to install rather than pulling it); ``deps=False`` installs the release alone.
 
     Raises ``RuntimeError`` with pip's last words when the install fails or the release installed
     does not shadow the main environment's."""
@@ -94,8 +113,13 @@ def layered_venv(venv: Path, package: str, release: str) -> None:
     (Path(_purelib(python)) / "_oretrofit_main_venv.pth").write_text(
         f"import site; site.addsitedir({main!r})\n")
     install = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-               f"{package}=={release}"]
-    done = subprocess.run(install, capture_output=True, text=True)
+               f"{package}=={release}", *([] if deps else ["--no-deps"])]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as constraints:
+        constraints.write("".join(f"{name}=={_version_of(Path(sys.executable), name)}\n"
+                                  for name in keep))
+        constraints.flush()
+        done = subprocess.run([*install, *(["-c", constraints.name] if keep else [])],
+                              capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"pip install {package}=={release} failed:\n{done.stderr[-2000:]}")
     if not _has_release(python, package, release):
@@ -156,3 +180,103 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> l
     def line(cells: Sequence[object]) -> str:
         return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
     return [line(header), "| " + " | ".join("---" for _ in header) + " |", *map(line, rows)]
+
+
+def run_in(source: Path, cmd: Sequence[str]) -> subprocess.CompletedProcess:
+    """``cmd`` run in ``source`` (an export of HEAD), its code first on the path (not an editable
+    checkout's), on one thread and offline; output captured."""
+    env = {**OFFLINE, "PYTHONPATH": str(source)}
+    return subprocess.run(list(cmd), cwd=source, env=env, capture_output=True, text=True)
+
+
+def refusal(cls: type) -> str:
+    """What retrofitting an instance of the vendor's ``cls`` says: the ``RetrofitError``'s
+    message, or ``NOT refused``. The instance is built without its constructor (a host's release
+    gate refuses by class, before reading any weight), so it works whatever a release's
+    constructor takes."""
+    import torch
+
+    import oretrofit
+    model = cls.__new__(cls)
+    torch.nn.Module.__init__(model)
+    try:
+        oretrofit.retrofit(model, "oa")
+    except oretrofit.RetrofitError as err:
+        return str(err)
+    return "NOT refused"
+
+
+def gated_release(venv: Path, release: str, source: Path, package: str, tests: Sequence[str],
+                  checks_pass: Callable[[dict], bool] = lambda result: True) -> dict:
+    """One release's row for a host that gates releases: the in-environment ``--check`` of
+    ``scripts/PACKAGE_compat.py`` (its JSON as ``result``); a release it reports ``refused`` is
+    ``ok`` when the refusal names the release and is not put through the tests; any other is
+    ``ok`` when ``tests`` pass, the check reported no error and ``checks_pass(result)``."""
+    python = str(venv / "bin" / "python")
+    start = time.monotonic()
+    script = source / "scripts" / f"{package}_compat.py"
+    result = check_result(run_in(source, [python, str(script), "--check"]))
+    if "refused" in result:
+        ok = f"{package} {release} is not supported" in result["refused"]
+        summary = "not run (refused)"
+    else:
+        run = run_in(source, [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests])
+        summary = pytest_summary(run.stdout)
+        ok = run.returncode == 0 and "error" not in result and checks_pass(result)
+    return {"release": release, "ok": ok, "tests": summary, "result": result,
+            "wall_s": round(time.monotonic() - start)}
+
+
+def gated_outcome(row: dict) -> str:
+    """A :func:`gated_release` row's outcome: ``pass``, ``refused`` (by name) or ``FAIL``."""
+    if not row["ok"]:
+        return "FAIL"
+    return "refused" if "refused" in row["result"] else "pass"
+
+
+def sweep(root: Path, script: str, package: str, args: argparse.Namespace,
+          run_release: Callable[[Path, str, Path], dict],
+          render: Callable[[list[dict], str, str], str],
+          install: Callable[[Path, str], str | None] | None = None) -> None:
+    """Every release of ``args.releases`` in its layered environment ``args.venvs/PACKAGE-X``,
+    checked by ``run_release(venv, release, source)`` on an export of ``root``'s HEAD; the receipt
+    (``args.out`` and its .json) rewritten after every release, so an interrupted sweep keeps the
+    rows it has. ``install(venv, release)`` builds an environment (by default
+    :func:`layered_venv`); what it returns is kept in the row as ``install``. Exits 1 unless
+    every row is ``ok``."""
+    source = export_head(root, Path(tempfile.mkdtemp(prefix=f"{package}-compat-")))
+    command = receipt_command(script, sys.argv[1:], {args.venvs: "VENVS"})
+    commit = head_commit(root)
+    rows = []
+    for release in args.releases.split(","):
+        venv = args.venvs / f"{package}-{release}"
+        try:
+            how = (install or (lambda v, r: layered_venv(v, package, r)))(venv, release)
+            rows.append({**run_release(venv, release, source), **({"install": how} if how else {})})
+        except RuntimeError as err:
+            rows.append({"release": release, "ok": False, "tests": f"install failed: {err}"[:200],
+                         "result": {}, "wall_s": 0})
+        print(f"{release}: {gated_outcome(rows[-1])} ({rows[-1]['tests']})", flush=True)
+        rows.sort(key=lambda row: Version(row["release"]))
+        args.out.write_text(render(rows, command, commit))
+        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    shutil.rmtree(source, ignore_errors=True)
+    print(f"wrote {args.out}")
+    sys.exit(0 if all(row["ok"] for row in rows) else 1)
+
+
+def gated_main(root: Path, description: str, package: str, releases: Sequence[str],
+               check: Callable[[], dict], run_release: Callable[[Path, str, Path], dict],
+               render: Callable[[list[dict], str, str], str],
+               install: Callable[[Path, str], str | None] | None = None) -> None:
+    """The command line of ``scripts/PACKAGE_compat.py``: with ``--check`` (inside a release's
+    environment) ``check()``'s JSON line, else the :func:`sweep` writing
+    ``results/PACKAGE-compat.md``."""
+    parser = sweep_parser(description, package, releases,
+                          root / "results" / f"{package}-compat.md")
+    parser.add_argument("--check", action="store_true", help="in-environment check")
+    args = parser.parse_args()
+    if args.check:
+        print(json.dumps(check()))
+    else:
+        sweep(root, f"scripts/{package}_compat.py", package, args, run_release, render, install)

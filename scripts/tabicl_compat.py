@@ -22,26 +22,16 @@ Usage: ``python scripts/tabicl_compat.py [--venvs DIR] [--releases 2.1.0,2.2.0] 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
-from packaging.version import Version
-
-from release_envs import (check_result, export_head, head_commit, layered_venv, markdown_table,
-                          provenance_lines, pytest_summary, receipt_command, sweep_parser)
+from release_envs import (gated_main, gated_outcome, gated_release, markdown_table,
+                          provenance_lines)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/tabicl"]
 RELEASES = ["0.0.1", "0.0.2", "0.0.3", "0.0.4", "0.0.5", "0.0.6", "0.1.0", "0.1.1", "0.1.2",
             "0.1.3", "0.1.4", "2.0.0", "2.0.1", "2.0.2", "2.0.3", "2.1.0", "2.1.1", "2.2.0"]
 TAU, MAX_TAU_DEV, MAX_PAD_DEV = 1e-8, 1e-5, 1e-6
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-SOURCE = ROOT          # where the checks run: an export of the committed HEAD (see main)
 
 
 def _release_class() -> type:
@@ -116,34 +106,15 @@ def _deviations() -> dict:
     return out
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
-    env = {**ENV, "PYTHONPATH": str(SOURCE)}      # the export's code, not the editable checkout
-    return subprocess.run(cmd, cwd=SOURCE, env=env, capture_output=True, text=True)
-
-
-def run_release(venv: Path, release: str) -> dict:
+def run_release(venv: Path, release: str, source: Path) -> dict:
     """Both checks for one release; ``ok`` when every one passes (or, for a release the gate
     refuses, when the refusal names the release)."""
-    python = str(venv / "bin" / "python")
-    start = time.monotonic()
-    checked = _run([python, str(SOURCE / "scripts" / "tabicl_compat.py"), "--check"])
-    result = check_result(checked)
-    if "refused" in result:
-        ok = f"tabicl {release} is not supported" in result["refused"]
-        tests = "not run (refused)"
-    else:
-        run = _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS])
-        tests = pytest_summary(run.stdout)
-        ok = (run.returncode == 0 and "error" not in result and result["revert"]
-              and max(result["tau"].values()) <= MAX_TAU_DEV and result["padding"] <= MAX_PAD_DEV)
-    return {"release": release, "ok": ok, "tests": tests, "result": result,
-            "wall_s": round(time.monotonic() - start)}
+    return gated_release(venv, release, source, "tabicl", TESTS, _deviations_ok)
 
 
-def _outcome(row: dict) -> str:
-    if not row["ok"]:
-        return "FAIL"
-    return "refused" if "refused" in row["result"] else "pass"
+def _deviations_ok(result: dict) -> bool:
+    return (result["revert"] and max(result["tau"].values()) <= MAX_TAU_DEV
+            and result["padding"] <= MAX_PAD_DEV)
 
 
 def render(rows: list[dict], command: str, commit: str) -> str:
@@ -175,7 +146,7 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         *markdown_table(
             ["tabicl", "outcome", "TabICL tests", "τ→0 oa Δ", "τ→0 full-o Δ", "padding Δ",
              "refusal", "torch", "wall s"],
-            [[row["release"], _outcome(row), row["tests"], cell(row, "tau", "oa"),
+            [[row["release"], gated_outcome(row), row["tests"], cell(row, "tau", "oa"),
               cell(row, "tau", "full-o"), cell(row, "padding"),
               str(row["result"].get("refused", row["result"].get("error", "-")))[:110],
               row["result"].get("torch", "-"), row["wall_s"]] for row in rows]),
@@ -184,36 +155,7 @@ def render(rows: list[dict], command: str, commit: str) -> str:
 
 
 def main() -> None:
-    parser = sweep_parser(__doc__.splitlines()[0], "tabicl", RELEASES,
-                          ROOT / "results" / "tabicl-compat.md")
-    parser.add_argument("--check", action="store_true", help="in-environment check")
-    args = parser.parse_args()
-    if args.check:
-        print(json.dumps(check()))
-    else:
-        sweep(args.venvs, args.releases.split(","), args.out)
-
-
-def sweep(venvs: Path, releases: list[str], out: Path) -> None:
-    """Every release in its environment (an export of HEAD), the receipt rewritten after each."""
-    global SOURCE
-    SOURCE = export_head(ROOT, Path(tempfile.mkdtemp(prefix="tabicl-compat-")))
-    commit = head_commit(ROOT)
-    command = receipt_command("scripts/tabicl_compat.py", sys.argv[1:], {venvs: "VENVS"})
-    rows = []
-    for release in releases:
-        try:
-            layered_venv(venvs / f"tabicl-{release}", "tabicl", release)
-            rows.append(run_release(venvs / f"tabicl-{release}", release))
-        except RuntimeError as err:
-            rows.append({"release": release, "ok": False, "tests": f"install failed: {err}"[:200],
-                         "result": {}, "wall_s": 0})
-        print(f"{release}: {_outcome(rows[-1])} ({rows[-1]['tests']})", flush=True)
-        rows.sort(key=lambda row: Version(row["release"]))
-        out.write_text(render(rows, command, commit))
-        out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"wrote {out}")
-    sys.exit(0 if all(row["ok"] for row in rows) else 1)
+    gated_main(ROOT, __doc__.splitlines()[0], "tabicl", RELEASES, check, run_release, render)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ running this script) with ``tabpfn==X`` installed on top, and whatever that rele
    deviation of its predictions from the unpatched model's (must be ≤ 1e-5); a refused version
    must be refused by name;
 4. ``oretrofit patch --model-path demo`` must run, or refuse with a message (never a traceback);
-5. ``make_regressor("demo", arm, 1e-8)`` (the shipped demo checkpoint) fits diabetes under base
-   and full-o with finite predictions and full-o's max |Δ| / max |base| ≤ 1e-4, or is refused
+5. ``make_regressor("demo", arm, 1e-8)`` (the shipped demo checkpoint) fits diabetes under
+   full-o at tabpfn's defaults, and under base and full-o at step 2's settings, with finite
+   predictions and (at step 2's settings) full-o's max |Δ| / max |base| ≤ 1e-4, or is refused
    by name (a ``RetrofitError``: tabpfn 8.x cannot take the inference config tabpfn 9 wrote).
 
 A release the host's gate refuses (tabpfn 2.x to 7.x) skips 1 and 2; its row is ``refused``
@@ -32,8 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,8 @@ from pathlib import Path
 from packaging.version import Version
 
 from release_envs import (check_result, export_head, head_commit, layered_venv, markdown_table,
-                          provenance_lines, pytest_summary, receipt_command)
+                          provenance_lines, pytest_failures, pytest_summary, receipt_command,
+                          refusal, run_in)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/tabpfn", "tests/regress/test_cli.py"]
@@ -62,7 +62,6 @@ TAU, MAX_REL = 1e-8, 1e-4
 # bfloat16 autocast on a CPU with native bfloat16, and 8.0.1 has no n_estimators="auto")
 PINNED = {"n_estimators": 1, "device": "cpu"}
 VERSION_TAU, VERSION_REL = 1e-12, 1e-5
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 SOURCE = ROOT          # where the checks run: an export of the committed HEAD (see main)
 
 
@@ -99,20 +98,28 @@ def check() -> dict:
 
 
 def demo_fit(x, y) -> dict:
-    """Step 5: the shipped demo checkpoint through ``make_regressor`` under base and full-o on
-    diabetes (``finite``, full-o's ``rel`` deviation from base), or its refusal by name."""
+    """Step 5: the shipped demo checkpoint through ``make_regressor`` on diabetes: under full-o
+    at tabpfn's defaults, and under base and full-o at step 2's settings (``finite``: all three;
+    full-o's ``rel`` deviation from base at step 2's settings, where every release is compared
+    alike), or its refusal by name."""
     import numpy as np
+    import torch
 
     from oretrofit import RetrofitError
     from oretrofit.tabpfn import make_regressor
+    pinned = {"inference_precision": torch.float32, **PINNED}
     try:
-        found = {arm: make_regressor("demo", arm, None if arm == "base" else TAU)[0]
-                 .fit(x[:300], y[:300]).predict(x[300:]) for arm in ("base", "full-o")}
+        found = {(arm, settings): make_regressor("demo", arm, None if arm == "base" else TAU,
+                                                 **kwargs)[0]
+                 .fit(x[:300], y[:300]).predict(x[300:])
+                 for arm, settings, kwargs in (("full-o", "defaults", {}),
+                                               ("base", "pinned", pinned),
+                                               ("full-o", "pinned", pinned))}
     except RetrofitError as err:
         return {"refused": str(err).replace(str(SOURCE), "<checkout>")}
-    base = found["base"]
+    base = found["base", "pinned"]
     return {"finite": bool(all(np.isfinite(p).all() for p in found.values())),
-            "rel": float(np.abs(found["full-o"] - base).max() / np.abs(base).max())}
+            "rel": float(np.abs(found["full-o", "pinned"] - base).max() / np.abs(base).max())}
 
 
 def _demo_fit_ok(found: dict) -> bool:
@@ -144,21 +151,12 @@ def _refusal_cell(row, module: str, release_refused: bool) -> str:
     refuses it."""
     import importlib
 
-    import torch
-
-    import oretrofit
     from oretrofit.hosts.tabpfn.releases import installed_version
-    cls = getattr(importlib.import_module(module), row.cls)
-    model = cls.__new__(cls)
-    torch.nn.Module.__init__(model)
+    said = refusal(getattr(importlib.import_module(module), row.cls))
     # a model version the host retrofits is refused by the release; any other by its own name
     named = (f"tabpfn {installed_version()} " if release_refused and row.sites
              else f"TabPFN {row.label}")
-    try:
-        oretrofit.retrofit(model, "oa")
-    except oretrofit.RetrofitError as err:
-        return "refused" if named in str(err) else str(err)
-    return "NOT refused"
+    return "refused" if named in said else said
 
 
 def check_versions(refused: bool) -> dict[str, str]:
@@ -220,11 +218,6 @@ def _version_ok(cell: str) -> bool:
         return False
 
 
-def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
-    env = {**ENV, "PYTHONPATH": str(SOURCE)}      # the export's code, not the editable checkout
-    return subprocess.run(cmd, cwd=SOURCE, env=env, capture_output=True, text=True, **kwargs)
-
-
 def ensure_venv(venv: Path, release: str) -> None:
     """``venv``: the main environment with tabpfn ``release`` on top (kept when it has it)."""
     layered_venv(venv, "tabpfn", release)
@@ -236,14 +229,14 @@ def run_release(venv: Path, release: str) -> dict:
     every model version it ships and the demo command refuse it with a message."""
     python = str(venv / "bin" / "python")
     start = time.monotonic()
-    checked = _run([python, str(SOURCE / "scripts" / "tabpfn_compat.py"), "--check"])
+    checked = run_in(SOURCE, [python, str(SOURCE / "scripts" / "tabpfn_compat.py"), "--check"])
     diabetes = check_result(checked)
     refused = "refused" in diabetes
-    tests = None if refused else _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                       *TESTS, *IGNORED])
+    tests = None if refused else run_in(SOURCE, [python, "-m", "pytest", "-q", "-rfE", "-p",
+                                                 "no:cacheprovider", *TESTS, *IGNORED])
     # the export's command line (a layered environment has no entry points of its own)
-    demo = _run([python, "-m", "oretrofit.cli.app", "patch", "--model-path", "demo", "--arm",
-                 "full-o", "--tau", str(TAU), "--json"])
+    demo = run_in(SOURCE, [python, "-m", "oretrofit.cli.app", "patch", "--model-path", "demo",
+                           "--arm", "full-o", "--tau", str(TAU), "--json"])
     traceback = "Traceback" in demo.stderr
     # the export's temporary path is this machine's; the table names the checkout instead
     refusal = (demo.stderr.strip().splitlines() or ["?"])[-1].replace(str(SOURCE), "<checkout>")
@@ -260,7 +253,8 @@ def run_release(venv: Path, release: str) -> dict:
     ok = tests_ok and diabetes_ok and versions_ok and demo_fit_ok and not traceback
     return {"release": release, "ok": ok,
             "tests": "not run (refused)" if refused else pytest_summary(tests.stdout),
-            "tests_rc": None if refused else tests.returncode, "diabetes": diabetes,
+            "tests_rc": None if refused else tests.returncode,
+            "failures": [] if refused else pytest_failures(tests.stdout), "diabetes": diabetes,
             "demo": demo_outcome, "torch": diabetes.get("torch", "?"),
             "wall_s": round(time.monotonic() - start)}
 
@@ -301,23 +295,29 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         f"τ = ε = {VERSION_TAU:g}) or refused by name (`refused`); `-`: the release does not "
         "ship it, (4) `oretrofit patch --model-path demo` runs or refuses with a message, "
         "never a traceback, and (5) `make_regressor(\"demo\", arm, "
-        f"{TAU:g})` (the shipped demo checkpoint) fits diabetes under base and full-o with "
-        f"finite predictions and full-o's max|Δ|/max|base| ≤ {MAX_REL:g} (the `demo fit` cell), "
-        "or is refused by name (tabpfn 8.x cannot take the inference config tabpfn 9 wrote). The host's version gate admits exactly the passing releases. A "
+        f"{TAU:g})` (the shipped demo checkpoint) fits diabetes under full-o at tabpfn's "
+        "defaults and under base and full-o at (2)'s settings with finite predictions, "
+        f"full-o's max|Δ|/max|base| ≤ {MAX_REL:g} at (2)'s settings (the `demo fit` cell; "
+        "before tabpfn 9.1.0 the vendor moves each of its default ensemble's bucket "
+        "probabilities onto the target's borders as fp32 CDF differences, which cancel), or is "
+        "refused by name (tabpfn 8.x cannot take the inference config tabpfn 9 wrote). The "
+        "host's version gate admits exactly the passing releases. A "
         "release the gate refuses (`refused`: tabpfn 2.x to 7.x, whose `PerFeatureTransformer` "
         "the host does not retrofit) is not put through (1) and (2): its row shows that the gate, "
         "every model version it ships (`refused`) and the demo command refuse it by name, "
         "with the `pip install` that fixes it, and never with a bare import error.",
         "",
         *provenance_lines(command, commit),
-        *([f"- a model-version cell that reads `not run (COMMIT)` is an earlier sweep's row, on "
-           "that commit, from before the column existed; this sweep did not run that release"]
-          if any("from_commit" in row for row in rows) else []),
+        *([f"- an outcome followed by `(COMMIT)` is an earlier sweep's row, on that commit: this "
+           "sweep did not run that release; a cell that reads `not run (COMMIT)` is a check that "
+           "sweep did not have"]
+          if any(row.get("from_commit", commit) != commit for row in rows) else []),
         "",
         *markdown_table(
             ["tabpfn", "outcome", "TabPFN tests", "diabetes oa Δ", "diabetes full-o Δ",
              *LABELS, "demo", "demo fit full-o Δ", "torch", "wall s"],
-            [[row["release"], _outcome(row), row["tests"], rel(row, "oa"),
+            [[row["release"], _outcome(row) + (f" ({row['from_commit']})" if row.get(
+                "from_commit", commit) != commit else ""), row["tests"], rel(row, "oa"),
               rel(row, "full-o"),
               *(_version_cell(row, label) for label in LABELS),
               row["demo"], _demo_fit_cell(row), row["torch"], row["wall_s"]] for row in rows]),

@@ -23,6 +23,7 @@ writes the table of both).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import shutil
@@ -39,10 +40,12 @@ from release_envs import (export_head, head_commit, layer_packages, layered_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 # the host's behaviour; tests/test_docs_transformers.py (the docs' generated blocks) is not
+# (the Makefile's TRANSFORMERS_TESTS: tests/test_release_envs.py keeps them equal)
 TESTS = ["tests/hosts/transformers/test_architectures.py",
          "tests/hosts/transformers/test_bert.py", "tests/hosts/transformers/test_llama.py",
-         "tests/hosts/transformers/test_pretrained.py", "tests/_surgery/test_compose.py",
-         "tests/cli/test_check.py"]
+         "tests/hosts/transformers/test_pretrained.py",
+         "tests/hosts/transformers/test_overrides.py", "tests/hosts/transformers/test_calls.py",
+         "tests/_surgery/test_compose.py", "tests/cli/test_check.py"]
 # the newest patch release of every minor on PyPI with the attention mask interface (4.53 on),
 # and earlier patch releases users pin (4.56.1, 4.57.1, ...), oldest first; every sweep tries
 # them all (5.25.0 requires kernels>=0.19.1, which did not install at first: its row said so
@@ -112,12 +115,27 @@ def run_release(venv: Path, release: str, source: Path) -> dict:
     probe = subprocess.run([python, str(source / "scripts" / "transformers_coverage.py")],
                            cwd=source, env=env, capture_output=True, text=True)
     coverage = json.loads(probe.stdout)["archs"] if probe.returncode == 0 else {}
-    return {"release": release, "ok": tests.returncode == 0,
+    return {"release": release, "ok": tests.returncode == 0, "test_files": TESTS,
             "tests": pytest_summary(tests.stdout), "failures": pytest_failures(tests.stdout),
             "coverage": coverage,
             "layer": [*layer_packages(venv), *(f"{name} hidden" for name in hidden)],
             "torch": torch,
             "wall_s": round(time.monotonic() - start)}
+
+
+def tests_at(commit: str) -> list[str]:
+    """:data:`TESTS` as this script held it at ``commit`` (what a row that does not record its
+    test files ran)."""
+    text = subprocess.run(["git", "show", f"{commit}:scripts/transformers_compat.py"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+    return next(ast.literal_eval(node.value) for node in ast.parse(text).body
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "TESTS")
+
+
+def test_sets(rows: list[dict]) -> dict[tuple[str, ...], str]:
+    """Each distinct list of test files the rows ran -> its label (``A``, ``B``, ...)."""
+    found = dict.fromkeys(tuple(row["test_files"]) for row in rows)
+    return {files: chr(ord("A") + i) for i, files in enumerate(found)}
 
 
 def coverage_text(row: dict) -> str:
@@ -153,6 +171,7 @@ def covered_from(rows: list[dict]) -> dict[str, str]:
 
 def render(rows: list[dict], command: str, commit: str) -> str:
     """The compat table with its provenance."""
+    sets = test_sets(rows)
     lines = [
         "# Generic transformers host: transformers release compatibility",
         "",
@@ -161,8 +180,11 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "`[all,models,test]`) underneath, `transformers==X` and the packages that release pins "
         "installed on top, and an optional package transformers imports hidden where the main "
         "environment's release of it is outside the bound that release declares (column "
-        "*layer*). A release passes when the transformers host's tests "
-        f"pass ({', '.join(f'`{t}`' for t in TESTS)}): each architecture of "
+        "*layer*). A release passes when the transformers host's tests of its row pass "
+        "(column *test set*: "
+        + "; ".join(f"{label} = {', '.join(f'`{t}`' for t in files)}"
+                    for files, label in sets.items())
+        + "): each architecture of "
         "`tests/hosts/transformers/zoo.py` the host covers in that release must hold every "
         "contract, each it covers only from a later release (`COVERED_FROM`) must be refused "
         "naming that release (column *zoo*: supported architectures covered, refused there "
@@ -176,9 +198,10 @@ def render(rows: list[dict], command: str, commit: str) -> str:
             row.get("commit", commit) for row in rows)) or commit),
         "",
         *markdown_table(
-            ["transformers", "outcome", "host tests", "zoo", "first failure (all in the .json)",
-             "layer", "torch", "wall s", "commit"],
-            [[row["release"], "pass" if row["ok"] else "FAIL", row["tests"], coverage_text(row),
+            ["transformers", "outcome", "test set", "host tests", "zoo",
+             "first failure (all in the .json)", "layer", "torch", "wall s", "commit"],
+            [[row["release"], "pass" if row["ok"] else "FAIL", sets[tuple(row["test_files"])],
+              row["tests"], coverage_text(row),
               (row["failures"] or ["-"])[0][:160], ", ".join(row["layer"]) or "none",
               row["torch"], row["wall_s"], f"`{row.get('commit', commit)}`"] for row in rows]),
     ]
@@ -208,8 +231,9 @@ def main() -> None:
                               {args.venvs: "VENVS", **{path: f"PART{i}.json"
                                                        for i, path in enumerate(args.merge, 1)}})
     # a release in a later --merge file replaces its row of an earlier one (a rerun)
-    merged_rows = {row["release"]: row for merged in args.merge
-                   for row in json.loads(merged.read_text()) if row["release"] not in releases}
+    merged_rows = {row["release"]: {"test_files": tests_at(row["commit"]), **row}
+                   for merged in args.merge for row in json.loads(merged.read_text())
+                   if row["release"] not in releases}
     rows = sorted(merged_rows.values(), key=lambda row: Version(row["release"]))
     if rows and not releases:
         args.out.write_text(render(rows, command, commit))

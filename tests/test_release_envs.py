@@ -72,3 +72,29 @@ def test_pytest_failures_are_the_short_summary_lines():
     output = "..F\nFAILED tests/x.py::t - AssertionError\nERROR tests/y.py - ImportError\n1 failed"
     assert release_envs.pytest_failures(output) == ["FAILED tests/x.py::t - AssertionError",
                                                     "ERROR tests/y.py - ImportError"]
+
+
+def _make_list(name: str) -> list[str]:
+    """The Makefile variable ``name`` (``:=``, ``\\``-continued) as its words."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    line = next(line for line in text.splitlines() if line.startswith(f"{name} :="))
+    return line.split(":=", 1)[1].split()
+
+
+def test_the_sweeps_run_the_makefile_s_tests(sweep_script):
+    """Each release sweep runs the test files its Makefile target runs on one release."""
+    assert sweep_script("transformers_compat").TESTS == _make_list("TRANSFORMERS_TESTS")
+    assert sweep_script("tabdpt_compat").TESTS == _make_list("TABDPT_TESTS")
+    assert sweep_script("tabpfn_compat").TESTS == _make_list("TABPFN_TESTS")
+
+
+def test_transformers_receipt_names_the_tests_of_each_row(sweep_script):
+    """Rows that ran different test files (an older sweep's kept beside a rerun) each say which."""
+    compat = sweep_script("transformers_compat")
+    row = {"ok": True, "tests": "1 passed", "failures": [], "layer": [], "torch": "2.13.0",
+           "wall_s": 1}
+    rows = [{**row, "release": "4.53.3", "test_files": ["a.py"], "commit": "abc1234"},
+            {**row, "release": "5.25.0", "test_files": ["a.py", "b.py"], "commit": "def5678"}]
+    text = compat.render(rows, "python scripts/transformers_compat.py", "def5678")
+    assert "A = `a.py`; B = `a.py`, `b.py`" in text
+    assert "| 4.53.3 | pass | A |" in text and "| 5.25.0 | pass | B |" in text
