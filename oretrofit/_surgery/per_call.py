@@ -44,6 +44,12 @@ class PerCallState:
     def __getstate__(self) -> dict[str, Any]:
         return settings(self)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Settings back; the store too where the loader skipped ``__new__`` (a pickle of
+        protocol 0 or 1, or one written before the store came with the instance)."""
+        self.__dict__.update(state)
+        self.__dict__.setdefault(_SLOT, _Values())
+
 
 class PerCall:
     """Data descriptor of an attribute whose value belongs to the current call (module
