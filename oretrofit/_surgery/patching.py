@@ -102,7 +102,8 @@ def set_site(module: nn.Module, mixin: type, key: str, config: Any) -> Undo:
 
 
 class SiteUndo:
-    """The undo of :func:`set_site`: removes the key, and with the last key restores the class."""
+    """The undo of :func:`set_site`: removes the key, and with the last key restores the class
+    (unless the user has set another class since: that one stays)."""
 
     def __init__(self, module: nn.Module, key: str) -> None:
         self.module, self.key = module, key
@@ -111,8 +112,14 @@ class SiteUndo:
         state = self.module.__dict__["_oretrofit"]
         del state["sites"][self.key]
         if not state["sites"]:
-            self.module.__class__ = state["original_class"]
+            if _is_o_subclass(type(self.module), state["original_class"]):
+                self.module.__class__ = state["original_class"]
             del self.module.__dict__["_oretrofit"]
+
+
+def _is_o_subclass(cls: type, original: type) -> bool:
+    """``cls`` is an O-subclass of ``original`` (:func:`o_subclass`)."""
+    return cls.__module__ == __name__ and cls.__bases__[-1:] == (original,)
 
 
 class UndoAll:

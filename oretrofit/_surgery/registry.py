@@ -17,6 +17,7 @@ import fnmatch
 import inspect
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -26,15 +27,17 @@ from torch import nn
 from .compose import compose, uncovered_error
 from .._files.provenance import oretrofit_version
 from .._files.reading import FileRefused, read_text
+from .guard import Watch, guard, site_states, unguard
 from .host import KINDS, Host, RetrofitError, Site, register_host, registered_hosts
 from .patching import SiteConfig, Undo, portable
 from .._operators.presence import EPS_RETROFIT, TAU_RETROFIT, check_eps, check_positive
 from .serialize import (attach, check_calibrated_weights, check_spec, check_spec_entries,
-                        footprint, parse_spec_json, site_records, strip, unstrip)
+                        parse_spec_json, site_records, strip, unstrip)
 
 __all__ = ["ARMS", "KINDS", "Site", "Host", "PatchPlan", "Retrofit", "RetrofitError",
            "register_host", "registered_hosts", "check_arm", "plan_retrofit", "retrofit",
-           "retrofitted", "apply_spec", "read_spec", "check_schema_version", "SPEC_VERSION", "SPEC_VERSIONS_READ"]
+           "retrofitted", "apply_spec", "read_spec", "check_schema_version", "site_row",
+           "SPEC_VERSION", "SPEC_VERSIONS_READ"]
 
 ARMS: dict[str, frozenset[str]] = {
     "base": frozenset(),
@@ -152,12 +155,23 @@ def plan_retrofit(model: nn.Module, arm: str = "full-o", tau: float = TAU_RETROF
     return plan
 
 
+def site_row(site: Site, config: SiteConfig, state: str) -> dict[str, Any]:
+    """One row of :meth:`Retrofit.report` (``oretrofit patch`` prints them): name, kind, carrier,
+    τ, learned-receiver presences and ``state``."""
+    return {"site": site.name, "kind": site.kind, "carrier": site.carrier, "tau": config.tau,
+            "receivers": site.receivers(config.tau) if site.receivers else {}, "state": state}
+
+
 class Retrofit:
     """An applied plan: ``report()`` lists the sites, ``revert()`` restores the exact original.
 
     Pickling or deep-copying the model (or this handle) stores the spec; the copy's handle
     re-applies it to the copy on first use (:mod:`oretrofit._surgery.serialize`), so it reverts and
     reports the copy only. ``Retrofit.of(model)`` returns the handle of a patched model.
+
+    A patched module the user replaces afterwards, or whose class the user sets, is noticed
+    (:mod:`oretrofit._surgery.guard`): the model's next forward is refused naming it, the sites
+    it held and the fix, and ``report()`` gives those sites as ``changed``.
     """
 
     def __init__(self, model: nn.Module, plan: PatchPlan, host: Host) -> None:
@@ -172,18 +186,21 @@ class Retrofit:
         return model.__dict__.get(_ACTIVE)
 
     def _apply(self) -> None:
-        before = footprint(self.model)
+        watch = Watch(self.model)
         try:
             for site, config in self.plan.entries:
                 self._undos.append(site.apply(config))
+                watch.applied(site.name)
             whole_model = getattr(self._host, "attach_to_model", None)
             if whole_model is not None:
                 self._undos.append(whole_model(self.model))
+                watch.applied("")
         except BaseException:
             self._undo_all()
             raise
-        self._swaps_only = footprint(self.model) == before
+        self._swaps_only, self._watch = watch.close(), watch
         attach(self.model, _ACTIVE, self)
+        guard(self.model, watch)
 
     def _bound(self) -> "Retrofit":
         if "_pending" in self.__dict__:
@@ -197,7 +214,8 @@ class Retrofit:
         raise AttributeError(name)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        state = {"model": self.model, "reverted": self.reverted}
+        state = {"model": self.model, "reverted": self.reverted,
+                 "_watch": self.__dict__.get("_watch")}
         if not self.__dict__.get("_swaps_only", True) and not self.reverted:
             # hooks and attributes pickle with the model; so do the undos that take them off
             undos = self.__dict__.get("_loaded_undos", self._undos)
@@ -222,19 +240,34 @@ class Retrofit:
             self._undos.pop()()
 
     def revert(self) -> nn.Module:
-        """Undo every site (outputs become bit-identical to the unpatched model)."""
+        """Undo every site (outputs become bit-identical to the unpatched model).
+
+        On a model changed since (a patched module replaced, or its class set): what the user
+        put in place stays as they set it (no replaced module or class is put back), the
+        retrofit comes off every module it patched (in the model or not), and a warning names
+        what changed."""
         if self.reverted:
             raise RetrofitError("this retrofit was already reverted")
-        self._bound()._undo_all()
+        watch = self._bound().__dict__.pop("_watch", None)
+        changes = {} if watch is None or watch.intact() else watch.changes()
+        self._undo_all()
+        unguard(self.model)
         self.model.__dict__.pop(_ACTIVE, None)
         self.reverted = True
+        if changes:
+            warnings.warn("oretrofit: the model changed after it was retrofitted ("
+                          + "; ".join(f"{p or 'the model'}: {w}" for p, w in changes.items())
+                          + "); revert left those as you set them and took the retrofit off "
+                          "every module it had patched", UserWarning, stacklevel=2)
         return self.model
 
     def report(self) -> list[dict[str, Any]]:
-        """One row per patched site: name, kind, carrier, τ and learned-receiver presences."""
-        return [{"site": s.name, "kind": s.kind, "carrier": s.carrier, "tau": c.tau,
-                 "receivers": s.receivers(c.tau) if s.receivers else {}}
-                for s, c in self._bound().plan.entries]
+        """One row per patched site (:func:`site_row`); ``state`` is ``patched``, or
+        ``changed: <path> (<what>)`` for a site whose module the user replaced or reclassed
+        since (the model refuses to run until it is retrofitted again)."""
+        entries = self._bound().plan.entries
+        states = site_states(self.__dict__.get("_watch"), [s.name for s, _ in entries])
+        return [site_row(s, c, state) for (s, c), state in zip(entries, states)]
 
     def spec(self) -> dict[str, Any]:
         """Versioned JSON-able patch spec; :func:`apply_spec` re-applies it to a loaded host."""
@@ -283,11 +316,12 @@ def _rebind(handle: Retrofit) -> None:
         try:
             fresh = apply_spec(model, spec)
         except RetrofitError as exc:
-            handle.__dict__["reverted"] = True
+            handle.__dict__.update(reverted=True, _watch=None)
+            unguard(model)
             raise RetrofitError(f"{exc} (the loaded model's retrofit was taken off to re-apply "
                                 "its spec: the model is now unpatched)") from None
         handle.__dict__.update(plan=fresh.plan, _host=fresh._host, _undos=fresh._undos,
-                               _swaps_only=fresh._swaps_only)
+                               _swaps_only=fresh._swaps_only, _watch=fresh._watch)
         attach(model, _ACTIVE, handle)
         return
     taken = strip(model)
@@ -297,10 +331,11 @@ def _rebind(handle: Retrofit) -> None:
         unstrip(taken)
         if active is not None:
             model.__dict__[_ACTIVE] = active
+        guard(model, handle.__dict__.get("_watch"))
         handle.__dict__["_pending"] = spec
         raise
     handle.__dict__.update(plan=fresh.plan, _host=fresh._host, _undos=fresh._undos,
-                           _swaps_only=True)
+                           _swaps_only=True, _watch=fresh._watch)
     attach(model, _ACTIVE, handle)
 
 

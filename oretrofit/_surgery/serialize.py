@@ -31,21 +31,11 @@ from .host import RetrofitError, Site, join_path
 from .._operators.presence import check_eps, check_positive
 from .._files.provenance import weights_digest
 
-__all__ = ["footprint", "attach", "strip", "unstrip", "check_spec", "site_records",
+__all__ = ["attach", "strip", "unstrip", "check_spec", "site_records",
            "check_spec_entries", "parse_spec_json",
            "calibrated_weights_digest", "check_calibrated_weights", "save"]
 
 _STATE = "_oretrofit"                     # the per-module patch state set_site keeps
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-          "_state_dict_hooks", "_load_state_dict_pre_hooks")
-
-
-def footprint(model: nn.Module) -> list[tuple[int, tuple[str, ...], int]]:
-    """What a retrofit may change on ``model`` besides O-class swaps: per module its attribute
-    names (without the patch state) and its number of hooks. Equal before and after applying
-    means the retrofit is class swaps only, and so serialisable."""
-    return [(id(m), tuple(sorted(k for k in m.__dict__ if k != _STATE)),
-             sum(len(getattr(m, h, ()) or ()) for h in _HOOKS)) for m in model.modules()]
 
 
 def attach(model: nn.Module, key: str, handle: object) -> None:

@@ -79,6 +79,7 @@ def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
     """
     import oretrofit
     from oretrofit._files.provenance import environment, portable
+    from oretrofit._surgery.registry import site_row
     from oretrofit.tabpfn import (build_model, checkpoint_sha256, load_checkpoint,
                                   resolve_model_path, weights_label, write_patched_artifact)
     from oretrofit.hosts.tabpfn.checkpoints import checkpoint_task
@@ -98,9 +99,7 @@ def run_patch(model_path: str | None, arm: str, tau: float, eps: float,
     spec = None
     if dry_run and given is None:
         plan = oretrofit.plan_retrofit(model, **settings)
-        sites = [{"site": s.name, "kind": s.kind, "carrier": s.carrier, "tau": c.tau,
-                  "receivers": s.receivers(c.tau) if s.receivers else {}}
-                 for s, c in plan.entries]
+        sites = [site_row(s, c, "planned") for s, c in plan.entries]
     else:
         result = (oretrofit.apply_spec(model, given) if given is not None
                   else oretrofit.retrofit(model, **settings))

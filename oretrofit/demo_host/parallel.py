@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .._files.atomic import scratch_folder
 from .._files.provenance import weights_digest as state_digest
 
 __all__ = ["SOLO", "Workers", "spawn", "weights_digest"]
@@ -115,6 +116,6 @@ def _worker(rank: int, size: int, rendezvous: str, fn: Callable[..., None], args
 def spawn(size: int, fn: Callable[..., None], *args: Any) -> None:
     """Run ``fn(workers, *args)`` in ``size`` worker processes, worker k pinned to the k-th core this
     process may use; returns when all have finished, and raises if any of them raised."""
-    with tempfile.TemporaryDirectory(prefix="oretrofit-workers-") as folder:
+    with scratch_folder(tempfile.gettempdir(), "oretrofit-workers") as folder:
         rendezvous = os.path.join(folder, "rendezvous")
         torch.multiprocessing.spawn(_worker, args=(size, rendezvous, fn, args), nprocs=size, join=True)

@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from oretrofit import retrofit
-from oretrofit._surgery.per_call import PerCall
+from oretrofit._surgery.per_call import PerCall, PerCallState
 from oretrofit.hosts.transformers.measures import load_minilm
 
 THREADS, CALLS = 4, 20
@@ -76,7 +76,7 @@ def test_a_retrofitted_llama_shared_by_threads_returns_the_serial_results():
     _shared_by_threads_as_serial(model, "logits", 100)
 
 
-class _Holder:
+class _Holder(PerCallState):
     value = PerCall()
 
 

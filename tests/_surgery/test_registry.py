@@ -173,7 +173,7 @@ def test_site_tau_globs_and_regex_first_match_wins() -> None:
     assert taus == {"block.attn": 0.5, "block.norm": 2.0, "block.ffn": 1e-8}
     assert site_config(model.norm, "gate").tau == 2.0
     assert r.report()[0] == {"site": "block.attn", "kind": "attention", "carrier": "input",
-                             "tau": 0.5, "receivers": {"cls": 0.5}}
+                             "tau": 0.5, "receivers": {"cls": 0.5}, "state": "patched"}
 
 
 def test_targets_and_exclude() -> None:

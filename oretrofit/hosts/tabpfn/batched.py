@@ -108,7 +108,8 @@ def _sites_needed(model: nn.Module, bounds: CellAndRowTokens | BlockInput) -> bo
     when the column sites are patched too (datasets of different widths may share a
     forward)."""
     retrofit = Retrofit.of(model)
-    patched = set() if retrofit is None else {row["site"] for row in retrofit.report()}
+    patched = set() if retrofit is None else {row["site"] for row in retrofit.report()
+                                              if row["state"] == "patched"}
     from .host import HOST
     names = [s.name for s in HOST.sites(model)]
 

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..._files.atomic import atomic_file
+from ..._files.atomic import atomic_file, scratch_folder
 from ..._files.reading import FileRefused, parse_json, regular_file
 from ..._files.provenance import cache_dir, sha256_file
 from ..._surgery.registry import RetrofitError
@@ -87,13 +87,15 @@ def save_atomic(checkpoint: dict[str, Any], path: Path) -> Path:
 
     ``.ckpt``: ``torch.save`` into memory first, because a zip written straight to a file takes
     the file's name as its archive name and the random temporary name would change the bytes
-    (and the sha256) of identical weights. ``.safetensors``: tabpfn's ``save_as_safetensors``.
+    (and the sha256) of identical weights. ``.safetensors``: tabpfn's ``save_as_safetensors``,
+    into a scratch folder named for this process (a killed run's is swept by the next,
+    :func:`~oretrofit._files.atomic.scratch_folder`).
     """
     with atomic_file(path, "wb") as fh:
         if path.suffix == ".safetensors":             # tabpfn's writer takes a path only
-            with tempfile.TemporaryDirectory(prefix="oretrofit-safetensors-") as scratch:
-                releases.save_safetensors(checkpoint, Path(scratch) / path.name)
-                fh.write((Path(scratch) / path.name).read_bytes())
+            with scratch_folder(tempfile.gettempdir(), "oretrofit-safetensors") as scratch:
+                releases.save_safetensors(checkpoint, scratch / path.name)
+                fh.write((scratch / path.name).read_bytes())
         else:
             buffer = io.BytesIO()
             torch.save(checkpoint, buffer)

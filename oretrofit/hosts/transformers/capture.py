@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ..._surgery.host import RetrofitError
 from ..._surgery.patching import SiteConfig
-from ..._surgery.per_call import PerCall, settings
+from ..._surgery.per_call import PerCall, PerCallState
 from ..._operators.presence import presence
 from ..._operators.presence_memo import carrier_presence
 from .cache import UNSEEN, cache_of, expect_keys
@@ -62,7 +62,7 @@ def _positional_names(cls: type) -> tuple[str, ...]:
 
 
 @dataclass
-class CarrierPresence:
+class CarrierPresence(PerCallState):
     """Presences ρτ of one attention module's carriers: ``query`` (B, Nq) for the current tokens,
     ``keys`` (B, Nk) for every key, cached ones included. For cross-attention (``cross``) the keys
     are the encoder output's presences, set by :meth:`capture_sources`. ``first_write``: the
@@ -116,6 +116,3 @@ class CarrierPresence:
                                 "called without key_value_states / encoder_hidden_states")
         self.capture_sources(sources)
 
-    def __getstate__(self) -> dict[str, Any]:
-        """The settings only: captured presences belong to one call."""
-        return settings(self)

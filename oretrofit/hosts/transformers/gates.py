@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..._operators.components import o_gate, o_gate_column
 from ..._surgery.host import RetrofitError
 from ..._surgery.patching import SiteConfig, Undo, noop, set_site, site_config
-from ..._surgery.per_call import PerCall, settings
+from ..._surgery.per_call import PerCall, PerCallState
 from ..._operators.presence import presence
 from ..._operators.presence_memo import carrier_presence
 from ..torch_nn import ATTENTION, gated_linear, patch_all
@@ -95,7 +95,7 @@ def gate_branch_output(column: Tensor, output: Any, branch: nn.Module) -> Any:
     return _gate(column, output, branch)
 
 
-class _BranchGate:
+class _BranchGate(PerCallState):
     """The hooks of :func:`gate_branch`: :meth:`capture` ρτ of the carrier, :meth:`gate` the
     branch's output by it (methods of a plain object, so they pickle with the model)."""
 
@@ -110,9 +110,6 @@ class _BranchGate:
     def gate(self, module: nn.Module, args: tuple, output: Any) -> Any:
         p, self.p = self.p, None
         return gate_branch_output(p, output, module)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return settings(self)
 
 
 def gate_branch(carrier_module: nn.Module, branch: nn.Module, config: SiteConfig) -> Undo:
@@ -150,7 +147,7 @@ def gate_table(table: nn.Module, word: nn.Module, owner: nn.Module, config: Site
         lambda: table.register_forward_hook(hooks.gate).remove)
 
 
-class _TableGate:
+class _TableGate(PerCallState):
     """The hooks of :func:`gate_table` (a plain object's methods, so they pickle with the model):
     the carrier's presence from ``inputs_embeds`` or the word embedding, and the gate."""
 
@@ -168,10 +165,6 @@ class _TableGate:
 
     def gate(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
         return o_gate(self.p, output)                      # (B, N) x (B|1, N, d) -> (B, N, d)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return settings(self)
-
 
 
 class OGatedProjection:
@@ -211,7 +204,7 @@ def gate_patch_table(table: nn.Module, patches: nn.Module, owner: nn.Module,
         lambda: owner.register_forward_hook(hooks.check).remove)
 
 
-class _PatchTableGate:
+class _PatchTableGate(PerCallState):
     """The hooks of :func:`gate_patch_table` (a plain object's methods, so they pickle)."""
 
     p = PerCall()
@@ -246,9 +239,6 @@ class _PatchTableGate:
                 "interpolated from the table's weight), so the host cannot gate them by the patch "
                 "presences; call the model at its configured image size, without "
                 "interpolate_pos_encoding")
-
-    def __getstate__(self) -> dict[str, Any]:
-        return settings(self)
 
 
 class _PositionTerm:
@@ -304,7 +294,7 @@ def gate_position_term(owner: nn.Module, patches: nn.Module, config: SiteConfig)
         lambda: set_site(owner, POSITION_TERMS[method], INJECT, gate))
 
 
-class _PositionTermGate:
+class _PositionTermGate(PerCallState):
     """The state of :func:`gate_position_term` (a plain object, so it pickles): the patch
     embedding's output of the current call and the gated term; the site config of the mixin."""
 
@@ -335,9 +325,6 @@ class _PositionTermGate:
                 f"{owner} did not return its patch embeddings plus the gated "
                 "position term (it skipped the term, or transformed the sum), so the host cannot "
                 "tell that each row is h + ρτ(h)·e")
-
-    def __getstate__(self) -> dict[str, Any]:
-        return settings(self)
 
 
 class OSequenceFirstBias:

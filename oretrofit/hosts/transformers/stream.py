@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..._surgery.host import RetrofitError
 from ..._surgery.patching import SiteConfig, Undo
-from ..._surgery.per_call import PerCall, settings
+from ..._surgery.per_call import PerCall, PerCallState
 from ..._operators.presence_memo import carrier_presence
 from ..torch_nn import patch_all
 from .layouts import is_norm_named, is_qk_norm
@@ -145,7 +145,7 @@ def _confirmed(hooks: "_TracedGate") -> bool:
     return bool(hooks.checked)
 
 
-class _TracedGate:
+class _TracedGate(PerCallState):
     """The hooks of :func:`gate_traced_branch` (a plain object's methods, so they pickle)."""
 
     layer_input = PerCall()
@@ -215,9 +215,6 @@ class _TracedGate:
         # would make Dynamo guard on it, and the next call compile the same graph again
         self.checked = (frozenset({how}) if torch.compiler.is_compiling()
                         else self.checked | {how})
-
-    def __getstate__(self) -> dict[str, Any]:
-        return settings(self)
 
 
 # each layer's gate, kept across retrofits: a compiled call guards on the gate's identity (it reads

@@ -182,3 +182,24 @@ def test_the_demo_classifier_is_the_demo_architecture_with_random_weights(caplog
     classifier, _ = make_classifier("demo", device="cpu", n_estimators=1)
     probabilities = classifier.fit(x_train, y_train).predict_proba(x_test)
     np.testing.assert_allclose(probabilities.sum(1), 1.0, rtol=1e-5)
+
+
+def test_a_killed_safetensors_write_leaves_a_scratch_folder_the_next_write_sweeps(
+        small_ckpt, tmp_path, monkeypatch):
+    """The scratch folder is named for this host and its process: a dead process's is swept by
+    the next write, a live one's is kept."""
+    import os
+    import tempfile
+
+    from oretrofit._files.atomic import TEMP_SUFFIX
+    from oretrofit.hosts.tabpfn.checkpoints import save_atomic
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    host = os.uname().nodename.replace(".", "-")
+    dead = tmp_path / f"oretrofit-safetensors.{host}.999999999.abcd{TEMP_SUFFIX}"
+    live = tmp_path / f"oretrofit-safetensors.{host}.{os.getppid()}.abcd{TEMP_SUFFIX}"
+    for folder in (dead, live):
+        folder.mkdir()
+    out = save_atomic(load_checkpoint(small_ckpt), tmp_path / "out" / "tabpfn-v3.safetensors")
+    assert out.stat().st_size > 0
+    assert not dead.exists() and live.exists()
+    assert [p.name for p in tmp_path.glob("oretrofit-safetensors.*")] == [live.name]

@@ -1,0 +1,172 @@
+"""Noticing a model changed under its retrofit.
+
+A retrofit patches module *objects*: it swaps their class and adds attributes and hooks. A
+module the user puts in their place afterwards (``layer.self_attn = fresh``, ``layer.mlp =
+nn.Sequential(...)``, ``model.layers[3] = other_layer``), or a patched module whose class the
+user sets (``module.__class__ = Other``), would run unpatched: its tokens ungated (a null token no
+longer inert) while ``report()`` still listed its sites.
+
+:class:`Watch` records, while the sites are applied, which modules each site touched (a module
+whose class, number of attributes or hooks differ after its ``apply``, or that its ``apply``
+added), every link on the path from the model to each of them, and each one's class after
+patching. Its :meth:`Watch.check`, the model's first forward pre-hook (:func:`guard`), tests only
+those links and classes (one ``is`` per link and per touched module, no walk of the model) and
+refuses a changed model, naming what changed, the sites it held and the fix.
+
+The forward refuses rather than re-checking: re-deriving the sites inside a call would patch the
+model mid-forward (in a thread beside other calls, or while a compiler traces), and change the
+sites the spec and report recorded without the user asking; the changed module may be one no
+host can cover at all. Reverting and retrofitting again is one line, and the user's choice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from torch import nn
+
+from .host import RetrofitError
+
+__all__ = ["Watch", "guard", "unguard", "snapshot", "site_states", "FIX"]
+
+_STATE = "_oretrofit"                     # the per-module patch state set_site keeps
+Signature = tuple[type, int, int, int, int, int, int, int]
+FIX = ("revert the retrofit (oretrofit.Retrofit.of(model).revert()) and retrofit the changed "
+       "model again, or revert before changing a retrofitted model and retrofit after")
+
+
+def snapshot(modules: Iterable[nn.Module]) -> list[Signature]:
+    """Per module: its class, its number of attributes besides the patch state, and its number
+    of hooks of each kind (what a retrofit may change on a module)."""
+    return [(type(m), len(d) - (_STATE in d), len(d["_forward_hooks"]),
+             len(d["_forward_pre_hooks"]), len(d["_backward_hooks"]),
+             len(d["_backward_pre_hooks"]), len(d["_state_dict_hooks"]),
+             len(d["_load_state_dict_pre_hooks"])) for m in modules for d in (m.__dict__,)]
+
+
+def _outermost(paths: Iterable[str]) -> list[str]:
+    kept: list[str] = []
+    for path in sorted(paths, key=lambda p: (p.count("."), p)):
+        if not any(k == "" or path == k or path.startswith(k + ".") for k in kept):
+            kept.append(path)
+    return kept
+
+
+class Watch:
+    """What a retrofit touched on its model, and the test that it is all still in place (module
+    docstring): made with the model unpatched, told :meth:`applied` after each site's apply,
+    then closed (:meth:`close`). It holds modules and paths, no ids, so it pickles and copies
+    with its model. A site's apply is compared over the model's modules as they were (no walk
+    of the model per site); a module the retrofit added counts as touched by it as a whole."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._modules = list(model.modules())
+        self._first = self._last = snapshot(self._modules)
+        self._touched: dict[int, list[str]] = {}          # id(module) -> the sites that touched it
+        self.sites_at: dict[str, list[str]] = {}          # path -> the sites that touched it
+        self.links: tuple[tuple[nn.Module, str, nn.Module, str], ...] = ()
+        self.classes: tuple[tuple[nn.Module, type, str], ...] = ()
+
+    def applied(self, site: str) -> None:
+        """Record the modules ``site``'s apply touched (the retrofit's whole-model step: ``""``)."""
+        now = snapshot(self._modules)
+        for module, before, after in zip(self._modules, self._last, now):
+            if before != after:
+                self._touched.setdefault(id(module), []).append(site)
+        self._last = now
+
+    def close(self) -> bool:
+        """Fix the links and classes to test; returns whether the retrofit swapped classes only
+        (no module added or removed, no attribute or hook: it pickles as its spec alone)."""
+        known, now = {id(m) for m in self._modules}, {id(m) for m in self.model.modules()}
+        for key in now - known:
+            self._touched[key] = [""]
+        only = now == known and all(a[1:] == b[1:] for a, b in zip(self._first, self._last))
+        self._modules, self._first, self._last = [], [], []
+        links: dict[tuple[int, str], tuple[nn.Module, str, nn.Module, str]] = {}
+        classes = []
+        for path, module in self.model.named_modules():
+            if id(module) not in self._touched:
+                continue
+            self.sites_at[path] = self._touched[id(module)]
+            parent, walked = self.model, ""
+            for name in filter(None, path.split(".")):
+                walked = f"{walked}.{name}" if walked else name
+                child = parent._modules[name]
+                links.setdefault((id(parent), name), (parent, name, child, walked))
+                parent = child
+            classes.append((module, type(module), path))
+        self._touched = {}
+        self.links, self.classes = tuple(links.values()), tuple(classes)
+        return only
+
+    def intact(self) -> bool:
+        """Every touched module is where the retrofit left it, with the class it left."""
+        for parent, name, child, _ in self.links:
+            if parent._modules.get(name) is not child:
+                return False
+        for module, cls, _ in self.classes:
+            if type(module) is not cls:
+                return False
+        return True
+
+    def changes(self) -> dict[str, str]:
+        """The outermost changes, path -> what changed there; empty when intact."""
+        found: dict[str, str] = {}
+        for parent, name, child, path in self.links:
+            now = parent._modules.get(name)
+            if now is not child:
+                found[path] = ("removed" if now is None else f"replaced by another "
+                               f"{type(now).__name__}, which the retrofit never patched")
+        for module, cls, path in self.classes:
+            if type(module) is not cls:
+                found.setdefault(path, f"its class was set to {type(module).__name__} after "
+                                       f"the retrofit made it {cls.__name__}")
+        return {path: found[path] for path in _outermost(found)}
+
+    def changed_sites(self) -> dict[str, str]:
+        """Site -> ``"path (what changed)"`` for every site a change leaves unpatched."""
+        sites: dict[str, str] = {}
+        for changed, what in self.changes().items():
+            for path, names in self.sites_at.items():
+                if changed == "" or path == changed or path.startswith(changed + "."):
+                    for name in filter(None, names):
+                        sites.setdefault(name, f"{changed or 'the model'} ({what})")
+        return sites
+
+    def check(self, module: nn.Module, args: Any) -> None:
+        """The forward pre-hook: refuse a model changed under its retrofit (module docstring)."""
+        if not self.intact():
+            raise self.error()
+
+    def error(self) -> RetrofitError:
+        """The refusal: what changed, the sites it held, the fix."""
+        changes = [f"{p or 'the model'} ({what})" for p, what in self.changes().items()]
+        sites = sorted(self.changed_sites())
+        more = f" … ({len(sites) - 8} more)" if len(sites) > 8 else ""
+        held = (f"; it held the sites {', '.join(sites[:8])}{more}, which would run unpatched"
+                if sites else "")
+        return RetrofitError(f"the model changed after it was retrofitted: {'; '.join(changes)}"
+                             f"{held}. To run it, {FIX}")
+
+
+def guard(model: nn.Module, watch: Watch | None) -> None:
+    """Make ``watch.check`` the model's first forward pre-hook (replacing an earlier watch's)."""
+    unguard(model)
+    if watch is not None:
+        model.register_forward_pre_hook(watch.check, prepend=True)
+
+
+def unguard(model: nn.Module) -> None:
+    """Remove every watch's pre-hook from ``model``."""
+    hooks = model._forward_pre_hooks
+    for key in [k for k, hook in hooks.items() if isinstance(getattr(hook, "__self__", None),
+                                                               Watch)]:
+        del hooks[key]
+
+
+def site_states(watch: Watch | None, names: Sequence[str]) -> list[str]:
+    """Each site's state for ``report()``: ``patched``, or ``changed: <path> (<what>)``."""
+    changed = {} if watch is None or watch.intact() else watch.changed_sites()
+    return [f"changed: {changed[n]}" if n in changed else "patched" for n in names]
