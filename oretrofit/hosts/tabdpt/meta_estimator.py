@@ -1,9 +1,9 @@
 """``oretrofit.tabdpt.Retrofitted``: the sklearn meta-estimator
-(:mod:`oretrofit.hosts.meta_estimator`) over tabdpt's TabDPTClassifier / TabDPTRegressor."""
+(:mod:`oretrofit._surgery.meta_estimator`) over tabdpt's TabDPTClassifier / TabDPTRegressor."""
 
 from __future__ import annotations
 
-from ..meta_estimator import for_family
+from ..._surgery.meta_estimator import for_family
 from .estimators import retrofit_estimator
 
 __all__ = ["Retrofitted"]

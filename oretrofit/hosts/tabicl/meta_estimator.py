@@ -1,9 +1,9 @@
 """``oretrofit.tabicl.Retrofitted``: the sklearn meta-estimator
-(:mod:`oretrofit.hosts.meta_estimator`) over tabicl's TabICLClassifier / TabICLRegressor."""
+(:mod:`oretrofit._surgery.meta_estimator`) over tabicl's TabICLClassifier / TabICLRegressor."""
 
 from __future__ import annotations
 
-from ..meta_estimator import for_family
+from ..._surgery.meta_estimator import for_family
 from .estimators import retrofit_estimator
 
 __all__ = ["Retrofitted"]

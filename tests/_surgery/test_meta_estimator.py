@@ -13,7 +13,7 @@ from sklearn.linear_model import Ridge
 from sklearn.model_selection import GridSearchCV
 
 from oretrofit import RetrofitError
-from oretrofit.hosts import meta_estimator
+from oretrofit._surgery import meta_estimator
 
 CALLS: list[tuple] = []
 

@@ -28,7 +28,7 @@ from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
-from .._surgery.registry import Retrofit, RetrofitError, check_arm
+from .registry import Retrofit, RetrofitError, check_arm
 
 __all__ = ["Retrofitted", "for_family"]
 
@@ -111,7 +111,7 @@ def for_family(module: str, vendor_module: str, wraps: str,
                                             tuple[Any, Retrofit | None]]) -> type[Retrofitted]:
     """The :class:`Retrofitted` of one family, a class named ``Retrofitted`` defined in
     ``module`` (assign it to that name there, so that pickle finds it)."""
-    doc = (f"Retrofitted over {wraps} (:class:`oretrofit.hosts.meta_estimator.Retrofitted`; "
+    doc = (f"Retrofitted over {wraps} (:class:`oretrofit._surgery.meta_estimator.Retrofitted`; "
            "τ and ε None are the family's make_regressor / make_classifier defaults).")
     return type("Retrofitted", (Retrofitted,), {
         "__module__": module, "__qualname__": "Retrofitted", "__doc__": doc,
