@@ -6,7 +6,8 @@ statistics are fp32. With ``t_ij = s_ij + b_ij + log p_j`` (``s_ij = scale·q_i�
 ``c·tanh(scale·q_i·k_j / c)`` with a softcap ``c``; ``b_ij`` the caller's finite bias;
 ``log p_j`` computed in the kernels from p_k; a masked or null source gets ``_NULL_LOGIT``), the
 forward keeps per query row a running maximum ``m_i`` and sum ``l_i`` that *start as the ε
-sink* (``m_i = log ε``, ``l_i = 1``: the sink is a key of score ``log ε`` and value 0), so that after the last key block
+sink* (``m_i = log ε``, ``l_i = 1``: the sink is a key of score ``log ε`` and value 0), so
+that after the last key block
 
     l_i e^{m_i} = ε + Σ_j e^{t_ij},    acc_i e^{m_i} = Σ_j δ_ij e^{t_ij} v_j,
     out_i = p_i · acc_i / l_i,         lse_i = m_i + log l_i = log(ε + Z_i),
