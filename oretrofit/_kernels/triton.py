@@ -15,7 +15,7 @@ import torch
 import triton
 from torch import Tensor
 
-from .lse import sink_logit
+from .lse import _NULL_LOGIT, sink_logit
 from .triton_kernels import (_INTERPRET, GRID_Y_LIMIT, INT32_LIMIT, LOG2E, Configs,
                              KernelConfig, _backward_dkdv_kernel, _backward_dq_kernel,
                              _dropout_kernel,
@@ -43,6 +43,13 @@ def _mask_strides(t: Tensor | None) -> tuple[int | None, ...]:
         return (None,) * 4
     pad = (0,) * (4 - t.dim())
     return pad + tuple(0 if n == 1 else s for n, s in zip(t.shape, t.stride()))
+
+
+def _key_logits(p_k: Tensor) -> Tensor:
+    """``log2 p_j`` in fp32 (the kernels' scores are in base 2), ``_NULL_LOGIT`` where
+    ``p_j = 0`` (log2 0 = −inf clamped; NaN stays NaN), in p_k's shape: the forward and dq
+    kernels index it as they would p_k, so a per-KV-head or shared p_k is not repeated."""
+    return torch.log2(p_k if p_k.dtype == torch.float32 else p_k.float()).clamp_min_(_NULL_LOGIT)
 
 
 def _check_limits(q: Tensor, k: Tensor, batch_heads: int) -> None:
@@ -115,9 +122,12 @@ class _Launch:
         self.settings = _settings(q.dtype, d, vis is not None, bias is not None,
                                   softcap is not None, dropout_p > 0, causal,
                                   self.pk_heads != h_kv)
-        self.inputs = (q, k, v, p_k, vis, bias, p_q)
-        self.strides = (*q.stride(), *k.stride(), *v.stride(), *_row_strides(p_k),
-                        *_mask_strides(vis), *_mask_strides(bias), *_row_strides(p_q))
+        qkv = (*q.stride(), *k.stride(), *v.stride())
+        rest = (*_mask_strides(vis), *_mask_strides(bias), *_row_strides(p_q))
+        # (tensors, strides) with the key logits (forward, dq) or the key presences (dk/dv).
+        self.by_logits, self.by_presences = (
+            ((q, k, v, keys, vis, bias, p_q), (*qkv, *_row_strides(keys), *rest))
+            for keys in (_key_logits(p_k), p_k))
         self.sizes = (h, self.group, n_q, n_k, d, scale)
         self.log_eps = sink_logit(eps) * LOG2E.value
         self.tail = (softcap or 1.0, dropout_p, seed)
@@ -137,8 +147,9 @@ class _Launch:
         out = torch.empty_like(self.q)
         lse = self.q.new_empty((b, h, n_q), dtype=torch.float32)
         settings = self.settings
+        inputs, strides = self.by_logits
         self.launch(_forward_kernel, (-(-n_q // settings.configs.forward.bm), b * h),
-                    (*self.inputs, out, lse, *self.strides, *out.stride(), *self.sizes,
+                    (*inputs, out, lse, *strides, *out.stride(), *self.sizes,
                      self.log_eps, *self.tail), settings.forward)
         return out, lse
 
@@ -150,18 +161,19 @@ class _Launch:
         b, h, n_q, n_k = self.shape
         if d_out.stride() != out.stride():
             d_out = torch.empty_like(out).copy_(d_out)                       # q's layout
-        settings, inputs, rest = self.settings, self.inputs, (*self.strides, *self.sizes,
-                                                              *self.tail)
+        settings, scalars = self.settings, (*self.sizes, *self.tail)
+        inputs, strides = self.by_logits
         rowdot = torch.empty_like(lse) if need_rowdot else lse
         delta, dq = torch.empty_like(lse), torch.empty_like(self.q)
         self.launch(_backward_dq_kernel, (-(-n_q // settings.configs.dq.bm), b * h),
-                    (*inputs, out, d_out, lse, delta, dq, rowdot, *rest),
+                    (*inputs, out, d_out, lse, delta, dq, rowdot, *strides, *scalars),
                     settings.dq[need_rowdot])
         dk, dv = torch.empty_like(self.k), torch.empty_like(self.k)          # k's layout
         colsum = lse.new_empty(b, self.pk_heads, n_k) if need_colsum else lse
+        inputs, strides = self.by_presences
         self.launch(_backward_dkdv_kernel,
                     (-(-n_k // settings.configs.dkdv.bn), b * (h // self.group)),
-                    (*inputs, d_out, lse, delta, dk, dv, colsum, *rest),
+                    (*inputs, d_out, lse, delta, dk, dv, colsum, *strides, *scalars),
                     settings.dkdv[need_colsum])
         return (dq, dk, dv, colsum if need_colsum else None, rowdot if need_rowdot else None)
 

@@ -4,7 +4,8 @@ the launcher and autograd are :mod:`oretrofit._kernels.triton`.
 q, k and v stay in their dtype (bf16, fp16; fp32 and fp64 too, for the tests); the softmax
 statistics are fp32. With ``t_ij = s_ij + b_ij + log p_j`` (``s_ij = scale·q_i·k_j``, or
 ``c·tanh(scale·q_i·k_j / c)`` with a softcap ``c``; ``b_ij`` the caller's finite bias;
-``log p_j`` computed in the kernels from p_k; a masked or null source gets ``_NULL_LOGIT``), the
+``log p_j`` the host's fp32 key logits, which the dk/dv kernel, dividing by p_j, takes
+from p_k once per key block instead; a masked or null source gets ``_NULL_LOGIT``), the
 forward keeps per query row a running maximum ``m_i`` and sum ``l_i`` that *start as the ε
 sink* (``m_i = log ε``, ``l_i = 1``: the sink is a key of score ``log ε`` and value 0), so
 that after the last key block
@@ -70,8 +71,6 @@ LN2 = tl.constexpr(0.6931471805599453)
 INT32_LIMIT = 2**31
 # The score of a masked or null key (p_j = 0): the host paths' null logit.
 NULL_LOGIT = tl.constexpr(_NULL_LOGIT)
-# Compiled, log2 p_j is the GPU's lg2.approx (see _log2); the interpreter has no inline assembly.
-_APPROX_LOG2 = tl.constexpr(not _INTERPRET)
 
 
 @dataclass(frozen=True)
@@ -174,33 +173,28 @@ def _mask_rows(VIS, BIAS, b, h, m_idx, smb, smh, smq, sbb, sbh, sbq, HAS_VIS: tl
 
 @triton.jit
 def _presence_row(PK, b, h, hk, spkb, spkh, PK_PER_HEAD: tl.constexpr):
-    """Pointer to the key presences of query head ``h``: its own row (``PK_PER_HEAD``), else
-    its KV head's (a ``(B, Nk)`` p_k has head stride 0)."""
+    """Pointer to the key presences (or their logits, laid out alike) of query head ``h``: its
+    own row (``PK_PER_HEAD``), else its KV head's (a ``(B, Nk)`` p_k has head stride 0)."""
     if PK_PER_HEAD:
         return PK + b * spkb + h * spkh
     return PK + b * spkb + hk * spkh
 
 
 @triton.jit
-def _log2(x):
-    """``log2 x`` (fp32): compiled, one ``lg2.approx.f32`` (MUFU.LG2, absolute error about
-    2⁻²²; ``tl.log2`` is a precise expansion of ~25 instructions an element, in the forward's
-    inner loop); numpy's under the interpreter. ``log2 0 = −inf``, NaN stays NaN."""
-    if _APPROX_LOG2:
-        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-    return tl.log2(x)
+def _key_logits(pk_row, n_idx, spkn, NK):
+    """``(p_j, log2 p_j)`` of keys ``n_idx`` in fp32, ``NULL_LOGIT`` where ``p_j = 0`` or past
+    ``NK``; NaN stays NaN (the dk/dv kernel's, once per key block: it divides by p_j)."""
+    pk = tl.load(pk_row + n_idx * spkn, mask=n_idx < NK, other=0.0).to(tl.float32)
+    return pk, tl.maximum(tl.log2(pk), NULL_LOGIT, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
-def _key_logits(pk_row, n_idx, spkn, NK, MASKED: tl.constexpr):
-    """``(p_j, log2 p_j)`` of keys ``n_idx`` in fp32, ``NULL_LOGIT`` where ``p_j = 0`` or past
-    ``NK`` (``MASKED``); NaN stays NaN."""
+def _logp_tile(logp_row, n_idx, slpn, NK, MASKED: tl.constexpr):
+    """The host's key logits ``log2 p_j`` of keys ``n_idx``, ``NULL_LOGIT`` past ``NK``
+    (``MASKED``): a load, no logarithm in the forward's and dq's inner loops."""
     if MASKED:
-        pk = tl.load(pk_row + n_idx * spkn, mask=n_idx < NK, other=0.0).to(tl.float32)
-    else:
-        pk = tl.load(pk_row + n_idx * spkn).to(tl.float32)
-    return pk, tl.maximum(_log2(pk), NULL_LOGIT, propagate_nan=tl.PropagateNan.ALL)
+        return tl.load(logp_row + n_idx * slpn, mask=n_idx < NK, other=NULL_LOGIT)
+    return tl.load(logp_row + n_idx * slpn)
 
 
 @triton.jit
@@ -230,7 +224,7 @@ def _tile_scores(q, k, m_idx, n_idx, logp, vis_row, bias_row, NQ, NK, scale, sof
                  IEEE: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                  KEY_ROWS: tl.constexpr):
     """``(t, tanh)`` of queries ``m_idx`` × keys ``n_idx`` (k their ``(BN, BD)`` rows):
-    ``t = (s + b)·log2 e + log2 p_j`` in base 2 for ``exp2`` (``logp``: :func:`_key_logits`;
+    ``t = (s + b)·log2 e + log2 p_j`` in base 2 for ``exp2`` (``logp``: :func:`_logp_tile` or :func:`_key_logits`;
     masked keys at about ``NULL_LOGIT``), ``tanh = s / c`` under a softcap, both fp32 ``(BM, BN)``, or
     ``(BN, BM)`` with ``KEY_ROWS`` (the dk/dv kernel's orientation, whose products then need no
     transposes). ``MASKED``: the tile may hold keys past ``NK`` or, under ``CAUSAL``, keys
@@ -340,8 +334,8 @@ def _query_tiles(n_start, NQ, NK, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl
 
 
 @triton.jit
-def _forward_tile(m_i, l_i, acc, q, Q, K_head, V_head, start, m_idx, d_idx, pk_row, vis_row,
-                  bias_row, skn, skd, svn, svd, spkn, smk, sbk, NQ, NK, scale, softcap, dropout_p, seed,
+def _forward_tile(m_i, l_i, acc, q, Q, K_head, V_head, start, m_idx, d_idx, logp_row, vis_row,
+                  bias_row, skn, skd, svn, svd, slpn, smk, sbk, NQ, NK, scale, softcap, dropout_p, seed,
                   bh, HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                   HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
@@ -349,7 +343,7 @@ def _forward_tile(m_i, l_i, acc, q, Q, K_head, V_head, start, m_idx, d_idx, pk_r
     """The online-softmax state ``(m_i, l_i, acc)`` after the key tile at ``start``."""
     n_idx = start + tl.arange(0, BN)
     k = _tile(K_head, n_idx, d_idx, skn, skd, NK, D, BD, MASKED, UPCAST)
-    _, logp = _key_logits(pk_row, n_idx, spkn, NK, MASKED)
+    logp = _logp_tile(logp_row, n_idx, slpn, NK, MASKED)
     t, _ = _tile_scores(q, k, m_idx, n_idx, logp, vis_row, bias_row, NQ, NK, scale, softcap,
                         smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED, CAUSAL, False)
     m_new = tl.maximum(m_i, tl.max(t, 1))
@@ -363,9 +357,9 @@ def _forward_tile(m_i, l_i, acc, q, Q, K_head, V_head, start, m_idx, d_idx, pk_r
 
 
 @triton.jit
-def _forward_kernel(Q, K, V, PK, VIS, BIAS, PQ, OUT, LSE,
+def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
                     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                    spkb, spkh, spkn, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
+                    slpb, slph, slpn, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
                     sob, soh, son, sod,
                     H, GROUP, NQ, NK, D: tl.constexpr, scale, log_eps, softcap, dropout_p, seed,
                     HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -376,7 +370,7 @@ def _forward_kernel(Q, K, V, PK, VIS, BIAS, PQ, OUT, LSE,
     b, h, hk, m_idx, d_idx = _query_block(bh, H, GROUP, BM, BD)
     m_ok = m_idx < NQ
     q = _tile(Q + b * sqb + h * sqh, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
-    pk_row = _presence_row(PK, b, h, hk, spkb, spkh, PK_PER_HEAD)
+    logp_row = _presence_row(LOGP, b, h, hk, slpb, slph, PK_PER_HEAD)
     vis_row, bias_row = _mask_rows(VIS, BIAS, b, h, m_idx, smb, smh, smq, sbb, sbh, sbq, HAS_VIS,
                                    HAS_BIAS)
     k_head, v_head = K + b * skb + hk * skh, V + b * svb + hk * svh
@@ -387,8 +381,8 @@ def _forward_kernel(Q, K, V, PK, VIS, BIAS, PQ, OUT, LSE,
         lo, hi = _key_tiles(tl.program_id(0) * BM, NQ, NK, BM, BN, CAUSAL, part)
         for start in range(lo, hi, BN):
             m_i, l_i, acc = _forward_tile(
-                m_i, l_i, acc, q, Q, k_head, v_head, start, m_idx, d_idx, pk_row, vis_row,
-                bias_row, skn, skd, svn, svd, spkn, smk, sbk, NQ, NK, scale, softcap, dropout_p, seed,
+                m_i, l_i, acc, q, Q, k_head, v_head, start, m_idx, d_idx, logp_row, vis_row,
+                bias_row, skn, skd, svn, svd, slpn, smk, sbk, NQ, NK, scale, softcap, dropout_p, seed,
                 bh, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, IEEE, part == 1, CAUSAL,
                 BN, D, BD)
     p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
@@ -400,7 +394,7 @@ def _forward_kernel(Q, K, V, PK, VIS, BIAS, PQ, OUT, LSE,
 
 @triton.jit
 def _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, K_head, V_head, start, m_idx, d_idx,
-             pk_row, vis_row, bias_row, skn, skd, svn, svd, spkn, smk, sbk, NQ, NK, scale,
+             logp_row, vis_row, bias_row, skn, skd, svn, svd, slpn, smk, sbk, NQ, NK, scale,
              softcap, dropout_p, seed, bh, HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr,
              HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, NEED_ROWDOT: tl.constexpr,
              UPCAST: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr,
@@ -410,7 +404,7 @@ def _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, K_head, V_head, start, m_id
     n_idx = start + tl.arange(0, BN)
     k = _tile(K_head, n_idx, d_idx, skn, skd, NK, D, BD, MASKED, UPCAST)
     v = _tile(V_head, n_idx, d_idx, svn, svd, NK, D, BD, MASKED, UPCAST)
-    _, logp = _key_logits(pk_row, n_idx, spkn, NK, MASKED)
+    logp = _logp_tile(logp_row, n_idx, slpn, NK, MASKED)
     t, tanh = _tile_scores(q, k, m_idx, n_idx, logp, vis_row, bias_row, NQ, NK, scale,
                            softcap, smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED,
                            CAUSAL, False)
@@ -427,9 +421,9 @@ def _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, K_head, V_head, start, m_id
 
 
 @triton.jit
-def _backward_dq_kernel(Q, K, V, PK, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, ROWDOT,
+def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, ROWDOT,
                         sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                        spkb, spkh, spkn, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
+                        slpb, slph, slpn, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
                         H, GROUP, NQ, NK, D: tl.constexpr, scale, softcap, dropout_p, seed,
                         HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                         HAS_DROPOUT: tl.constexpr, NEED_ROWDOT: tl.constexpr,
@@ -449,7 +443,7 @@ def _backward_dq_kernel(Q, K, V, PK, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, ROW
     tl.store(DELTA + bh * NQ + m_idx, delta, mask=m_ok)
     lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
     p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
-    pk_row = _presence_row(PK, b, h, hk, spkb, spkh, PK_PER_HEAD)
+    logp_row = _presence_row(LOGP, b, h, hk, slpb, slph, PK_PER_HEAD)
     vis_row, bias_row = _mask_rows(VIS, BIAS, b, h, m_idx, smb, smh, smq, sbb, sbh, sbq, HAS_VIS,
                                    HAS_BIAS)
     k_head, v_head = K + b * skb + hk * skh, V + b * svb + hk * svh
@@ -460,7 +454,7 @@ def _backward_dq_kernel(Q, K, V, PK, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, ROW
         for start in range(lo, hi, BN):
             dq, rowdot = _dq_tile(
                 dq, rowdot, q, d_o, lse, delta, p_i, Q, k_head, v_head, start, m_idx, d_idx,
-                pk_row, vis_row, bias_row, skn, skd, svn, svd, spkn, smk, sbk, NQ, NK, scale,
+                logp_row, vis_row, bias_row, skn, skd, svn, svd, slpn, smk, sbk, NQ, NK, scale,
                 softcap, dropout_p, seed, bh, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT,
                 NEED_ROWDOT, UPCAST, IEEE, part == 1, CAUSAL, BN, D, BD)
     row_mask = m_ok[:, None] & (d_idx < D)[None, :]
@@ -537,7 +531,7 @@ def _backward_dkdv_kernel(Q, K, V, PK, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, CO
     v = _tile(V + b * svb + hk * svh, n_idx, d_idx, svn, svd, NK, D, BD, True, UPCAST)
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
-    pk, logp = _key_logits(_presence_row(PK, b, hk, hk, spkb, spkh, False), n_idx, spkn, NK, True)
+    pk, logp = _key_logits(_presence_row(PK, b, hk, hk, spkb, spkh, False), n_idx, spkn, NK)
     colsum = tl.zeros([BN], dtype=tl.float32)
     for g in range(0, GROUP):
         h = hk * GROUP + g
@@ -545,7 +539,7 @@ def _backward_dkdv_kernel(Q, K, V, PK, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, CO
         q_head, do_head = Q + b * sqb + h * sqh, DO + b * sqb + h * sqh
         if PK_PER_HEAD:
             pk, logp = _key_logits(_presence_row(PK, b, h, hk, spkb, spkh, True), n_idx, spkn,
-                                   NK, True)
+                                   NK)
             colsum = tl.zeros([BN], dtype=tl.float32)
         vis_head, bias_head = _mask_rows(VIS, BIAS, b, h, 0, smb, smh, smq, sbb, sbh, sbq,
                                          HAS_VIS, HAS_BIAS)
