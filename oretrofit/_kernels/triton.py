@@ -49,7 +49,8 @@ def _key_logits(p_k: Tensor) -> Tensor:
     """``log2 p_j`` in fp32 (the kernels' scores are in base 2), ``_NULL_LOGIT`` where
     ``p_j = 0`` (log2 0 = −inf clamped; NaN stays NaN), in p_k's shape: the forward and dq
     kernels index it as they would p_k, so a per-KV-head or shared p_k is not repeated."""
-    return torch.log2(p_k if p_k.dtype == torch.float32 else p_k.float()).clamp_min_(_NULL_LOGIT)
+    p = p_k.detach()                                       # constants of the kernels: no graph
+    return torch.log2(p if p.dtype == torch.float32 else p.float()).clamp_min_(_NULL_LOGIT)
 
 
 def _check_limits(q: Tensor, k: Tensor, batch_heads: int) -> None:
@@ -122,15 +123,19 @@ class _Launch:
         self.settings = _settings(q.dtype, d, vis is not None, bias is not None,
                                   softcap is not None, dropout_p > 0, causal,
                                   self.pk_heads != h_kv)
-        qkv = (*q.stride(), *k.stride(), *v.stride())
-        rest = (*_mask_strides(vis), *_mask_strides(bias), *_row_strides(p_q))
-        # (tensors, strides) with the key logits (forward, dq) or the key presences (dk/dv).
-        self.by_logits, self.by_presences = (
-            ((q, k, v, keys, vis, bias, p_q), (*qkv, *_row_strides(keys), *rest))
-            for keys in (_key_logits(p_k), p_k))
+        self.logp, self.p_k = _key_logits(p_k), p_k
+        self.around = ((q, k, v), (vis, bias, p_q))
+        self.around_strides = ((*q.stride(), *k.stride(), *v.stride()),
+                               (*_mask_strides(vis), *_mask_strides(bias), *_row_strides(p_q)))
         self.sizes = (h, self.group, n_q, n_k, d, scale)
         self.log_eps = sink_logit(eps) * LOG2E.value
         self.tail = (softcap or 1.0, dropout_p, seed)
+
+    def arguments(self, keys: Tensor) -> tuple[tuple, tuple]:
+        """The kernels' leading tensors and their strides, with ``keys`` the key logits (forward,
+        dq) or the key presences (dk/dv, which divides by them)."""
+        (qkv, rest), (qkv_strides, rest_strides) = self.around, self.around_strides
+        return (*qkv, keys, *rest), (*qkv_strides, *_row_strides(keys), *rest_strides)
 
     def launch(self, kernel, grid: tuple[int, int], args: tuple, kwargs: dict) -> None:
         """``kernel`` on ``grid`` with ``args`` and ``kwargs`` (its flags and configuration), on
@@ -147,7 +152,7 @@ class _Launch:
         out = torch.empty_like(self.q)
         lse = self.q.new_empty((b, h, n_q), dtype=torch.float32)
         settings = self.settings
-        inputs, strides = self.by_logits
+        inputs, strides = self.arguments(self.logp)
         self.launch(_forward_kernel, (-(-n_q // settings.configs.forward.bm), b * h),
                     (*inputs, out, lse, *strides, *out.stride(), *self.sizes,
                      self.log_eps, *self.tail), settings.forward)
@@ -162,7 +167,7 @@ class _Launch:
         if d_out.stride() != out.stride():
             d_out = torch.empty_like(out).copy_(d_out)                       # q's layout
         settings, scalars = self.settings, (*self.sizes, *self.tail)
-        inputs, strides = self.by_logits
+        inputs, strides = self.arguments(self.logp)
         rowdot = torch.empty_like(lse) if need_rowdot else lse
         delta, dq = torch.empty_like(lse), torch.empty_like(self.q)
         self.launch(_backward_dq_kernel, (-(-n_q // settings.configs.dq.bm), b * h),
@@ -170,7 +175,7 @@ class _Launch:
                     settings.dq[need_rowdot])
         dk, dv = torch.empty_like(self.k), torch.empty_like(self.k)          # k's layout
         colsum = lse.new_empty(b, self.pk_heads, n_k) if need_colsum else lse
-        inputs, strides = self.by_presences
+        inputs, strides = self.arguments(self.p_k)
         self.launch(_backward_dkdv_kernel,
                     (-(-n_k // settings.configs.dkdv.bn), b * (h // self.group)),
                     (*inputs, d_out, lse, delta, dk, dv, colsum, *strides, *scalars),
