@@ -49,7 +49,7 @@ def _key_logits(p_k: Tensor) -> Tensor:
     """``log2 p_j`` in fp32 (the kernels' scores are in base 2), ``_NULL_LOGIT`` where
     ``p_j = 0`` (log2 0 = −inf clamped; NaN stays NaN), in p_k's shape: the forward and dq
     kernels index it as they would p_k, so a per-KV-head or shared p_k is not repeated."""
-    p = p_k.detach()                                       # constants of the kernels: no graph
+    p = p_k.detach() if p_k.requires_grad else p_k        # the kernels' constants: no graph
     return torch.log2(p if p.dtype == torch.float32 else p.float()).clamp_min_(_NULL_LOGIT)
 
 
