@@ -4,10 +4,10 @@
         [--out results/bench_triton_host.json]
 
 Everything :func:`oretrofit._kernels.triton.o_attention_triton` and its backward do around the
-kernels (input checks, key logits, allocations, the launch arguments, the presence gradients) is
-timed on the CPU: each kernel's ``run`` (what ``kernel[grid](...)`` calls) is replaced by a
-function that returns at once. Rows, bf16, (B, H→Hkv, N, d) = (1, 8→2, 256, 64), presences
-``(B, N)``:
+kernels (input checks, key logits, allocations, the launch arguments, the presence gradients'
+head sums) is timed on the CPU: each kernel's ``run`` (what ``kernel[grid](...)`` calls) is
+replaced by a function that returns at once. Rows, bf16, (B, H→Hkv, N, d) = (1, 8→2, 256, 64),
+presences ``(B, N)``:
 
 * ``forward``: a call on inputs that require no grad (inference), no mask;
 * ``forward, decode``: one query against a key count that changes every call (a growing KV cache:

@@ -92,8 +92,8 @@ def _reference_forward(Q, K, V, OUT, sqh, sqn, N, qk_scale, BM: tl.constexpr, BN
 
 def _source(kernel, args: tuple, flags: dict) -> ASTSource:
     """What the JIT would compile for a call with ``args`` and ``flags``: pointers and ints
-    divisible by 16 marked so, ints equal to 1, the kernel's constexpr parameters and the flags
-    as constexprs."""
+    divisible by 16 marked so, ``None`` (an absent mask), ints equal to 1, the kernel's
+    constexpr parameters and the flags as constexprs."""
     values = dict(zip(kernel.arg_names, args)) | flags
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(kernel.arg_names):
@@ -101,8 +101,8 @@ def _source(kernel, args: tuple, flags: dict) -> ASTSource:
         if isinstance(value, torch.Tensor):
             signature[name] = "*" + TYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif (isinstance(value, bool) or name in flags or kernel.params[i].is_constexpr
-              or value == 1 and isinstance(value, int)):
+        elif (value is None or isinstance(value, bool) or name in flags
+              or kernel.params[i].is_constexpr or value == 1 and isinstance(value, int)):
             signature[name], constexprs[name] = "constexpr", value
         elif isinstance(value, float):
             signature[name] = "fp32"

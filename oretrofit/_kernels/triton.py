@@ -23,12 +23,6 @@ from .triton_kernels import (_INTERPRET, GRID_Y_LIMIT, INT32_LIMIT, LOG2E, Confi
 
 __all__ = ["o_attention_triton", "dropout_keep"]
 
-# The least positive value of each presence dtype. ∂/∂p_j = Σ_i dS_ij / p_j divides by p_j raised
-# to it: a null source (p_j = 0) has W = 0, so its Σ_i dS_ij is exactly 0 and its gradient 0 / that
-# value = 0, and every positive p_j is unchanged (one op where a select takes three).
-_LEAST_POSITIVE = {dtype: torch.finfo(dtype).tiny * torch.finfo(dtype).eps
-                   for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)}
-
 def _dense(t: Tensor) -> Tensor:
     """``t`` if its storage is dense in (B, H, N, d) or (B, N, H, d) order (``empty_like`` then
     keeps its strides), else a contiguous copy."""
@@ -42,24 +36,21 @@ def _row_strides(p: Tensor) -> tuple[int, int, int]:
     return (strides[0], 0, strides[1]) if len(strides) == 2 else strides
 
 
-def _mask_strides(t: Tensor | None) -> tuple[int, int, int, int]:
-    """Element strides of a mask broadcast to (B, H, Nq, Nk): 0 on its size-1 axes (and on
-    every axis of an absent mask)."""
+def _mask_strides(t: Tensor | None) -> tuple[int | None, ...]:
+    """Element strides of a mask broadcast to (B, H, Nq, Nk): 0 on its size-1 axes; ``None``
+    for an absent mask (the kernels take no mask arguments then)."""
     if t is None:
-        return (0, 0, 0, 0)
+        return (None,) * 4
     pad = (0,) * (4 - t.dim())
     return pad + tuple(0 if n == 1 else s for n, s in zip(t.shape, t.stride()))
 
 
-def _key_logits(p_k: Tensor, heads: int) -> Tensor:
+def _key_logits(p_k: Tensor) -> Tensor:
     """``log2 p_j`` in fp32 (the kernels' scores are in base 2), ``_NULL_LOGIT`` where
-    ``p_j = 0`` (log2 0 = −inf clamped; NaN stays NaN): ``(B, Nk)`` or ``(B, H, Nk)``, per-KV-head
-    presences repeated over their group of query heads."""
-    p = p_k if p_k.dtype == torch.float32 else p_k.float()
-    logit = torch.log2(p).clamp_min_(_NULL_LOGIT)
-    if logit.dim() == 3 and logit.shape[1] != heads:
-        return logit.repeat_interleave(heads // logit.shape[1], dim=1)
-    return logit
+    ``p_j = 0`` (log2 0 = −inf clamped; NaN stays NaN), in p_k's shape: the forward and dq
+    kernels index it as they would p_k, so a per-KV-head or shared p_k is not repeated."""
+    p = p_k.detach() if p_k.requires_grad else p_k        # the kernels' constants: no graph
+    return torch.log2(p if p.dtype == torch.float32 else p.float()).clamp_min_(_NULL_LOGIT)
 
 
 def _check_limits(q: Tensor, k: Tensor, batch_heads: int) -> None:
@@ -84,7 +75,9 @@ def _check_limits(q: Tensor, k: Tensor, batch_heads: int) -> None:
 class _Settings:
     """The kernels' configurations and keyword arguments (constexpr flags, tile, warps, stages)
     for one (dtype, head dim, flags): ``dq`` and ``dkdv`` without and with the presence
-    reductions (``NEED_ROWDOT``, ``NEED_COLSUM``)."""
+    reductions (``NEED_ROWDOT``, ``NEED_COLSUM``). ``PK_PER_HEAD``: p_k has a row per query
+    head (else per KV head or shared), which also sets the dk/dv kernel's presence gradient to
+    one row per query head (else per KV head)."""
 
     configs: Configs
     forward: dict
@@ -94,13 +87,14 @@ class _Settings:
 
 @cache
 def _settings(dtype: torch.dtype, d: int, has_vis: bool, has_bias: bool, has_softcap: bool,
-              has_dropout: bool, causal: bool) -> _Settings:
+              has_dropout: bool, causal: bool, pk_per_head: bool) -> _Settings:
     """The launch settings of every call of this (dtype, head dim, flags), built once."""
     configs = configs_for(d)
     flags = dict(HAS_VIS=has_vis, HAS_BIAS=has_bias, HAS_SOFTCAP=has_softcap,
                  HAS_DROPOUT=has_dropout,
                  UPCAST=_INTERPRET and dtype in (torch.bfloat16, torch.float16),
-                 IEEE=dtype == torch.float32, CAUSAL=causal, BD=padded_head_dim(d))
+                 IEEE=dtype == torch.float32, CAUSAL=causal, PK_PER_HEAD=pk_per_head,
+                 BD=padded_head_dim(d))
 
     def kwargs(config: KernelConfig, **more: bool) -> dict:
         return dict(flags, **more, BM=config.bm, BN=config.bn, num_warps=config.warps,
@@ -113,8 +107,8 @@ def _settings(dtype: torch.dtype, d: int, has_vis: bool, has_bias: bool, has_sof
 
 class _Launch:
     """One call's launch arguments, shared by the forward and the backward kernels: its tensors
-    (an absent mask's pointer is the key logits, never read) and the strides, sizes and
-    scalars after them; the flags and configurations come from :func:`_settings`."""
+    (an absent mask and its strides are ``None``) and the strides, sizes and scalars after
+    them; the flags and configurations come from :func:`_settings`."""
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
                  visible: Tensor | None, bias: Tensor | None, eps: float, scale: float,
@@ -122,19 +116,26 @@ class _Launch:
         q, k, v = _dense(q), _dense(k), _dense(v)
         (b, h, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
         _check_limits(q, k, b * h)
-        logp = _key_logits(p_k, h)
         vis = None if visible is None else visible.view(torch.uint8)
         self.q, self.k, self.d, self.group = q, k, d, h // h_kv
         self.shape = (b, h, n_q, n_k)
+        self.pk_heads = h if p_k.dim() == 3 and p_k.shape[1] == h else h_kv
         self.settings = _settings(q.dtype, d, vis is not None, bias is not None,
-                                  softcap is not None, dropout_p > 0, causal)
-        self.inputs = (q, k, v, logp, logp if vis is None else vis,
-                       logp if bias is None else bias, p_q)
-        self.strides = (*q.stride(), *k.stride(), *v.stride(), *_row_strides(logp),
-                        *_mask_strides(vis), *_mask_strides(bias), *_row_strides(p_q))
+                                  softcap is not None, dropout_p > 0, causal,
+                                  self.pk_heads != h_kv)
+        self.logp, self.p_k = _key_logits(p_k), p_k
+        self.around = ((q, k, v), (vis, bias, p_q))
+        self.around_strides = ((*q.stride(), *k.stride(), *v.stride()),
+                               (*_mask_strides(vis), *_mask_strides(bias), *_row_strides(p_q)))
         self.sizes = (h, self.group, n_q, n_k, d, scale)
         self.log_eps = sink_logit(eps) * LOG2E.value
         self.tail = (softcap or 1.0, dropout_p, seed)
+
+    def arguments(self, keys: Tensor) -> tuple[tuple, tuple]:
+        """The kernels' leading tensors and their strides, with ``keys`` the key logits (forward,
+        dq) or the key presences (dk/dv, which divides by them)."""
+        (qkv, rest), (qkv_strides, rest_strides) = self.around, self.around_strides
+        return (*qkv, keys, *rest), (*qkv_strides, *_row_strides(keys), *rest_strides)
 
     def launch(self, kernel, grid: tuple[int, int], args: tuple, kwargs: dict) -> None:
         """``kernel`` on ``grid`` with ``args`` and ``kwargs`` (its flags and configuration), on
@@ -151,36 +152,39 @@ class _Launch:
         out = torch.empty_like(self.q)
         lse = self.q.new_empty((b, h, n_q), dtype=torch.float32)
         settings = self.settings
+        inputs, strides = self.arguments(self.logp)
         self.launch(_forward_kernel, (-(-n_q // settings.configs.forward.bm), b * h),
-                    (*self.inputs, out, lse, *self.strides, *out.stride(), *self.sizes,
+                    (*inputs, out, lse, *strides, *out.stride(), *self.sizes,
                      self.log_eps, *self.tail), settings.forward)
         return out, lse
 
     def backward(self, out: Tensor, lse: Tensor, d_out: Tensor, need_colsum: bool,
                  need_rowdot: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None,
                                              Tensor | None]:
-        """``(dq, dk, dv, colsum (B, H, Nk) or None, rowdot (B, H, Nq) or None)``."""
+        """``(dq, dk, dv, dp_k or None, rowdot (B, H, Nq) or None)``, dp_k = Σ_i dS_ij / p_j
+        ``(B, H, Nk)`` for p_k per query head, else ``(B, Hkv, Nk)`` (summed over each group)."""
         b, h, n_q, n_k = self.shape
         if d_out.stride() != out.stride():
             d_out = torch.empty_like(out).copy_(d_out)                       # q's layout
-        settings, inputs, rest = self.settings, self.inputs, (*self.strides, *self.sizes,
-                                                              *self.tail)
+        settings, scalars = self.settings, (*self.sizes, *self.tail)
+        inputs, strides = self.arguments(self.logp)
         rowdot = torch.empty_like(lse) if need_rowdot else lse
         delta, dq = torch.empty_like(lse), torch.empty_like(self.q)
         self.launch(_backward_dq_kernel, (-(-n_q // settings.configs.dq.bm), b * h),
-                    (*inputs, out, d_out, lse, delta, dq, rowdot, *rest),
+                    (*inputs, out, d_out, lse, delta, dq, rowdot, *strides, *scalars),
                     settings.dq[need_rowdot])
         dk, dv = torch.empty_like(self.k), torch.empty_like(self.k)          # k's layout
-        colsum = lse.new_empty(b, h, n_k) if need_colsum else lse
+        colsum = lse.new_empty(b, self.pk_heads, n_k) if need_colsum else lse
+        inputs, strides = self.arguments(self.p_k)
         self.launch(_backward_dkdv_kernel,
                     (-(-n_k // settings.configs.dkdv.bn), b * (h // self.group)),
-                    (*inputs, d_out, lse, delta, dk, dv, colsum, *rest),
+                    (*inputs, d_out, lse, delta, dk, dv, colsum, *strides, *scalars),
                     settings.dkdv[need_colsum])
         return (dq, dk, dv, colsum if need_colsum else None, rowdot if need_rowdot else None)
 
 
 def _presence_grad(per_head: Tensor, p: Tensor) -> Tensor:
-    """A ``(B, H, N)`` per-query-head gradient reduced to ``p``'s shape (heads summed)."""
+    """A ``(B, H, N)`` per-head gradient reduced to ``p``'s shape (heads summed)."""
     if p.dim() == 2:
         return per_head.sum(1)
     if p.shape[1] != per_head.shape[1]:
@@ -212,9 +216,7 @@ class _TritonOAttention(torch.autograd.Function):
         need_pq, need_pk = ctx.needs_input_grad[3:5]
         dq, dk, dv, colsum, rowdot = launch.backward(out, lse, d_out, need_pk, need_pq)
         d_pq = _presence_grad(rowdot, p_q) if need_pq else None
-        d_pk = None
-        if need_pk:                                                          # Σ_i dS_ij / p_j
-            d_pk = _presence_grad(colsum, p_k).div_(p_k.clamp_min(_LEAST_POSITIVE[p_k.dtype]))
+        d_pk = _presence_grad(colsum, p_k) if need_pk else None
         return (dq, dk, dv, _in_dtype(d_pq, p_q), _in_dtype(d_pk, p_k), None)
 
 

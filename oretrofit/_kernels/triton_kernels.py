@@ -3,10 +3,12 @@ the launcher and autograd are :mod:`oretrofit._kernels.triton`.
 
 q, k and v stay in their dtype (bf16, fp16; fp32 and fp64 too, for the tests); the softmax
 statistics are fp32. With ``t_ij = s_ij + b_ij + log p_j`` (``s_ij = scale·q_i·k_j``, or
-``c·tanh(scale·q_i·k_j / c)`` with a softcap ``c``; ``b_ij`` the caller's finite bias; a masked or
-null source gets ``_NULL_LOGIT``), the forward keeps per query row a running maximum ``m_i`` and
-sum ``l_i`` that *start as the ε sink* (``m_i = log ε``, ``l_i = 1``: the sink is a key of score
-``log ε`` and value 0), so that after the last key block
+``c·tanh(scale·q_i·k_j / c)`` with a softcap ``c``; ``b_ij`` the caller's finite bias;
+``log p_j`` the host's fp32 key logits, which the dk/dv kernel, dividing by p_j, takes
+from p_k once per key block instead; a masked or null source gets ``_NULL_LOGIT``), the
+forward keeps per query row a running maximum ``m_i`` and sum ``l_i`` that *start as the ε
+sink* (``m_i = log ε``, ``l_i = 1``: the sink is a key of score ``log ε`` and value 0), so
+that after the last key block
 
     l_i e^{m_i} = ε + Σ_j e^{t_ij},    acc_i e^{m_i} = Σ_j δ_ij e^{t_ij} v_j,
     out_i = p_i · acc_i / l_i,         lse_i = m_i + log l_i = log(ε + Z_i),
@@ -29,7 +31,8 @@ presence row dot ``dO_i·Σ_j δ_ij W_ij v_j = Σ_j δ_ij W_ij (dO_i·v_j)``, su
 tile dS needs anyway (no matmul of its own, no division by ``p_i``: exact for null receivers);
 the dk/dv kernel (one per key block and KV head, looping over the heads of its group: GQA
 without repeated k/v) works on key-row tiles ``(BN, BM)`` so that its products need no
-transposes, and stores the column sums ``Σ_i dS_ij`` per query head.
+transposes, and stores ``Σ_i dS_ij / p_j`` (0 where ``p_j = 0``) per query head for presences
+per query head, else summed over the group's heads.
 
 Causal (``CAUSAL``): key j is visible to query i iff ``j ≤ i + Nk − Nq`` (bottom-right aligned,
 as with a KV cache), on top of any mask and bias. Each program loops first over the tiles every
@@ -38,7 +41,8 @@ masks (a ragged last tile, the causal diagonal); tiles no row of the block sees 
 
 Masks: ``visible`` (bool) and ``bias`` (float) are read tile by tile through broadcast strides
 (stride 0 on a broadcast axis), so a ``(B, 1, 1, Nk)`` padding mask costs one row per tile and no
-``(Nq, Nk)`` tensor is built for it.
+``(Nq, Nk)`` tensor is built for it. An absent mask and its strides are ``None`` (constexprs
+for Triton: the mask-free kernels take no mask arguments).
 
 ``TRITON_INTERPRET=1`` runs these kernels on CPU tensors (the tests). Triton's interpreter
 computes bf16 matrix products wrongly (numpy has no bf16), so under it the tiles are upcast to
@@ -55,6 +59,8 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
+from .lse import _NULL_LOGIT
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # A launch's grid: axis 1 (batch × heads) is CUDA's y axis; offsets within one (batch, head)
 # slice are int32 in the kernels, the batch and head offsets int64.
@@ -63,6 +69,8 @@ GRID_Y_LIMIT = 65_535
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 INT32_LIMIT = 2**31
+# The score of a masked or null key (p_j = 0): the host paths' null logit.
+NULL_LOGIT = tl.constexpr(_NULL_LOGIT)
 
 
 @dataclass(frozen=True)
@@ -151,10 +159,42 @@ def _stored(x, PTR, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh, smq, sbb, sbh, sbq):
-    """Pointers to head ``h``'s key logits and to the mask and bias rows of queries ``m_idx``."""
-    return (LOGP + b * slb + h * slh, VIS + b * smb + h * smh + m_idx * smq,
-            BIAS + b * sbb + h * sbh + m_idx * sbq)
+def _mask_rows(VIS, BIAS, b, h, m_idx, smb, smh, smq, sbb, sbh, sbq, HAS_VIS: tl.constexpr,
+               HAS_BIAS: tl.constexpr):
+    """Pointers to head ``h``'s mask and bias rows of queries ``m_idx`` (an absent one stays
+    ``None``)."""
+    vis_row, bias_row = VIS, BIAS
+    if HAS_VIS:
+        vis_row = VIS + b * smb + h * smh + m_idx * smq
+    if HAS_BIAS:
+        bias_row = BIAS + b * sbb + h * sbh + m_idx * sbq
+    return vis_row, bias_row
+
+
+@triton.jit
+def _presence_row(PK, b, h, hk, spkb, spkh, PK_PER_HEAD: tl.constexpr):
+    """Pointer to the key presences (or their logits, laid out alike) of query head ``h``: its
+    own row (``PK_PER_HEAD``), else its KV head's (a ``(B, Nk)`` p_k has head stride 0)."""
+    if PK_PER_HEAD:
+        return PK + b * spkb + h * spkh
+    return PK + b * spkb + hk * spkh
+
+
+@triton.jit
+def _key_logits(pk_row, n_idx, spkn, NK):
+    """``(p_j, log2 p_j)`` of keys ``n_idx`` in fp32, ``NULL_LOGIT`` where ``p_j = 0`` or past
+    ``NK``; NaN stays NaN (the dk/dv kernel's, once per key block: it divides by p_j)."""
+    pk = tl.load(pk_row + n_idx * spkn, mask=n_idx < NK, other=0.0).to(tl.float32)
+    return pk, tl.maximum(tl.log2(pk), NULL_LOGIT, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _logp_tile(logp_row, n_idx, slpn, NK, MASKED: tl.constexpr):
+    """The host's key logits ``log2 p_j`` of keys ``n_idx``, ``NULL_LOGIT`` past ``NK``
+    (``MASKED``): a load, no logarithm in the forward's and dq's inner loops."""
+    if MASKED:
+        return tl.load(logp_row + n_idx * slpn, mask=n_idx < NK, other=NULL_LOGIT)
+    return tl.load(logp_row + n_idx * slpn)
 
 
 @triton.jit
@@ -179,13 +219,13 @@ def _tile(PTR, idx, d_idx, sn, sd, N, D: tl.constexpr, BD: tl.constexpr, MASKED:
 
 
 @triton.jit
-def _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale, softcap, smk,
+def _tile_scores(q, k, m_idx, n_idx, logp, vis_row, bias_row, NQ, NK, scale, softcap, smk,
                  sbk, HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                  IEEE: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                  KEY_ROWS: tl.constexpr):
     """``(t, tanh)`` of queries ``m_idx`` × keys ``n_idx`` (k their ``(BN, BD)`` rows):
-    ``t = (s + b + log p_j)·log2 e`` in base 2 for ``exp2`` (the host gives ``log2 p_j``; masked
-    keys at about ``_NULL_LOGIT``), ``tanh = s / c`` under a softcap, both fp32 ``(BM, BN)``, or
+    ``t = (s + b)·log2 e + log2 p_j`` in base 2 for ``exp2`` (``logp``: :func:`_logp_tile` or :func:`_key_logits`;
+    masked keys at about ``NULL_LOGIT``), ``tanh = s / c`` under a softcap, both fp32 ``(BM, BN)``, or
     ``(BN, BM)`` with ``KEY_ROWS`` (the dk/dv kernel's orientation, whose products then need no
     transposes). ``MASKED``: the tile may hold keys past ``NK`` or, under ``CAUSAL``, keys
     ``j > i + NK − NQ``; without it every key of the tile exists and every row sees it."""
@@ -199,13 +239,11 @@ def _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale,
         cap = softcap * LOG2E
         tanh = 2.0 * tl.sigmoid(2.0 * raw / cap) - 1.0                    # tanh(raw / c)
         s = cap * tanh
-    # A padded key has k = 0, so s = 0, bias 0 and log p = -1e30: t = -1e30 with no select.
+    # A padded key has k = 0, so s = 0, bias 0 and log p = NULL_LOGIT: no select.
     queries, keys = _axes(m_idx, n_idx, KEY_ROWS)
     if MASKED:
-        logp = tl.load(logp_row + n_idx, mask=n_idx < NK, other=-1e30)
         ok = (queries < NQ) & (keys < NK)
     else:
-        logp = tl.load(logp_row + n_idx)
         ok = (queries < NQ) & (keys >= 0)
     t = s + _axes(logp, logp, KEY_ROWS)[1]
     if HAS_BIAS:
@@ -213,10 +251,10 @@ def _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale,
                      other=0.0).to(tl.float32) * LOG2E
     if HAS_VIS:
         vis = tl.load(_axes(vis_row, n_idx, KEY_ROWS)[0] + keys * smk, mask=ok, other=0)
-        t = tl.where(vis != 0, t, -1e30)
+        t = tl.where(vis != 0, t, NULL_LOGIT)
     if CAUSAL:
         if MASKED:
-            t = tl.where(keys <= queries + (NK - NQ), t, -1e30)
+            t = tl.where(keys <= queries + (NK - NQ), t, NULL_LOGIT)
     return t, tanh
 
 
@@ -297,7 +335,7 @@ def _query_tiles(n_start, NQ, NK, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl
 
 @triton.jit
 def _forward_tile(m_i, l_i, acc, q, Q, K_head, V_head, start, m_idx, d_idx, logp_row, vis_row,
-                  bias_row, skn, skd, svn, svd, smk, sbk, NQ, NK, scale, softcap, dropout_p, seed,
+                  bias_row, skn, skd, svn, svd, slpn, smk, sbk, NQ, NK, scale, softcap, dropout_p, seed,
                   bh, HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                   HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
@@ -305,7 +343,8 @@ def _forward_tile(m_i, l_i, acc, q, Q, K_head, V_head, start, m_idx, d_idx, logp
     """The online-softmax state ``(m_i, l_i, acc)`` after the key tile at ``start``."""
     n_idx = start + tl.arange(0, BN)
     k = _tile(K_head, n_idx, d_idx, skn, skd, NK, D, BD, MASKED, UPCAST)
-    t, _ = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale, softcap,
+    logp = _logp_tile(logp_row, n_idx, slpn, NK, MASKED)
+    t, _ = _tile_scores(q, k, m_idx, n_idx, logp, vis_row, bias_row, NQ, NK, scale, softcap,
                         smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED, CAUSAL, False)
     m_new = tl.maximum(m_i, tl.max(t, 1))
     alpha = tl.exp2(m_i - m_new)
@@ -320,18 +359,20 @@ def _forward_tile(m_i, l_i, acc, q, Q, K_head, V_head, start, m_idx, d_idx, logp
 @triton.jit
 def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
                     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                    slb, slh, sln, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
+                    slpb, slph, slpn, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
                     sob, soh, son, sod,
                     H, GROUP, NQ, NK, D: tl.constexpr, scale, log_eps, softcap, dropout_p, seed,
                     HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-                    CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+                    CAUSAL: tl.constexpr, PK_PER_HEAD: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr, BD: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)                                   # see _check_limits
     b, h, hk, m_idx, d_idx = _query_block(bh, H, GROUP, BM, BD)
     m_ok = m_idx < NQ
     q = _tile(Q + b * sqb + h * sqh, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
-    logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh,
-                                                smq, sbb, sbh, sbq)
+    logp_row = _presence_row(LOGP, b, h, hk, slpb, slph, PK_PER_HEAD)
+    vis_row, bias_row = _mask_rows(VIS, BIAS, b, h, m_idx, smb, smh, smq, sbb, sbh, sbq, HAS_VIS,
+                                   HAS_BIAS)
     k_head, v_head = K + b * skb + hk * skh, V + b * svb + hk * svh
     m_i = tl.zeros([BM], dtype=tl.float32) + log_eps                     # the ε sink
     l_i = tl.zeros([BM], dtype=tl.float32) + 1.0
@@ -341,7 +382,7 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
         for start in range(lo, hi, BN):
             m_i, l_i, acc = _forward_tile(
                 m_i, l_i, acc, q, Q, k_head, v_head, start, m_idx, d_idx, logp_row, vis_row,
-                bias_row, skn, skd, svn, svd, smk, sbk, NQ, NK, scale, softcap, dropout_p, seed,
+                bias_row, skn, skd, svn, svd, slpn, smk, sbk, NQ, NK, scale, softcap, dropout_p, seed,
                 bh, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, IEEE, part == 1, CAUSAL,
                 BN, D, BD)
     p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
@@ -353,8 +394,8 @@ def _forward_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, LSE,
 
 @triton.jit
 def _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, K_head, V_head, start, m_idx, d_idx,
-             logp_row, vis_row, bias_row, skn, skd, svn, svd, smk, sbk, NQ, NK, scale, softcap,
-             dropout_p, seed, bh, HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr,
+             logp_row, vis_row, bias_row, skn, skd, svn, svd, slpn, smk, sbk, NQ, NK, scale,
+             softcap, dropout_p, seed, bh, HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr,
              HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, NEED_ROWDOT: tl.constexpr,
              UPCAST: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr,
              CAUSAL: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
@@ -363,7 +404,8 @@ def _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, K_head, V_head, start, m_id
     n_idx = start + tl.arange(0, BN)
     k = _tile(K_head, n_idx, d_idx, skn, skd, NK, D, BD, MASKED, UPCAST)
     v = _tile(V_head, n_idx, d_idx, svn, svd, NK, D, BD, MASKED, UPCAST)
-    t, tanh = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_row, bias_row, NQ, NK, scale,
+    logp = _logp_tile(logp_row, n_idx, slpn, NK, MASKED)
+    t, tanh = _tile_scores(q, k, m_idx, n_idx, logp, vis_row, bias_row, NQ, NK, scale,
                            softcap, smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED,
                            CAUSAL, False)
     w = tl.exp2(t - lse[:, None] * LOG2E)
@@ -381,12 +423,13 @@ def _dq_tile(dq, rowdot, q, d_o, lse, delta, p_i, Q, K_head, V_head, start, m_id
 @triton.jit
 def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, ROWDOT,
                         sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                        slb, slh, sln, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
+                        slpb, slph, slpn, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
                         H, GROUP, NQ, NK, D: tl.constexpr, scale, softcap, dropout_p, seed,
                         HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                         HAS_DROPOUT: tl.constexpr, NEED_ROWDOT: tl.constexpr,
                         UPCAST: tl.constexpr, IEEE: tl.constexpr, CAUSAL: tl.constexpr,
-                        BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+                        PK_PER_HEAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        BD: tl.constexpr):
     """dq, ``D_i = dO_i·out_i`` and (``NEED_ROWDOT``) ``dO_i·Σ_j δ W v`` of one query block.
     OUT, DO and DQ are laid out like q (its strides ``sq*``)."""
     bh = tl.program_id(1).to(tl.int64)                                   # see _check_limits
@@ -400,8 +443,9 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
     tl.store(DELTA + bh * NQ + m_idx, delta, mask=m_ok)
     lse = tl.load(LSE + bh * NQ + m_idx, mask=m_ok, other=1e30)
     p_i = tl.load(PQ + b * spb + h * sph + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
-    logp_row, vis_row, bias_row = _row_pointers(LOGP, VIS, BIAS, b, h, m_idx, slb, slh, smb, smh,
-                                                smq, sbb, sbh, sbq)
+    logp_row = _presence_row(LOGP, b, h, hk, slpb, slph, PK_PER_HEAD)
+    vis_row, bias_row = _mask_rows(VIS, BIAS, b, h, m_idx, smb, smh, smq, sbb, sbh, sbq, HAS_VIS,
+                                   HAS_BIAS)
     k_head, v_head = K + b * skb + hk * skh, V + b * svb + hk * svh
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     rowdot = tl.zeros([BM], dtype=tl.float32)
@@ -410,7 +454,7 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
         for start in range(lo, hi, BN):
             dq, rowdot = _dq_tile(
                 dq, rowdot, q, d_o, lse, delta, p_i, Q, k_head, v_head, start, m_idx, d_idx,
-                logp_row, vis_row, bias_row, skn, skd, svn, svd, smk, sbk, NQ, NK, scale,
+                logp_row, vis_row, bias_row, skn, skd, svn, svd, slpn, smk, sbk, NQ, NK, scale,
                 softcap, dropout_p, seed, bh, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, HAS_DROPOUT,
                 NEED_ROWDOT, UPCAST, IEEE, part == 1, CAUSAL, BN, D, BD)
     row_mask = m_ok[:, None] & (d_idx < D)[None, :]
@@ -421,7 +465,7 @@ def _backward_dq_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, OUT, DO, LSE, DELTA, DQ, R
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, colsum, k, v, Q, q_head, do_head, logp_row, vis_head, bias_head, pq_head,
+def _dkdv_tile(dk, dv, colsum, k, v, Q, q_head, do_head, logp, vis_head, bias_head, pq_head,
                lse_head, delta_head, bh, start, n_idx, d_idx, sqn, sqd, smq, smk, sbq, sbk, spn,
                NQ, NK, scale, softcap, dropout_p, seed,
                HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -429,14 +473,17 @@ def _dkdv_tile(dk, dv, colsum, k, v, Q, q_head, do_head, logp_row, vis_head, bia
                IEEE: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                BM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
     """``(dk, dv, colsum)`` after the query tile at ``start`` of the query head whose q, dO,
-    key logits, mask and bias rows, presences, LSE and D start at the ``*_head`` pointers."""
+    mask and bias rows, presences, LSE and D start at the ``*_head`` pointers (``logp``: the
+    block's :func:`_key_logits`)."""
     m_idx = start + tl.arange(0, BM)
     m_ok = m_idx < NQ
     q = _tile(q_head, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
     d_o = _tile(do_head, m_idx, d_idx, sqn, sqd, NQ, D, BD, True, UPCAST)
-    t, tanh = _tile_scores(q, k, m_idx, n_idx, logp_row, vis_head + m_idx * smq,
-                           bias_head + m_idx * sbq, NQ, NK, scale, softcap, smk, sbk, HAS_VIS,
-                           HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED, CAUSAL, True)    # (BN, BM)
+    vis_row, bias_row = _mask_rows(vis_head, bias_head, 0, 0, m_idx, 0, 0, smq, 0, 0, sbq,
+                                   HAS_VIS, HAS_BIAS)
+    t, tanh = _tile_scores(q, k, m_idx, n_idx, logp, vis_row, bias_row, NQ, NK, scale, softcap,
+                           smk, sbk, HAS_VIS, HAS_BIAS, HAS_SOFTCAP, IEEE, MASKED, CAUSAL,
+                           True)                                                 # (BN, BM)
     lse = tl.load(lse_head + m_idx, mask=m_ok, other=1e30)
     delta = tl.load(delta_head + m_idx, mask=m_ok, other=0.0)
     p_i = tl.load(pq_head + m_idx * spn, mask=m_ok, other=0.0).to(tl.float32)
@@ -455,17 +502,26 @@ def _dkdv_tile(dk, dv, colsum, k, v, Q, q_head, do_head, logp_row, vis_head, bia
 
 
 @triton.jit
-def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, COLSUM,
+def _per_presence(colsum, pk):
+    """``Σ_i dS_ij / p_j``, 0 where ``p_j = 0`` (a null source's ``Σ_i dS_ij`` is 0; NaN stays
+    NaN)."""
+    return tl.where(pk != 0, colsum / pk, 0.0)
+
+
+@triton.jit
+def _backward_dkdv_kernel(Q, K, V, PK, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, COLSUM,
                           sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                          slb, slh, sln, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
+                          spkb, spkh, spkn, smb, smh, smq, smk, sbb, sbh, sbq, sbk, spb, sph, spn,
                           H, GROUP, NQ, NK, D: tl.constexpr, scale, softcap, dropout_p, seed,
                           HAS_VIS: tl.constexpr, HAS_BIAS: tl.constexpr,
                           HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                           NEED_COLSUM: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-                          CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                          BD: tl.constexpr):
-    """dk, dv of one key block of one KV head (summed over its group of query heads) and the
-    column sums ``Σ_i dS_ij`` per query head. DO is laid out like q; DK, DV like k."""
+                          CAUSAL: tl.constexpr, PK_PER_HEAD: tl.constexpr, BM: tl.constexpr,
+                          BN: tl.constexpr, BD: tl.constexpr):
+    """dk, dv of one key block of one KV head (summed over its group of query heads) and
+    ``∂/∂p_j = Σ_i dS_ij / p_j`` (0 where ``p_j = 0``): per query head (``PK_PER_HEAD``, COLSUM
+    ``(B, H, Nk)``), else summed over the group (``(B, H / GROUP, Nk)``). DO is laid out like
+    q; DK, DV like k."""
     pid_n, bhk = tl.program_id(0), tl.program_id(1).to(tl.int64)
     HK = H // GROUP
     b, hk = bhk // HK, bhk % HK
@@ -475,25 +531,32 @@ def _backward_dkdv_kernel(Q, K, V, LOGP, VIS, BIAS, PQ, DO, LSE, DELTA, DK, DV, 
     v = _tile(V + b * svb + hk * svh, n_idx, d_idx, svn, svd, NK, D, BD, True, UPCAST)
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
+    pk, logp = _key_logits(_presence_row(PK, b, hk, hk, spkb, spkh, False), n_idx, spkn, NK)
+    colsum = tl.zeros([BN], dtype=tl.float32)
     for g in range(0, GROUP):
         h = hk * GROUP + g
         bh = b * H + h
         q_head, do_head = Q + b * sqb + h * sqh, DO + b * sqb + h * sqh
-        logp_row, vis_head, bias_head = _row_pointers(LOGP, VIS, BIAS, b, h, 0, slb, slh, smb, smh,
-                                                      smq, sbb, sbh, sbq)
+        if PK_PER_HEAD:
+            pk, logp = _key_logits(_presence_row(PK, b, h, hk, spkb, spkh, True), n_idx, spkn,
+                                   NK)
+            colsum = tl.zeros([BN], dtype=tl.float32)
+        vis_head, bias_head = _mask_rows(VIS, BIAS, b, h, 0, smb, smh, smq, sbb, sbh, sbq,
+                                         HAS_VIS, HAS_BIAS)
         lse_head, delta_head, pq_head = LSE + bh * NQ, DELTA + bh * NQ, PQ + b * spb + h * sph
-        colsum = tl.zeros([BN], dtype=tl.float32)
         for part in tl.static_range(2):                     # the masked tiles, then the others
             lo, hi = _query_tiles(pid_n * BN, NQ, NK, BM, BN, CAUSAL, part)
             for start in range(lo, hi, BM):
                 dk, dv, colsum = _dkdv_tile(
-                    dk, dv, colsum, k, v, Q, q_head, do_head, logp_row, vis_head, bias_head,
+                    dk, dv, colsum, k, v, Q, q_head, do_head, logp, vis_head, bias_head,
                     pq_head, lse_head, delta_head, bh, start, n_idx, d_idx, sqn, sqd, smq, smk,
                     sbq, sbk, spn, NQ, NK, scale, softcap, dropout_p, seed, HAS_VIS, HAS_BIAS,
                     HAS_SOFTCAP, HAS_DROPOUT, NEED_COLSUM, UPCAST, IEEE, part == 0, CAUSAL, BM,
                     D, BD)
-        if NEED_COLSUM:
-            tl.store(COLSUM + (b * H + h) * NK + n_idx, colsum, mask=n_idx < NK)
+        if NEED_COLSUM and PK_PER_HEAD:
+            tl.store(COLSUM + bh * NK + n_idx, _per_presence(colsum, pk), mask=n_idx < NK)
+    if NEED_COLSUM and not PK_PER_HEAD:
+        tl.store(COLSUM + bhk * NK + n_idx, _per_presence(colsum, pk), mask=n_idx < NK)
     key_mask = (n_idx < NK)[:, None] & (d_idx < D)[None, :]
     k_rows = n_idx[:, None] * skn + d_idx[None, :] * skd
     tl.store(DK + b * skb + hk * skh + k_rows, _stored(dk * scale, DK, UPCAST), mask=key_mask)

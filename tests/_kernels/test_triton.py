@@ -116,6 +116,31 @@ def test_masks_biases_softcap_and_per_head_presences(triton_module) -> None:
     assert torch.equal(out[:, :, 4], torch.zeros_like(out[:, :, 4]))
 
 
+def test_key_presences_shared_per_kv_head_and_per_query_head_agree(triton_module) -> None:
+    """One p_k given shared ``(B, Nk)``, per KV head ``(B, Hkv, Nk)`` and per query head
+    ``(B, H, Nk)`` under GQA (4→2): each matches the reference (and so does a p_k that differs
+    between query heads); the output and dq, dk, dv are the same bits, and the per-head presence
+    gradients sum to the shared one (fp32 column sums, summed in another order)."""
+    q, k, v, p_q, p_k = make(torch.float64)
+    forms = {"shared": p_k, "per KV head": p_k[:, None].repeat(1, 2, 1),
+             "per query head": p_k[:, None].repeat(1, 4, 1),
+             "distinct per query head": p_k[:, None] * torch.rand(
+                 4, 23, generator=torch.Generator().manual_seed(2), dtype=torch.float64)}
+    results = {name: run_both(triton_module, [q, k, v, p_q, form]) for name, form in forms.items()}
+    for name, (out, grads, want, want_grads) in results.items():
+        assert_close(out, want, 1e-6, f"{name} out")
+        for grad, got, expected in zip(("dq", "dk", "dv", "dp_q", "dp_k"), grads, want_grads):
+            assert_close(got, expected, 1e-6, f"{name} {grad}")
+    shared_out, shared_grads = results["shared"][:2]
+    for name in ("per KV head", "per query head"):
+        out, grads = results[name][:2]
+        assert torch.equal(out, shared_out), name
+        for got, expected in zip(grads[:4], shared_grads[:4]):
+            assert torch.equal(got, expected), name
+        assert_close(grads[4].sum(1), shared_grads[4].double(), 1e-6, f"{name} dp_k summed")
+        assert torch.equal(grads[4][0, :, 5], torch.zeros_like(grads[4][0, :, 5]))   # p_j = 0
+
+
 def test_dropout_is_the_reference_with_the_kernels_mask(triton_module) -> None:
     inputs = make(torch.float64)
     keep = triton_module.dropout_keep(7, (2, 4, 19, 23), 0.3).double()
