@@ -35,6 +35,10 @@ OLD = (releases.installed_version() or "").startswith("8.0.")
 # up to 4e-4 of a translated probability and 3e-3 of a prediction (9.1.0 sums positive overlaps:
 # 5e-5). The model's own logits are as close to base as on later releases.
 CDF_TRANSLATE = Version(releases.installed_version() or "0") < Version("9.1.0")
+# tabpfn runs its mixed precision on the CPU (bf16 autocast, where the CPU has fast bf16) from
+# the release that brought its CPU bf16 check on; earlier releases refuse
+# inference_precision="autocast" on the CPU
+CPU_AUTOCAST = hasattr(importlib.import_module("tabpfn.utils"), "_cpu_supports_fast_bf16")
 REG_PRECISION = torch.float64
 CLS_PRECISION = torch.float32
 # the retrofitted versions besides v3 that the installed tabpfn ships
@@ -146,6 +150,10 @@ def test_classifier_ragged_under_bf16_autocast_is_within_the_loops_own_rounding(
     kw = {"n_estimators": 2, "device": "cpu"}
     classifier, _ = make_classifier(classifier_ckpt, "full-o", 1e-8, inference_precision="autocast",
                                     **kw)
+    if not CPU_AUTOCAST:                      # no CPU mixed precision: tabpfn's refusal, named
+        with pytest.raises(RetrofitError, match="fp16_inference"):
+            predict_proba_batched(classifier, *zip(*sets), max_padding=math.inf, n_jobs=2)
+        return
     got = predict_proba_batched(classifier, *zip(*sets), max_padding=math.inf, n_jobs=2)
     same = _each(classifier, "predict_proba", sets)
     fp32 = _each(make_classifier(classifier_ckpt, "full-o", 1e-8,
