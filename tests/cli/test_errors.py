@@ -40,8 +40,13 @@ def _ctrl_c(where: str, wait: int) -> tuple[int, str, str]:
     """Run the waiting verb, send SIGINT once it waits ``where``; its status, stdout, stderr."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     script = _SLEEPER.format(wait=wait, where=WHERE[where])
+    # the child starts with Ctrl-C's default disposition: a test that ran main() in this
+    # process left it ignored here (main() ignores Ctrl-C once the app is over), and a child
+    # inheriting SIG_IGN would never see the SIGINT
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=env) as process:
+                          stderr=subprocess.PIPE, text=True, env=env,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+                          ) as process:
         assert process.stdout.readline() == "working\n"
         assert process.stdout.readline() == "running\n"
         process.send_signal(signal.SIGINT)
