@@ -16,10 +16,9 @@ import triton
 from torch import Tensor
 
 from .lse import _NULL_LOGIT, sink_logit
-from .triton_kernels import (_INTERPRET, GRID_Y_LIMIT, INT32_LIMIT, LOG2E, Configs,
-                             KernelConfig, _backward_dkdv_kernel, _backward_dq_kernel,
-                             _dropout_kernel,
-                             _forward_kernel, configs_for, padded_head_dim)
+from .triton_configs import _INTERPRET, Configs, KernelConfig, configs_for, padded_head_dim
+from .triton_kernels import (GRID_Y_LIMIT, INT32_LIMIT, LOG2E, _backward_dkdv_kernel,
+                             _backward_dq_kernel, _dropout_kernel, _forward_kernel)
 
 __all__ = ["o_attention_triton", "dropout_keep"]
 
