@@ -66,7 +66,7 @@ class Retrofitted(MetaEstimatorMixin, BaseEstimator):
             raise RetrofitError(f"this Retrofitted wraps {self.wraps}; got "
                                 f"{module}.{type(self.estimator).__name__} (each family's "
                                 "Retrofitted is in its module: oretrofit.tabpfn, "
-                                "oretrofit.tabicl, oretrofit.tabdpt, …)")
+                                "oretrofit.tabicl, oretrofit.tabdpt, oretrofit.mitra)")
         check_arm(self.arm, tau=self.tau, eps=self.eps)
         self.estimator_, self.retrofit_ = type(self).retrofit_estimator(
             clone(self.estimator), self.arm, self.tau, self.eps)

@@ -14,3 +14,22 @@ def assert_grid_search_tunes_tau(search, x_train, y_train) -> None:
     assert len(set(scores)) == 3
     assert search.best_params_["tau"] == TAUS[int(np.argmax(scores))]
     assert search.best_estimator_.retrofit_.plan.tau == search.best_params_["tau"]
+
+
+def assert_refusals(retrofitted, estimator, x_train, y_train, wraps: str) -> None:
+    """``retrofitted`` (a family's Retrofitted class) over ``estimator`` refuses τ with the base
+    arm and an unknown arm, and over another family's estimator names what it wraps
+    (``wraps``)."""
+    import re
+
+    import pytest
+    from sklearn.linear_model import Ridge
+
+    from oretrofit import RetrofitError
+
+    for arm, tau, match in (("base", 1e-8, "arm 'base' patches no site, so tau"),
+                            ("o", None, "unknown arm 'o'")):
+        with pytest.raises(RetrofitError, match=match):
+            retrofitted(estimator, arm=arm, tau=tau).fit(x_train, y_train)
+    with pytest.raises(RetrofitError, match=f"wraps {re.escape(wraps)}"):
+        retrofitted(Ridge()).fit(x_train, y_train)

@@ -2,7 +2,8 @@
 (the O-mixin of its layer) and ``releases.py`` (the autogluon.tabular releases it admits);
 ``checkpoints.py`` (the vendor's checkpoint format, random models), ``padding.py`` (the token
 boundary, and one forward over datasets of different sizes), ``estimators.py`` (retrofitted
-``MitraClassifier`` / ``MitraRegressor``) and ``batched.py`` (their ``predict`` over many
+``MitraClassifier`` / ``MitraRegressor``), ``meta_estimator.py`` (the sklearn meta-estimator
+``Retrofitted``, whose arm and τ a search tunes) and ``batched.py`` (their ``predict`` over many
 datasets in one padded forward). Needs ``autogluon.tabular[mitra]`` 1.6.3, which pins
 ``pandas<2.4`` and so lives in an environment of its own (``make test-mitra`` builds one).
 
@@ -16,10 +17,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["make_classifier", "make_regressor", "predict_batched", "predict_proba_batched",
-           "padded_forward", "TINY", "random_model", "write_random_checkpoint"]
+__all__ = ["Retrofitted", "make_classifier", "make_regressor", "predict_batched",
+           "predict_proba_batched", "padded_forward", "TINY", "random_model", "write_random_checkpoint"]
 
-_HOMES = {"make_classifier": "estimators", "make_regressor": "estimators",
+_HOMES = {"Retrofitted": "meta_estimator", "make_classifier": "estimators", "make_regressor": "estimators",
           "predict_batched": "batched", "predict_proba_batched": "batched",
           "padded_forward": "padding", "TINY": "checkpoints", "random_model": "checkpoints",
           "write_random_checkpoint": "checkpoints"}

@@ -22,8 +22,8 @@ from torch import nn
 from ..._operators.presence import EPS_RETROFIT, TAU_RETROFIT
 from ..._surgery.registry import ARMS, Retrofit, RetrofitError, retrofit
 
-__all__ = ["make_classifier", "make_regressor", "RetrofittedMitraClassifier",
-           "RetrofittedMitraRegressor"]
+__all__ = ["make_classifier", "make_regressor", "retrofit_estimator",
+           "RetrofittedMitraClassifier", "RetrofittedMitraRegressor"]
 
 _RETROFIT_PARAMS = {"arm": "full-o", "tau": TAU_RETROFIT, "eps": EPS_RETROFIT}
 
@@ -137,3 +137,14 @@ def make_regressor(model_path: str | os.PathLike[str] | None, arm: str = "full-o
     ``autogluon/mitra-regressor``)."""
     return _make(RetrofittedMitraRegressor, MitraRegressor, model_path, arm, tau, eps,
                  vendor_kwargs)
+
+
+def retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float | None
+                       ) -> tuple[Any, Retrofit | None]:
+    """An unfitted estimator with the vendor ``estimator``'s arguments whose models are
+    retrofitted with ``arm`` (τ, ε None: ``TAU_RETROFIT``, ``EPS_RETROFIT``): what
+    :class:`oretrofit.mitra.Retrofitted` fits."""
+    params = estimator.get_params(deep=False)
+    maker = make_classifier if isinstance(estimator, MitraClassifier) else make_regressor
+    return maker(params.pop("hf_model"), arm, TAU_RETROFIT if tau is None else tau,
+                 eps=EPS_RETROFIT if eps is None else eps, **params)

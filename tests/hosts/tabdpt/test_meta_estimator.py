@@ -9,8 +9,8 @@ import torch
 from sklearn.base import clone, is_classifier, is_regressor
 from sklearn.model_selection import GridSearchCV
 
-from hosts import TAUS, assert_grid_search_tunes_tau
-from oretrofit import Retrofit, RetrofitError
+from hosts import TAUS, assert_grid_search_tunes_tau, assert_refusals
+from oretrofit import Retrofit
 from oretrofit.tabdpt import Retrofitted, make_classifier, make_regressor
 
 
@@ -78,11 +78,5 @@ def test_classifier(checkpoint, table):
 
 
 def test_refusals(regressor, table):
-    x_train, y_train, _ = table(24, 5, 0, seed=0)
-    with pytest.raises(RetrofitError, match="arm 'base' patches no site, so tau"):
-        Retrofitted(regressor, arm="base", tau=1e-8).fit(x_train, y_train)
-    with pytest.raises(RetrofitError, match="unknown arm 'o'"):
-        Retrofitted(regressor, arm="o").fit(x_train, y_train)
-    with pytest.raises(RetrofitError, match="wraps tabdpt's TabDPTClassifier"):
-        from sklearn.linear_model import Ridge
-        Retrofitted(Ridge()).fit(x_train, y_train)
+    assert_refusals(Retrofitted, regressor, *table(24, 5, 0, seed=0)[:2],
+                    "tabdpt's TabDPTClassifier / TabDPTRegressor")

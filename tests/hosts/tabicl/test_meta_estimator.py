@@ -4,13 +4,11 @@ tunes; it predicts as make_classifier / make_regressor with the same settings.""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from sklearn.base import clone, is_classifier, is_regressor
 from sklearn.model_selection import GridSearchCV
 from tabicl import TabICLClassifier, TabICLRegressor
 
-from hosts import TAUS, assert_grid_search_tunes_tau
-from oretrofit import RetrofitError
+from hosts import TAUS, assert_grid_search_tunes_tau, assert_refusals
 from oretrofit.tabicl import Retrofitted, make_classifier, make_regressor
 
 VENDOR = dict(n_estimators=1, device="cpu", allow_auto_download=False)
@@ -70,8 +68,5 @@ def test_classifier(checkpoints):
 def test_refusals(checkpoints):
     x_train, y_train, _ = _table()
     regressor = TabICLRegressor(model_path=checkpoints["regressor"], **VENDOR)
-    with pytest.raises(RetrofitError, match="arm 'base' patches no site, so tau"):
-        Retrofitted(regressor, arm="base", tau=1e-8).fit(x_train, y_train)
-    with pytest.raises(RetrofitError, match="wraps tabicl's TabICLClassifier"):
-        from sklearn.linear_model import Ridge
-        Retrofitted(Ridge()).fit(x_train, y_train)
+    assert_refusals(Retrofitted, regressor, x_train, y_train,
+                    "tabicl's TabICLClassifier / TabICLRegressor")

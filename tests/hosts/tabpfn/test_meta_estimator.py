@@ -8,8 +8,7 @@ import pytest
 from sklearn.base import clone, is_classifier, is_regressor
 from sklearn.model_selection import GridSearchCV
 
-from hosts import TAUS, assert_grid_search_tunes_tau
-from oretrofit import RetrofitError
+from hosts import TAUS, assert_grid_search_tunes_tau, assert_refusals
 from oretrofit.tabpfn import Retrofitted
 from oretrofit.tabpfn import make_classifier, make_regressor
 
@@ -66,8 +65,5 @@ def test_classifier(classifier_ckpt, classes):
 
 
 def test_refusals(regressor, table):
-    with pytest.raises(RetrofitError, match="arm 'base' patches no site, so tau"):
-        Retrofitted(regressor, arm="base", tau=1e-8).fit(*table[:2])
-    with pytest.raises(RetrofitError, match="wraps tabpfn's TabPFNRegressor"):
-        from sklearn.linear_model import Ridge
-        Retrofitted(Ridge()).fit(*table[:2])
+    assert_refusals(Retrofitted, regressor, *table[:2],
+                    "tabpfn's TabPFNRegressor / TabPFNClassifier")
