@@ -7,7 +7,8 @@ contributes to anything shared between tokens.
 Every public name is listed once in ``__all__`` and imported from its home module on first
 use (PEP 562), so ``import oretrofit`` (and ``oretrofit --help``) does not import torch; the
 public subpackages ``oretrofit.transformers``, ``oretrofit.tabpfn``, ``oretrofit.tabdpt`` and
-``oretrofit.mitra`` likewise, on first use (:func:`_lazy_attributes`, which ``oretrofit.transformers`` shares).
+``oretrofit.mitra`` likewise, on first use (:func:`oretrofit._surgery.lazy.lazy_attributes`,
+which ``oretrofit.transformers`` and ``oretrofit.mitra`` share).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 
 try:                    # pyproject.toml's version, the one place it is set
     __version__ = importlib.metadata.version("oretrofit")
@@ -23,6 +24,7 @@ except importlib.metadata.PackageNotFoundError:                  # a source tree
     __version__ = "0+unknown"
 
 from ._surgery import moved  # noqa: E402
+from ._surgery.lazy import lazy_attributes as _lazy_attributes  # noqa: E402
 
 moved.install()                 # old module paths (a pickle written before a move) still load
 
@@ -58,33 +60,6 @@ _HOMES = {
 }
 
 __all__ = list(_HOMES)
-
-
-def _lazy_attributes(namespace: dict[str, Any], homes: dict[str, tuple[str, str]],
-                     submodules: tuple[str, ...] = ()
-                     ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The ``__getattr__`` and ``__dir__`` of the facade whose globals are ``namespace`` (PEP 562:
-    neither torch nor transformers is imported until a name is asked for):
-    ``homes`` maps a public name to (its home module, relative to that module, and its name
-    there); a name is imported the first time it is asked for, then kept in ``namespace``.
-    ``submodules``: the module's subpackages imported the first time they are asked for (so
-    ``import oretrofit; oretrofit.transformers.check`` needs no second import)."""
-    module = namespace["__name__"]
-
-    def __getattr__(name: str) -> Any:
-        if name in submodules:
-            return importlib.import_module(f"{module}.{name}")
-        if name not in homes:
-            raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        home, attribute = homes[name]
-        value = getattr(importlib.import_module(home, module), attribute)
-        namespace[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*namespace, *homes, *submodules})
-
-    return __getattr__, __dir__
 
 
 __getattr__, __dir__ = _lazy_attributes(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import _lazy_attributes
+from .._surgery.lazy import lazy_attributes as _lazy_attributes
 
 # public name -> (the module that defines it, its name there)
 _HOMES = {

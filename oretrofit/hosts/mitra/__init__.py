@@ -14,23 +14,15 @@ names are imported on first use, so importing the package imports neither torch 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..._surgery.lazy import lazy_attributes as _lazy_attributes
 
-__all__ = ["Retrofitted", "make_classifier", "make_regressor", "predict_batched",
-           "predict_proba_batched", "padded_forward", "TINY", "random_model", "write_random_checkpoint"]
+# public name -> the module of this package that defines it
+_HOMES = {"Retrofitted": "meta_estimator", "make_classifier": "estimators",
+          "make_regressor": "estimators", "predict_batched": "batched",
+          "predict_proba_batched": "batched", "padded_forward": "padding", "TINY": "checkpoints",
+          "random_model": "checkpoints", "write_random_checkpoint": "checkpoints"}
 
-_HOMES = {"Retrofitted": "meta_estimator", "make_classifier": "estimators", "make_regressor": "estimators",
-          "predict_batched": "batched", "predict_proba_batched": "batched",
-          "padded_forward": "padding", "TINY": "checkpoints", "random_model": "checkpoints",
-          "write_random_checkpoint": "checkpoints"}
+__all__ = list(_HOMES)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy_attributes(
+    globals(), {name: (f".{home}", name) for name, home in _HOMES.items()})
