@@ -12,7 +12,6 @@ import threading
 import numpy as np
 import pytest
 import torch
-from packaging.version import Version
 from sklearn import datasets as skd
 
 from oretrofit import RetrofitError
@@ -20,7 +19,7 @@ from oretrofit.hosts.tabpfn import batched, forward_plan, padding, releases, ver
 from oretrofit.hosts.tabpfn.checkpoints import write_random_checkpoint
 from oretrofit.tabpfn import make_classifier, make_regressor, predict_batched, predict_proba_batched
 
-from . import FAST
+from . import CDF_TRANSLATE, FAST
 
 SAME = 1e-5            # batched vs per-dataset fit + predict of the same retrofitted estimator
 TAU_LIMIT = 1e-4       # the τ = 1e-8 retrofit vs the unpatched estimator (test_regressor.py)
@@ -30,11 +29,6 @@ TAU_LIMIT = 1e-4       # the τ = 1e-8 retrofit vs the unpatched estimator (test
 # (pinned: tabpfn's "auto" is bfloat16 autocast on a CPU with native bfloat16, which has a test
 # of its own, held to the loop's own bf16 rounding).
 OLD = (releases.installed_version() or "").startswith("8.0.")
-# tabpfn before 9.1.0 moves each estimator's fp32 bucket probabilities onto the target's borders
-# as differences of their CDFs (tabpfn.utils._cdf), which cancel: a logit change of 1e-6 becomes
-# up to 4e-4 of a translated probability and 3e-3 of a prediction (9.1.0 sums positive overlaps:
-# 5e-5). The model's own logits are as close to base as on later releases.
-CDF_TRANSLATE = Version(releases.installed_version() or "0") < Version("9.1.0")
 # tabpfn runs its mixed precision on the CPU (bf16 autocast, where the CPU has fast bf16) from
 # the release that brought its CPU bf16 check on; earlier releases refuse
 # inference_precision="autocast" on the CPU
