@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Collection, Mapping, Protocol, Sequence
 
 from torch import nn
 
@@ -30,7 +30,7 @@ from .patching import SiteConfig, Undo
 
 __all__ = ["KINDS", "BUILTIN_HOSTS", "DEFAULT_SPECIFICITY", "RetrofitError", "Site", "SiteConfig",
            "Host", "inside", "join_path", "register_host", "registered_hosts", "specificity",
-           "check_tested_release"]
+           "check_tested_release", "vendor_class", "check_known_modules"]
 
 KINDS = ("attention", "norm", "ffn", "inject")
 DEFAULT_SPECIFICITY = 10
@@ -57,6 +57,30 @@ def check_tested_release(host: str, package: str, version: str | None,
                             f"installed: {fix}")
     raise RetrofitError(f"{package} {version} is not supported by the {host} host: it is tested "
                         f"on {package} {listed} only: {fix}")
+
+
+def vendor_class(module: nn.Module, vendor_modules: Collection[str]) -> type:
+    """The first class in ``module``'s MRO defined in one of ``vendor_modules`` or in torch: the
+    vendor's class also under an O-subclass, the class a host matches and names."""
+    return next((c for c in type(module).__mro__
+                 if c.__module__ in vendor_modules or c.__module__.startswith("torch.")),
+                type(module))
+
+
+def check_known_modules(model: nn.Module, host: str, known: Mapping[str, Collection[str]],
+                        package: str, fix: str) -> None:
+    """Refuse ``model`` when one of its modules is of a type ``host``'s sites do not account
+    for, naming its path and class: each module's :func:`vendor_class` must be listed in
+    ``known`` under its module (``"torch.nn"`` for torch's). Any other type (another release
+    of ``package`` may add one) would be left ungated."""
+    for path, module in model.named_modules():
+        cls = vendor_class(module, known)
+        family = "torch.nn" if cls.__module__.startswith("torch.") else cls.__module__
+        if cls.__name__ not in known.get(family, ()):
+            raise RetrofitError(
+                f"{host}: module {path or '(model)'} of type {cls.__module__}.{cls.__name__} is "
+                f"not one the host can gate (an addition of another {package} release?); it "
+                f"would be left ungated, so the model is refused: {fix}")
 
 
 @dataclass

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..._surgery.host import RetrofitError, Site, register_host
+from ..._surgery.host import (RetrofitError, Site, check_known_modules, register_host,
+                              vendor_class)
 from ..torch_nn import norm_site, patch
 from . import releases
 
@@ -46,27 +47,13 @@ _KNOWN = {VENDOR_MODULE: {"Tab2D", "Layer", "MultiheadAttention"},
           "torch.nn": {"Linear", "LayerNorm", "Embedding", "ModuleList"}}
 
 
-def _vendor_class(module: nn.Module) -> type:
-    """The first class in ``module``'s MRO defined by Mitra or torch (an O-subclass's base)."""
-    return next((c for c in type(module).__mro__
-                 if c.__module__ in (VENDOR_MODULE, _EMBEDDING_MODULE)
-                 or c.__module__.startswith("torch.")), type(module))
-
-
 def check_model(model: nn.Module) -> None:
     """Refuse the flash-attn path and any module of a type the sites do not account for."""
     if getattr(model, "use_flash_attn", False):
         raise RetrofitError("this Mitra model runs its flash-attn path (built on CUDA with "
                             "flash_attn installed); the Mitra host retrofits the dense path "
                             "only: build it without flash_attn installed, or on the CPU")
-    for path, module in model.named_modules():
-        cls = _vendor_class(module)
-        family = "torch.nn" if cls.__module__.startswith("torch.") else cls.__module__
-        if cls.__name__ not in _KNOWN.get(family, ()):
-            raise RetrofitError(
-                f"Mitra: module {path or '(model)'} of type {cls.__module__}.{cls.__name__} is "
-                "not one the host can gate (an addition of another autogluon release?); it would "
-                f"be left ungated, so the model is refused: {releases.FIX}")
+    check_known_modules(model, "Mitra", _KNOWN, "autogluon", releases.FIX)
 
 
 def _axis_sites(axis: str, k: int, layer: nn.Module, norms: tuple[nn.Module, nn.Module],
@@ -104,7 +91,7 @@ class MitraHost:
 
     def matches(self, model: nn.Module) -> bool:
         """A model of Mitra's class: one exists only where autogluon's Mitra imports."""
-        cls = _vendor_class(model)
+        cls = vendor_class(model, (VENDOR_MODULE,))
         return cls.__module__ == VENDOR_MODULE and cls.__name__ == "Tab2D"
 
     def check(self, model: nn.Module) -> None:

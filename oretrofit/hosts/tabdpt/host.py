@@ -30,7 +30,7 @@ from typing import Callable
 
 from torch import nn
 
-from ..._surgery.host import RetrofitError, Site, register_host
+from ..._surgery.host import Site, check_known_modules, register_host, vendor_class
 from ..._surgery.patching import SiteConfig, Undo, set_site
 from ..torch_nn import ONormSite, patch_all
 from . import releases
@@ -40,28 +40,14 @@ __all__ = ["TabDPTHost", "VENDOR_MODULE", "sites", "check_modules"]
 VENDOR_MODULE = "tabdpt.model"
 # the module types a TabDPTModel is built of: tabdpt's (gated by a site or token-local inside
 # one) and torch.nn's token-local layers and containers
-_VENDOR_TYPES = frozenset({"TabDPTModel", "TransformerEncoderLayer", "RMSNorm", "SwiGLU"})
-_TORCH_TYPES = frozenset({"Linear", "LayerNorm", "Dropout", "Embedding", "Sequential", "GELU",
-                          "ModuleList"})
-
-
-def _vendor_class(module: nn.Module) -> type:
-    """The first class in ``module``'s MRO defined by tabdpt or torch (an O-subclass's base)."""
-    return next((c for c in type(module).__mro__
-                 if c.__module__ == VENDOR_MODULE or c.__module__.startswith("torch.")),
-                type(module))
+_KNOWN = {VENDOR_MODULE: {"TabDPTModel", "TransformerEncoderLayer", "RMSNorm", "SwiGLU"},
+          "torch.nn": {"Linear", "LayerNorm", "Dropout", "Embedding", "Sequential", "GELU",
+                       "ModuleList"}}
 
 
 def check_modules(model: nn.Module) -> None:
     """Refuse a module of a type the sites do not account for, by path and class."""
-    for path, module in model.named_modules():
-        cls = _vendor_class(module)
-        known = _VENDOR_TYPES if cls.__module__ == VENDOR_MODULE else _TORCH_TYPES
-        if cls.__name__ not in known:
-            raise RetrofitError(
-                f"TabDPT: module {path or '(model)'} of type {cls.__module__}.{cls.__name__} is "
-                "not one the host can gate (an addition of another tabdpt release?); it would "
-                f"be left ungated, so the model is refused: {releases.FIX}")
+    check_known_modules(model, "TabDPT", _KNOWN, "tabdpt", releases.FIX)
 
 
 def _layer_site(layer: nn.Module, key: str) -> Callable[[SiteConfig], Undo]:
@@ -100,7 +86,7 @@ class TabDPTHost:
 
     def matches(self, model: nn.Module) -> bool:
         """A model of tabdpt's class: one exists only where tabdpt imports."""
-        cls = _vendor_class(model)
+        cls = vendor_class(model, (VENDOR_MODULE,))
         return cls.__module__ == VENDOR_MODULE and cls.__name__ == "TabDPTModel"
 
     def check(self, model: nn.Module) -> None:
