@@ -48,6 +48,7 @@ import math
 import numbers
 import os
 import re
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -190,13 +191,38 @@ def _with_model(estimator: Any, model: nn.Module) -> Any:
     return copied
 
 
+_MOVES = threading.Lock()         # held by the thread moving a shared model's parameters
+
+
+@functools.cache
+def _moving_one_at_a_time(cls: type) -> type:
+    """``cls`` whose ``to`` / ``type`` / ``float`` … hold :data:`_MOVES` throughout.
+
+    tabpfn moves its model to the device and inference dtype in every ``predict``; here each
+    dataset's predict runs on a thread of its own, on a shadow that shares the model's
+    parameters, so the moves reach the one shared model. ``Module._apply`` replaces a
+    parameter's storage in place (``param.data = converted``); a second thread converting the
+    same parameter meanwhile reads storage the first has just freed (torch releases the GIL
+    inside the conversion) and writes back what it read: garbage weights, or a crash. One move
+    at a time, the first converts and the others find the model converted. (A subclass, not an
+    attribute of the shadow, so a copy tabpfn makes of the shadow moves itself.)
+    """
+    def _apply(self: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+        with _MOVES:
+            return cls._apply(self, *args, **kwargs)
+
+    return type(cls.__name__, (cls,), {"_apply": _apply, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})
+
+
 def _fit_and_predict(estimator: Any, model: nn.Module, method: str, index: int, x_train: Any,
                      y_train: Any, x_test: Any, kwargs: dict[str, Any],
                      forward: Callable[..., Tensor]) -> Any:
     """Dataset ``index``'s fit and predict on a copy of ``estimator`` whose model (a shadow
     of ``model``) answers its forwards with ``forward``."""
     proxy = shadow(model, forward=functools.wraps(model.forward)(forward))  # tabpfn reads
-    worker = copy.copy(estimator)                                          # its signature
+    proxy.__class__ = _moving_one_at_a_time(type(proxy))                  # its signature
+    worker = copy.copy(estimator)
     worker.model_path = _with_model(estimator, proxy)
     worker.fit_mode = "fit_preprocessors"          # the forward runs at predict, no KV cache
     with _dataset(index, "fit"):

@@ -119,6 +119,37 @@ def test_regressor_ragged_equals_per_dataset(small_ckpt, regression_sets):
     assert all(_rel(g, b) <= limit + SAME for g, b, limit in zip(got, base, limits))
 
 
+def test_datasets_side_by_side_move_the_shared_model_one_at_a_time(small_ckpt, table):
+    """tabpfn casts its model to the inference dtype in every predict (``model.type``), here on
+    each dataset's thread, through a shadow sharing the model's parameters. Two casts at once
+    free a parameter's storage (``param.data = …``) while the other still reads it: garbage
+    weights (a full-suite run predicted 2.5 % off the loop) or a crash. A cast slowed to 0.3 s
+    shows whether two ever overlap."""
+    regressor, retrofit = make_regressor(small_ckpt, "full-o", 1e-8,
+                                         inference_precision=REG_PRECISION, **FAST)
+    child = next(retrofit.model.children())          # reached by every shadow's cast
+    active, overlaps = [0], []
+    lock = threading.Lock()
+
+    def slow_apply(fn, *args, **kwargs):
+        with lock:
+            active[0] += 1
+            overlaps.append(active[0] > 1)
+        try:
+            threading.Event().wait(0.3)
+            return type(child)._apply(child, fn, *args, **kwargs)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    child._apply = slow_apply
+    try:
+        predict_batched(regressor, *[[part] * 4 for part in table], n_jobs=4)
+    finally:
+        del child._apply
+    assert len(overlaps) >= 4 and not any(overlaps)
+
+
 def test_classifier_ragged_equals_per_dataset(classifier_ckpt, classification_sets):
     sets = classification_sets
     kw = {"n_estimators": 2, "device": "cpu", "inference_precision": CLS_PRECISION}
