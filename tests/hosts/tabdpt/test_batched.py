@@ -32,7 +32,7 @@ def _largest_gap(ours, theirs):
 
 
 def test_predict_proba_batched_is_the_loop_over_ragged_datasets(checkpoint, table, monkeypatch):
-    monkeypatch.setattr(batched, "PADDING_SLACK", math.inf)      # every call in one forward
+    monkeypatch.setattr(batched, "PADDING_ROWS", math.inf)      # every call in one forward
     datasets = [table(20, 5, 3, seed=0), table(9, 3, 2, seed=1, test_rows=4),
                 table(26, 7, 6, seed=2)]                           # 6 classes: class digits
     estimator, _ = make_classifier(checkpoint)
@@ -80,18 +80,20 @@ def test_an_ensemble_from_fresh_entropy_and_bad_lists_are_refused(checkpoint, ta
         _batched(predict_proba_batched, estimator, datasets)
 
 
-def test_calls_of_one_size_share_a_forward_and_padding_stays_within_the_slack():
+def test_calls_of_one_size_share_a_forward_and_padding_stays_within_the_budget():
     """(lanes, context rows, test rows) per call: the ensemble of four calls of one size is one
-    group; a call padded past the slack starts its own; an infinite slack is one forward."""
+    group; a call padded past the budget starts its own; an infinite budget is one forward."""
     sizes = [(1, 40, 10), (1, 200, 60), (1, 40, 10), (2, 44, 10), (1, 40, 10), (1, 40, 10)]
-    assert batched.size_groups(sizes, 0.0) == [[0, 2, 4, 5], [3], [1]]
-    assert batched.size_groups(sizes, 0.1) == [[0, 2, 4, 5, 3], [1]]   # 6·54 ≤ 1.1·308
+    assert batched.size_groups(sizes, 0) == [[0, 2, 4, 5], [3], [1]]
+    assert batched.size_groups(sizes, 16) == [[0, 2, 4, 5, 3], [1]]     # 6·54 − 308 = 16
+    assert batched.size_groups(sizes, 15) == [[0, 2, 4, 5], [3], [1]]
     assert batched.size_groups(sizes, math.inf) == [[0, 2, 4, 5, 3, 1]]
-    assert batched.size_groups([], 0.1) == []
+    assert batched.size_groups([], 64) == []
 
 
 def test_datasets_far_apart_in_size_are_answered_by_forwards_of_their_own(checkpoint, table):
-    datasets = [table(60, 4, 3, seed=9), table(8, 4, 3, seed=10, test_rows=3)]
+    datasets = [table(120, 4, 3, seed=9), table(8, 4, 3, seed=10, test_rows=3)]
+    # one forward would pad 2·127 − 138 = 116 rows, past PADDING_ROWS
     estimator, _ = make_classifier(checkpoint)
     heads = []
     hook = estimator.model.head.register_forward_hook(lambda *_: heads.append(1))
