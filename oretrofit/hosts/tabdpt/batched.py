@@ -41,8 +41,9 @@ __all__ = ["predict_batched", "predict_proba_batched", "size_groups", "PADDING_R
 
 PADDING_ROWS = 64
 """How many padded rows a forward may compute beyond its real ones: about what a forward's fixed
-cost is worth in rows on one CPU core (ragged ensembles of the benchmark ran fastest at 32–128,
-1.35× the loop, against 1.23× at a budget of a tenth of the rows and 0.8× in one forward)."""
+cost is worth in rows on one CPU core. On the benchmark's ragged ensembles
+(``benchmarks/bench_tabular.py``) one forward for every call ran slower than the loop, and a
+budget proportional to the rows let groups of a few hundred rows pad more than a forward saves."""
 
 
 class _Calls:
