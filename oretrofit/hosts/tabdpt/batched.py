@@ -1,4 +1,4 @@
-"""Ragged batched prediction for TabDPT: many datasets of different sizes in one model forward,
+"""Ragged batched prediction for TabDPT: many datasets of different sizes in few model forwards,
 the padding made inert by a ``full-o`` retrofit (:mod:`.padding`).
 
 Contract. For datasets ``d = 0..D-1``, each ``(X_train_d, y_train_d, X_test_d)``::
@@ -13,10 +13,14 @@ up to float summation order (the tests hold it to 1e-5). The steps:
    inputs ``x (B, N + M, F)``, ``y (B, N)`` and answers zeros. A TabDPT model call never reads
    an earlier call's output (ensemble members, class digits and retrieval batches are fixed by
    the data and the seed), so the calls are those of the real prediction.
-2. *one padded forward*: :func:`.padding.padded_forward` answers every recorded call at once
-   (each batch lane with its own preprocessing statistics; tokens zero-padded, no mask).
-3. *replay*: each copy's ``predict`` runs again with the model answering its calls from that
-   forward, so the vendor decodes them (softmax, class digits, ensemble average, target scale)
+2. *padded forwards*: :func:`.padding.padded_forward` answers the recorded calls, one forward
+   per group of calls of similar sizes (:func:`size_groups`; each batch lane with its own
+   preprocessing statistics; tokens zero-padded, no mask). A padded row costs what a real one
+   does, so a forward takes calls only while its padding stays within :data:`PADDING_ROWS`
+   rows: an ensemble's calls (all of one size) share a forward, a dataset far larger than
+   the others gets its own.
+3. *replay*: each copy's ``predict`` runs again with the model answering its calls from those
+   forwards, so the vendor decodes them (softmax, class digits, ensemble average, target scale)
    as it would its own forward's. A call that differs from the recorded one (an ensemble drawn
    from fresh entropy: ``seed=None`` with ``n_ensembles > 1``) is refused.
 """
@@ -33,7 +37,13 @@ from ..._surgery.host import RetrofitError
 from ..._surgery.registry import Retrofit
 from .padding import padded_forward
 
-__all__ = ["predict_batched", "predict_proba_batched"]
+__all__ = ["predict_batched", "predict_proba_batched", "size_groups", "PADDING_ROWS"]
+
+PADDING_ROWS = 64
+"""How many padded rows a forward may compute beyond its real ones: about what a forward's fixed
+cost is worth in rows on one CPU core. On the benchmark's ragged ensembles
+(``benchmarks/bench_tabular.py``) one forward for every call ran slower than the loop, and a
+budget proportional to the rows let groups of a few hundred rows pad more than a forward saves."""
 
 
 class _Calls:
@@ -62,15 +72,43 @@ class _Calls:
         return self.answers[index]
 
 
+def size_groups(sizes: Sequence[tuple[int, int, int]], budget: float) -> list[list[int]]:
+    """The calls of ``sizes`` (per call: batch lanes ``B_k``, context rows ``N_k``, test rows
+    ``M_k``) in groups, one padded forward each: in order of ``(N_k, M_k)``, a group takes the
+    next call while its padded rows ``Σ B_k · (max N + max M)`` exceed its rows
+    ``Σ B_k (N_k + M_k)`` by at most ``budget``. A padded row costs what a real one does (every
+    token-local layer and the attention compute it), so one forward over very different sizes
+    can cost more than the loop it replaces; calls of one size (an ensemble's) always share a
+    forward."""
+    groups: list[list[int]] = []
+    lanes = rows = n_max = m_max = 0
+    for index in sorted(range(len(sizes)), key=lambda i: sizes[i][1:]):
+        b, n, m = sizes[index]
+        grown = (lanes + b, rows + b * (n + m), max(n_max, n), max(m_max, m))
+        if groups and grown[0] * (grown[2] + grown[3]) - grown[1] <= budget:
+            groups[-1].append(index)
+            lanes, rows, n_max, m_max = grown
+        else:
+            groups.append([index])
+            lanes, rows, n_max, m_max = b, b * (n + m), n, m
+    return groups
+
+
 def _answer(model: nn.Module, recorders: list[_Calls]) -> None:
-    """One padded forward answering every recorded call; each recorder gets its answers
-    ``(M, B, O)``, in call order."""
+    """Every recorded call answered by the padded forwards of :func:`size_groups`; each
+    recorder gets its answers ``(M, B, O)``, in call order."""
     calls = [call for recorder in recorders for call in recorder.calls]
+    outs: list[Tensor] = [None] * len(calls)  # type: ignore[list-item]
+    sizes = [(x.shape[0], y.shape[1], x.shape[1] - y.shape[1]) for x, y, _ in calls]
     with torch.inference_mode():                  # one estimator's copies: one task flag
-        outs = iter(padded_forward(model, [x for x, _, _ in calls], [y for _, y, _ in calls],
-                                   calls[0][2]))
+        for group in size_groups(sizes, PADDING_ROWS):
+            answers = padded_forward(model, [calls[i][0] for i in group],
+                                     [calls[i][1] for i in group], calls[0][2])
+            for i, answer in zip(group, answers):
+                outs[i] = answer
+    answered = iter(outs)
     for recorder in recorders:
-        recorder.answers = [next(outs) for _ in recorder.calls]
+        recorder.answers = [next(answered) for _ in recorder.calls]
 
 
 def _full_o_model(estimator: Any) -> nn.Module:
@@ -109,7 +147,7 @@ def _run(estimator: Any, method: str, X_train_list: Sequence[Any], y_train_list:
 def predict_batched(estimator: Any, X_train_list: Sequence[Any], y_train_list: Sequence[Any],
                     X_test_list: Sequence[Any], **predict_kwargs: Any) -> list[Any]:
     """``estimator.predict`` of every dataset after fitting it on that dataset, the datasets'
-    model calls answered by one padded forward (see the module docstring).
+    model calls answered by padded forwards (see the module docstring).
 
     Args:
         estimator: a ``TabDPTClassifier`` or ``TabDPTRegressor`` from

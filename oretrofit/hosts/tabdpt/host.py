@@ -25,14 +25,12 @@ is left as is. The thinking rows are learned tokens, present in every forward.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 from torch import nn
 
 from ..._surgery.host import Site, check_known_modules, register_host, vendor_class
 from ..._surgery.patching import SiteConfig, Undo, set_site
-from ..torch_nn import ONormSite, patch_all
 from . import releases
 
 __all__ = ["TabDPTHost", "VENDOR_MODULE", "sites", "check_modules"]
@@ -55,19 +53,13 @@ def _layer_site(layer: nn.Module, key: str) -> Callable[[SiteConfig], Undo]:
     return lambda config: set_site(layer, OTransformerEncoderLayer, key, config)
 
 
-def _norms(*modules: nn.Module) -> Callable[[SiteConfig], Undo]:
-    """One ONorm site over several LayerNorm modules (all-or-nothing)."""
-    return lambda config: patch_all(*(functools.partial(set_site, m, ONormSite, "norm", config)
-                                      for m in modules))
-
-
 def sites(model: nn.Module) -> list[Site]:
     """The sites of a ``TabDPTModel`` (see the module docstring)."""
     found: list[Site] = []
     for k, layer in enumerate(model.transformer_encoder):
         found += [
             Site(f"icl.{k}.norm", "norm", "residual stream entering attn_norm and ff_norm",
-                 _norms(layer.attn_norm, layer.ff_norm)),
+                 _layer_site(layer, "norm")),
             Site(f"icl.{k}.te", "inject", "context row token, gating its target embedding in "
                  "the values", _layer_site(layer, "te")),
             Site(f"icl.{k}.attn", "attention", "receivers: all rows; sources: context rows "
