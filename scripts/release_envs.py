@@ -94,11 +94,12 @@ def _has_release(python: Path, package: str, release: str) -> bool:
 
 
 def layered_venv(venv: Path, package: str, release: str, *, keep: Sequence[str] = (),
-                 deps: bool = True) -> None:
+                 deps: bool = True, extras: str = "") -> None:
     """Create ``venv`` on top of the running interpreter's environment with ``package==release``
     installed in the layer (skipped when it already resolves to that release). ``keep``: packages
     whose main-environment release the layer must not replace (a release pinning another one
-    fails to install rather than pulling it); ``deps=False`` installs the release alone.
+    fails to install rather than pulling it); ``deps=False`` installs the release alone;
+    ``extras`` (``"[mitra]"``) installs ``package[extras]==release``.
 
     Raises ``RuntimeError`` with pip's last words when the install fails or the release installed
     does not shadow the main environment's."""
@@ -113,7 +114,7 @@ def layered_venv(venv: Path, package: str, release: str, *, keep: Sequence[str] 
     (Path(_purelib(python)) / "_oretrofit_main_venv.pth").write_text(
         f"import site; site.addsitedir({main!r})\n")
     install = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-               f"{package}=={release}", *([] if deps else ["--no-deps"])]
+               f"{package}{extras}=={release}", *([] if deps else ["--no-deps"])]
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as constraints:
         constraints.write("".join(f"{name}=={_version_of(Path(sys.executable), name)}\n"
                                   for name in keep))
@@ -121,7 +122,7 @@ def layered_venv(venv: Path, package: str, release: str, *, keep: Sequence[str] 
         done = subprocess.run([*install, *(["-c", constraints.name] if keep else [])],
                               capture_output=True, text=True)
     if done.returncode:
-        raise RuntimeError(f"pip install {package}=={release} failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"pip install {package}{extras}=={release} failed:\n{done.stderr[-2000:]}")
     if not _has_release(python, package, release):
         raise RuntimeError(f"{package} {release} installed but another release shadows it")
 
@@ -207,17 +208,19 @@ def refusal(cls: type) -> str:
 
 
 def gated_release(venv: Path, release: str, source: Path, package: str, tests: Sequence[str],
-                  checks_pass: Callable[[dict], bool] = lambda result: True) -> dict:
+                  checks_pass: Callable[[dict], bool] = lambda result: True,
+                  distribution: str | None = None) -> dict:
     """One release's row for a host that gates releases: the in-environment ``--check`` of
     ``scripts/PACKAGE_compat.py`` (its JSON as ``result``); a release it reports ``refused`` is
-    ``ok`` when the refusal names the release and is not put through the tests; any other is
+    ``ok`` when the refusal names the release (``DISTRIBUTION X is not supported``; the
+    distribution is ``package`` unless named) and is not put through the tests; any other is
     ``ok`` when ``tests`` pass, the check reported no error and ``checks_pass(result)``."""
     python = str(venv / "bin" / "python")
     start = time.monotonic()
     script = source / "scripts" / f"{package}_compat.py"
     result = check_result(run_in(source, [python, str(script), "--check"]))
     if "refused" in result:
-        ok = f"{package} {release} is not supported" in result["refused"]
+        ok = f"{distribution or package} {release} is not supported" in result["refused"]
         summary = "not run (refused)"
     else:
         run = run_in(source, [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests])

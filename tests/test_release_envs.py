@@ -86,6 +86,7 @@ def test_the_sweeps_run_the_makefile_s_tests(sweep_script):
     assert sweep_script("transformers_compat").TESTS == _make_list("TRANSFORMERS_TESTS")
     assert sweep_script("tabdpt_compat").TESTS == _make_list("TABDPT_TESTS")
     assert sweep_script("tabpfn_compat").TESTS == _make_list("TABPFN_TESTS")
+    assert sweep_script("autogluon_compat").TESTS == _make_list("MITRA_TESTS")
 
 
 def test_transformers_receipt_names_the_tests_of_each_row(sweep_script):
