@@ -28,8 +28,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from release_envs import (gated_main, gated_outcome, gated_release, layered_venv,
-                          markdown_table, provenance_lines, pytest_summary, refusal, run_in)
+from release_envs import (gated_check, gated_main, gated_outcome, gated_release, layered_venv,
+                          pytest_summary, receipt, refusal_cell, run_in)
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "autogluon.tabular"
@@ -75,24 +75,15 @@ def check() -> dict:
     """Steps 1 and 3's refusal inside one environment: whether the release ships the model
     class, the pins it does not meet, and on a release the gate refuses, what retrofitting the
     class says."""
-    import importlib
     import importlib.metadata
 
     import torch
 
-    import oretrofit
     from oretrofit.hosts.mitra import releases
     found = {PACKAGE: importlib.metadata.version(PACKAGE), "torch": torch.__version__,
              "unmet": unmet_pins()}
-    try:
-        cls = importlib.import_module(MODEL).Tab2D
-    except (ImportError, AttributeError) as err:
-        return {**found, "error": f"no {MODEL}.Tab2D: {type(err).__name__}: {err}"}
-    try:
-        releases.check_release(releases.installed_version())
-    except oretrofit.RetrofitError:
-        return {**found, "refused": refusal(cls)}
-    return found
+    return gated_check(found, MODEL, "Tab2D",
+                       lambda: releases.check_release(releases.installed_version()))
 
 
 def install(venv: Path, release: str) -> None:
@@ -124,9 +115,8 @@ def run_release(venv: Path, release: str, source: Path) -> dict:
 
 def render(rows: list[dict], command: str, commit: str) -> str:
     """The compat table with its provenance."""
-    lines = [
-        "# Mitra host: autogluon.tabular release compatibility",
-        "",
+    return receipt(
+        "Mitra host: autogluon.tabular release compatibility",
         "Written by `scripts/autogluon_compat.py`; do not edit by hand. One layered virtual "
         "environment per release (the main environment, torch 2.13.0 CPU, with "
         "`autogluon.tabular[mitra]==X` and what it pins installed on top, torch kept; a release "
@@ -144,18 +134,12 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "the release, without `tests/hosts/mitra/test_releases.py` and "
         "`test_host.py::test_the_host_records_the_release_and_task` (they assert the admitted "
         "release itself).",
-        "",
-        *provenance_lines(command, commit),
-        "",
-        *markdown_table(
-            ["autogluon.tabular", "outcome", "Mitra tests", "refusal", "gate widened",
-             "unmet pins", "torch", "wall s"],
-            [[row["release"], gated_outcome(row), row["tests"],
-              str(row["result"].get("refused", row["result"].get("error", "-")))[:120],
-              row.get("widened", "-"), "; ".join(row["result"].get("unmet", [])) or "none",
-              row["result"].get("torch", "-"), row["wall_s"]] for row in rows]),
-    ]
-    return "\n".join(lines) + "\n"
+        command, commit,
+        ["autogluon.tabular", "outcome", "Mitra tests", "refusal", "gate widened",
+         "unmet pins", "torch", "wall s"],
+        [[row["release"], gated_outcome(row), row["tests"], refusal_cell(row, 120),
+          row.get("widened", "-"), "; ".join(row["result"].get("unmet", [])) or "none",
+          row["result"].get("torch", "-"), row["wall_s"]] for row in rows])
 
 
 def main() -> None:

@@ -32,8 +32,9 @@ from packaging.version import Version
 
 __all__ = ["sweep_parser", "export_head", "head_commit", "layered_venv", "layer_packages",
            "pytest_summary", "pytest_failures", "receipt_command", "provenance_lines",
-           "markdown_table", "same_release", "check_result", "run_in", "refusal", "gated_release",
-           "gated_outcome", "sweep", "gated_main"]
+           "markdown_table", "same_release", "check_result", "run_in", "refusal", "gated_check",
+           "gated_release",
+           "gated_outcome", "refusal_cell", "receipt", "sweep", "gated_main"]
 
 # how every check runs: one thread, no model hub
 OFFLINE = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
@@ -207,6 +208,25 @@ def refusal(cls: type) -> str:
     return "NOT refused"
 
 
+def gated_check(found: dict, module: str, name: str, gate: Callable[[], None]) -> dict:
+    """A gated host's in-environment check: ``found`` (what is installed), with ``error`` when
+    the release does not ship the model class ``module.name``, or with ``refused`` (what
+    retrofitting an instance of the class says, :func:`refusal`) when ``gate()`` refuses the
+    release."""
+    import importlib
+
+    import oretrofit
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        return {**found, "error": f"no {module}.{name}: {type(err).__name__}: {err}"}
+    try:
+        gate()
+    except oretrofit.RetrofitError:
+        return {**found, "refused": refusal(cls)}
+    return found
+
+
 def gated_release(venv: Path, release: str, source: Path, package: str, tests: Sequence[str],
                   checks_pass: Callable[[dict], bool] = lambda result: True,
                   distribution: str | None = None) -> dict:
@@ -235,6 +255,20 @@ def gated_outcome(row: dict) -> str:
     if not row["ok"]:
         return "FAIL"
     return "refused" if "refused" in row["result"] else "pass"
+
+
+def refusal_cell(row: dict, width: int) -> str:
+    """A :func:`gated_release` row's refusal (or the check's error), cut to ``width``; ``-``."""
+    return str(row["result"].get("refused", row["result"].get("error", "-")))[:width]
+
+
+def receipt(title: str, about: str, command: str, commit: str, header: Sequence[str],
+            rows: Sequence[Sequence[object]]) -> str:
+    """A receipt's markdown: its ``title``, what it checks (``about``), its provenance and its
+    table."""
+    lines = [f"# {title}", "", about, "", *provenance_lines(command, commit), "",
+             *markdown_table(header, rows)]
+    return "\n".join(lines) + "\n"
 
 
 def sweep(root: Path, script: str, package: str, args: argparse.Namespace,
