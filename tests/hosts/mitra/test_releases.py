@@ -32,3 +32,14 @@ def test_no_autogluon_is_refused_with_the_fix():
     with pytest.raises(RetrofitError, match=rf"the Mitra host needs autogluon.tabular {_TESTED}, "
                                             rf"and autogluon.tabular is not installed: {_FIX}"):
         releases.check_release(None)
+
+
+def test_the_gate_is_the_compat_receipts_passing_rows():
+    """results/autogluon-compat.md (scripts/autogluon_compat.py): the gate admits exactly its
+    passing rows, and every other release in it is refused by name."""
+    from pathlib import Path
+    receipt = Path(__file__).resolve().parents[3] / "results" / "autogluon-compat.md"
+    rows = [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in receipt.read_text().splitlines() if line.startswith("| 1.")]
+    assert {row[0] for row in rows if row[1] == "pass"} == set(releases.TESTED_RELEASES)
+    assert all(row[1] == "refused" for row in rows if row[0] not in releases.TESTED_RELEASES)
