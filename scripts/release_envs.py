@@ -32,8 +32,9 @@ from packaging.version import Version
 
 __all__ = ["sweep_parser", "export_head", "head_commit", "layered_venv", "layer_packages",
            "pytest_summary", "pytest_failures", "receipt_command", "provenance_lines",
-           "markdown_table", "same_release", "check_result", "run_in", "refusal", "gated_release",
-           "gated_outcome", "sweep", "gated_main"]
+           "markdown_table", "same_release", "check_result", "run_in", "refusal", "gated_check",
+           "gated_release",
+           "gated_outcome", "refusal_cell", "receipt", "sweep", "gated_main"]
 
 # how every check runs: one thread, no model hub
 OFFLINE = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
@@ -94,11 +95,12 @@ def _has_release(python: Path, package: str, release: str) -> bool:
 
 
 def layered_venv(venv: Path, package: str, release: str, *, keep: Sequence[str] = (),
-                 deps: bool = True) -> None:
+                 deps: bool = True, extras: str = "") -> None:
     """Create ``venv`` on top of the running interpreter's environment with ``package==release``
     installed in the layer (skipped when it already resolves to that release). ``keep``: packages
     whose main-environment release the layer must not replace (a release pinning another one
-    fails to install rather than pulling it); ``deps=False`` installs the release alone.
+    fails to install rather than pulling it); ``deps=False`` installs the release alone;
+    ``extras`` (``"[mitra]"``) installs ``package[extras]==release``.
 
     Raises ``RuntimeError`` with pip's last words when the install fails or the release installed
     does not shadow the main environment's."""
@@ -113,7 +115,7 @@ def layered_venv(venv: Path, package: str, release: str, *, keep: Sequence[str] 
     (Path(_purelib(python)) / "_oretrofit_main_venv.pth").write_text(
         f"import site; site.addsitedir({main!r})\n")
     install = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-               f"{package}=={release}", *([] if deps else ["--no-deps"])]
+               f"{package}{extras}=={release}", *([] if deps else ["--no-deps"])]
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as constraints:
         constraints.write("".join(f"{name}=={_version_of(Path(sys.executable), name)}\n"
                                   for name in keep))
@@ -121,7 +123,7 @@ def layered_venv(venv: Path, package: str, release: str, *, keep: Sequence[str] 
         done = subprocess.run([*install, *(["-c", constraints.name] if keep else [])],
                               capture_output=True, text=True)
     if done.returncode:
-        raise RuntimeError(f"pip install {package}=={release} failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"pip install {package}{extras}=={release} failed:\n{done.stderr[-2000:]}")
     if not _has_release(python, package, release):
         raise RuntimeError(f"{package} {release} installed but another release shadows it")
 
@@ -206,18 +208,39 @@ def refusal(cls: type) -> str:
     return "NOT refused"
 
 
+def gated_check(found: dict, module: str, name: str, gate: Callable[[], None]) -> dict:
+    """A gated host's in-environment check: ``found`` (what is installed), with ``error`` when
+    the release does not ship the model class ``module.name``, or with ``refused`` (what
+    retrofitting an instance of the class says, :func:`refusal`) when ``gate()`` refuses the
+    release."""
+    import importlib
+
+    import oretrofit
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        return {**found, "error": f"no {module}.{name}: {type(err).__name__}: {err}"}
+    try:
+        gate()
+    except oretrofit.RetrofitError:
+        return {**found, "refused": refusal(cls)}
+    return found
+
+
 def gated_release(venv: Path, release: str, source: Path, package: str, tests: Sequence[str],
-                  checks_pass: Callable[[dict], bool] = lambda result: True) -> dict:
+                  checks_pass: Callable[[dict], bool] = lambda result: True,
+                  distribution: str | None = None) -> dict:
     """One release's row for a host that gates releases: the in-environment ``--check`` of
     ``scripts/PACKAGE_compat.py`` (its JSON as ``result``); a release it reports ``refused`` is
-    ``ok`` when the refusal names the release and is not put through the tests; any other is
+    ``ok`` when the refusal names the release (``DISTRIBUTION X is not supported``; the
+    distribution is ``package`` unless named) and is not put through the tests; any other is
     ``ok`` when ``tests`` pass, the check reported no error and ``checks_pass(result)``."""
     python = str(venv / "bin" / "python")
     start = time.monotonic()
     script = source / "scripts" / f"{package}_compat.py"
     result = check_result(run_in(source, [python, str(script), "--check"]))
     if "refused" in result:
-        ok = f"{package} {release} is not supported" in result["refused"]
+        ok = f"{distribution or package} {release} is not supported" in result["refused"]
         summary = "not run (refused)"
     else:
         run = run_in(source, [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests])
@@ -232,6 +255,20 @@ def gated_outcome(row: dict) -> str:
     if not row["ok"]:
         return "FAIL"
     return "refused" if "refused" in row["result"] else "pass"
+
+
+def refusal_cell(row: dict, width: int) -> str:
+    """A :func:`gated_release` row's refusal (or the check's error), cut to ``width``; ``-``."""
+    return str(row["result"].get("refused", row["result"].get("error", "-")))[:width]
+
+
+def receipt(title: str, about: str, command: str, commit: str, header: Sequence[str],
+            rows: Sequence[Sequence[object]]) -> str:
+    """A receipt's markdown: its ``title``, what it checks (``about``), its provenance and its
+    table."""
+    lines = [f"# {title}", "", about, "", *provenance_lines(command, commit), "",
+             *markdown_table(header, rows)]
+    return "\n".join(lines) + "\n"
 
 
 def sweep(root: Path, script: str, package: str, args: argparse.Namespace,

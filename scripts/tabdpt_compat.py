@@ -22,8 +22,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from release_envs import (gated_main, gated_outcome, gated_release, layered_venv,
-                          markdown_table, provenance_lines, refusal)
+from release_envs import (gated_check, gated_main, gated_outcome, gated_release, layered_venv,
+                          receipt, refusal_cell)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/tabdpt"]
@@ -35,23 +35,14 @@ RELEASES = ["0.1.0", "1.1.2", "1.1.3", "1.1.4", "1.1.5", "1.1.6", "1.1.7", "1.1.
 def check() -> dict:
     """Steps 1 and 3 inside one environment: whether the release ships the model class, and on a
     release the gate refuses, what retrofitting the class says."""
-    import importlib
     import importlib.metadata
 
     import torch
 
-    import oretrofit
     from oretrofit.hosts.tabdpt import releases
     found = {"tabdpt": importlib.metadata.version("tabdpt"), "torch": torch.__version__}
-    try:
-        cls = importlib.import_module("tabdpt.model").TabDPTModel
-    except (ImportError, AttributeError) as err:
-        return {**found, "error": f"no tabdpt.model.TabDPTModel: {type(err).__name__}: {err}"}
-    try:
-        releases.check_release(releases.installed_version())
-    except oretrofit.RetrofitError:
-        return {**found, "refused": refusal(cls)}
-    return found
+    return gated_check(found, "tabdpt.model", "TabDPTModel",
+                       lambda: releases.check_release(releases.installed_version()))
 
 
 def install(venv: Path, release: str) -> str | None:
@@ -76,9 +67,8 @@ def run_release(venv: Path, release: str, source: Path) -> dict:
 
 def render(rows: list[dict], command: str, commit: str) -> str:
     """The compat table with its provenance."""
-    lines = [
-        "# TabDPT host: tabdpt release compatibility",
-        "",
+    return receipt(
+        "TabDPT host: tabdpt release compatibility",
         "Written by `scripts/tabdpt_compat.py`; do not edit by hand. One layered virtual "
         "environment per release (the main environment, torch 2.13.0 CPU, with `tabdpt==X` and "
         "what it pins installed on top, torch kept; a release pinning another torch is "
@@ -88,17 +78,11 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "gate admits exactly the passing releases; a release it refuses (`refused`) is not put "
         "through the tests: its row shows that retrofitting an instance of the release's own "
         "`TabDPTModel` is refused naming the release, with the `pip install` that fixes it.",
-        "",
-        *provenance_lines(command, commit),
-        "",
-        *markdown_table(
-            ["tabdpt", "outcome", "TabDPT tests", "refusal", "installed", "torch", "wall s"],
-            [[row["release"], gated_outcome(row), row["tests"],
-              str(row["result"].get("refused", row["result"].get("error", "-")))[:120],
-              row.get("install", "with its pins"), row["result"].get("torch", "-"),
-              row["wall_s"]] for row in rows]),
-    ]
-    return "\n".join(lines) + "\n"
+        command, commit,
+        ["tabdpt", "outcome", "TabDPT tests", "refusal", "installed", "torch", "wall s"],
+        [[row["release"], gated_outcome(row), row["tests"], refusal_cell(row, 120),
+          row.get("install", "with its pins"), row["result"].get("torch", "-"), row["wall_s"]]
+         for row in rows])
 
 
 def main() -> None:

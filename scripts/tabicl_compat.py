@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from release_envs import (gated_main, gated_outcome, gated_release, markdown_table,
-                          provenance_lines)
+from release_envs import (gated_main, gated_outcome, gated_release, receipt, refusal_cell)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ["tests/hosts/tabicl"]
@@ -125,9 +124,8 @@ def render(rows: list[dict], command: str, commit: str) -> str:
             value = value.get(key, {}) if isinstance(value, dict) else {}
         return f"{value:.1e}" if isinstance(value, float) else "-"
 
-    lines = [
-        "# TabICL host: tabicl release compatibility",
-        "",
+    return receipt(
+        "TabICL host: tabicl release compatibility",
         "Written by `scripts/tabicl_compat.py`; do not edit by hand. One layered virtual "
         "environment per release (the main environment, torch 2.13.0 CPU, with `tabicl==X` "
         "installed on top), running an export of the commit below. A release passes when (1) "
@@ -140,18 +138,12 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         "release it refuses (`refused`) is not put through (1) and (2): its row shows that "
         "retrofitting a model of the release's own class is refused naming the release, with "
         "the `pip install` that fixes it.",
-        "",
-        *provenance_lines(command, commit),
-        "",
-        *markdown_table(
-            ["tabicl", "outcome", "TabICL tests", "τ→0 oa Δ", "τ→0 full-o Δ", "padding Δ",
-             "refusal", "torch", "wall s"],
-            [[row["release"], gated_outcome(row), row["tests"], cell(row, "tau", "oa"),
-              cell(row, "tau", "full-o"), cell(row, "padding"),
-              str(row["result"].get("refused", row["result"].get("error", "-")))[:110],
-              row["result"].get("torch", "-"), row["wall_s"]] for row in rows]),
-    ]
-    return "\n".join(lines) + "\n"
+        command, commit,
+        ["tabicl", "outcome", "TabICL tests", "τ→0 oa Δ", "τ→0 full-o Δ", "padding Δ",
+         "refusal", "torch", "wall s"],
+        [[row["release"], gated_outcome(row), row["tests"], cell(row, "tau", "oa"),
+          cell(row, "tau", "full-o"), cell(row, "padding"), refusal_cell(row, 110),
+          row["result"].get("torch", "-"), row["wall_s"]] for row in rows])
 
 
 def main() -> None:

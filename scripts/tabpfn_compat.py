@@ -24,8 +24,12 @@ running this script) with ``tabpfn==X`` installed on top, and whatever that rele
 A release the host's gate refuses (tabpfn 2.x to 7.x) skips 1 and 2; its row is ``refused``
 when the gate, every model version the release ships and the demo command all refuse it by name.
 
-Usage: ``python scripts/tabpfn_compat.py [--venvs DIR] [--releases 8.0.1,9.2.0] [--out FILE]``.
-``--check`` is the in-environment step 2 (prints one JSON line).
+Usage: ``python scripts/tabpfn_compat.py [--venvs DIR] [--releases 8.0.1,9.2.0] [--out FILE]
+[--keep-tests]``. ``--check`` is the in-environment step 2 (prints one JSON line).
+``--keep-tests`` runs steps 2 to 5 only and keeps each release's step 1 from the receipt's
+earlier row, its cell marked with the commit it ran on: for filling in a check that an earlier
+sweep did not have, where the tests of a release take long (a release without an earlier
+passing test run gets them run).
 """
 
 from __future__ import annotations
@@ -223,17 +227,36 @@ def ensure_venv(venv: Path, release: str) -> None:
     layered_venv(venv, "tabpfn", release)
 
 
-def run_release(venv: Path, release: str) -> dict:
-    """All four checks for one release; ``ok`` only when every one passes. A release the host's
+def _tests(python: str) -> dict:
+    """Step 1: the TabPFN tests' counts, exit status and failures."""
+    done = run_in(SOURCE, [python, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
+                           *TESTS, *IGNORED])
+    return {"tests": pytest_summary(done.stdout), "tests_rc": done.returncode,
+            "failures": pytest_failures(done.stdout)}
+
+
+def _kept_tests(earlier: dict | None) -> dict | None:
+    """Step 1 as ``earlier`` (the release's row of an earlier sweep) ran it, its counts marked
+    with that sweep's commit (``tests_commit``); None when it has no passing test run."""
+    if earlier is None or earlier.get("tests_rc") != 0:
+        return None
+    commit = earlier.get("tests_commit", earlier["from_commit"])
+    return {"tests": f"{earlier['tests'].removesuffix(f' ({commit})')} ({commit})",
+            "tests_rc": 0, "failures": [], "tests_commit": commit}
+
+
+def run_release(venv: Path, release: str, earlier: dict | None = None) -> dict:
+    """All five checks for one release; ``ok`` only when every one passes. A release the host's
     gate refuses (``refused``) skips the tests and the diabetes fit: it is ``ok`` when the gate,
-    every model version it ships and the demo command refuse it with a message."""
+    every model version it ships and the demo command refuse it with a message. ``earlier``
+    (``--keep-tests``): the release's row of an earlier sweep, whose passing test run stands
+    for step 1 (:func:`_kept_tests`)."""
     python = str(venv / "bin" / "python")
     start = time.monotonic()
     checked = run_in(SOURCE, [python, str(SOURCE / "scripts" / "tabpfn_compat.py"), "--check"])
     diabetes = check_result(checked)
     refused = "refused" in diabetes
-    tests = None if refused else run_in(SOURCE, [python, "-m", "pytest", "-q", "-rfE", "-p",
-                                                 "no:cacheprovider", *TESTS, *IGNORED])
+    tests = (None if refused else _kept_tests(earlier) or _tests(python))
     # the export's command line (a layered environment has no entry points of its own)
     demo = run_in(SOURCE, [python, "-m", "oretrofit.cli.app", "patch", "--model-path", "demo",
                            "--arm", "full-o", "--tau", str(TAU), "--json"])
@@ -248,13 +271,12 @@ def run_release(venv: Path, release: str) -> dict:
     versions_ok = bool(diabetes.get("versions")) and all(
         (cell in ("-", "refused")) if refused else _version_ok(cell)
         for cell in diabetes["versions"].values())
-    tests_ok = (demo.returncode != 0) if refused else tests.returncode == 0
+    tests_ok = (demo.returncode != 0) if refused else tests["tests_rc"] == 0
     demo_fit_ok = refused or _demo_fit_ok(diabetes.get("demo_fit", {}))
     ok = tests_ok and diabetes_ok and versions_ok and demo_fit_ok and not traceback
     return {"release": release, "ok": ok,
-            "tests": "not run (refused)" if refused else pytest_summary(tests.stdout),
-            "tests_rc": None if refused else tests.returncode,
-            "failures": [] if refused else pytest_failures(tests.stdout), "diabetes": diabetes,
+            **({"tests": "not run (refused)", "tests_rc": None, "failures": []} if refused
+               else tests), "diabetes": diabetes,
             "demo": demo_outcome, "torch": diabetes.get("torch", "?"),
             "wall_s": round(time.monotonic() - start)}
 
@@ -312,6 +334,9 @@ def render(rows: list[dict], command: str, commit: str) -> str:
            "sweep did not run that release; a cell that reads `not run (COMMIT)` is a check that "
            "sweep did not have"]
           if any(row.get("from_commit", commit) != commit for row in rows) else []),
+        *(["- a TabPFN tests cell followed by `(COMMIT)` ran on that commit (an earlier sweep's "
+           "test run, kept by `--keep-tests`); the row's other checks ran on this sweep's"]
+          if any("tests_commit" in row for row in rows) else []),
         "",
         *markdown_table(
             ["tabpfn", "outcome", "TabPFN tests", "diabetes oa Δ", "diabetes full-o Δ",
@@ -333,6 +358,9 @@ def main() -> None:
                         help="folder of the per-release environments (outside the checkout)")
     parser.add_argument("--releases", default=",".join(RELEASES))
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "tabpfn-compat.md")
+    parser.add_argument("--keep-tests", action="store_true",
+                        help="run checks 2-5 only, keeping each release's earlier passing test "
+                             "run (marked with its commit)")
     args = parser.parse_args()
     if args.check:
         print(json.dumps(check()))
@@ -345,11 +373,12 @@ def main() -> None:
     command = receipt_command("scripts/tabpfn_compat.py", sys.argv[1:], {args.venvs: "VENVS"})
     json_path = args.out.with_suffix(".json")
     earlier = _earlier_rows(args.out, json_path)
+    kept = {row["release"]: row for row in earlier} if args.keep_tests else {}
     for release in args.releases.split(","):
         venv = args.venvs / f"tabpfn-{release}"
         try:
             ensure_venv(venv, release)
-            rows.append(run_release(venv, release))
+            rows.append(run_release(venv, release, kept.get(release)))
         except RuntimeError as err:
             rows.append({"release": release, "ok": False, "tests": f"install failed: {err}"[:200],
                          "tests_rc": -1, "diabetes": {}, "demo": "-", "torch": "-", "wall_s": 0})

@@ -86,6 +86,7 @@ def test_the_sweeps_run_the_makefile_s_tests(sweep_script):
     assert sweep_script("transformers_compat").TESTS == _make_list("TRANSFORMERS_TESTS")
     assert sweep_script("tabdpt_compat").TESTS == _make_list("TABDPT_TESTS")
     assert sweep_script("tabpfn_compat").TESTS == _make_list("TABPFN_TESTS")
+    assert sweep_script("autogluon_compat").TESTS == _make_list("MITRA_TESTS")
 
 
 def test_transformers_receipt_names_the_tests_of_each_row(sweep_script):
@@ -98,3 +99,23 @@ def test_transformers_receipt_names_the_tests_of_each_row(sweep_script):
     text = compat.render(rows, "python scripts/transformers_compat.py", "def5678")
     assert "A = `a.py`; B = `a.py`, `b.py`" in text
     assert "| 4.53.3 | pass | A |" in text and "| 5.25.0 | pass | B |" in text
+
+
+def test_kept_tests_are_marked_with_the_commit_they_ran_on(sweep_script):
+    """``--keep-tests``: a release's earlier passing test run stands for step 1, its cell marked
+    with that run's commit (once, however often it is kept); a failed one is run again."""
+    compat = sweep_script("tabpfn_compat")
+    earlier = {"release": "8.0.1", "tests": "126 passed, 11 skipped", "tests_rc": 0,
+               "failures": [], "from_commit": "ee1c536"}
+    kept = compat._kept_tests(earlier)
+    assert kept == {"tests": "126 passed, 11 skipped (ee1c536)", "tests_rc": 0, "failures": [],
+                    "tests_commit": "ee1c536"}
+    assert compat._kept_tests({**earlier, **kept, "from_commit": "abc1234"}) == kept
+    assert compat._kept_tests({**earlier, "tests_rc": 1}) is None
+    assert compat._kept_tests(None) is None
+    row = {**earlier, **kept, "ok": True, "diabetes": {}, "demo": "runs", "torch": "2.13.0",
+           "wall_s": 1}
+    del row["from_commit"]
+    text = compat.render([row], "python scripts/tabpfn_compat.py --keep-tests", "abc1234")
+    assert "- a TabPFN tests cell followed by `(COMMIT)` ran on that commit" in text
+    assert "| 8.0.1 | pass | 126 passed, 11 skipped (ee1c536) |" in text

@@ -4,7 +4,7 @@
 boundary, and one forward over datasets of different sizes), ``estimators.py`` (retrofitted
 ``MitraClassifier`` / ``MitraRegressor``), ``meta_estimator.py`` (the sklearn meta-estimator
 ``Retrofitted``, whose arm and τ a search tunes) and ``batched.py`` (their ``predict`` over many
-datasets in one padded forward). Needs ``autogluon.tabular[mitra]`` 1.6.3, which pins
+datasets in one padded forward). Needs ``autogluon.tabular[mitra]`` 1.6.0 to 1.6.3, which pins
 ``pandas<2.4`` and so lives in an environment of its own (``make test-mitra`` builds one).
 
 This package is also the public entry point of the Mitra host, importable as ``oretrofit.mitra``
