@@ -60,6 +60,13 @@ def parse_prior_overrides(items: list[str]) -> Any:
     return parse_overrides(items, PriorConfig(), "--prior")
 
 
+def parse_class_overrides(items: list[str]) -> Any:
+    """A ClassConfig (the classifier's class counts) with ``--classes KEY=VALUE`` overrides."""
+    from oretrofit.demo_host.classes import ClassConfig
+
+    return parse_overrides(items, ClassConfig(), "--classes")
+
+
 def parse_host_overrides(items: list[str]) -> Any:
     """A HostConfig (the v3 architecture's size) with ``--host KEY=VALUE`` overrides."""
     from oretrofit.demo_host.train import HostConfig
@@ -73,7 +80,16 @@ demo_app = typer.Typer(name="demo-host", no_args_is_help=True, add_completion=Fa
 
 @demo_app.command("train")
 def train(
-    out: Path = typer.Option(..., "--out", help="Run folder: train_state.pt, tabpfn-v3-demo.ckpt, loss.csv"),
+    out: Path = typer.Option(..., "--out", help="Run folder: train_state.pt, tabpfn-v3-demo.ckpt "
+                                                "(a classifier's tabpfn-v3-demo-classifier.ckpt), loss.csv"),
+    task: str = typer.Option("regressor", "--task", help="regressor (bar NLL) or classifier (cross-entropy on "
+                                                          "the regression prior's targets cut into classes)"),
+    warm_start: Path = typer.Option(None, "--warm-start",
+                                    help="A classifier run starts from this v3 regressor checkpoint's weights "
+                                         "(e.g. oretrofit/data/tabpfn-v3-demo.ckpt)"),
+    classes: list[str] = typer.Option([], "--classes",
+                                      help="Class-count override KEY=VALUE for a classifier, e.g. "
+                                           "binary_fraction=0.5 (repeatable)"),
     budget: str = typer.Option("2h", "--budget", help="Wall-clock training budget, e.g. 2h, 90m, 300s"),
     seed: int = typer.Option(0, "--seed", min=0),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/train_state.pt"),
@@ -98,7 +114,8 @@ def train(
                                          "seeds SEED, SEED+1, SEED+2 (stages 1-2 in OUT/stage1, OUT/stage2)"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
 ) -> None:
-    """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior."""
+    """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior (or, with --task
+    classifier, on its targets cut into classes)."""
     from oretrofit._files.provenance import portable
     from oretrofit.demo_host.curriculum import CURRICULUM, train_curriculum
     from oretrofit.demo_host.train import TrainConfig, train
@@ -111,7 +128,9 @@ def train(
             rows = ", ".join(str(stage.max_rows) for stage in CURRICULUM)
             raise ValueError(f"--curriculum sets max_rows per stage ({rows}); drop --prior max_rows")
         cfg = TrainConfig(budget_s=parse_budget(budget), seed=seed, max_steps=max_steps, budget_steps=budget_steps,
-                          prior=parse_prior_overrides(prior), host=parse_host_overrides(host), **overrides)
+                          prior=parse_prior_overrides(prior), host=parse_host_overrides(host), task=task,
+                          warm_start=None if warm_start is None else str(warm_start),
+                          classes=parse_class_overrides(classes), **overrides)
         summary = (train_curriculum(out, cfg, resume=resume) if curriculum
                    else train(out, cfg, resume=resume, init_from=init_from))
     except ValueError as exc:
