@@ -46,22 +46,23 @@ import torch
 from .._files.atomic import atomic_file, make_folder
 from .._files.reading import regular_file
 from .._files.provenance import portable, sha256_file
+from .classes import ClassConfig, sample_class_batch
 from .inference import DEFAULT_PRESET, inference_config
 from .parallel import SOLO, Workers, spawn, weights_digest
-from .classes import ClassConfig, sample_class_batch
 from .prior import PriorConfig, TaskBatch, sample_batch
 from .warm_start import regressor_weights, warm_start
 
-__all__ = ["HostConfig", "TASKS", "TrainConfig", "bar_nll", "build_host", "checkpoint_name", "class_nll", "build_optimizer", "config_from_state", "demo_meta",
-           "export_checkpoint", "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals",
-           "train", "training_step"]
+__all__ = ["HostConfig", "MAX_CLASSES", "TASKS", "TrainConfig", "bar_nll", "build_host", "build_optimizer",
+           "checkpoint_name", "class_nll", "config_from_state", "demo_meta", "export_checkpoint", "load_state",
+           "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals", "train", "training_step"]
 
 # progress and notices, not results: shown by the CLI (oretrofit.cli.output.show_progress)
 _log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "tabpfn-v3-demo.ckpt"
 TASKS = ("regressor", "classifier")
-# classes the demo classifier reads out (tabpfn v3's default, and its random classifier's)
+# classes the demo classifier reads out (tabpfn v3's default, as the random classifier's
+# hosts.tabpfn.checkpoints.RANDOM_CLASSIFIER_CLASSES)
 MAX_CLASSES = 10
 STATE_NAME = "train_state.pt"
 LOSS_LOG_NAME = "loss.csv"
