@@ -6,8 +6,9 @@ at every ``fit``; a model patched before ``fit`` would be silently replaced. The
 here load it once through the vendor's own ``_load_model``, retrofit it, and hand that same
 patched instance back at every later ``fit`` (so the returned ``Retrofit`` stays the one
 predict uses). A pickled estimator whose model the vendor rebuilds from saved weights is
-retrofitted again on load. A ``clone`` carries the vendor's parameters only, not the retrofit:
-its ``fit`` is refused rather than run unpatched.
+retrofitted again on load; a shallow ``copy.copy`` shares the retrofitted model. A ``clone``
+carries the vendor's parameters only, not the retrofit: its ``fit`` is refused rather than run
+unpatched.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ class _RetrofittedEstimator:
         arm, tau, eps = settings
         self.retrofit_ = retrofit(self.model_, arm, tau, eps)
         self.__dict__[_MODEL] = self.model_
+
+    def __copy__(self) -> "_RetrofittedEstimator":
+        """A shallow copy: it shares every attribute, the retrofitted model included (the
+        vendor's pickling state, which ``copy`` would otherwise go through, drops the model, so
+        the copy's ``fit`` would load and retrofit it again)."""
+        copied = type(self).__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

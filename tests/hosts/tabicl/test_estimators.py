@@ -4,6 +4,7 @@ reloads its model at each), equal at τ → 0 to the vendor's unpatched estimato
 
 from __future__ import annotations
 
+import copy
 import pickle
 from pathlib import Path
 
@@ -67,6 +68,15 @@ def test_a_pickled_estimator_is_retrofitted_again_and_a_clone_is_refused(checkpo
     assert np.array_equal(back.predict(x_test), expected)
     with pytest.raises(RetrofitError, match="has lost its retrofit .*make_classifier"):
         clone(ours).fit(x, y)
+
+
+def test_a_shallow_copy_shares_the_retrofitted_model(checkpoints):
+    ours, r = make_classifier(checkpoints["classifier"], tau=1e-8, **VENDOR)
+    x, y, x_test = next(_tables(3))
+    copied = copy.copy(ours)
+    assert copied.retrofit_ is r and copied.fit(x, y).model_ is r.model
+    assert not hasattr(ours, "n_features_in_")              # the original is left unfitted
+    assert np.array_equal(copied.predict_proba(x_test), ours.fit(x, y).predict_proba(x_test))
 
 
 def test_the_docs_example_runs_and_matches_the_vendor(capsys):
