@@ -25,6 +25,7 @@ host can cover at all. Reverting and retrofitting again is one line, and the use
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterable, Sequence
 
 from torch import nn
@@ -76,14 +77,35 @@ def _intact(links: Iterable[Link], classes: Iterable[Class]) -> bool:
 
 class Beneath:
     """The forward pre-hook of a module on the path to touched ones: refuses a call while a link
-    or class under it changed (the watch's error names every change in the model)."""
+    or class under it changed (the watch's error names every change in the model).
+
+    It holds its watch weakly: the watch holds the whole model, and a submodule kept elsewhere (a
+    host's derivation cache holds backbones and layers) would otherwise keep the model alive
+    through its hook. The model's own pre-hook keeps the watch alive; a pickle or copy holds it
+    strongly and is weak again once loaded."""
 
     def __init__(self, watch: "Watch", links: tuple[Link, ...], classes: tuple[Class, ...]):
-        self.watch, self.links, self.classes = watch, links, classes
+        self._watch = weakref.ref(watch)
+        self.links, self.classes = links, classes
 
     def __call__(self, module: nn.Module, args: Any) -> None:
         if not _intact(self.links, self.classes):
-            raise self.watch.error()
+            watch = self._watch()
+            if watch is not None:
+                raise watch.error()
+            changed = sorted({path for parent, name, child, path in self.links
+                              if parent._modules.get(name) is not child}
+                             | {path for m, cls, path in self.classes if type(m) is not cls})
+            raise RetrofitError(f"{', '.join(changed[:6])} changed after the model holding this "
+                                f"{type(module).__name__} was retrofitted; {FIX}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"watch": self._watch(), "links": self.links, "classes": self.classes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        watch = state.pop("watch")
+        self._watch = (lambda: None) if watch is None else weakref.ref(watch)
+        self.__dict__.update(state)
 
 
 class Watch:

@@ -6,8 +6,10 @@ and the fix) and ``report()`` give those sites as changed, on every host that pa
 from __future__ import annotations
 
 import copy
+import gc
 import pickle
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -169,6 +171,22 @@ def test_a_submodule_called_alone_refuses_a_change_beneath_it():
         with pytest.raises(RetrofitError, match=REFUSAL.format(r"layers\.0\.self_attn")):
             encoder.layers[0](x)
         encoder.layers[1](x)
+
+
+def test_a_layer_kept_after_its_model_is_dropped_frees_the_model_and_still_refuses():
+    """A layer's check holds the model's record weakly (a layer kept elsewhere, as a host's
+    cache keeps backbones, must not keep the whole model alive), and refuses a change under it
+    once the model is gone."""
+    model = _encoder()
+    retrofit(model, "full-o")
+    layer = model.layers[0]
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
+    layer.self_attn = nn.MultiheadAttention(16, 2, batch_first=True)
+    with torch.no_grad(), pytest.raises(RetrofitError, match=r"self_attn.*changed after"):
+        layer(torch.randn(2, 5, 16))
 
 
 def test_a_copy_of_a_retrofitted_model_notices_a_change_made_to_the_copy():
