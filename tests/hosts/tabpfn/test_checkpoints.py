@@ -141,26 +141,66 @@ def test_another_releases_chunking_keys_at_their_defaults_load_and_other_values_
         load_checkpoint(_with_config(small_ckpt, tmp_path / "tabpfn-v3-changed.ckpt", **changed))
 
 
-def test_the_shipped_demo_host_fits_on_this_release_or_is_refused_with_the_fix(table):
-    """The demo checkpoint (written by tabpfn 9.2.0) fits on every release that can take its
-    inference config; one that cannot (8.x: fields tabpfn 9 added) names the fields and the
-    pip install that fixes it."""
+def test_the_shipped_demo_host_runs_its_own_inference_settings_on_this_release():
+    """The demo checkpoint (its inference config written by tabpfn 9.2.0) fits sklearn's
+    diabetes on every admitted release with the ensemble it asks for: its N_ESTIMATORS and
+    SOFTMAX_TEMPERATURE are the estimator's (tabpfn 8.x: by the arguments of those names),
+    and full-o is base within scripts/tabpfn_compat.py's bound (1e-4 relative, one estimator,
+    float32). tabpfn loads a file whose inference config holds only fields it knows."""
     from dataclasses import fields
 
+    from sklearn.datasets import load_diabetes
     from tabpfn.inference_config import InferenceConfig
 
     from oretrofit.tabpfn import make_regressor
     stored = torch.load(checkpoints.DEMO_CHECKPOINT, weights_only=True)["inference_config"]
-    if set(stored) - {f.name for f in fields(InferenceConfig)}:
-        with pytest.raises(RetrofitError, match=r"inference-config fields that tabpfn .* does "
-                                                r"not know .*pip install -U 'tabpfn>=9"):
-            make_regressor("demo", arm="full-o", random_state=0, **FAST)
-        return
-    x_train, y_train, x_test = table
-    regressor, applied = make_regressor("demo", arm="full-o", random_state=0, **FAST)
-    prediction = regressor.fit(x_train, y_train).predict(x_test)
-    assert prediction.shape == (len(x_test),) and np.isfinite(prediction).all()
+    x, y = load_diabetes(return_X_y=True)
+    regressor, applied = make_regressor("demo", "full-o", 1e-8, random_state=0, device="cpu")
+    prediction = regressor.fit(x[:300], y[:300]).predict(x[300:])
+    assert prediction.shape == (142,) and np.isfinite(prediction).all()
     assert len(applied.report()) > 0
+    temperature = getattr(regressor, "softmax_temperature_", regressor.softmax_temperature)
+    assert (regressor.n_estimators_, temperature) == (stored["N_ESTIMATORS"],
+                                                     stored["SOFTMAX_TEMPERATURE"])
+    loaded = torch.load(regressor.model_path, weights_only=True)["inference_config"]
+    assert set(loaded) <= {f.name for f in fields(InferenceConfig)}
+    pinned = {"inference_precision": torch.float32, "random_state": 0, **FAST}
+    base = make_regressor("demo", "base", **pinned)[0].fit(x[:300], y[:300]).predict(x[300:])
+    full_o = (make_regressor("demo", "full-o", 1e-8, **pinned)[0].fit(x[:300], y[:300])
+              .predict(x[300:]))
+    assert np.abs(full_o - base).max() / np.abs(base).max() <= 1e-4
+
+
+def test_a_release_copy_is_written_once_per_checkpoint_and_dropped_fields(small_ckpt, tmp_path):
+    """A checkpoint carrying fields this release lacks (tabpfn 9's, or one no release has,
+    refused) loads through a copy without them, named by the source's SHA-256 and the fields
+    dropped: the same file again for the same source, the weights unchanged."""
+    from dataclasses import fields
+
+    from tabpfn.inference_config import InferenceConfig
+    known = {f.name for f in fields(InferenceConfig)}
+    checkpoint = torch.load(small_ckpt, weights_only=True)
+    extra = {"N_ESTIMATORS": 3, "TRANSFORM_DATES": False}
+    foreign = {k: v for k, v in extra.items() if k not in known}
+    checkpoint["inference_config"].update(extra)
+    source = tmp_path / "tabpfn-v3-nine.ckpt"
+    torch.save(checkpoint, source)
+    path, arguments = checkpoints.release_checkpoint(source)
+    assert checkpoints.release_checkpoint(source) == (path, arguments)
+    if not foreign:                                   # tabpfn 9: the file itself
+        assert (path, arguments) == (source, {})
+    else:
+        assert path.name == source.name and path.parent.parent.name == "tabpfn-release"
+        assert arguments == {"n_estimators": 3}
+        copy = torch.load(path, weights_only=True)
+        assert set(copy["inference_config"]) == set(checkpoint["inference_config"]) - set(foreign)
+        assert all(torch.equal(copy["state_dict"][k], v)
+                   for k, v in checkpoint["state_dict"].items())
+    checkpoint["inference_config"]["A_LATER_FIELD"] = 1
+    torch.save(checkpoint, tmp_path / "tabpfn-v3-later.ckpt")
+    with pytest.raises(RetrofitError, match=r"tabpfn-v3-later\.ckpt: .*cannot express another "
+                                            r"way \(A_LATER_FIELD=1\)"):
+        load_checkpoint(tmp_path / "tabpfn-v3-later.ckpt")
 
 
 def test_the_demo_classifier_is_the_demo_architecture_with_random_weights(caplog, classes):

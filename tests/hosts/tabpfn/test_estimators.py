@@ -89,6 +89,13 @@ def test_vendor_names_pass_through_and_auto_where_the_release_has_it():
     assert np.isfinite(regressor.fit(x[:40], y[:40]).predict(x[40:45])).all()
 
 
+def test_the_callers_arguments_win_over_the_checkpoints_settings():
+    """The demo's N_ESTIMATORS and SOFTMAX_TEMPERATURE are what the estimator runs when the
+    caller names neither (tabpfn 8.x: as argument defaults); named, the caller's value is."""
+    regressor, _ = make_regressor("demo", "base", n_estimators=2, softmax_temperature=0.5)
+    assert (regressor.n_estimators, regressor.softmax_temperature) == (2, 0.5)
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"seed": 3}, "seed= is not an argument of tabpfn .*pass random_state="),
     ({"n_estimator": 2}, "TabPFNRegressor takes no n_estimator; its arguments are .*n_estimators"),
