@@ -98,7 +98,8 @@ def test_bad_paths_get_clear_errors(tmp_path, small_ckpt):
     newer = dict(torch.load(small_ckpt, weights_only=True))
     newer["inference_config"] = {**newer["inference_config"], "A_FUTURE_FIELD": 1}
     torch.save(newer, tmp_path / "tabpfn-v3-newer.ckpt")
-    with pytest.raises(RetrofitError, match=r"does not know \(A_FUTURE_FIELD\).*pip install -U 'tabpfn"):
+    with pytest.raises(RetrofitError, match=r"tabpfn-v3-newer\.ckpt: .*cannot express another "
+                                            r"way \(A_FUTURE_FIELD=1\).*pip install -U 'tabpfn"):
         resolve_model_path(tmp_path / "tabpfn-v3-newer.ckpt")
 
 
@@ -172,8 +173,8 @@ def test_the_shipped_demo_host_runs_its_own_inference_settings_on_this_release()
 
 
 def test_a_release_copy_is_written_once_per_checkpoint_and_dropped_fields(small_ckpt, tmp_path):
-    """A checkpoint carrying fields this release lacks (tabpfn 9's, or one no release has,
-    refused) loads through a copy without them, named by the source's SHA-256 and the fields
+    """A checkpoint carrying tabpfn 9's fields that this release lacks loads through a copy
+    without them, named by the source's SHA-256 and the fields
     dropped: the same file again for the same source, the weights unchanged."""
     from dataclasses import fields
 
@@ -196,11 +197,6 @@ def test_a_release_copy_is_written_once_per_checkpoint_and_dropped_fields(small_
         assert set(copy["inference_config"]) == set(checkpoint["inference_config"]) - set(foreign)
         assert all(torch.equal(copy["state_dict"][k], v)
                    for k, v in checkpoint["state_dict"].items())
-    checkpoint["inference_config"]["A_LATER_FIELD"] = 1
-    torch.save(checkpoint, tmp_path / "tabpfn-v3-later.ckpt")
-    with pytest.raises(RetrofitError, match=r"tabpfn-v3-later\.ckpt: .*cannot express another "
-                                            r"way \(A_LATER_FIELD=1\)"):
-        load_checkpoint(tmp_path / "tabpfn-v3-later.ckpt")
 
 
 def test_the_demo_classifier_is_the_demo_architecture_with_random_weights(caplog, classes):
