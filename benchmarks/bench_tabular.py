@@ -8,8 +8,8 @@ estimator, and its batched prediction against the per-dataset loop, at the vendo
 
 Families and hosts (``--quick``: the small hosts, for a smoke run):
 
-* ``tabpfn``: the shipped ``demo`` checkpoint (the regressor is trained; the ``demo``
-  classifier has random weights in the same architecture), ``oretrofit.tabpfn``;
+* ``tabpfn``: the shipped ``demo`` checkpoints (regressor and classifier, both prior-fitted),
+  ``oretrofit.tabpfn``;
 * ``tabicl``: a random-weight checkpoint written by :func:`oretrofit.tabicl.write_random_checkpoint`
   in the vendor's default architecture (``TabICL()``'s arguments; ``--quick``: ``TINY_CONFIG``);
 * ``tabdpt``: a random-weight checkpoint by :func:`oretrofit.tabdpt.write_random_checkpoint`
@@ -33,7 +33,9 @@ unpatched estimator, the O arm is ``full-o`` at τ = 1e-8. Two measures per fami
   with the largest difference of the batched predictions from the loop's (in the warm-up),
   relative to the loop's largest value.
 
-The load average before and after each family is recorded (the machine may be shared). Prints
+On the CPU a run is timed in the process's CPU seconds (:func:`clock`), so the other processes
+of a shared machine do not stretch one contender's rounds and not the other's; the load average
+before and after each family is recorded beside them. Prints
 a Markdown table, writes it beside the receipt (``.md``) and a JSON receipt with provenance.
 """
 
@@ -145,21 +147,29 @@ def ragged(count: int, task: str) -> Data:
     return out
 
 
+def clock(device: str) -> Callable[[], float]:
+    """The clock a run is timed by: on the CPU the process's CPU seconds (``time.process_time``,
+    all its threads), which the other processes sharing the cores do not inflate, as they do
+    wall-clock seconds; on CUDA wall-clock seconds after a synchronize."""
+    return time.perf_counter if device.startswith("cuda") else time.process_time
+
+
 def interleaved(runs: dict[str, Callable[[], Any]], rounds: int, device: str
                 ) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Seconds of each run over ``rounds`` interleaved rounds (other load on the machine hits
-    them alike), and what each returned in its untimed warm-up."""
+    """Seconds (:func:`clock`) of each run over ``rounds`` interleaved rounds, and what each
+    returned in its untimed warm-up."""
     first = {name: run() for name, run in runs.items()}
     seconds: dict[str, list[float]] = {name: [] for name in runs}
+    now = clock(device)
     for _ in range(rounds):
         for name, run in runs.items():
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
-            start = time.perf_counter()
+            start = now()
             run()
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
-            seconds[name].append(time.perf_counter() - start)
+            seconds[name].append(now() - start)
     return seconds, first
 
 
@@ -236,7 +246,10 @@ def markdown(receipt: dict[str, Any]) -> str:
              f"{shape[0]} train × {shape[2]} features, {shape[1]} test rows (classifier: "
              f"{shape[3]} classes); ratio = full-o seconds / base seconds. batched: ragged "
              "datasets (40–200 train rows, 10–60 test rows, 3–8 features, 2–4 classes); "
-             "ratio = loop seconds / batched seconds.", ""]
+             "ratio = loop seconds / batched seconds. Seconds: "
+             + ("wall-clock" if receipt["device"].startswith("cuda") else
+                "the process's CPU seconds (time.process_time), which other processes on the "
+                "shared cores do not inflate") + ".", ""]
     header = ["family", "task", "measure", "seconds (median)", "ratio (target)",
               "max rel. difference from loop", "load (1 min, before/after)"]
     table_rows = []

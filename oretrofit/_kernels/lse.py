@@ -18,8 +18,8 @@ backward, given ``out = o′`` and ``lse″_i = log(ε + Z_i) − log p_i``, rec
 ε-sink has value 0, so it adds nothing to ``D``); it returns ``dq = scale·dS k``,
 ``dk = scale·dSᵀ q``, ``dv = Pᵀ dO``. Besides, ``∂/∂p_i = dO_i·o′_i`` and
 ``∂/∂p_j = Σ_i dS_ij / p_j``. The kernel does not return the column sums of ``dS``; they come from
-an augmented backward ``q′ = [q, 1/scale]``, ``k′ = [k, 0]`` (``v``, ``dO``, ``o′`` padded with 0):
-its ``dk′`` has ``Σ_i dS_ij`` in the extra column. That call is tiled over queries and keys
+an augmented backward ``q′ = [q, c]``, ``k′ = [k, 0]`` (``c`` the power of two nearest ``1/scale``) (``v``, ``dO``, ``o′`` padded with 0):
+its ``dk′`` has ``scale·c·Σ_i dS_ij`` in the extra column. That call is tiled over queries and keys
 (:data:`BACKWARD_TILE`), so its copies are tile-sized; when ``p_k`` needs no gradient nothing is
 augmented. Null receivers (``p_i = 0``) get ``lse″ = +10³⁰`` (no gradient reaches q, k, v through
 them) and their ``o′_i``, which ``out_i = 0`` no longer holds, is kept from the forward for
@@ -307,6 +307,8 @@ def o_attention_lse(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor,
     compute dtype, ``visible``/``bias`` as :func:`oretrofit._operators.attention._split_mask` gives them
     (neither requiring grad). Without grad (frozen hosts) nothing is saved."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, p_q, p_k)):
+        if p_k is p_q and torch.compiler.is_compiling():
+            p_k = p_k.view_as(p_k)   # a compiler traces no Function given one tensor twice
         return _LSEOAttention.apply(q, k, v, p_q, p_k, visible, bias, eps, scale, backend)
     out, _, _, _ = _forward(q, k, v, p_q, p_k,
                             score_bias(p_k, q.shape[1], visible, bias, q.dtype), eps, scale,
@@ -319,15 +321,19 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, p_q: Tensor, p_k: Tensor, bias: Te
              ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """``(out, L, null_index, null_rows)``: ``out_i = p_i σ(L_i − log ε) o_i`` in place over the
     kernel's ``o``; with ``keep_null_rows``, the indices ``(B, 1|H, m)`` of the null receivers
-    and their ``o′ = σ·o`` rows ``(B, H, m, d)``."""
+    and their ``o′ = σ·o`` rows ``(B, H, m, d)``. Traced by a compiler, every receiver's row is
+    kept (``m = Nq``, null ones first): ``m`` read from the presences would break the graph
+    (and with it every frame around, each compiled on its own); a live receiver's kept
+    ``dO·o′`` is the one the backward computes anyway."""
     o, lse = backend.forward(q, k, v, bias, scale)
     gate = sink_gate(lse, eps)                                              # (B, H, Nq)
     index = rows = None
-    if keep_null_rows and bool((p_q == 0).any()):
+    traced = torch.compiler.is_compiling()
+    if keep_null_rows and (traced or bool((p_q == 0).any())):
         pq = p_q.unsqueeze(1) if p_q.dim() == 2 else p_q                    # (B, 1|H, Nq)
         o.mul_(gate[..., None])
         null = pq == 0
-        m = int(null.sum(-1).max())
+        m = null.shape[-1] if traced else int(null.sum(-1).max())
         index = torch.sort((~null).to(torch.uint8), dim=-1, stable=True).indices[..., :m]
         rows = o.gather(2, index[..., None].expand(o.shape[0], o.shape[1], m, o.shape[3]))
         gate = pq.expand_as(gate)
@@ -404,7 +410,9 @@ def tiled_backward(backend: Backend, d_out: Tensor, q: Tensor, k: Tensor, v: Ten
     stat = _stat_dtype(q.dtype)
     width = -(-(d + 1) // backend.width_multiple) * backend.width_multiple if want_colsum else d
     k_heads = heads if expand_kv else kv_heads
-    q_tiles, k_tiles = range(0, n_q, tile_q), range(0, n_k, tile_k)
+    # tile starts by tile counts: a range to a traced length would fix the length in the graph
+    q_tiles, k_tiles = (range(0, -(-n // tile) * tile, tile)
+                        for n, tile in ((n_q, tile_q), (n_k, tile_k)))
     single = len(q_tiles) * len(k_tiles) == 1
     rowdot = q.new_empty(b, heads, n_q, dtype=stat) if want_rowdot else None
     colsum = q.new_zeros(b, k_heads, n_k, dtype=stat) if want_colsum else None
@@ -413,7 +421,7 @@ def tiled_backward(backend: Backend, d_out: Tensor, q: Tensor, k: Tensor, v: Ten
     if want_colsum:
         q_buf, g_buf, o_buf = (_padded(q, min(tile_q, n_q), heads, width) for _ in range(3))
         k_buf, v_buf = (_padded(q, min(tile_k, n_k), k_heads, width) for _ in range(2))
-        column = torch.tensor(1 / scale, dtype=q.dtype).item()   # 1/scale as q's dtype holds it
+        column = 2.0 ** round(-math.log2(scale))    # ≈ 1/scale, held exactly by every dtype
         q_buf[..., d] = column
     for i in q_tiles:
         rq = slice(i, i + tile_q)
@@ -421,7 +429,7 @@ def tiled_backward(backend: Backend, d_out: Tensor, q: Tensor, k: Tensor, v: Ten
         if want_colsum:
             q_t, g_t = _fill(q_buf, q[:, :, rq]), _fill(g_buf, g_rows)
             o_t = o_buf[:, :, :o_rows.shape[2]]
-            torch.mul(o_rows, inv_rows, out=o_t[..., :d])                   # o′ of the tile
+            o_t[..., :d] = o_rows * inv_rows                                # o′ of the tile
         else:
             q_t, g_t, o_t = q[:, :, rq], _bnhd(g_rows), (o_rows * inv_rows).to(q.dtype)
         if want_rowdot:
@@ -470,7 +478,7 @@ def _fill(buffer: Tensor, t: Tensor) -> Tensor:
     group of query heads)."""
     b, h, n, d = t.shape
     wide = buffer[:, :, :n]
-    wide.unflatten(1, (h, -1))[..., :d] = t[:, :, None]
+    wide.view(b, h, -1, *wide.shape[2:])[..., :d] = t[:, :, None]     # heads (h, group)
     return wide
 
 

@@ -11,7 +11,11 @@ whose class, number of attributes or hooks differ after its ``apply``, or that i
 added), every link on the path from the model to each of them, and each one's class after
 patching. Its :meth:`Watch.check`, the model's first forward pre-hook (:func:`guard`), tests only
 those links and classes (one ``is`` per link and per touched module, no walk of the model) and
-refuses a changed model, naming what changed, the sites it held and the fix.
+refuses a changed model, naming what changed, the sites it held and the fix. Every module on
+the path to a touched one gets a :class:`Beneath` pre-hook, the same test over the links and
+classes under it, so a call into a submodule (``model.encoder(...)``, ``layers[0](...)``) is
+refused as a call of the model is: a call of the model tests each link once per module above it
+on its path (a few ``is`` per layer).
 
 The forward refuses rather than re-checking: re-deriving the sites inside a call would patch the
 model mid-forward (in a thread beside other calls, or while a compiler traces), and change the
@@ -27,7 +31,7 @@ from torch import nn
 
 from .host import RetrofitError
 
-__all__ = ["Watch", "guard", "unguard", "snapshot", "site_states", "FIX"]
+__all__ = ["Watch", "Beneath", "guard", "unguard", "snapshot", "site_states", "FIX"]
 
 _STATE = "_oretrofit"                     # the per-module patch state set_site keeps
 Signature = tuple[type, int, int, int, int, int, int, int]
@@ -44,12 +48,42 @@ def snapshot(modules: Iterable[nn.Module]) -> list[Signature]:
              len(d["_load_state_dict_pre_hooks"])) for m in modules for d in (m.__dict__,)]
 
 
+Link = tuple[nn.Module, str, nn.Module, str]           # parent, name, child, the child's path
+Class = tuple[nn.Module, type, str]                     # module, its class after patching, path
+
+
+def _under(path: str, scope: str) -> bool:
+    return scope == "" or path == scope or path.startswith(scope + ".")
+
+
 def _outermost(paths: Iterable[str]) -> list[str]:
     kept: list[str] = []
     for path in sorted(paths, key=lambda p: (p.count("."), p)):
-        if not any(k == "" or path == k or path.startswith(k + ".") for k in kept):
+        if not any(_under(path, k) for k in kept):
             kept.append(path)
     return kept
+
+
+def _intact(links: Iterable[Link], classes: Iterable[Class]) -> bool:
+    for parent, name, child, _ in links:
+        if parent._modules.get(name) is not child:
+            return False
+    for module, cls, _ in classes:
+        if type(module) is not cls:
+            return False
+    return True
+
+
+class Beneath:
+    """The forward pre-hook of a module on the path to touched ones: refuses a call while a link
+    or class under it changed (the watch's error names every change in the model)."""
+
+    def __init__(self, watch: "Watch", links: tuple[Link, ...], classes: tuple[Class, ...]):
+        self.watch, self.links, self.classes = watch, links, classes
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        if not _intact(self.links, self.classes):
+            raise self.watch.error()
 
 
 class Watch:
@@ -59,14 +93,17 @@ class Watch:
     with its model. A site's apply is compared over the model's modules as they were (no walk
     of the model per site); a module the retrofit added counts as touched by it as a whole."""
 
+    # each module on the paths and its check (:meth:`close`); none in a watch pickled before them
+    beneath: tuple[tuple[nn.Module, Beneath], ...] = ()
+
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self._modules = list(model.modules())
         self._first = self._last = snapshot(self._modules)
         self._touched: dict[int, list[str]] = {}          # id(module) -> the sites that touched it
         self.sites_at: dict[str, list[str]] = {}          # path -> the sites that touched it
-        self.links: tuple[tuple[nn.Module, str, nn.Module, str], ...] = ()
-        self.classes: tuple[tuple[nn.Module, type, str], ...] = ()
+        self.links: tuple[Link, ...] = ()
+        self.classes: tuple[Class, ...] = ()
 
     def applied(self, site: str) -> None:
         """Record the modules ``site``'s apply touched (the retrofit's whole-model step: ``""``)."""
@@ -84,8 +121,9 @@ class Watch:
             self._touched[key] = [""]
         only = now == known and all(a[1:] == b[1:] for a, b in zip(self._first, self._last))
         self._modules, self._first, self._last = [], [], []
-        links: dict[tuple[int, str], tuple[nn.Module, str, nn.Module, str]] = {}
+        links: dict[tuple[int, str], Link] = {}
         classes = []
+        inner: dict[int, tuple[nn.Module, str]] = {}     # modules on the paths, below the model
         for path, module in self.model.named_modules():
             if id(module) not in self._touched:
                 continue
@@ -95,21 +133,21 @@ class Watch:
                 walked = f"{walked}.{name}" if walked else name
                 child = parent._modules[name]
                 links.setdefault((id(parent), name), (parent, name, child, walked))
+                if child is not module:
+                    inner.setdefault(id(child), (child, walked))
                 parent = child
             classes.append((module, type(module), path))
         self._touched = {}
         self.links, self.classes = tuple(links.values()), tuple(classes)
+        self.beneath = tuple(
+            (node, Beneath(self, tuple(k for k in self.links if k[3].startswith(path + ".")),
+                           tuple(c for c in self.classes if _under(c[2], path))))
+            for node, path in inner.values())
         return only
 
     def intact(self) -> bool:
         """Every touched module is where the retrofit left it, with the class it left."""
-        for parent, name, child, _ in self.links:
-            if parent._modules.get(name) is not child:
-                return False
-        for module, cls, _ in self.classes:
-            if type(module) is not cls:
-                return False
-        return True
+        return _intact(self.links, self.classes)
 
     def changes(self) -> dict[str, str]:
         """The outermost changes, path -> what changed there; empty when intact."""
@@ -130,7 +168,7 @@ class Watch:
         sites: dict[str, str] = {}
         for changed, what in self.changes().items():
             for path, names in self.sites_at.items():
-                if changed == "" or path == changed or path.startswith(changed + "."):
+                if _under(path, changed):
                     for name in filter(None, names):
                         sites.setdefault(name, f"{changed or 'the model'} ({what})")
         return sites
@@ -152,18 +190,26 @@ class Watch:
 
 
 def guard(model: nn.Module, watch: Watch | None) -> None:
-    """Make ``watch.check`` the model's first forward pre-hook (replacing an earlier watch's)."""
-    unguard(model)
+    """Make ``watch.check`` the model's first forward pre-hook and each of its :class:`Beneath`
+    checks its module's (replacing an earlier watch's)."""
+    unguard(model, watch)
     if watch is not None:
         model.register_forward_pre_hook(watch.check, prepend=True)
+        for module, check in watch.beneath:
+            module.register_forward_pre_hook(check, prepend=True)
 
 
-def unguard(model: nn.Module) -> None:
-    """Remove every watch's pre-hook from ``model``."""
-    hooks = model._forward_pre_hooks
-    for key in [k for k, hook in hooks.items() if isinstance(getattr(hook, "__self__", None),
-                                                               Watch)]:
-        del hooks[key]
+def unguard(model: nn.Module, watch: Watch | None = None) -> None:
+    """Remove every watch's pre-hooks from ``model``'s modules and from those ``watch`` checks
+    (a module the user took out of the model keeps none)."""
+    modules = {id(m): m for m in model.modules()}
+    if watch is not None:
+        modules.update((id(m), m) for m, _ in watch.beneath)
+    for module in modules.values():
+        hooks = module._forward_pre_hooks
+        for key in [k for k, hook in hooks.items() if isinstance(hook, Beneath)
+                    or isinstance(getattr(hook, "__self__", None), Watch)]:
+            del hooks[key]
 
 
 def site_states(watch: Watch | None, names: Sequence[str]) -> list[str]:

@@ -6,11 +6,11 @@ shared by the model, two threads calling one model overwrite each other's values
 :class:`PerCall` attribute keeps its value per thread, in a ``threading.local`` each instance of
 a :class:`PerCallState` gets when it is made, so a thread's calls never see another's.
 
-Compiled calls use the same store: ``torch.compile`` traces reads and writes of that
-``threading.local``, replays the writes in the calling thread and guards on what it read there,
-so a compiled model shared by threads keeps each call's values to its thread, as the eager one
-does, and a call split across compiled and eager frames (a graph break, a frame past the
-recompile limit) reads what its other frames wrote. The store is made with the instance, never
+Compiled calls use the same store: ``torch.compile`` traces reads and writes of the values (a
+plain object the ``threading.local`` holds), replays the writes in the calling thread and guards
+on what it read there, so a compiled model shared by threads keeps each call's values to its
+thread, as the eager one does, and a call split across compiled and eager frames (a graph
+break, a frame past the recompile limit) reads what its other frames wrote. The store is made with the instance, never
 inside a traced call (one made there would not be the one later calls read).
 """
 
@@ -24,9 +24,19 @@ __all__ = ["PerCall", "PerCallState", "settings"]
 _SLOT = "_per_call_values"
 
 
+class _Calls:
+    """One thread's per-call values of one object, as its attributes."""
+
+
 class _Values(threading.local):
-    """One object's per-call values, one set per thread; a copy or a pickle starts empty
-    (the values belong to calls, not to the model)."""
+    """One object's per-call values, one :class:`_Calls` per thread; a copy or a pickle starts
+    empty (the values belong to calls, not to the model). The values are attributes of that
+    plain object, not of the ``threading.local``: a compiled frame that ends at a graph break
+    hands its writes to a plain object on to the frames after it, and drops those to a
+    ``threading.local``'s own attributes."""
+
+    def __init__(self) -> None:
+        self.calls = _Calls()
 
     def __reduce__(self) -> tuple:
         return (_Values, ())
@@ -67,10 +77,10 @@ class PerCall:
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
-        return getattr(obj.__dict__[_SLOT], self.name, self.default)
+        return getattr(obj.__dict__[_SLOT].calls, self.name, self.default)
 
     def __set__(self, obj: Any, value: Any) -> None:
-        setattr(obj.__dict__[_SLOT], self.name, value)
+        setattr(obj.__dict__[_SLOT].calls, self.name, value)
 
 
 def settings(obj: Any) -> dict[str, Any]:

@@ -251,7 +251,7 @@ class Retrofit:
         watch = self._bound().__dict__.pop("_watch", None)
         changes = {} if watch is None or watch.intact() else watch.changes()
         self._undo_all()
-        unguard(self.model)
+        unguard(self.model, watch)
         self.model.__dict__.pop(_ACTIVE, None)
         self.reverted = True
         if changes:

@@ -60,6 +60,13 @@ def parse_prior_overrides(items: list[str]) -> Any:
     return parse_overrides(items, PriorConfig(), "--prior")
 
 
+def parse_class_overrides(items: list[str]) -> Any:
+    """A ClassConfig (the classifier's class counts) with ``--classes KEY=VALUE`` overrides."""
+    from oretrofit.demo_host.classes import ClassConfig
+
+    return parse_overrides(items, ClassConfig(), "--classes")
+
+
 def parse_host_overrides(items: list[str]) -> Any:
     """A HostConfig (the v3 architecture's size) with ``--host KEY=VALUE`` overrides."""
     from oretrofit.demo_host.train import HostConfig
@@ -73,7 +80,16 @@ demo_app = typer.Typer(name="demo-host", no_args_is_help=True, add_completion=Fa
 
 @demo_app.command("train")
 def train(
-    out: Path = typer.Option(..., "--out", help="Run folder: train_state.pt, tabpfn-v3-demo.ckpt, loss.csv"),
+    out: Path = typer.Option(..., "--out", help="Run folder: train_state.pt, tabpfn-v3-demo.ckpt "
+                                                "(a classifier's tabpfn-v3-demo-classifier.ckpt), loss.csv"),
+    task: str = typer.Option("regressor", "--task", help="regressor (bar NLL) or classifier (cross-entropy on "
+                                                          "the regression prior's targets cut into classes)"),
+    warm_start: Path = typer.Option(None, "--warm-start",
+                                    help="A classifier run starts from this v3 regressor checkpoint's weights "
+                                         "(e.g. oretrofit/data/tabpfn-v3-demo.ckpt)"),
+    classes: list[str] = typer.Option([], "--classes",
+                                      help="Class-count override KEY=VALUE for a classifier, e.g. "
+                                           "binary_fraction=0.5 (repeatable)"),
     budget: str = typer.Option("2h", "--budget", help="Wall-clock training budget, e.g. 2h, 90m, 300s"),
     seed: int = typer.Option(0, "--seed", min=0),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/train_state.pt"),
@@ -98,7 +114,8 @@ def train(
                                          "seeds SEED, SEED+1, SEED+2 (stages 1-2 in OUT/stage1, OUT/stage2)"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
 ) -> None:
-    """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior."""
+    """Prior-fit the small TabPFN v3 demo host on the synthetic regression prior (or, with --task
+    classifier, on its targets cut into classes)."""
     from oretrofit._files.provenance import portable
     from oretrofit.demo_host.curriculum import CURRICULUM, train_curriculum
     from oretrofit.demo_host.train import TrainConfig, train
@@ -111,7 +128,9 @@ def train(
             rows = ", ".join(str(stage.max_rows) for stage in CURRICULUM)
             raise ValueError(f"--curriculum sets max_rows per stage ({rows}); drop --prior max_rows")
         cfg = TrainConfig(budget_s=parse_budget(budget), seed=seed, max_steps=max_steps, budget_steps=budget_steps,
-                          prior=parse_prior_overrides(prior), host=parse_host_overrides(host), **overrides)
+                          prior=parse_prior_overrides(prior), host=parse_host_overrides(host), task=task,
+                          warm_start=None if warm_start is None else str(warm_start),
+                          classes=parse_class_overrides(classes), **overrides)
         summary = (train_curriculum(out, cfg, resume=resume) if curriculum
                    else train(out, cfg, resume=resume, init_from=init_from))
     except ValueError as exc:
@@ -129,8 +148,10 @@ def train(
 def export(
     run: Path = typer.Option(..., "--run", help="A `demo-host train` output folder"),
     out: Path = typer.Option(..., "--out", help="Checkpoint to write (.ckpt or .safetensors); the name must contain v3"),
-    inference: str = typer.Option(DEFAULT_PRESET, "--inference", callback=choices.INFERENCE_PRESET,
-                                  help="Inference preset the checkpoint carries (see `demo-host eval --help`)"),
+    inference: str = typer.Option(None, "--inference", callback=choices.INFERENCE_PRESET,
+                                  help=f"Inference preset a regressor carries (default {DEFAULT_PRESET}; see "
+                                       "`demo-host eval --help`); a classifier carries tabpfn's classification "
+                                       "default"),
 ) -> None:
     """Write a run's weights as a standalone tabpfn-format checkpoint (no optimiser state)."""
     from oretrofit.demo_host.train import export_checkpoint
@@ -165,7 +186,8 @@ def evaluate(
     seeds: int = typer.Option(3, "--seeds", min=1, help="Number of 70/30 split seeds"),
     datasets: str = typer.Option("evaluation", "--datasets",
                                  help="A suite (evaluation: the issue's four; validation: the tables "
-                                      "choices are made on) or comma-separated dataset specs"),
+                                      "choices are made on) or comma-separated dataset specs; for a classifier, "
+                                      "evaluation is sklearn:iris, wine, breast_cancer and digits"),
     inference: str = typer.Option(None, "--inference", callback=choices.INFERENCE_PRESET,
                                   help="Run the hosts with this inference preset instead of the "
                                        "checkpoint's own: " + ", ".join(PRESETS)
@@ -176,22 +198,48 @@ def evaluate(
                                         help="Keep only each split's first N train rows (learning curves)"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object"),
 ) -> None:
-    """R² of the host vs ridge, kNN-10, random forest and a GP on the same splits."""
+    """R² of the host vs ridge, kNN-10, random forest and a GP on the same splits; for a classifier
+    checkpoint, accuracy and log-loss vs logistic regression and a random forest."""
+    from oretrofit.demo_host import evaluate_classifier as classification
+    from oretrofit.demo_host.card_classifier import CLASSIFIER_NAME, RANDOM_NAME
     from oretrofit.demo_host.evaluate import SUITES, evaluate, markdown_table, random_reference_host
 
-    names = list(SUITES.get(datasets, [d for d in datasets.split(",") if d]))
-    hosts = {"tabpfn_v3_demo": checkpoint} if checkpoint is not None else {}
+    split = [d for d in datasets.split(",") if d]
+    if checkpoint is not None and _is_classifier(checkpoint):
+        given = [flag for flag, value in (("--inference", inference), ("--reuse-baselines", reuse_baselines),
+                                          ("--max-train-rows", max_train_rows)) if value is not None]
+        if given:
+            raise fail(ValueError(f"{', '.join(given)}: regression options; {checkpoint} is a classifier "
+                                  "checkpoint, drop them"))
+        names = list(classification.DATASETS) if datasets == "evaluation" else split
+        hosts, random_name = {CLASSIFIER_NAME: checkpoint}, RANDOM_NAME
+        run, table = (lambda: classification.evaluate_classifier(hosts, names, n_seeds=seeds, receipt_path=out),
+                      classification.markdown_table)
+    else:
+        names = list(SUITES.get(datasets, split))
+        hosts, random_name = ({"tabpfn_v3_demo": checkpoint} if checkpoint is not None else {}), "tabpfn_v3_random"
+        run, table = (lambda: evaluate(hosts, names, n_seeds=seeds, receipt_path=out, reuse_baselines=reuse_baselines,
+                                       max_train_rows=max_train_rows, inference=inference), markdown_table)
     if random_reference and checkpoint is not None:
-        hosts["tabpfn_v3_random"] = random_reference_host(checkpoint)
+        hosts[random_name] = random_reference_host(checkpoint)
     try:
-        receipt = evaluate(hosts, names, n_seeds=seeds, receipt_path=out, reuse_baselines=reuse_baselines,
-                           max_train_rows=max_train_rows, inference=inference)
+        receipt = run()
     except ValueError as exc:
         raise fail(exc) from exc
     if json_out:
         print_json(receipt)
     else:
-        print(markdown_table(receipt))
+        print(table(receipt))
+
+
+def _is_classifier(checkpoint: Path) -> bool:
+    from oretrofit._surgery.registry import RetrofitError
+    from oretrofit.hosts.tabpfn.checkpoints import checkpoint_task, load_checkpoint
+
+    try:
+        return checkpoint_task(load_checkpoint(checkpoint)) == "classifier"
+    except RetrofitError as exc:
+        raise fail(exc) from exc
 
 
 @demo_app.command("card")
@@ -205,12 +253,16 @@ def card(
                                           "left out if --command has it as a line)"),
     note: list[str] = typer.Option([], "--note", help="A sentence for the card's training section (repeatable)"),
 ) -> None:
-    """Write the model card (architecture, prior, steps, wall time, loss curve, evaluation)."""
+    """Write the model card (architecture, prior, steps, wall time, loss curve, evaluation); a
+    classifier run's card names the regressor it started from and scores accuracy and log-loss."""
     from oretrofit.demo_host.card import write_card
+    from oretrofit.demo_host.card_classifier import write_classifier_card
+    from oretrofit.demo_host.train import load_state
 
     try:
-        path = write_card(run, evaluation, out, training_command=command,
-                          evaluation_command=eval_command, notes=note)
+        task = load_state(run, "point --run at a `demo-host train` output folder")["train_config"].get("task")
+        writer = write_classifier_card if task == "classifier" else write_card
+        path = writer(run, evaluation, out, training_command=command, evaluation_command=eval_command, notes=note)
     except ValueError as exc:
         raise fail(exc) from exc
     print(str(path))

@@ -18,7 +18,7 @@ from .evaluate import SCORES, markdown_table, read_receipt, split_key
 from .inference import describe, recorded_preset
 from .train import config_from_state, load_state, stage_record, stage_totals
 
-__all__ = ["TARGETS", "compare_runs", "plot_loss", "targets_met", "write_card"]
+__all__ = ["TARGETS", "command_lines", "compare_runs", "note_lines", "plot_loss", "targets_met", "write_card"]
 
 # The issue's targets for a <= 2 h CPU budget: (dataset, the baselines the host must match or beat).
 TARGETS = (("sklearn:diabetes", ("ridge", "gp_rbf_white")),
@@ -27,8 +27,10 @@ TARGETS = (("sklearn:diabetes", ("ridge", "gp_rbf_white")),
 HOST_NAME = "tabpfn_v3_demo"
 
 
-def plot_loss(stage_logs: list[list[tuple]], path: Path) -> Path:
-    """PNG of the logged training NLL against the global step, one line per stage (logged means)."""
+def plot_loss(stage_logs: list[list[tuple]], path: Path, loss: str = "bar-distribution NLL (test rows)",
+              title: str = "demo TabPFN v3 host: prior-fitting loss") -> Path:
+    """PNG of the logged training loss (``loss``, the y label) against the global step, one line per
+    stage (logged means)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,8 +44,8 @@ def plot_loss(stage_logs: list[list[tuple]], path: Path) -> Path:
             ax.axvline(offset, color="grey", ls="--", lw=0.6)
         offset += log[-1][0] if log else 0
     ax.set_xlabel("step")
-    ax.set_ylabel("bar-distribution NLL (test rows)")
-    ax.set_title("demo TabPFN v3 host: prior-fitting loss")
+    ax.set_ylabel(loss)
+    ax.set_title(title)
     if len(stage_logs) > 1:
         ax.legend()
     ax.grid(alpha=0.3)
@@ -134,6 +136,21 @@ def _inference_line(host: dict[str, Any]) -> str:
     return f"Inference config (preset `{name}`, {members} estimators): {what}."
 
 
+def note_lines(notes: list[str] | None) -> str:
+    """The card's notes, one ``Note:`` paragraph each."""
+    return "".join(f"\nNote: {n}\n" for n in notes or [])
+
+
+def command_lines(training_command: str, evaluation_command: str | None, receipt: dict[str, Any]) -> str:
+    """The card's commands: the training command, then the evaluation command (by default the
+    one the receipt records) unless it already is one of the training command's lines."""
+    evaluation_command = evaluation_command or receipt.get("environment", {}).get("command")
+    given = {line.partition(" #")[0].strip() for line in training_command.splitlines()}
+    if evaluation_command in given:
+        evaluation_command = None   # already one of the given command lines (comment aside): not written twice
+    return "\n".join(c for c in (training_command, evaluation_command) if c)
+
+
 def _table(rows: dict[str, Any]) -> str:
     return pipe_table(["field", "value"], ([f"`{k}`", v] for k, v in rows.items()))
 
@@ -153,13 +170,7 @@ def write_card(run: Path, evaluation: Path, out: Path, training_command: str,
     checks = targets_met(receipt)
     check_lines = [f"- {c['dataset']}: host {c['host_r2']:.3f} vs {c['baseline']} "
                    f"{c['baseline_r2']:.3f} — {'met' if c['met'] else 'MISSED'}" for c in checks]
-    train_cfg = {k: v for k, v in cfg.items() if k not in ("host", "prior")}
-    # the command that wrote the receipt, as the receipt records it, unless one is given
-    evaluation_command = evaluation_command or receipt.get("environment", {}).get("command")
-    given = {line.partition(" #")[0].strip() for line in training_command.splitlines()}
-    if evaluation_command in given:
-        evaluation_command = None   # already one of the given command lines (comment aside): not written twice
-    note_text = "".join(f"\nNote: {n}\n" for n in notes or [])
+    train_cfg = {k: v for k, v in cfg.items() if k not in ("host", "prior", "classes")}
     text = f"""# tabpfn-v3-demo: a small TabPFN v3 regressor prior-fitted by oretrofit
 
 These are **not** Prior Labs' TabPFN v3 weights. This checkpoint is tabpfn's own v3
@@ -202,7 +213,7 @@ Last stage's training configuration:
 {_table(train_cfg)}
 
 ![loss curve]({png.name})
-{note_text}
+{note_lines(notes)}
 ## Evaluation
 
 {markdown_table(receipt)}
@@ -217,7 +228,7 @@ Targets of issue 7 for a ≤ 2 h CPU budget (host ≥ baseline, mean R²):
 ## How it was made
 
 ```
-{chr(10).join(c for c in (training_command, evaluation_command) if c)}
+{command_lines(training_command, evaluation_command, receipt)}
 ```
 """
     write_text_atomic(out, portable(text))      # paths as the receipts name them

@@ -33,7 +33,7 @@ from .._files.markdown import pipe_table
 from .._files.provenance import environment, portable, sha256_file, write_json_atomic
 
 __all__ = ["DATASETS", "BASELINES", "SUITES", "VALIDATION_DATASETS", "evaluate", "host_inference",
-           "markdown_table", "random_reference_host", "split_key"]
+           "markdown_table", "random_reference_host", "split_key", "summarise"]
 
 # progress and notices, not results: shown by the CLI (oretrofit.cli.output.show_progress)
 _log = logging.getLogger(__name__)
@@ -96,13 +96,14 @@ def host_inference(checkpoint: Path, inference: str | None) -> str:
 
 
 def random_reference_host(checkpoint: Path) -> Path:
-    """The untrained start of ``checkpoint``'s run: same config and inference config, the run
-    seed's initial weights.
+    """``checkpoint``'s architecture (regressor or classifier) with random weights: same config
+    and inference config, tabpfn's initialisation at the run's seed (for a regressor, the run's
+    initial weights).
 
     Written (once) to oretrofit's cache folder and returned, so evaluations can show what
     prior-fitting added over random weights of the same size.
     """
-    from ..hosts.tabpfn.checkpoints import cache_dir, load_checkpoint
+    from ..hosts.tabpfn.checkpoints import cache_dir, checkpoint_task, load_checkpoint
     from .train import HostConfig, build_host, save_tabpfn_checkpoint
 
     trained = load_checkpoint(checkpoint)
@@ -111,8 +112,8 @@ def random_reference_host(checkpoint: Path) -> Path:
     seed = int((trained.get("oretrofit") or {}).get("seed", 0))
     dest = cache_dir() / f"tabpfn-v3-demo-init-{sha256_file(checkpoint)[:12]}.ckpt"
     if not dest.exists():
-        save_tabpfn_checkpoint(build_host(host, seed), host, dest,
-                               {"weights": f"random (initial weights of the demo run, seed {seed})",
+        save_tabpfn_checkpoint(build_host(host, seed, checkpoint_task(trained)), host, dest,
+                               {"weights": f"random (the demo run's architecture and seed {seed}, untrained)",
                                 "seed": seed}, trained["inference_config"])
     return dest
 
@@ -245,18 +246,18 @@ def evaluate(hosts: dict[str, Path], datasets: list[str], n_seeds: int = 3,
                                           "sha256": sha256_file(reuse_baselines)}
                                          if reused else None),
                "datasets": data_receipts, "results": rows,
-               "summary": _summary(rows), "environment": environment("cpu")}
+               "summary": summarise(rows), "environment": environment("cpu")}
     if receipt_path is not None:
         write_json_atomic(receipt_path, receipt)
     return receipt
 
 
-def _summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """dataset -> model -> {mean, sd} of R² over seeds."""
+def summarise(rows: list[dict[str, Any]], metric: str = "r2") -> dict[str, dict[str, dict[str, float]]]:
+    """dataset -> model -> {mean, sd} of the rows' ``metric`` over seeds."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         for model in dict.fromkeys(r["model"] for r in rows):
-            values = [r["r2"] for r in rows if r["dataset"] == dataset and r["model"] == model]
+            values = [r[metric] for r in rows if r["dataset"] == dataset and r["model"] == model]
             out.setdefault(dataset, {})[model] = {"mean": float(np.mean(values)),
                                                   "sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0}
     return out

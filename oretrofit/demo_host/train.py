@@ -1,10 +1,16 @@
-"""Prior-fitting loop for the demo TabPFN v3 host: bar-distribution NLL, wall-clock budget, resumable.
+"""Prior-fitting loop for the demo TabPFN v3 hosts: the regressor's bar-distribution NLL or the
+classifier's cross-entropy, wall-clock budget, resumable.
 
-Each step draws a batch of synthetic tasks (:mod:`oretrofit.demo_host.prior`), runs the v3
-architecture on train+test rows and minimises the bar-distribution negative log-likelihood
-of the test targets under v3's spline bucket borders b_0 < … < b_K:
+Each step draws a batch of synthetic tasks (:mod:`oretrofit.demo_host.prior`; for the
+classifier, their targets cut into classes by :mod:`oretrofit.demo_host.classes`), runs the v3
+architecture on train+test rows and minimises, for the regressor, the bar-distribution negative
+log-likelihood of the test targets under v3's spline bucket borders b_0 < … < b_K:
 
-    NLL(y) = −log softmax(logits)_k + log(b_{k+1} − b_k),   k such that b_k ≤ y < b_{k+1}.
+    NLL(y) = −log softmax(logits)_k + log(b_{k+1} − b_k),   k such that b_k ≤ y < b_{k+1},
+
+and for the classifier (``task="classifier"``) the cross-entropy −log softmax(logits)_c of the
+test rows' classes c. A classifier run can start from a trained regressor's weights
+(``warm_start``, :mod:`oretrofit.demo_host.warm_start`).
 
 The learning rate warms up linearly over ``warmup_steps`` and then follows a cosine in the
 fraction of the wall-clock budget spent, so a run ends annealed whenever its budget ends. With
@@ -39,19 +45,25 @@ import torch
 
 from .._files.atomic import atomic_file, make_folder
 from .._files.reading import regular_file
-from .._files.provenance import portable
+from .._files.provenance import portable, sha256_file
+from .classes import ClassConfig, sample_class_batch
 from .inference import DEFAULT_PRESET, inference_config
 from .parallel import SOLO, Workers, spawn, weights_digest
 from .prior import PriorConfig, TaskBatch, sample_batch
+from .warm_start import regressor_weights, warm_start
 
-__all__ = ["HostConfig", "TrainConfig", "bar_nll", "build_host", "build_optimizer", "config_from_state", "demo_meta",
-           "export_checkpoint", "load_state", "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals",
-           "train", "training_step"]
+__all__ = ["HostConfig", "MAX_CLASSES", "TASKS", "TrainConfig", "bar_nll", "build_host", "build_optimizer",
+           "checkpoint_name", "class_nll", "config_from_state", "demo_meta", "export_checkpoint", "load_state",
+           "save_tabpfn_checkpoint", "spline_borders", "stage_record", "stage_totals", "train", "training_step"]
 
 # progress and notices, not results: shown by the CLI (oretrofit.cli.output.show_progress)
 _log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "tabpfn-v3-demo.ckpt"
+TASKS = ("regressor", "classifier")
+# classes the demo classifier reads out (tabpfn v3's default, as the random classifier's
+# hosts.tabpfn.checkpoints.RANDOM_CLASSIFIER_CLASSES)
+MAX_CLASSES = 10
 STATE_NAME = "train_state.pt"
 LOSS_LOG_NAME = "loss.csv"
 
@@ -70,10 +82,12 @@ class HostConfig:
     feat_agg_num_heads: int = 4
     icl_num_heads: int = 4
 
-    def tabpfn_config(self) -> Any:
+    def tabpfn_config(self, task: str = "regressor") -> Any:
+        """The TabPFNV3Config; a classifier's reads out :data:`MAX_CLASSES` classes."""
         from tabpfn.architectures.tabpfn_v3 import TabPFNV3Config
 
-        return TabPFNV3Config(**dataclasses.asdict(self))
+        classes = {"max_num_classes": MAX_CLASSES} if task == "classifier" else {}
+        return TabPFNV3Config(**dataclasses.asdict(self), **classes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,10 +111,23 @@ class TrainConfig:
     budget_steps: int | None = None
     # data-parallel worker processes, one core each, splitting batch_size between them
     workers: int = 1
+    # what the host learns: "regressor" (bar NLL) or "classifier" (cross-entropy on `classes`' tasks)
+    task: str = "regressor"
+    # a tabpfn v3 regressor checkpoint whose weights a fresh classifier run starts from
+    warm_start: str | None = None
     host: HostConfig = dataclasses.field(default_factory=HostConfig)
     prior: PriorConfig = dataclasses.field(default_factory=PriorConfig)
+    classes: ClassConfig = dataclasses.field(default_factory=ClassConfig)
 
     def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.warm_start is not None and self.task != "classifier":
+            raise ValueError("warm_start starts a classifier from a regressor's weights; give task='classifier' "
+                             "(a regressor run continues another with init_from)")
+        if self.classes.max_classes > MAX_CLASSES:
+            raise ValueError(f"the demo classifier reads out {MAX_CLASSES} classes; max_classes "
+                             f"{self.classes.max_classes} is more")
         if self.budget_steps is not None and self.budget_steps < 1:
             raise ValueError(f"budget_steps must be a positive step count, got {self.budget_steps}")
         if self.workers < 1 or self.batch_size % self.workers:
@@ -124,28 +151,42 @@ def bar_nll(logits: torch.Tensor, y: torch.Tensor, borders: torch.Tensor) -> tor
     return (torch.log(widths[bucket]) - log_p.gather(-1, bucket.unsqueeze(-1)).squeeze(-1)).mean()
 
 
-def build_host(host: HostConfig, seed: int) -> torch.nn.Module:
-    """A freshly initialised v3 regressor architecture, seeded."""
+def class_nll(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy −log softmax(logits)_y of classes y (...,) under logits (..., C)."""
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    return -log_p.gather(-1, y.long().unsqueeze(-1)).squeeze(-1).mean()
+
+
+def checkpoint_name(task: str) -> str:
+    """The file name of a run's checkpoint: ``tabpfn-v3-demo.ckpt``, or ``tabpfn-v3-demo-classifier.ckpt``."""
+    return CHECKPOINT_NAME if task == "regressor" else "tabpfn-v3-demo-classifier.ckpt"
+
+
+def build_host(host: HostConfig, seed: int, task: str = "regressor") -> torch.nn.Module:
+    """A freshly initialised v3 architecture of ``task``, seeded."""
     from tabpfn.architectures.tabpfn_v3 import get_architecture
 
     torch.manual_seed(seed)
-    return get_architecture(host.tabpfn_config())
+    return get_architecture(host.tabpfn_config(task))
 
 
 def save_tabpfn_checkpoint(model: torch.nn.Module, host: HostConfig, path: Path,
                            meta: dict[str, Any], inference: dict[str, Any] | None = None) -> Path:
     """Write ``model`` in tabpfn's checkpoint format with the ``inference`` config (a stored
-    inference_config dict; default: the default preset's); ``meta`` becomes the ``oretrofit`` entry.
+    inference_config dict; default: the default preset's for a regressor, tabpfn's v2.5
+    classification default for a classifier); ``meta`` becomes the ``oretrofit`` entry.
     The name is checked first, as for every checkpoint oretrofit writes (tabpfn reads 'v3' from it)."""
-    from ..hosts.tabpfn.checkpoints import check_checkpoint_name, save_atomic
+    from ..hosts.tabpfn.checkpoints import check_checkpoint_name, default_inference_config, save_atomic
 
     check_checkpoint_name(Path(path), "v3")
-
+    task = "classifier" if model.config.is_classification else "regressor"
+    if inference is None:
+        inference = inference_config(DEFAULT_PRESET) if task == "regressor" else default_inference_config(task)
     checkpoint = {
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "config": dataclasses.asdict(host.tabpfn_config()),
+        "config": dataclasses.asdict(host.tabpfn_config(task)),
         "architecture_name": "tabpfn_v3",
-        "inference_config": inference if inference is not None else inference_config(DEFAULT_PRESET),
+        "inference_config": inference,
         "oretrofit": meta,
     }
     return save_atomic(checkpoint, Path(path))
@@ -156,10 +197,16 @@ def demo_meta(state: dict[str, Any]) -> dict[str, Any]:
     stages, and ``seed``, the seed of the initial weights (the first stage's)."""
     steps, elapsed_s = stage_totals(state)
     stages = state.get("stages", [])
-    seed = (stages[0] if stages else state)["train_config"]["seed"]
-    return {"weights": f"demo (prior-fitted, {steps} steps in {len(stages) + 1} stage(s), "
-                       f"{elapsed_s / 60:.0f} min CPU, initial seed {seed})",
+    first = (stages[0] if stages else state)["train_config"]
+    seed, warm = first["seed"], first.get("warm_start")
+    start = f"from {Path(warm).name}" if warm else f"initial seed {seed}"
+    kind = "demo" if state["train_config"].get("task", "regressor") == "regressor" else "demo classifier"
+    meta = {"weights": f"{kind} (prior-fitted, {steps} steps in {len(stages) + 1} stage(s), "
+                       f"{elapsed_s / 60:.0f} min CPU, {start})",
             "steps": steps, "elapsed_s": round(elapsed_s, 1), "seed": seed, "stages": len(stages) + 1}
+    if warm:
+        meta["warm_start"] = {"path": portable(Path(warm)), "sha256": state.get("warm_start_sha256")}
+    return meta
 
 
 def stage_totals(state: dict[str, Any]) -> tuple[int, float]:
@@ -197,13 +244,20 @@ def stage_record(state: dict[str, Any]) -> dict[str, Any]:
             "train_config": state["train_config"], "loss_log": state["loss_log"]}
 
 
-def export_checkpoint(run: Path, dest: Path, inference: str = DEFAULT_PRESET) -> Path:
+def export_checkpoint(run: Path, dest: Path, inference: str | None = None) -> Path:
     """Write the weights in ``run/train_state.pt`` as a standalone tabpfn checkpoint at ``dest``
-    (no optimiser), carrying the ``inference`` preset's config."""
+    (no optimiser), carrying the ``inference`` preset's config (default :data:`DEFAULT_PRESET`);
+    a classifier carries tabpfn's v2.5 classification default (the presets are regression configs)."""
     state = load_state(run, "point --run at a `demo-host train` output folder")
     cfg = config_from_state(state["train_config"])
-    model = build_host(cfg.host, cfg.seed)
+    model = build_host(cfg.host, cfg.seed, cfg.task)
     model.load_state_dict(state["model"])
+    if cfg.task == "classifier":
+        if inference is not None:
+            raise ValueError(f"--inference {inference}: the presets are regression configs and this run is a "
+                             "classifier, which carries tabpfn's classification default; drop --inference")
+        return save_tabpfn_checkpoint(model, cfg.host, Path(dest), {**demo_meta(state), "inference": "tabpfn"})
+    inference = inference or DEFAULT_PRESET
     return save_tabpfn_checkpoint(model, cfg.host, Path(dest), {**demo_meta(state), "inference": inference},
                                   inference_config(inference))
 
@@ -235,9 +289,11 @@ def _save_state(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, c
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
              "elapsed_s": elapsed_s, "rng": rng, "torch_rng": torch_rng, "worker_rngs": worker_rngs,
              "shape_rng": shape_rng, "loss_log": log, "train_config": dataclasses.asdict(cfg), "stages": stages}
+    if cfg.warm_start:
+        state["warm_start_sha256"] = sha256_file(cfg.warm_start)
     with atomic_file(out / STATE_NAME) as fh:
         torch.save(state, fh)
-    save_tabpfn_checkpoint(model, cfg.host, out / CHECKPOINT_NAME, demo_meta(state))
+    save_tabpfn_checkpoint(model, cfg.host, out / checkpoint_name(cfg.task), demo_meta(state))
     with atomic_file(out / LOSS_LOG_NAME, "w") as fh:
         fh.write("step,elapsed_s,lr,loss\n")
         fh.writelines(f"{s},{t:.1f},{lr:.3e},{loss:.5f}\n" for s, t, lr, loss in log)
@@ -248,18 +304,19 @@ def config_from_state(stored: dict[str, Any]) -> TrainConfig:
     """The TrainConfig a run state stores as a dict; a field the run predates takes its default
     (new fields default to the earlier behaviour)."""
     raw = dict(stored)
-    prior, host = dict(raw.pop("prior")), raw.pop("host")
+    prior, host, classes = dict(raw.pop("prior")), raw.pop("host"), raw.pop("classes", {})
     prior["family_weights"] = tuple(prior["family_weights"])
-    return TrainConfig(**raw, host=HostConfig(**host), prior=PriorConfig(**prior))
+    return TrainConfig(**raw, host=HostConfig(**host), prior=PriorConfig(**prior), classes=ClassConfig(**classes))
 
 
 def _earlier_stages(init_from: Path, cfg: TrainConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The stage records and final weights of the run at ``init_from``, checked against ``cfg.host``."""
     prev = load_state(init_from, "point --init-from at a `demo-host train` output folder")
     prev_cfg = config_from_state(prev["train_config"])
-    if prev_cfg.host != cfg.host:
-        raise ValueError(f"--init-from {init_from} was trained with {prev_cfg.host}, this run asks for "
-                         f"{cfg.host}; a new stage keeps the architecture")
+    if prev_cfg.host != cfg.host or prev_cfg.task != cfg.task:
+        raise ValueError(f"--init-from {init_from} was trained as a {prev_cfg.task} with {prev_cfg.host}, this "
+                         f"run asks for a {cfg.task} with {cfg.host}; a new stage keeps the task and architecture "
+                         "(a classifier starts from a regressor with --warm-start)")
     return [*prev.get("stages", []), {"run": portable(Path(init_from)), **stage_record(prev)}], prev["model"]
 
 
@@ -270,10 +327,12 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opt
 
 def training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: TaskBatch,
                   borders: torch.Tensor, grad_clip: float, workers: Workers = SOLO) -> float:
-    """One optimiser step on a prior batch: bar NLL of the test rows given the train rows, its
-    gradient averaged over the ``workers``; returns the loss (the mean over workers)."""
-    logits = model(batch.x, batch.y[: batch.n_train])                            # (R_test, B, K)
-    loss = bar_nll(logits, batch.y[batch.n_train:], borders)
+    """One optimiser step on a prior batch: the loss of the test rows given the train rows (bar
+    NLL under ``borders`` for a regressor, cross-entropy for a classifier), its gradient averaged
+    over the ``workers``; returns the loss (the mean over workers)."""
+    logits = model(batch.x, batch.y[: batch.n_train])                            # (R_test, B, K or C)
+    y_test = batch.y[batch.n_train:]
+    loss = class_nll(logits, y_test) if model.config.is_classification else bar_nll(logits, y_test, borders)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     mean_loss = workers.average_gradients(model, loss)
@@ -313,16 +372,18 @@ def train(out: Path, cfg: TrainConfig, *, resume: bool = False, init_from: Path 
         final = load_state(out, "a worker stopped before saving")
     log = final["loss_log"]
     return {"steps": final["step"], "elapsed_s": final["elapsed_s"], "final_nll": log[-1][3] if log else None,
-            "checkpoint": str(out / CHECKPOINT_NAME), "train_config": final["train_config"]}
+            "checkpoint": str(out / checkpoint_name(cfg.task)), "train_config": final["train_config"]}
 
 
 def _fit(workers: Workers, out: Path, cfg: TrainConfig, state: dict[str, Any] | None,
          stages: list[dict[str, Any]], weights: dict[str, torch.Tensor] | None,
          progress: bool) -> dict[str, Any] | None:
     """The training loop of one worker (all of it with ``SOLO``); rank 0 returns the final state."""
-    model = build_host(cfg.host, cfg.seed)
+    model = build_host(cfg.host, cfg.seed, cfg.task)
     if weights is not None:
         model.load_state_dict(weights)
+    elif cfg.warm_start is not None and state is None:
+        warm_start(model, regressor_weights(Path(cfg.warm_start)))
     opt = build_optimizer(model, cfg)
     rng, shape_rng = workers.samplers(cfg.seed)
     step, elapsed0, log = 0, 0.0, []
@@ -369,7 +430,8 @@ def _fit(workers: Workers, out: Path, cfg: TrainConfig, state: dict[str, Any] | 
         lr = _lr(cfg, step, elapsed)
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = sample_batch(rng, tasks, cfg.prior, shape_rng)
+        batch = (sample_class_batch(rng, tasks, cfg.prior, cfg.classes, shape_rng) if cfg.task == "classifier"
+                 else sample_batch(rng, tasks, cfg.prior, shape_rng))
         window.append(training_step(model, opt, batch, borders, cfg.grad_clip, workers))
         step += 1
         if step % cfg.log_every == 0:

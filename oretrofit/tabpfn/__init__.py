@@ -7,7 +7,8 @@ whose arm, τ and ε a search tunes.
 
 from ..hosts.tabpfn.batched import predict_batched, predict_proba_batched
 from ..hosts.tabpfn.artifact import read_patch_spec, write_patched_artifact
-from ..hosts.tabpfn.checkpoints import (DEMO_CHECKPOINT, SIZES, build_model, checkpoint_sha256,
+from ..hosts.tabpfn.checkpoints import (DEMO_CHECKPOINT, DEMO_CLASSIFIER_CHECKPOINT, SIZES, build_model,
+                                        checkpoint_sha256,
                                         load_checkpoint, resolve_model_path, weights_label,
                                         write_random_checkpoint)
 from ..hosts.tabpfn.estimators import (load_patched_classifier, load_patched_regressor,
@@ -17,5 +18,5 @@ from ..hosts.tabpfn.meta_estimator import Retrofitted
 __all__ = ["make_regressor", "make_classifier", "vendor_defaults", "resolve_model_path",
            "write_random_checkpoint", "checkpoint_sha256", "load_checkpoint", "build_model",
            "weights_label", "write_patched_artifact", "read_patch_spec", "load_patched_regressor",
-           "load_patched_classifier", "SIZES", "DEMO_CHECKPOINT", "predict_batched",
+           "load_patched_classifier", "SIZES", "DEMO_CHECKPOINT", "DEMO_CLASSIFIER_CHECKPOINT", "predict_batched",
            "predict_proba_batched", "Retrofitted"]

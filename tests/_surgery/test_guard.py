@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from oretrofit import Retrofit, RetrofitError, retrofit
 from oretrofit.hosts.transformers.inputs import zero_padded_inputs
@@ -142,6 +143,32 @@ def test_the_torch_nn_host_refuses_a_replaced_attention_and_a_reclassed_norm():
     with torch.no_grad(), pytest.raises(RetrofitError, match=REFUSAL.format(
             r"layers\.1\.norm2 \(its class was set to MyNorm")):
         model(x)
+
+
+def test_a_submodule_called_alone_refuses_a_change_beneath_it():
+    """A call into a module on the path to patched ones (the decoder stack, one layer) tests the
+    modules under it as a call of the model does; a submodule with nothing changed beneath it
+    runs; revert takes every check off, the modules the user took out of the model included."""
+    model = _llama()
+    r = retrofit(model, "full-o")
+    taken_out = model.model.layers[1]
+    model.model.layers[1] = LlamaDecoderLayer(model.config, 1)
+    with torch.no_grad(), pytest.raises(RetrofitError, match=REFUSAL.format(
+            r"model\.layers\.1 \(replaced by another LlamaDecoderLayer")):
+        model.model(torch.tensor([[5, 6, 7]]))
+    changed = {site for site, state in _states(r.report()).items() if state != "patched"}
+    assert changed and all(site.startswith("model.layers.1.") for site in changed)
+    with pytest.warns(UserWarning, match=r"model\.layers\.1: replaced"):
+        r.revert()
+    assert not any(m._forward_pre_hooks for m in [*model.modules(), *taken_out.modules()])
+    x = torch.randn(2, 5, 16)
+    encoder = _encoder()
+    retrofit(encoder, "full-o")
+    encoder.layers[0].self_attn = nn.MultiheadAttention(16, 2, batch_first=True)
+    with torch.no_grad():
+        with pytest.raises(RetrofitError, match=REFUSAL.format(r"layers\.0\.self_attn")):
+            encoder.layers[0](x)
+        encoder.layers[1](x)
 
 
 def test_a_copy_of_a_retrofitted_model_notices_a_change_made_to_the_copy():

@@ -90,3 +90,22 @@ def test_a_per_call_value_is_the_setting_threads_own_and_never_copied():
     assert seen == [None] and holder.value == 1
     assert copy.deepcopy(holder).value is None
     assert pickle.loads(pickle.dumps(holder)).value is None
+
+
+def test_a_per_call_value_written_before_a_graph_break_is_read_after_it():
+    """A compiled call that breaks its graph between a hook's write and the read (the user's own
+    code may break it anywhere) reads its own thread's value in the frame after the break."""
+    holder = _Holder()
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        holder.value = x.sum()
+        torch._dynamo.graph_break()
+        return x * holder.value
+
+    compiled = torch.compile(call, backend="eager")
+    try:
+        out, errors = _threaded(compiled, [torch.full((2 + i % 3,), float(i)) for i in range(8)])
+    finally:
+        torch._dynamo.reset()
+    assert not errors, errors[:3]
+    assert [o.tolist() for o in out] == [[i * i * (2 + i % 3)] * (2 + i % 3) for i in range(8)]

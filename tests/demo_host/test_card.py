@@ -7,7 +7,7 @@ import pytest
 import typer
 
 from oretrofit.demo_host.card import HOST_NAME, compare_runs, targets_met, write_card
-from oretrofit.demo_host.evaluate import BASELINES, _summary, markdown_table
+from oretrofit.demo_host.evaluate import BASELINES, markdown_table, summarise
 from oretrofit.demo_host.train import CHECKPOINT_NAME, train
 
 from .test_train import TINY
@@ -19,7 +19,7 @@ R2 = {"sklearn:diabetes": {HOST_NAME: 0.45, "ridge": 0.44, "gp_rbf_white": 0.46}
 def _receipt(checkpoint):
     rows = [{"dataset": d, "seed": s, "model": m, "r2": R2[d].get(m, 0.1) + 0.01 * s}
             for d in R2 for s in range(2) for m in (HOST_NAME, *BASELINES)]
-    return {"schema_version": 1, "n_seeds": 2, "results": rows, "summary": _summary(rows),
+    return {"schema_version": 1, "n_seeds": 2, "results": rows, "summary": summarise(rows),
             "hosts": {HOST_NAME: {"path": str(checkpoint), "sha256": "ab" * 32}}}
 
 
@@ -99,7 +99,7 @@ def _run_receipt(host_r2, sha="ab", cap=None):
     for row in receipt["results"]:
         if row["model"] == HOST_NAME:
             row["r2"] = host_r2[row["dataset"]] + 0.01 * row["seed"]
-    receipt["summary"] = _summary(receipt["results"])
+    receipt["summary"] = summarise(receipt["results"])
     receipt["hosts"][HOST_NAME]["sha256"] = sha * 32
     receipt.update(test_fraction=0.3, max_train_rows=cap,
                    datasets={d: {"sha256": d[:4] * 16} for d in R2})

@@ -11,8 +11,8 @@ import typer
 
 from oretrofit.cli.demo_host import parse_budget, parse_host_overrides, parse_prior_overrides
 from oretrofit.demo_host.prior import PriorConfig
-from oretrofit.demo_host.train import (CHECKPOINT_NAME, STATE_NAME, HostConfig, TrainConfig, bar_nll,
-                                       export_checkpoint, spline_borders, train)
+from oretrofit.demo_host.train import (CHECKPOINT_NAME, STATE_NAME, HostConfig, TrainConfig, bar_nll, build_host,
+                                       checkpoint_name, class_nll, export_checkpoint, spline_borders, train)
 
 TINY = TrainConfig(
     seed=1, batch_size=2, warmup_steps=50, save_every_s=1e9, log_every=1,
@@ -103,7 +103,7 @@ def test_a_new_stage_starts_from_the_earlier_weights_and_counts_its_steps(tmp_pa
 def test_a_new_stage_keeps_the_architecture(tmp_path):
     train(tmp_path / "one", dataclasses.replace(TINY, max_steps=1), progress=False)
     other = dataclasses.replace(TINY, host=dataclasses.replace(TINY.host, embed_dim=8))
-    with pytest.raises(ValueError, match="a new stage keeps the architecture"):
+    with pytest.raises(ValueError, match="a new stage keeps the task and architecture"):
         train(tmp_path / "two", other, init_from=tmp_path / "one", progress=False)
     with pytest.raises(ValueError, match="point --init-from at a `demo-host train` output folder"):
         train(tmp_path / "three", TINY, init_from=tmp_path / "missing", progress=False)
@@ -264,3 +264,60 @@ def test_a_step_budget_trains_the_same_host_whatever_the_clock(tmp_path, monkeyp
 def test_a_step_budget_must_be_positive():
     with pytest.raises(ValueError, match="positive step count"):
         dataclasses.replace(TINY, budget_steps=0)
+
+
+def test_class_nll_matches_hand_formula():
+    logits = torch.tensor([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]])
+    y = torch.tensor([2.0, 0.0])
+    log_z = math.log(math.exp(0) + math.exp(1) + math.exp(2))
+    assert class_nll(logits, y).item() == pytest.approx(((log_z - 2.0) + math.log(3)) / 2, rel=1e-6)
+
+
+def test_a_few_classifier_steps_reduce_the_cross_entropy_of_a_batch():
+    from oretrofit.demo_host.classes import sample_class_batch
+    from oretrofit.demo_host.train import build_optimizer, training_step
+
+    cfg = dataclasses.replace(TINY, task="classifier", lr=3e-3)
+    model = build_host(cfg.host, cfg.seed, cfg.task)
+    batch = sample_class_batch(np.random.default_rng(0), 4, cfg.prior, cfg.classes)
+    opt = build_optimizer(model, cfg)
+    losses = [training_step(model, opt, batch, spline_borders(cfg.host.num_buckets), cfg.grad_clip)
+              for _ in range(15)]
+    assert all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0]
+
+
+def test_a_classifier_run_starts_from_the_regressor_and_writes_a_checkpoint_tabpfn_loads(tmp_path):
+    from tabpfn import TabPFNClassifier
+
+    from oretrofit._files.provenance import sha256_file
+
+    train(tmp_path / "reg", dataclasses.replace(TINY, max_steps=1), progress=False)
+    regressor = export_checkpoint(tmp_path / "reg", tmp_path / "tabpfn-v3-reg.ckpt")
+    cfg = dataclasses.replace(TINY, task="classifier", warm_start=str(regressor))
+    train(tmp_path / "zero", dataclasses.replace(cfg, max_steps=0), progress=False)
+    zero = torch.load(tmp_path / "zero" / STATE_NAME, weights_only=True)["model"]
+    assert torch.equal(zero["x_embed.weight"], torch.load(regressor, weights_only=True)["state_dict"]["x_embed.weight"])
+    summary = train(tmp_path / "cls", dataclasses.replace(cfg, max_steps=2), progress=False)
+    assert summary["checkpoint"].endswith(checkpoint_name("classifier")) and np.isfinite(summary["final_nll"])
+    written = torch.load(summary["checkpoint"], weights_only=True)
+    assert written["config"]["max_num_classes"] == 10
+    assert written["oretrofit"]["warm_start"]["sha256"] == sha256_file(regressor)
+    assert "demo classifier (prior-fitted, 2 steps" in written["oretrofit"]["weights"]
+    resumed = train(tmp_path / "cls", dataclasses.replace(cfg, max_steps=3), resume=True, progress=False)
+    assert resumed["steps"] == 3
+    exported = export_checkpoint(tmp_path / "cls", tmp_path / "tabpfn-v3-demo-classifier.ckpt")
+    with pytest.raises(ValueError, match="drop --inference"):
+        export_checkpoint(tmp_path / "cls", tmp_path / "tabpfn-v3-x.ckpt", inference="plain")
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    y = (X[:, 0] > 0).astype(int) + (X[:, 1] > 1).astype(int)
+    proba = TabPFNClassifier(model_path=str(exported), device="cpu", n_estimators=1,
+                             random_state=0).fit(X[:30], y[:30]).predict_proba(X[30:])
+    assert proba.shape == (10, 3) and np.allclose(proba.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_a_warm_start_is_for_a_classifier_and_the_task_is_checked():
+    with pytest.raises(ValueError, match="give task='classifier'"):
+        TrainConfig(warm_start="tabpfn-v3-demo.ckpt")
+    with pytest.raises(ValueError, match="task must be one of regressor, classifier"):
+        TrainConfig(task="ranker")

@@ -6,8 +6,10 @@ at every ``fit``; a model patched before ``fit`` would be silently replaced. The
 here load it once through the vendor's own ``_load_model``, retrofit it, and hand that same
 patched instance back at every later ``fit`` (so the returned ``Retrofit`` stays the one
 predict uses). A pickled estimator whose model the vendor rebuilds from saved weights is
-retrofitted again on load. A ``clone`` carries the vendor's parameters only, not the retrofit:
-its ``fit`` is refused rather than run unpatched.
+retrofitted again on load, and so is a ``copy.copy`` (the vendor's copy drops the model: copies
+used on threads never share one, whose ``_cache`` the vendor sets at each cached predict). A ``clone``
+carries the vendor's parameters only, not the retrofit: its ``fit`` is refused rather than run
+unpatched.
 """
 
 from __future__ import annotations

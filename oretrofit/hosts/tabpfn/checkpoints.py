@@ -43,7 +43,8 @@ releases.require_tested_release()
 
 __all__ = ["SIZES", "write_random_checkpoint", "resolve_model_path", "checkpoint_sha256",
            "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic", "check_checkpoint_name",
-           "default_inference_config", "checkpoint_task", "DEMO_CHECKPOINT", "DEFAULT_CHECKPOINT_NAME",
+           "default_inference_config", "checkpoint_task", "DEMO_CHECKPOINT", "DEMO_CLASSIFIER_CHECKPOINT",
+           "DEFAULT_CHECKPOINT_NAME",
            "DEFAULT_CHECKPOINT_NAMES", "RANDOM_CLASSIFIER_CLASSES", "V2_SIZES", "release_checkpoint"]
 
 # progress and notices, not results: shown by the CLI (oretrofit.cli.output.show_progress)
@@ -66,6 +67,7 @@ V2_SIZES: dict[str, dict[str, Any]] = {
               "num_thinking_rows": 8},
 }
 DEMO_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "tabpfn-v3-demo.ckpt"
+DEMO_CLASSIFIER_CHECKPOINT = DEMO_CHECKPOINT.with_name("tabpfn-v3-demo-classifier.ckpt")
 DEFAULT_CHECKPOINT_NAME = "tabpfn-v3-regressor-v3_default.ckpt"
 DEFAULT_CHECKPOINT_NAMES = {"regressor": DEFAULT_CHECKPOINT_NAME,
                             "classifier": "tabpfn-v3-classifier-v3_default.ckpt"}
@@ -231,21 +233,16 @@ def _random_host(task: str, size: str = "small") -> Path:
 
 
 def _demo_host(task: str) -> Path:
-    """The ``demo`` host of ``task``. The regressor is the trained checkpoint shipped in
-    ``oretrofit/data`` (its card, ``tabpfn-v3-demo.md``, says how it was trained). No
-    classifier has been trained: the ``demo`` classifier has RANDOM weights (seed 0) in the
-    demo regressor's architecture with a 10-class read-out, so that classifier code runs end to
-    end offline; its weights label says so (``random weights (size demo, seed 0)``) and a
-    warning is logged. Without the shipped checkpoint: the small random host."""
-    if not DEMO_CHECKPOINT.exists():
-        _log.warning(f"oretrofit: the trained demo checkpoint {DEMO_CHECKPOINT} is not "
+    """The ``demo`` host of ``task``: the trained checkpoint shipped in ``oretrofit/data``, the
+    regressor ``tabpfn-v3-demo.ckpt`` or the classifier ``tabpfn-v3-demo-classifier.ckpt``
+    (the classifier prior-fitted from the regressor's weights; their cards, the ``.md`` beside
+    each, say how). Without the shipped checkpoint: the small random host, with a warning."""
+    path = DEMO_CHECKPOINT if task == "regressor" else DEMO_CLASSIFIER_CHECKPOINT
+    if not path.exists():
+        _log.warning(f"oretrofit: the trained demo checkpoint {path} is not "
                      "installed; using the small RANDOM-WEIGHTS v3 host instead")
         return _random_host(task)
-    if task == "regressor":
-        return DEMO_CHECKPOINT
-    _log.warning("oretrofit: the demo classifier has RANDOM weights (the demo regressor's "
-                 "architecture, untrained)")
-    return _random_host(task, "demo")
+    return path
 
 
 def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "regressor"
@@ -254,9 +251,8 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None, task: str = "r
 
     * ``"random"``: a deterministic small random-init host of ``task`` (random weights), cached
       under :func:`cache_dir`.
-    * ``"demo"``: the trained demo regressor shipped in ``oretrofit/data`` when present,
-      otherwise the random host; the demo classifier has random weights (:func:`_demo_host`;
-      both with a warning logged).
+    * ``"demo"``: the trained demo regressor or classifier shipped in ``oretrofit/data`` when
+      present, otherwise the random host with a warning logged (:func:`_demo_host`).
     * ``None``: tabpfn's download cache (``tabpfn.model_loading.get_cache_dir()``).
     * a path: must exist, be named ``*v3*.ckpt``/``*.safetensors`` and load weights-only; a
       bare file name not found in the working directory is looked up in tabpfn's cache.

@@ -256,8 +256,8 @@ def make_classifier(model_path: str | os.PathLike[str] | None, arm: str | None =
     """An unfitted ``tabpfn.TabPFNClassifier`` running a classifier checkpoint retrofitted with
     ``arm`` (the regressor's sites plus the many-class decoder ``dec``), or with ``spec``.
 
-    ``model_path``: a classifier checkpoint, ``"demo"`` (the demo architecture with RANDOM
-    weights: no demo classifier has been trained), ``"random"`` (a small random classifier) or
+    ``model_path``: a classifier checkpoint, ``"demo"`` (the small demo classifier shipped with
+    oretrofit, prior-fitted from the demo regressor's weights), ``"random"`` (a small random classifier) or
     None (tabpfn's cached ``tabpfn-v3-classifier-v3_default.ckpt``); the other arguments are
     those of :func:`make_regressor`, ``vendor_kwargs`` ``TabPFNClassifier``'s.
     """

@@ -4,6 +4,7 @@ reloads its model at each), equal at τ → 0 to the vendor's unpatched estimato
 
 from __future__ import annotations
 
+import copy
 import pickle
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from sklearn.base import clone
 from tabicl import TabICLClassifier, TabICLRegressor
 
-from oretrofit import RetrofitError
+from oretrofit import Retrofit, RetrofitError
 from oretrofit.tabicl import make_classifier, make_regressor
 
 VENDOR = dict(n_estimators=2, device="cpu", allow_auto_download=False)
@@ -67,6 +68,17 @@ def test_a_pickled_estimator_is_retrofitted_again_and_a_clone_is_refused(checkpo
     assert np.array_equal(back.predict(x_test), expected)
     with pytest.raises(RetrofitError, match="has lost its retrofit .*make_classifier"):
         clone(ours).fit(x, y)
+
+
+def test_a_copy_gets_a_retrofitted_model_of_its_own(checkpoints):
+    """As the vendor's copy: copies predicting on threads never share a model (the vendor sets
+    its KV cache on the model at each cached predict)."""
+    ours, r = make_classifier(checkpoints["classifier"], tau=1e-8, **VENDOR)
+    x, y, x_test = next(_tables(3))
+    copied = copy.copy(ours).fit(x, y)
+    assert copied.model_ is not r.model and Retrofit.of(copied.model_) is not None
+    assert not hasattr(ours, "n_features_in_")              # the original is left unfitted
+    assert np.array_equal(copied.predict_proba(x_test), ours.fit(x, y).predict_proba(x_test))
 
 
 def test_the_docs_example_runs_and_matches_the_vendor(capsys):

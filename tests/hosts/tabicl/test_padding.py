@@ -1,5 +1,6 @@
 """Padding is inert under ``full-o`` with no mask: datasets of different row counts, train
-sizes and widths, stacked and zero-padded in one forward, give each dataset's own forward."""
+sizes and widths, their row tokens stacked and zero-padded in one forward, give each dataset's
+own forward."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ def test_the_model_is_left_as_it_is(tiny, fp32):
     model = tiny()
     oretrofit.retrofit(model, "full-o", tau=1e-8)
     hooks = {name: dict(m._forward_hooks) for name, m in model.named_modules()}
+    reserved = model.col_embedder.reserve_cls_tokens
     padded_forward(model, *_datasets("classifier"), inference_config=fp32)
     assert hooks == {name: dict(m._forward_hooks) for name, m in model.named_modules()}
-    assert "feature_grouping" not in model.col_embedder.__dict__
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert model.col_embedder.reserve_cls_tokens == reserved > 0

@@ -199,25 +199,47 @@ def test_a_release_copy_is_written_once_per_checkpoint_and_dropped_fields(small_
                    for k, v in checkpoint["state_dict"].items())
 
 
-def test_the_demo_classifier_is_the_demo_architecture_with_random_weights(caplog, classes):
-    """No demo classifier has been trained: "demo" gives the demo regressor's architecture with
-    a 10-class read-out and random weights, labelled and announced as such."""
-    from dataclasses import asdict
+def test_the_demo_classifier_is_the_shipped_trained_one_and_full_o_keeps_its_forward(caplog, classes):
+    """"demo" gives the trained classifier shipped beside the demo regressor (its architecture
+    with a 10-class read-out), without a random-weights warning; full-o at τ = 1e-8 predicts
+    its probabilities within 1e-5 of the unpatched classifier, both in fp64 as the other
+    classifier contracts (test_classifier.py): in fp32 tabpfn's own pipeline moves these
+    probabilities by ~1e-2 between precisions, so any reordering of fp32 sums does too. A
+    release that cannot take its inference config (written by tabpfn 9.2.0) refuses it with
+    the fix, as the regressor's."""
+    from dataclasses import asdict, fields
+
+    from tabpfn.inference_config import InferenceConfig
 
     from oretrofit.demo_host.train import HostConfig
     from oretrofit.tabpfn import make_classifier
+    stored = torch.load(checkpoints.DEMO_CLASSIFIER_CHECKPOINT, weights_only=True)["inference_config"]
+    if set(stored) - {f.name for f in fields(InferenceConfig)}:
+        with pytest.raises(RetrofitError, match=r"pip install -U 'tabpfn>=9"):
+            make_classifier("demo", arm="full-o", random_state=0, **FAST)
+        return
     path = resolve_model_path("demo", "classifier")
-    assert "RANDOM weights" in caplog.text
+    assert path == checkpoints.DEMO_CLASSIFIER_CHECKPOINT and "RANDOM" not in caplog.text
     checkpoint = load_checkpoint(path)
-    assert weights_label(checkpoint) == "random weights (size demo, seed 0)"
+    assert weights_label(checkpoint).startswith("demo classifier (prior-fitted, ")
     assert checkpoints.checkpoint_task(checkpoint) == "classifier"
     config = checkpoint["config"]
     assert {k: config[k] for k in asdict(HostConfig())} == asdict(HostConfig())
     assert config["max_num_classes"] == checkpoints.RANDOM_CLASSIFIER_CLASSES
     x_train, y_train, x_test = classes
-    classifier, _ = make_classifier("demo", device="cpu", n_estimators=1)
-    probabilities = classifier.fit(x_train, y_train).predict_proba(x_test)
-    np.testing.assert_allclose(probabilities.sum(1), 1.0, rtol=1e-5)
+    fp64 = {"inference_precision": torch.float64, "random_state": 0}
+    base, _ = make_classifier("demo", arm="base", **fp64, **FAST)
+    patched, applied = make_classifier("demo", arm="full-o", tau=1e-8, **fp64, **FAST)
+    expected = base.fit(x_train, y_train).predict_proba(x_test)
+    np.testing.assert_allclose(patched.fit(x_train, y_train).predict_proba(x_test), expected, rtol=0, atol=1e-5)
+    assert len(applied.report()) > 0 and "RANDOM" not in caplog.text
+
+
+def test_a_missing_demo_classifier_falls_back_to_the_random_host_with_a_warning(caplog, monkeypatch,
+                                                                                tmp_path):
+    monkeypatch.setattr(checkpoints, "DEMO_CLASSIFIER_CHECKPOINT", tmp_path / "tabpfn-v3-demo-classifier.ckpt")
+    path = resolve_model_path("demo", "classifier")
+    assert "RANDOM-WEIGHTS" in caplog.text and path == resolve_model_path("random", "classifier")
 
 
 def test_a_killed_safetensors_write_leaves_a_scratch_folder_the_next_write_sweeps(

@@ -15,7 +15,8 @@ from typing import Callable  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import (BertConfig, BertModel, DynamicCache, LlamaConfig,  # noqa: E402
+                          LlamaForCausalLM)
 
 from oretrofit import retrofitted  # noqa: E402
 from oretrofit._kernels import routes  # noqa: E402
@@ -29,6 +30,13 @@ def _tiny(layers: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(LlamaConfig(
         vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+
+
+def _tiny_bert() -> BertModel:
+    torch.manual_seed(0)
+    return BertModel(BertConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=64)).eval()
 
 
 def _compiled_calls(call: Callable[[], torch.Tensor], times: int) -> tuple[list[int], int,
@@ -83,6 +91,31 @@ def test_compiled_forwards_compile_the_graphs_of_the_unpatched_model() -> None:
                 torch.testing.assert_close(patched[2], unpatched[2], rtol=0, atol=1e-5)
         finally:
             torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("make", [_tiny_bert, lambda: _tiny(2)], ids=["bert", "llama"])
+def test_forwards_with_grad_compile_the_graphs_of_the_unpatched_model(make) -> None:
+    """Called with grad on (a server that never enters ``no_grad``) at three lengths: OAttention's
+    autograd Function traces whole, its source presences the receivers' own (BERT) included, and
+    the lengths share one dynamic graph. A graph break in it would compile each frame around it
+    on its own, past the recompile limit, and run the rest uncompiled."""
+    model = make()
+    compiled = torch.compile(model, backend="eager")
+    lengths = [torch.arange(1, n + 1)[None] for n in (4, 6, 8)]
+
+    def calls() -> Callable[[], torch.Tensor]:
+        ids = iter(lengths)
+        return lambda: compiled(input_ids=next(ids))[0]
+
+    try:
+        unpatched = _compiled_calls(calls(), 3)
+        with retrofitted(model, "full-o", 1e-8):
+            patched = _compiled_calls(calls(), 3)
+    finally:
+        torch._dynamo.reset()
+    assert unpatched[1] == 0 and patched[:2] == unpatched[:2]
+    assert patched[2].requires_grad
+    torch.testing.assert_close(patched[2], unpatched[2], rtol=0, atol=1e-5)
 
 
 def test_the_attention_implementation_lookup_traces_without_a_graph_break() -> None:
