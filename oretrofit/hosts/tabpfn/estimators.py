@@ -292,7 +292,9 @@ def retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float |
                        ) -> tuple[Any, Retrofit | None]:
     """A copy of the unfitted tabpfn ``estimator`` (its arguments unchanged) whose model is its
     checkpoint retrofitted with ``arm``: what :class:`oretrofit.tabpfn.Retrofitted` fits.
-    ``model_path`` ``"auto"`` is tabpfn's cached default v3 checkpoint of the task."""
+    ``model_path`` ``"auto"`` is tabpfn's cached default v3 checkpoint of the task. An argument
+    left at tabpfn's default yields to the checkpoint's inference settings, as in tabpfn 9
+    (:func:`_release_estimator`)."""
     from tabpfn import TabPFNClassifier
     task: releases.Task = "classifier" if isinstance(estimator, TabPFNClassifier) else "regressor"
     params = estimator.get_params(deep=False)
@@ -302,7 +304,14 @@ def retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float |
                             f"file (or 'auto') to be retrofitted, not a "
                             f"{type(model_path).__name__}")
     path = resolve_model_path(None if str(model_path) == "auto" else model_path, task)
-    return estimator_from_checkpoint(path, arm_patch(arm, tau, eps), task=task, **params)
+    # an argument at tabpfn's default names nothing (tabpfn 9's defaults defer to the
+    # checkpoint): the checkpoint's settings a release carries as arguments apply
+    defaults = vendor_defaults(task)
+    named = {key: value for key, value in params.items()
+             if not (value is defaults.get(key) or (type(value) is type(defaults.get(key))
+                                                    and isinstance(value, (str, int, float))
+                                                    and value == defaults.get(key)))}
+    return estimator_from_checkpoint(path, arm_patch(arm, tau, eps), task=task, **named)
 
 
 def spec_patch(spec: Mapping[str, Any]) -> Callable[[nn.Module], Retrofit | None]:

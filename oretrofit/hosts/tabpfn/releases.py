@@ -29,7 +29,8 @@ fields                 tabpfn 9's)                            translates them
 A checkpoint written by a later tabpfn carries inference-config fields an older release's
 ``InferenceConfig`` lacks (tabpfn builds ``InferenceConfig(**stored)`` and would fail).
 :data:`INFERENCE_FIELDS` says how the older release reaches each such setting: by an estimator
-argument of its own (the stored value becomes that argument's default), by behaving so with
+argument of its own (the stored value becomes that argument's default, but a value that
+leaves the count to the estimator, N_ESTIMATORS "auto", leaves its own default), by behaving so with
 the field absent (dropped only at that value), or not at all when another field makes it
 unread (dropped only then). Any other field, or value, is refused by name.
 
@@ -72,13 +73,14 @@ QUANTIZED_CACHE_REFUSAL = (
 
 
 # An inference-config field a release may lack -> how that release reaches its setting:
-# ("argument", name): the estimator's argument ``name`` means the same (tabpfn 9 documents both
-#     as one setting); ("builtin", value): without the field the release behaves as the field at
+# ("argument", (name, own)): the estimator's argument ``name`` means the same (tabpfn 9 documents
+#     both as one setting), but at ``own`` the field leaves the estimator's own default (tabpfn 9's
+#     N_ESTIMATORS "auto": the count as before the field existed); ("builtin", value): without the field the release behaves as the field at
 #     ``value``; ("unread_when", (field, value)): tabpfn reads the field only when ``field`` is
 #     not ``value``.
 INFERENCE_FIELDS: dict[str, tuple[str, Any]] = {
-    "N_ESTIMATORS": ("argument", "n_estimators"),
-    "SOFTMAX_TEMPERATURE": ("argument", "softmax_temperature"),
+    "N_ESTIMATORS": ("argument", ("n_estimators", "auto")),
+    "SOFTMAX_TEMPERATURE": ("argument", ("softmax_temperature", None)),
     "MAX_CPU_SAMPLES": ("builtin", 1000),       # 8.0.x-8.1.0 refuse over 1000 rows on the CPU
     "PASSTHROUGH_INF": ("builtin", False),     # 8.0.x reject infinities at input validation
     "TRANSFORM_DATES": ("builtin", False),     # no 8.x expands datetime columns
@@ -197,7 +199,8 @@ def translate_inference_config(stored: dict[str, Any], known: frozenset[str] | N
     for name in sorted(set(stored) - known):
         kind, how = INFERENCE_FIELDS.get(name, ("", None))
         if kind == "argument":
-            arguments[how] = stored[name]
+            if not _same(stored[name], how[1]):
+                arguments[how[0]] = stored[name]
         elif not ((kind == "builtin" and _same(stored[name], how)) or
                   (kind == "unread_when" and how[0] in stored
                    and _same(stored[how[0]], how[1]))):

@@ -85,6 +85,9 @@ def test_tabpfn_9_fields_become_estimator_arguments_or_are_dropped_at_the_releas
     assert kept == {"PREPROCESS_TRANSFORMS": [], "SUBSAMPLE_SAMPLES": None}
     assert arguments == {"n_estimators": 16, "softmax_temperature": 0.9}
     assert releases.translate_inference_config(NINE, frozenset(NINE)) == (NINE, {})
+    # "auto": no count asked for, the estimator's own n_estimators stands
+    assert releases.translate_inference_config({**NINE, "N_ESTIMATORS": "auto"}, KNOWN)[1] == {
+        "softmax_temperature": 0.9}
 
 
 @pytest.mark.parametrize(("changed", "named"), [
