@@ -19,7 +19,8 @@ running this script) with ``tabpfn==X`` installed on top, and whatever that rele
 5. ``make_regressor("demo", arm, 1e-8)`` (the shipped demo checkpoint) fits diabetes under
    full-o at tabpfn's defaults, and under base and full-o at step 2's settings, with finite
    predictions and (at step 2's settings) full-o's max |Δ| / max |base| ≤ 1e-4, or is refused
-   by name (a ``RetrofitError``: tabpfn 8.x cannot take the inference config tabpfn 9 wrote).
+   by name (a ``RetrofitError``: an inference-config field the release can neither take nor
+   express another way, ``oretrofit.hosts.tabpfn.releases.INFERENCE_FIELDS``).
 
 A release the host's gate refuses (tabpfn 2.x to 7.x) skips 1 and 2; its row is ``refused``
 when the gate, every model version the release ships and the demo command all refuse it by name.
@@ -322,7 +323,8 @@ def render(rows: list[dict], command: str, commit: str) -> str:
         f"full-o's max|Δ|/max|base| ≤ {MAX_REL:g} at (2)'s settings (the `demo fit` cell; "
         "before tabpfn 9.1.0 the vendor moves each of its default ensemble's bucket "
         "probabilities onto the target's borders as fp32 CDF differences, which cancel), or is "
-        "refused by name (tabpfn 8.x cannot take the inference config tabpfn 9 wrote). The "
+        "refused by name (an inference-config field the release can neither take nor express "
+        "another way). The "
         "host's version gate admits exactly the passing releases. A "
         "release the gate refuses (`refused`: tabpfn 2.x to 7.x, whose `PerFeatureTransformer` "
         "the host does not retrofit) is not put through (1) and (2): its row shows that the gate, "

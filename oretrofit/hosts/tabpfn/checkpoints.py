@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import io
 import logging
 import os
 import pickle
 import tempfile
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Iterator
@@ -44,7 +45,7 @@ __all__ = ["SIZES", "write_random_checkpoint", "resolve_model_path", "checkpoint
            "load_checkpoint", "build_model", "weights_label", "cache_dir", "save_atomic", "check_checkpoint_name",
            "default_inference_config", "checkpoint_task", "DEMO_CHECKPOINT", "DEMO_CLASSIFIER_CHECKPOINT",
            "DEFAULT_CHECKPOINT_NAME",
-           "DEFAULT_CHECKPOINT_NAMES", "RANDOM_CLASSIFIER_CLASSES", "V2_SIZES"]
+           "DEFAULT_CHECKPOINT_NAMES", "RANDOM_CLASSIFIER_CLASSES", "V2_SIZES", "release_checkpoint"]
 
 # progress and notices, not results: shown by the CLI (oretrofit.cli.output.show_progress)
 _log = logging.getLogger(__name__)
@@ -381,17 +382,35 @@ def _check_finite(path: Path, state_dict: dict[str, Any]) -> None:
 
 
 def _check_inference_fields(path: Path, stored: dict[str, Any]) -> None:
-    """Refuse an inference config written by a newer tabpfn, whose fields this one cannot take.
+    """Refuse an inference config written by a newer tabpfn whose fields this one can neither
+    take nor express another way (:func:`.releases.translate_inference_config`), by name."""
+    try:
+        releases.translate_inference_config(stored)
+    except RetrofitError as exc:
+        raise RetrofitError(f"checkpoint {path}: {exc}") from None
 
-    tabpfn builds ``InferenceConfig(**stored)``; a field it lacks (the demo host's config has
-    tabpfn 9's ``N_ESTIMATORS``, for one) would otherwise fail later as a bare TypeError.
-    """
-    from tabpfn.inference_config import InferenceConfig
-    unknown = sorted(set(stored) - {f.name for f in fields(InferenceConfig)})
-    if unknown:
-        raise RetrofitError(f"checkpoint {path} has inference-config fields that tabpfn "
-                            f"{version('tabpfn')} does not know ({', '.join(unknown)}); it was "
-                            "written by a newer tabpfn: pip install -U 'tabpfn>=9,<9.3'")
+
+def release_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+    """``(file, arguments)``: the checkpoint file the installed tabpfn loads for ``path``, and
+    the estimator arguments that carry the settings of inference-config fields it lacks.
+
+    ``path`` itself with no arguments when the release knows every field; else a copy whose
+    inference config holds only the fields it knows (:func:`.releases.translate_inference_config`),
+    written once to ``cache_dir()/tabpfn-release/<digest>/`` under the checkpoint's own name,
+    ``digest = sha256(checkpoint SHA-256 ‖ 0x00 ‖ the dropped fields' names)`` (the copy is
+    the source less those fields)."""
+    path = Path(path)
+    checkpoint = load_checkpoint(path)
+    kept, arguments = releases.translate_inference_config(checkpoint["inference_config"])
+    dropped = sorted(set(checkpoint["inference_config"]) - set(kept))
+    if not dropped:
+        return path, {}
+    digest = hashlib.sha256(f"{checkpoint_sha256(path)}\0{','.join(dropped)}".encode()
+                            ).hexdigest()
+    out = cache_dir() / "tabpfn-release" / digest[:32] / path.name
+    if not out.exists():
+        save_atomic({**checkpoint, "inference_config": kept}, out)
+    return out, arguments
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -430,9 +449,12 @@ def build_model(checkpoint: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
 
 
 def inference_config(checkpoint: dict[str, Any]) -> Any:
-    """The checkpoint's inference config as tabpfn's ``InferenceConfig``."""
+    """The checkpoint's inference config as tabpfn's ``InferenceConfig``: the fields the
+    installed release knows (the others are carried by estimator arguments or are the
+    release's own behaviour, :func:`release_checkpoint`)."""
     from tabpfn.inference_config import InferenceConfig
-    return InferenceConfig(**checkpoint["inference_config"])
+    return InferenceConfig(**releases.translate_inference_config(
+        checkpoint["inference_config"])[0])
 
 
 def weights_label(checkpoint: dict[str, Any]) -> str:

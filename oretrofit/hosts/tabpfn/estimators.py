@@ -29,7 +29,8 @@ from ..._surgery.registry import (Retrofit, RetrofitError, apply_spec, check_arm
 from . import releases, reload
 from .artifact import ARTIFACT_KEY, read_patch_spec, write_patched_artifact
 from .checkpoints import (build_model, checkpoint_sha256, checkpoint_task, inference_config,
-                          load_checkpoint, resolve_model_path, weights_label)
+                          load_checkpoint, release_checkpoint, resolve_model_path,
+                          weights_label)
 
 __all__ = ["make_regressor", "make_classifier", "estimator_from_checkpoint", "vendor_class",
            "vendor_defaults", "in_memory_specs", "spec_patch", "check_spec_checkpoint",
@@ -108,8 +109,10 @@ def estimator_from_checkpoint(path: str | os.PathLike[str],
 
     ``model_path`` is the checkpoint when ``patch`` patches nothing (it returns None), the
     checkpoint itself when ``reuse_artifact`` (a patched artifact whose spec ``patch``
-    applies), else its patched artifact (:func:`_patched_artifact`). ``vendor_kwargs`` go to
-    the estimator unchanged (:func:`check_vendor_kwargs`).
+    applies), else its patched artifact (:func:`_patched_artifact`); on a release lacking some
+    of its inference-config fields, that file's copy without them, their settings carried by
+    estimator arguments (:func:`_release_estimator`). ``vendor_kwargs`` go to the estimator
+    unchanged (:func:`check_vendor_kwargs`).
     """
     check_vendor_kwargs(task, vendor_kwargs)
     path = Path(path)
@@ -126,16 +129,25 @@ def estimator_from_checkpoint(path: str | os.PathLike[str],
             raise RetrofitError(f"{path} is a patched artifact: tabpfn would load it patched; "
                                 "pass its source checkpoint for arm 'base', or load it with "
                                 "load_patched_regressor / load_patched_classifier")
-        return estimator(model_path=str(path), **vendor_kwargs), None
+        return _release_estimator(estimator, path, vendor_kwargs), None
     try:
         if vendor_kwargs.get("fit_mode") == "fit_with_cache":
             vendor_kwargs = releases.cache_options(estimator, vendor_kwargs)
         artifact = path if reuse_artifact else _patched_artifact(path, checkpoint, result)
+        regressor = _release_estimator(estimator, artifact, vendor_kwargs)
     except RetrofitError:
         result.revert()
         raise
-    reload.hand_over(artifact, result.model)
-    return estimator(model_path=str(artifact), **vendor_kwargs), result
+    reload.hand_over(regressor.model_path, result.model)
+    return regressor, result
+
+
+def _release_estimator(estimator: type, path: Path, vendor_kwargs: dict[str, Any]) -> Any:
+    """``estimator`` over the file the installed tabpfn loads for ``path``
+    (:func:`~.checkpoints.release_checkpoint`); the arguments that carry the settings of
+    inference-config fields this release lacks are defaults, the caller's own win."""
+    loadable, arguments = release_checkpoint(path)
+    return estimator(model_path=str(loadable), **{**arguments, **vendor_kwargs})
 
 
 def check_spec_checkpoint(spec: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
@@ -280,7 +292,9 @@ def retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float |
                        ) -> tuple[Any, Retrofit | None]:
     """A copy of the unfitted tabpfn ``estimator`` (its arguments unchanged) whose model is its
     checkpoint retrofitted with ``arm``: what :class:`oretrofit.tabpfn.Retrofitted` fits.
-    ``model_path`` ``"auto"`` is tabpfn's cached default v3 checkpoint of the task."""
+    ``model_path`` ``"auto"`` is tabpfn's cached default v3 checkpoint of the task. An argument
+    left at tabpfn's default yields to the checkpoint's inference settings, as in tabpfn 9
+    (:func:`_release_estimator`)."""
     from tabpfn import TabPFNClassifier
     task: releases.Task = "classifier" if isinstance(estimator, TabPFNClassifier) else "regressor"
     params = estimator.get_params(deep=False)
@@ -290,7 +304,14 @@ def retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float |
                             f"file (or 'auto') to be retrofitted, not a "
                             f"{type(model_path).__name__}")
     path = resolve_model_path(None if str(model_path) == "auto" else model_path, task)
-    return estimator_from_checkpoint(path, arm_patch(arm, tau, eps), task=task, **params)
+    # an argument at tabpfn's default names nothing (tabpfn 9's defaults defer to the
+    # checkpoint): the checkpoint's settings a release carries as arguments apply
+    defaults = vendor_defaults(task)
+    named = {key: value for key, value in params.items()
+             if not (value is defaults.get(key) or (type(value) is type(defaults.get(key))
+                                                    and isinstance(value, (str, int, float))
+                                                    and value == defaults.get(key)))}
+    return estimator_from_checkpoint(path, arm_patch(arm, tau, eps), task=task, **named)
 
 
 def spec_patch(spec: Mapping[str, Any]) -> Callable[[nn.Module], Retrofit | None]:

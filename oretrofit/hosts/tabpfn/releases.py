@@ -22,7 +22,17 @@ classifier decoder     takes the train embeddings (< 8.5.0)   takes their projec
 KV cache quantization  none (8.0.1); always int8              the estimator's
                        (8.0.2–8.1.x)                          ``kv_cache_precision``
                                                               (8.2.0+; "auto" keeps the dtype)
+inference-config       fewer fields (8.x lacks 6 to 9 of      :data:`INFERENCE_FIELDS`
+fields                 tabpfn 9's)                            translates them
 =====================  =====================================  ==================================
+
+A checkpoint written by a later tabpfn carries inference-config fields an older release's
+``InferenceConfig`` lacks (tabpfn builds ``InferenceConfig(**stored)`` and would fail).
+:data:`INFERENCE_FIELDS` says how the older release reaches each such setting: by an estimator
+argument of its own (the stored value becomes that argument's default, but a value that
+leaves the count to the estimator, N_ESTIMATORS "auto", leaves its own default), by behaving so with
+the field absent (dropped only at that value), or not at all when another field makes it
+unread (dropped only then). Any other field, or value, is refused by name.
 
 The gate admits exactly :data:`TESTED_RELEASES`, the rows of ``results/tabpfn-compat.md`` that
 pass (``scripts/tabpfn_compat.py`` runs the checks on each release in its own environment); the
@@ -45,7 +55,7 @@ from ..._surgery.host import RetrofitError
 __all__ = ["TESTED_RELEASES", "installed_version", "check_release", "require_tested_release",
            "model_specs", "load_model_kwargs", "save_safetensors", "ensure_config",
            "decoder_keys", "kv_cache_entry", "bar_distribution", "always_quantizes_cache",
-           "cache_options",
+           "cache_options", "INFERENCE_FIELDS", "translate_inference_config",
            "QUANTIZED_CACHE_REFUSAL", "PER_FEATURE_REFUSAL"]
 
 TESTED_RELEASES: tuple[str, ...] = (
@@ -60,6 +70,25 @@ QUANTIZED_CACHE_REFUSAL = (
     "this TabPFN v3 KV cache is quantized; the train rows' presences travel in it and must "
     "keep their precision under 'oa'/'full-o': pass kv_cache_precision='auto' (tabpfn 8.2.0+), "
     "or use fit_mode='fit_preprocessors' (tabpfn 8.0.2 to 8.1.x always quantize the cache)")
+
+
+# An inference-config field a release may lack -> how that release reaches its setting:
+# ("argument", (name, own)): the estimator's argument ``name`` means the same (tabpfn 9 documents
+#     both as one setting), but at ``own`` the field leaves the estimator's own default (tabpfn 9's
+#     N_ESTIMATORS "auto": the count as before the field existed); ("builtin", value): without the field the release behaves as the field at
+#     ``value``; ("unread_when", (field, value)): tabpfn reads the field only when ``field`` is
+#     not ``value``.
+INFERENCE_FIELDS: dict[str, tuple[str, Any]] = {
+    "N_ESTIMATORS": ("argument", ("n_estimators", "auto")),
+    "SOFTMAX_TEMPERATURE": ("argument", ("softmax_temperature", None)),
+    "MAX_CPU_SAMPLES": ("builtin", 1000),       # 8.0.x-8.1.0 refuse over 1000 rows on the CPU
+    "PASSTHROUGH_INF": ("builtin", False),     # 8.0.x reject infinities at input validation
+    "TRANSFORM_DATES": ("builtin", False),     # no 8.x expands datetime columns
+    "TRANSFORM_TEXT": ("builtin", False),      # nor text columns
+    "MIN_CARDINALITY_FOR_TEXT": ("unread_when", ("TRANSFORM_TEXT", False)),
+    "TEXT_N_COMPONENTS": ("unread_when", ("TRANSFORM_TEXT", False)),
+    "SAMPLE_SUBSAMPLING_METHOD": ("unread_when", ("SUBSAMPLE_SAMPLES", None)),
+}
 
 
 @functools.cache
@@ -152,6 +181,41 @@ def save_safetensors(checkpoint: dict[str, Any], path: str | Path) -> None:
                             f"'tabpfn=={TESTED_RELEASES[-1]}'")
     from tabpfn.checkpoint import save_as_safetensors
     save_as_safetensors(checkpoint, path)
+
+
+def translate_inference_config(stored: dict[str, Any], known: frozenset[str] | None = None
+                               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(fields, arguments)``: the stored inference config cut to the fields ``known`` (default:
+    the installed ``InferenceConfig``'s), and the estimator arguments that carry the settings of
+    the fields it lacks (:data:`INFERENCE_FIELDS`). A field the release lacks that the table
+    does not translate at its stored value is refused by name: dropping it would run the
+    release's own setting instead of the checkpoint's."""
+    if known is None:
+        from dataclasses import fields
+
+        from tabpfn.inference_config import InferenceConfig
+        known = frozenset(f.name for f in fields(InferenceConfig))
+    arguments, refused = {}, []
+    for name in sorted(set(stored) - known):
+        kind, how = INFERENCE_FIELDS.get(name, ("", None))
+        if kind == "argument":
+            if not _same(stored[name], how[1]):
+                arguments[how[0]] = stored[name]
+        elif not ((kind == "builtin" and _same(stored[name], how)) or
+                  (kind == "unread_when" and how[0] in stored
+                   and _same(stored[how[0]], how[1]))):
+            refused.append(f"{name}={stored[name]!r}")
+    if refused:
+        raise RetrofitError(f"the checkpoint's inference config has fields tabpfn "
+                            f"{installed_version()} does not know and cannot express another "
+                            f"way ({', '.join(refused)}); it was written by a newer tabpfn: "
+                            f"pip install -U 'tabpfn>=9,<={TESTED_RELEASES[-1]}'")
+    return {k: v for k, v in stored.items() if k in known}, arguments
+
+
+def _same(value: Any, expected: Any) -> bool:
+    """``value`` is ``expected`` with its type (``False`` is not ``0``, ``1000.0`` not ``1000``)."""
+    return type(value) is type(expected) and value == expected
 
 
 def ensure_config(model: nn.Module, config: Any) -> nn.Module:

@@ -89,6 +89,31 @@ def test_vendor_names_pass_through_and_auto_where_the_release_has_it():
     assert np.isfinite(regressor.fit(x[:40], y[:40]).predict(x[40:45])).all()
 
 
+def test_the_callers_arguments_win_over_the_checkpoints_settings():
+    """The demo's N_ESTIMATORS and SOFTMAX_TEMPERATURE are what the estimator runs when the
+    caller names neither (tabpfn 8.x: as argument defaults); named, the caller's value is."""
+    regressor, _ = make_regressor("demo", "base", n_estimators=2, softmax_temperature=0.5)
+    assert (regressor.n_estimators, regressor.softmax_temperature) == (2, 0.5)
+
+
+def test_a_vendor_estimator_at_its_defaults_runs_the_checkpoints_ensemble():
+    """Retrofitted(TabPFNRegressor(model_path=demo)): arguments at tabpfn's defaults name
+    nothing, so the demo's N_ESTIMATORS is the count fitted on every release (tabpfn 8.x's
+    default is 8); one the caller sets stands."""
+    from sklearn.datasets import load_diabetes
+    from tabpfn import TabPFNRegressor
+
+    from oretrofit.hosts.tabpfn.checkpoints import DEMO_CHECKPOINT
+    from oretrofit.hosts.tabpfn.estimators import retrofit_estimator
+    stored = torch.load(DEMO_CHECKPOINT, weights_only=True)["inference_config"]
+    x, y = load_diabetes(return_X_y=True)
+    own = TabPFNRegressor(model_path=str(DEMO_CHECKPOINT), device="cpu")
+    regressor, _ = retrofit_estimator(own, "full-o", 1e-8, None)
+    assert regressor.fit(x[:100], y[:100]).n_estimators_ == stored["N_ESTIMATORS"]
+    own.set_params(n_estimators=2)
+    assert retrofit_estimator(own, "full-o", 1e-8, None)[0].n_estimators == 2
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"seed": 3}, "seed= is not an argument of tabpfn .*pass random_state="),
     ({"n_estimator": 2}, "TabPFNRegressor takes no n_estimator; its arguments are .*n_estimators"),

@@ -111,11 +111,6 @@ def test_the_demo_host_under_full_o_is_base_within_the_documented_bound(features
     base: within 1e-5 relative in float32 (1e-4 before tabpfn 9.1.0: CDF_TRANSLATE) at every
     feature count. The rest is rounding, not a site left ungated: in float64 it falls to what τ
     takes from the presences (every carrier's ‖h‖² > 0.1, so under 1e-7 of any presence)."""
-    try:
-        make_regressor("demo", "base", **FAST)
-    except RetrofitError as err:      # tabpfn 8.x: the demo's inference config (test_checkpoints)
-        assert "inference-config fields" in str(err)
-        return
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, features))
     y = x @ rng.normal(size=features) + 0.1 * rng.normal(size=400)

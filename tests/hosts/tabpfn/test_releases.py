@@ -4,6 +4,7 @@ never with a bare import error or a silent fallback to another host."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -69,3 +70,38 @@ def test_an_older_release_is_refused_before_tabpfn_is_imported():
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(
         "oretrofit._surgery.host.RetrofitError: tabpfn 2.2.1 is older than the TabPFN host supports")
+
+
+# the fields of a release's InferenceConfig in these tests: one without any of tabpfn 9's
+KNOWN = frozenset({"PREPROCESS_TRANSFORMS", "SUBSAMPLE_SAMPLES"})
+NINE = {"PREPROCESS_TRANSFORMS": [], "SUBSAMPLE_SAMPLES": None, "N_ESTIMATORS": 16,
+        "SOFTMAX_TEMPERATURE": 0.9, "MAX_CPU_SAMPLES": 1000, "PASSTHROUGH_INF": False,
+        "TRANSFORM_DATES": False, "TRANSFORM_TEXT": False, "MIN_CARDINALITY_FOR_TEXT": 30,
+        "TEXT_N_COMPONENTS": 30, "SAMPLE_SUBSAMPLING_METHOD": "auto"}
+
+
+def test_tabpfn_9_fields_become_estimator_arguments_or_are_dropped_at_the_releases_behaviour():
+    kept, arguments = releases.translate_inference_config(NINE, KNOWN)
+    assert kept == {"PREPROCESS_TRANSFORMS": [], "SUBSAMPLE_SAMPLES": None}
+    assert arguments == {"n_estimators": 16, "softmax_temperature": 0.9}
+    assert releases.translate_inference_config(NINE, frozenset(NINE)) == (NINE, {})
+    # "auto": no count asked for, the estimator's own n_estimators stands
+    assert releases.translate_inference_config({**NINE, "N_ESTIMATORS": "auto"}, KNOWN)[1] == {
+        "softmax_temperature": 0.9}
+
+
+@pytest.mark.parametrize(("changed", "named"), [
+    ({"MAX_CPU_SAMPLES": 5000}, "MAX_CPU_SAMPLES=5000"),
+    ({"PASSTHROUGH_INF": True}, "PASSTHROUGH_INF=True"),
+    ({"TRANSFORM_DATES": 0}, "TRANSFORM_DATES=0"),
+    ({"TRANSFORM_TEXT": True}, "MIN_CARDINALITY_FOR_TEXT=30, TEXT_N_COMPONENTS=30, "
+                               "TRANSFORM_TEXT=True"),
+    ({"SUBSAMPLE_SAMPLES": 100}, "SAMPLE_SUBSAMPLING_METHOD='auto'"),
+    ({"A_LATER_FIELD": 1}, "A_LATER_FIELD=1"),
+])
+def test_a_field_the_release_cannot_express_is_refused_by_name(changed, named):
+    """A field at a value the release does not reach, read because another field turns it on,
+    or not in the table at all: refused, naming each such field and value, with the fix."""
+    with pytest.raises(RetrofitError, match=re.escape(f"cannot express another way ({named})")
+                       + rf".*pip install -U 'tabpfn>=9,<={NEWEST}'"):
+        releases.translate_inference_config({**NINE, **changed}, KNOWN)
