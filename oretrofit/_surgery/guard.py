@@ -65,6 +65,21 @@ def _outermost(paths: Iterable[str]) -> list[str]:
     return kept
 
 
+def _changes(links: Iterable[Link], classes: Iterable[Class]) -> dict[str, str]:
+    """The outermost changes among ``links`` and ``classes``, path -> what changed there."""
+    found: dict[str, str] = {}
+    for parent, name, child, path in links:
+        now = parent._modules.get(name)
+        if now is not child:
+            found[path] = ("removed" if now is None else f"replaced by another "
+                           f"{type(now).__name__}, which the retrofit never patched")
+    for module, cls, path in classes:
+        if type(module) is not cls:
+            found.setdefault(path, f"its class was set to {type(module).__name__} after the "
+                                   f"retrofit made it {cls.__name__}")
+    return {path: found[path] for path in _outermost(found)}
+
+
 def _intact(links: Iterable[Link], classes: Iterable[Class]) -> bool:
     for parent, name, child, _ in links:
         if parent._modules.get(name) is not child:
@@ -93,10 +108,9 @@ class Beneath:
             watch = self._watch()
             if watch is not None:
                 raise watch.error()
-            changed = sorted({path for parent, name, child, path in self.links
-                              if parent._modules.get(name) is not child}
-                             | {path for m, cls, path in self.classes if type(m) is not cls})
-            raise RetrofitError(f"{', '.join(changed[:6])} changed after the model holding this "
+            changed = [f"{path} ({what})" for path, what in _changes(self.links,
+                                                                      self.classes).items()]
+            raise RetrofitError(f"{'; '.join(changed[:6])}: changed after the model holding this "
                                 f"{type(module).__name__} was retrofitted; {FIX}")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -173,17 +187,7 @@ class Watch:
 
     def changes(self) -> dict[str, str]:
         """The outermost changes, path -> what changed there; empty when intact."""
-        found: dict[str, str] = {}
-        for parent, name, child, path in self.links:
-            now = parent._modules.get(name)
-            if now is not child:
-                found[path] = ("removed" if now is None else f"replaced by another "
-                               f"{type(now).__name__}, which the retrofit never patched")
-        for module, cls, path in self.classes:
-            if type(module) is not cls:
-                found.setdefault(path, f"its class was set to {type(module).__name__} after "
-                                       f"the retrofit made it {cls.__name__}")
-        return {path: found[path] for path in _outermost(found)}
+        return _changes(self.links, self.classes)
 
     def changed_sites(self) -> dict[str, str]:
         """Site -> ``"path (what changed)"`` for every site a change leaves unpatched."""
