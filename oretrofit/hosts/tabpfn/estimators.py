@@ -308,9 +308,9 @@ def retrofit_estimator(estimator: Any, arm: str, tau: float | None, eps: float |
     # checkpoint): the checkpoint's settings a release carries as arguments apply
     defaults = vendor_defaults(task)
     named = {key: value for key, value in params.items()
-             if not (value is defaults.get(key) or (type(value) is type(defaults.get(key))
-                                                    and isinstance(value, (str, int, float))
-                                                    and value == defaults.get(key)))}
+             if not (value is defaults.get(key) or (isinstance(value, (str, int, float))
+                                                    and releases.same_setting(value,
+                                                                              defaults.get(key))))}
     return estimator_from_checkpoint(path, arm_patch(arm, tau, eps), task=task, **named)
 
 

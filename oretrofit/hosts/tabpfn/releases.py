@@ -30,8 +30,8 @@ A checkpoint written by a later tabpfn carries inference-config fields an older 
 ``InferenceConfig`` lacks (tabpfn builds ``InferenceConfig(**stored)`` and would fail).
 :data:`INFERENCE_FIELDS` says how the older release reaches each such setting: by an estimator
 argument of its own (the stored value becomes that argument's default, but a value that
-leaves the count to the estimator, N_ESTIMATORS "auto", leaves its own default), by behaving so with
-the field absent (dropped only at that value), or not at all when another field makes it
+leaves the count to the estimator, N_ESTIMATORS "auto", leaves its own default), by behaving so
+with the field absent (dropped only at that value), or not at all when another field makes it
 unread (dropped only then). Any other field, or value, is refused by name.
 
 The gate admits exactly :data:`TESTED_RELEASES`, the rows of ``results/tabpfn-compat.md`` that
@@ -55,7 +55,7 @@ from ..._surgery.host import RetrofitError
 __all__ = ["TESTED_RELEASES", "installed_version", "check_release", "require_tested_release",
            "model_specs", "load_model_kwargs", "save_safetensors", "ensure_config",
            "decoder_keys", "kv_cache_entry", "bar_distribution", "always_quantizes_cache",
-           "cache_options", "INFERENCE_FIELDS", "translate_inference_config",
+           "cache_options", "INFERENCE_FIELDS", "translate_inference_config", "same_setting",
            "QUANTIZED_CACHE_REFUSAL", "PER_FEATURE_REFUSAL"]
 
 TESTED_RELEASES: tuple[str, ...] = (
@@ -74,10 +74,10 @@ QUANTIZED_CACHE_REFUSAL = (
 
 # An inference-config field a release may lack -> how that release reaches its setting:
 # ("argument", (name, own)): the estimator's argument ``name`` means the same (tabpfn 9 documents
-#     both as one setting), but at ``own`` the field leaves the estimator's own default (tabpfn 9's
-#     N_ESTIMATORS "auto": the count as before the field existed); ("builtin", value): without the field the release behaves as the field at
-#     ``value``; ("unread_when", (field, value)): tabpfn reads the field only when ``field`` is
-#     not ``value``.
+#     both as one setting), but at ``own`` the field leaves the estimator's own default (tabpfn
+#     9's N_ESTIMATORS "auto": the count as before the field existed);
+# ("builtin", value): without the field the release behaves as the field at ``value``;
+# ("unread_when", (field, value)): tabpfn reads the field only when ``field`` is not ``value``.
 INFERENCE_FIELDS: dict[str, tuple[str, Any]] = {
     "N_ESTIMATORS": ("argument", ("n_estimators", "auto")),
     "SOFTMAX_TEMPERATURE": ("argument", ("softmax_temperature", None)),
@@ -199,11 +199,11 @@ def translate_inference_config(stored: dict[str, Any], known: frozenset[str] | N
     for name in sorted(set(stored) - known):
         kind, how = INFERENCE_FIELDS.get(name, ("", None))
         if kind == "argument":
-            if not _same(stored[name], how[1]):
+            if not same_setting(stored[name], how[1]):
                 arguments[how[0]] = stored[name]
-        elif not ((kind == "builtin" and _same(stored[name], how)) or
+        elif not ((kind == "builtin" and same_setting(stored[name], how)) or
                   (kind == "unread_when" and how[0] in stored
-                   and _same(stored[how[0]], how[1]))):
+                   and same_setting(stored[how[0]], how[1]))):
             refused.append(f"{name}={stored[name]!r}")
     if refused:
         raise RetrofitError(f"the checkpoint's inference config has fields tabpfn "
@@ -213,7 +213,7 @@ def translate_inference_config(stored: dict[str, Any], known: frozenset[str] | N
     return {k: v for k, v in stored.items() if k in known}, arguments
 
 
-def _same(value: Any, expected: Any) -> bool:
+def same_setting(value: Any, expected: Any) -> bool:
     """``value`` is ``expected`` with its type (``False`` is not ``0``, ``1000.0`` not ``1000``)."""
     return type(value) is type(expected) and value == expected
 
